@@ -1,0 +1,51 @@
+# eagle3ops — the two commands that matter: `make run` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.eagle3ops-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+# Pytest's own temp dirs stay out of /tmp clutter
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help venv run test lint unit system-deps clean
+
+help:
+	@echo "make run   - create the venv and run site.yml on the embedded local default (inventory/local)"
+	@echo "make test  - the whole suite: ruff, ansible-lint (production), pytest (unit + hosts)"
+	@echo "make lint  - ruff + ansible-lint only"
+
+$(STAMP): requirements/workload.txt requirements/control.txt requirements/speculators.txt pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11: the CPU torch wheel is pinned for it)"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -r requirements/workload.txt -r requirements/control.txt
+	$(BIN)/pip install -q --no-deps -r requirements/speculators.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+venv: $(STAMP)
+
+system-deps:
+	@bash tests/hosts/install-system-deps.sh
+
+run: $(STAMP)
+	$(BIN)/ansible-playbook site.yml $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check python library module_utils tests bench
+	$(BIN)/ruff format --check python library module_utils tests bench
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint --profile production --offline site.yml playbooks roles
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+test: $(STAMP) system-deps lint
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf work

@@ -1,0 +1,59 @@
+# Shared by the modules in library/: run ``eagle3ops <command> ... --json`` on the target and
+# return its result. The modules stay thin; the logic lives in python/eagle3ops.
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+EXECUTABLE_DOC = """
+  executable:
+    description:
+      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
+      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
+    type: path
+"""
+
+
+def find_executable(module, executable=None):
+    if executable:
+        if not os.access(executable, os.X_OK):
+            module.fail_json(msg=f"{executable} is not an executable eagle3ops; run the runtime phase first "
+                                 "(ansible-playbook site.yml --tags runtime) or fix the executable option.")
+        return executable
+    import sys
+
+    beside = os.path.join(os.path.dirname(sys.executable), "eagle3ops")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("eagle3ops")
+    if not found:
+        module.fail_json(msg="eagle3ops is not installed on this host; run the runtime phase first "
+                             "(ansible-playbook site.yml --tags runtime) or set the executable option.")
+    return found
+
+
+def run_cli(module, executable, argv, *, env=None, check_rc=True):
+    """Run the CLI with --json; return the parsed result dict (fail_json on errors)."""
+    exe = find_executable(module, executable)
+    cmd = [exe, *argv, "--json"]
+    environ = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    if env:
+        environ.update(env)
+    rc, out, err = module.run_command(cmd, environ_update=environ)
+    result = None
+    for line in reversed(out.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                result = json.loads(line)
+                break
+            except ValueError:
+                continue
+    if result is None:
+        module.fail_json(msg=f"eagle3ops {argv[0]} exited {rc} without a result; see stderr", rc=rc,
+                         cmd=cmd, stderr=err[-4000:], stdout=out[-2000:])
+    if check_rc and (rc != 0 or result.get("failed")):
+        module.fail_json(msg=result.get("msg") or f"eagle3ops {argv[0]} failed (exit {rc})", rc=rc, cmd=cmd,
+                         stderr=err[-4000:], **{k: v for k, v in result.items() if k not in ("msg", "failed")})
+    return result

@@ -1,0 +1,5 @@
+import sys
+
+from eagle3ops.cli import main
+
+sys.exit(main())

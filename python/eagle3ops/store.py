@@ -1,0 +1,371 @@
+"""The crash-safe hidden-state store.
+
+Layout of a data directory (the speculators 0.9.0 offline contract, plus our bookkeeping)::
+
+    DATA/                      Arrow dataset (input_ids, loss_mask, seq_len), from `prepare`
+    DATA/hidden_states/hs_{i}.safetensors      one per Arrow row i: token_ids [T] int64,
+                                               hidden_states [T, K+1, H] (K aux, then pre-norm last)
+    DATA/hidden_states/extract_meta.json       what the files are (model, layer ids, H, dtype)
+    DATA/hidden_states/manifest-rank{r}.jsonl  append-only, one line per finished sample
+
+Guarantees:
+- A file appears under its final name only complete: written to ``.hs_{i}.safetensors.<pid>.tmp``,
+  fsynced, then ``os.replace``d (atomic on POSIX), then the directory is fsynced.
+- The manifest is the source of truth for resume. A line is appended only after its file is renamed,
+  so a manifest line always names a complete file. A torn last line (kill -9 mid-append) is ignored.
+- Resume never loads tensors: remaining = all rows - manifest rows - (files not in the manifest whose
+  safetensors *header* matches the expected shape; those are adopted into the manifest).
+- Lengths (the seed's ``sample_lengths.json``) come from the manifest for free.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HS_DIR = "hidden_states"
+META_NAME = "extract_meta.json"
+MANIFEST_GLOB = "manifest-rank*.jsonl"
+_FILE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
+_TMP_RE = re.compile(r"^\.hs_\d+\.safetensors\..*\.tmp$")
+
+# bytes per element for the dtypes we write
+DTYPE_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+_ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn", "I64": "int64"}
+
+
+class StoreError(RuntimeError):
+    """A problem with the store that the user must act on; the message says what to do."""
+
+
+class DiskSpaceError(StoreError):
+    """Not enough free space for what is left to write."""
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview, *, fsync: bool = True) -> int:
+    """Write ``data`` to ``path`` so that ``path`` is either absent/old or complete. Returns bytes written."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    if fsync:
+        fsync_dir(path.parent)
+    return len(data)
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_safetensors_header(path: str | os.PathLike) -> dict:
+    """Read only the JSON header of a safetensors file (no tensor bytes). Raises ValueError if invalid."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("file shorter than the 8-byte safetensors header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100 * 1024 * 1024 or 8 + n > size:
+            raise ValueError(f"header length {n} does not fit in a {size}-byte file")
+        header = json.loads(f.read(n))
+    data_len = size - 8 - n
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if end != data_len:
+        raise ValueError(f"tensor data covers {end} bytes but the file holds {data_len} (truncated?)")
+    return header
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    index: int
+    seq_len: int
+    nbytes: int
+    crc32: int | None = None
+    rank: int = 0
+
+    def to_line(self) -> str:
+        d = {"i": self.index, "n": self.seq_len, "b": self.nbytes, "r": self.rank}
+        if self.crc32 is not None:
+            d["c"] = self.crc32
+        return json.dumps(d, separators=(",", ":")) + "\n"
+
+
+@dataclass
+class ManifestScan:
+    entries: dict[int, ManifestEntry] = field(default_factory=dict)
+    torn_lines: list[str] = field(default_factory=list)  # "file:line" of ignored partial lines
+
+
+def _parse_manifest_file(path: Path, scan: ManifestScan) -> None:
+    with open(path, "rb") as f:
+        data = f.read()
+    lines = data.split(b"\n")
+    # the last element is b"" when the file ends in a newline; anything else is a torn tail
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        complete = lineno < len(lines)  # followed by a newline
+        try:
+            d = json.loads(raw)
+            entry = ManifestEntry(int(d["i"]), int(d["n"]), int(d["b"]), d.get("c"), int(d.get("r", 0)))
+        except (ValueError, KeyError, TypeError) as e:
+            if complete and lineno < len(lines) - 1:
+                raise StoreError(
+                    f"{path}:{lineno}: corrupt manifest line in the middle of the file ({e}). "
+                    "Move the file aside and re-run: files not in a manifest are re-validated by header."
+                ) from e
+            scan.torn_lines.append(f"{path}:{lineno}")
+            continue
+        scan.entries[entry.index] = entry
+
+
+class HiddenStateStore:
+    """Reads and writes one data directory's ``hidden_states/`` folder."""
+
+    def __init__(self, data_dir: str | os.PathLike, rank: int = 0):
+        self.data_dir = Path(data_dir)
+        self.dir = self.data_dir / HS_DIR
+        self.rank = rank
+        self._manifest_fh = None
+
+    # ---------- paths ----------
+    def path(self, index: int) -> Path:
+        return self.dir / f"hs_{index}.safetensors"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.dir / META_NAME
+
+    def manifest_path(self, rank: int | None = None) -> Path:
+        return self.dir / f"manifest-rank{self.rank if rank is None else rank}.jsonl"
+
+    # ---------- metadata ----------
+    def read_meta(self) -> dict | None:
+        if not self.meta_path.exists():
+            return None
+        return json.loads(self.meta_path.read_text())
+
+    def ensure_meta(self, meta: dict) -> None:
+        """Record what this store holds; refuse to mix states from a different model/layers/dtype."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        old = self.read_meta()
+        if old is None:
+            atomic_write_json(self.meta_path, meta)
+            return
+        keys = ("layer_ids", "hidden_size", "dtype", "num_layers", "model_fingerprint", "dataset_fingerprint")
+        diff = {k: (old.get(k), meta.get(k)) for k in keys if old.get(k) != meta.get(k)}
+        if diff:
+            details = ", ".join(f"{k}: stored {a!r} vs requested {b!r}" for k, (a, b) in diff.items())
+            raise StoreError(
+                f"{self.meta_path}: this store holds hidden states made with different settings ({details}). "
+                "Resuming would mix incompatible samples. Use a new data directory, or move "
+                f"{self.dir} aside to start over."
+            )
+
+    # ---------- manifest ----------
+    def scan_manifest(self) -> ManifestScan:
+        scan = ManifestScan()
+        for p in sorted(glob.glob(str(self.dir / MANIFEST_GLOB))):
+            _parse_manifest_file(Path(p), scan)
+        return scan
+
+    def open_manifest(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.manifest_path()
+        # Repair a torn tail first so our first line does not glue onto it.
+        if path.exists() and path.stat().st_size:
+            with open(path, "rb+") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    data = path.read_bytes()
+                    keep = data.rfind(b"\n") + 1
+                    f.truncate(keep)
+        self._manifest_fh = open(path, "a", buffering=1)  # noqa: SIM115 - long-lived append handle
+
+    def append_manifest(self, entries: Iterable[ManifestEntry], *, fsync: bool = False) -> None:
+        if self._manifest_fh is None:
+            self.open_manifest()
+        fh = self._manifest_fh
+        fh.write("".join(e.to_line() for e in entries))
+        fh.flush()
+        if fsync:
+            os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        if self._manifest_fh is not None:
+            self._manifest_fh.flush()
+            os.fsync(self._manifest_fh.fileno())
+            self._manifest_fh.close()
+            self._manifest_fh = None
+
+    # ---------- writing samples ----------
+    def write_sample(self, index: int, payload: bytes, seq_len: int, *, fsync: bool = True) -> ManifestEntry:
+        """Atomically write one serialized safetensors payload; returns its (not yet appended) entry."""
+        nbytes = atomic_write_bytes(self.path(index), payload, fsync=fsync)
+        return ManifestEntry(index, seq_len, nbytes, zlib.crc32(payload), self.rank)
+
+    def clean_temp_files(self) -> list[str]:
+        """Remove temp files left by a killed writer (never a final-name file)."""
+        removed = []
+        if self.dir.exists():
+            for name in os.listdir(self.dir):
+                if _TMP_RE.match(name):
+                    (self.dir / name).unlink(missing_ok=True)
+                    removed.append(name)
+        return removed
+
+    # ---------- resume ----------
+    def existing_files(self) -> Iterator[int]:
+        if not self.dir.exists():
+            return
+        with os.scandir(self.dir) as it:
+            for de in it:
+                m = _FILE_RE.match(de.name)
+                if m:
+                    yield int(m.group(1))
+
+    def validate_header(self, index: int, seq_len: int, num_states: int, hidden_size: int, dtype: str) -> str | None:
+        """None when the file's header matches the expected sample, else the reason it does not."""
+        try:
+            h = read_safetensors_header(self.path(index))
+        except (OSError, ValueError) as e:
+            return str(e)
+        hs, tok = h.get("hidden_states"), h.get("token_ids")
+        if not hs or not tok:
+            return "missing hidden_states or token_ids"
+        if hs["shape"] != [seq_len, num_states, hidden_size]:
+            return f"hidden_states shape {hs['shape']} != {[seq_len, num_states, hidden_size]}"
+        if _ST_DTYPES.get(hs["dtype"]) != dtype:
+            return f"hidden_states dtype {hs['dtype']} != {dtype}"
+        if tok["shape"] != [seq_len] or tok["dtype"] != "I64":
+            return f"token_ids {tok['dtype']}{tok['shape']} != I64[{seq_len}]"
+        return None
+
+    def plan(
+        self,
+        seq_lens: list[int],
+        *,
+        num_states: int,
+        hidden_size: int,
+        dtype: str,
+        indices: Iterable[int] | None = None,
+        adopt: bool = True,
+    ) -> ResumePlan:
+        """Work out what is left to do from the manifest (+ header check of unlisted files)."""
+        scan = self.scan_manifest()
+        done = scan.entries
+        wanted = range(len(seq_lens)) if indices is None else indices
+        wanted_set = set(wanted)
+        adopted: list[ManifestEntry] = []
+        invalid: dict[int, str] = {}
+        for i in self.existing_files():
+            if i in done or i not in wanted_set:
+                continue
+            reason = self.validate_header(i, seq_lens[i], num_states, hidden_size, dtype)
+            if reason is None:
+                adopted.append(ManifestEntry(i, seq_lens[i], self.path(i).stat().st_size, None, self.rank))
+            else:
+                invalid[i] = reason
+        if adopt and adopted:
+            self.append_manifest(adopted, fsync=True)
+        done_set = set(done) | {e.index for e in adopted}
+        remaining = [i for i in wanted if i not in done_set]
+        return ResumePlan(
+            remaining=remaining,
+            done=len(wanted_set & done_set),
+            adopted=len(adopted),
+            invalid=invalid,
+            torn_lines=scan.torn_lines,
+            bytes_needed=sum(sample_nbytes(seq_lens[i], num_states, hidden_size, dtype) for i in remaining),
+            tokens_remaining=sum(seq_lens[i] for i in remaining),
+        )
+
+    def lengths(self) -> dict[int, int]:
+        """Index -> seq_len of every finished sample, from the manifest alone."""
+        return {i: e.seq_len for i, e in self.scan_manifest().entries.items()}
+
+
+@dataclass
+class ResumePlan:
+    remaining: list[int]
+    done: int
+    adopted: int
+    invalid: dict[int, str]
+    torn_lines: list[str]
+    bytes_needed: int
+    tokens_remaining: int
+
+
+def header_overhead(seq_len: int, num_states: int, hidden_size: int) -> int:
+    """Upper bound of the safetensors header size for one sample (JSON, padded to 8 bytes)."""
+    text = json.dumps(
+        {
+            "hidden_states": {"dtype": "BF16", "shape": [seq_len, num_states, hidden_size], "data_offsets": [0, 10**12]},
+            "token_ids": {"dtype": "I64", "shape": [seq_len], "data_offsets": [10**12, 10**12]},
+        }
+    )
+    return 8 + len(text) + 16
+
+
+def sample_nbytes(seq_len: int, num_states: int, hidden_size: int, dtype: str) -> int:
+    """Bytes one sample takes on disk (tensor bytes + token ids + header upper bound)."""
+    return seq_len * num_states * hidden_size * DTYPE_SIZES[dtype] + 8 * seq_len + header_overhead(
+        seq_len, num_states, hidden_size
+    )
+
+
+def preflight_disk(path: str | os.PathLike, bytes_needed: int, *, margin_frac: float = 0.05, margin_bytes: int = 0) -> dict:
+    """Refuse when the filesystem holding ``path`` cannot take ``bytes_needed`` plus a margin."""
+    p = Path(path)
+    while not p.exists():
+        p = p.parent
+    usage = shutil.disk_usage(p)
+    needed = int(bytes_needed * (1 + margin_frac)) + margin_bytes
+    info = {"path": str(path), "free_bytes": usage.free, "bytes_needed": bytes_needed, "with_margin": needed}
+    if bytes_needed > 0 and needed > usage.free:
+        raise DiskSpaceError(
+            f"not enough space on the filesystem of {path}: {_human(bytes_needed)} of hidden states still to "
+            f"write ({_human(needed)} with the {margin_frac:.0%} margin), {_human(usage.free)} free. Free "
+            f"{_human(needed - usage.free)} or point the data directory at a larger disk (the storage phase); "
+            "nothing was written."
+        )
+    return info
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n} B"
+
+
+human_bytes = _human
