@@ -18,8 +18,10 @@ EXECUTABLE_DOC = """
 def find_executable(module, executable=None):
     if executable:
         if not os.access(executable, os.X_OK):
-            module.fail_json(msg=f"{executable} is not an executable eagle3ops; run the runtime phase first "
-                                 "(ansible-playbook site.yml --tags runtime) or fix the executable option.")
+            module.fail_json(
+                msg=f"{executable} is not an executable eagle3ops; run the runtime phase first "
+                "(ansible-playbook site.yml --tags runtime) or fix the executable option."
+            )
         return executable
     import sys
 
@@ -28,8 +30,10 @@ def find_executable(module, executable=None):
         return beside
     found = shutil.which("eagle3ops")
     if not found:
-        module.fail_json(msg="eagle3ops is not installed on this host; run the runtime phase first "
-                             "(ansible-playbook site.yml --tags runtime) or set the executable option.")
+        module.fail_json(
+            msg="eagle3ops is not installed on this host; run the runtime phase first "
+            "(ansible-playbook site.yml --tags runtime) or set the executable option."
+        )
     return found
 
 
@@ -51,9 +55,19 @@ def run_cli(module, executable, argv, *, env=None, check_rc=True):
             except ValueError:
                 continue
     if result is None:
-        module.fail_json(msg=f"eagle3ops {argv[0]} exited {rc} without a result; see stderr", rc=rc,
-                         cmd=cmd, stderr=err[-4000:], stdout=out[-2000:])
+        module.fail_json(
+            msg=f"eagle3ops {argv[0]} exited {rc} without a result; see stderr",
+            rc=rc,
+            cmd=cmd,
+            stderr=err[-4000:],
+            stdout=out[-2000:],
+        )
     if check_rc and (rc != 0 or result.get("failed")):
-        module.fail_json(msg=result.get("msg") or f"eagle3ops {argv[0]} failed (exit {rc})", rc=rc, cmd=cmd,
-                         stderr=err[-4000:], **{k: v for k, v in result.items() if k not in ("msg", "failed")})
+        module.fail_json(
+            msg=result.get("msg") or f"eagle3ops {argv[0]} failed (exit {rc})",
+            rc=rc,
+            cmd=cmd,
+            stderr=err[-4000:],
+            **{k: v for k, v in result.items() if k not in ("msg", "failed")},
+        )
     return result

@@ -39,7 +39,13 @@ _TMP_RE = re.compile(r"^\.hs_\d+\.safetensors\..*\.tmp$")
 
 # bytes per element for the dtypes we write
 DTYPE_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
-_ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn", "I64": "int64"}
+_ST_DTYPES = {
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F32": "float32",
+    "F8_E4M3": "float8_e4m3fn",
+    "I64": "int64",
+}
 
 
 class StoreError(RuntimeError):
@@ -155,6 +161,7 @@ class HiddenStateStore:
         self.dir = self.data_dir / HS_DIR
         self.rank = rank
         self._manifest_fh = None
+        self._dir_ready = False
 
     # ---------- paths ----------
     def path(self, index: int) -> Path:
@@ -229,6 +236,9 @@ class HiddenStateStore:
     # ---------- writing samples ----------
     def write_sample(self, index: int, payload: bytes, seq_len: int, *, fsync: bool = True) -> ManifestEntry:
         """Atomically write one serialized safetensors payload; returns its (not yet appended) entry."""
+        if not self._dir_ready:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._dir_ready = True
         nbytes = atomic_write_bytes(self.path(index), payload, fsync=fsync)
         return ManifestEntry(index, seq_len, nbytes, zlib.crc32(payload), self.rank)
 
@@ -252,7 +262,9 @@ class HiddenStateStore:
                 if m:
                     yield int(m.group(1))
 
-    def validate_header(self, index: int, seq_len: int, num_states: int, hidden_size: int, dtype: str) -> str | None:
+    def validate_header(
+        self, index: int, seq_len: int, num_states: int, hidden_size: int, dtype: str
+    ) -> str | None:
         """None when the file's header matches the expected sample, else the reason it does not."""
         try:
             h = read_safetensors_header(self.path(index))
@@ -328,7 +340,11 @@ def header_overhead(seq_len: int, num_states: int, hidden_size: int) -> int:
     """Upper bound of the safetensors header size for one sample (JSON, padded to 8 bytes)."""
     text = json.dumps(
         {
-            "hidden_states": {"dtype": "BF16", "shape": [seq_len, num_states, hidden_size], "data_offsets": [0, 10**12]},
+            "hidden_states": {
+                "dtype": "BF16",
+                "shape": [seq_len, num_states, hidden_size],
+                "data_offsets": [0, 10**12],
+            },
             "token_ids": {"dtype": "I64", "shape": [seq_len], "data_offsets": [10**12, 10**12]},
         }
     )
@@ -337,12 +353,16 @@ def header_overhead(seq_len: int, num_states: int, hidden_size: int) -> int:
 
 def sample_nbytes(seq_len: int, num_states: int, hidden_size: int, dtype: str) -> int:
     """Bytes one sample takes on disk (tensor bytes + token ids + header upper bound)."""
-    return seq_len * num_states * hidden_size * DTYPE_SIZES[dtype] + 8 * seq_len + header_overhead(
-        seq_len, num_states, hidden_size
+    return (
+        seq_len * num_states * hidden_size * DTYPE_SIZES[dtype]
+        + 8 * seq_len
+        + header_overhead(seq_len, num_states, hidden_size)
     )
 
 
-def preflight_disk(path: str | os.PathLike, bytes_needed: int, *, margin_frac: float = 0.05, margin_bytes: int = 0) -> dict:
+def preflight_disk(
+    path: str | os.PathLike, bytes_needed: int, *, margin_frac: float = 0.05, margin_bytes: int = 0
+) -> dict:
     """Refuse when the filesystem holding ``path`` cannot take ``bytes_needed`` plus a margin."""
     p = Path(path)
     while not p.exists():

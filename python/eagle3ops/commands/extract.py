@@ -1,0 +1,247 @@
+"""``eagle3ops extract|status|lengths``: hidden-state extraction and its bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _add_common(p):
+    p.add_argument(
+        "--data", required=True, help="prepared data directory (Arrow dataset from `eagle3ops prepare`)"
+    )
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("extract", help="extract target hidden states for every prepared row (resumable)")
+    _add_common(p)
+    p.add_argument("--model", required=True, help="target model directory (transformers format)")
+    p.add_argument(
+        "--layer-ids",
+        type=int,
+        nargs="+",
+        default=None,
+        help="aux layer ids (default [2, N//2, N-3]); see --layer-convention",
+    )
+    p.add_argument(
+        "--layer-convention",
+        choices=["input", "output"],
+        default="input",
+        help="input: id i = input of layer i (SGLang/vLLM/speculators); output: SpecForge/ModelOpt",
+    )
+    p.add_argument(
+        "--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="stored dtype"
+    )
+    p.add_argument(
+        "--compute-dtype", default="auto", help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)"
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward batch")
+    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument(
+        "--workers",
+        default="1",
+        help="'auto' = one worker per visible GPU (1 on CPU), or a number; each takes a disjoint shard",
+    )
+    p.add_argument("--world-size", type=int, default=None, help="(internal/advanced) number of shards")
+    p.add_argument("--rank", type=int, default=None, help="(internal/advanced) this worker's shard")
+    p.add_argument(
+        "--no-fsync", action="store_true", help="skip fsync per file (faster; crash-safe, not power-safe)"
+    )
+    p.add_argument(
+        "--margin", type=float, default=0.05, help="free-space margin over the exact need (fraction)"
+    )
+    p.add_argument("--limit", type=int, default=None, help="only the first N rows")
+    p.add_argument(
+        "--plan", action="store_true", help="report what would be done; load no weights, write nothing"
+    )
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_extract)
+
+    s = sub.add_parser("status", help="extraction progress from the manifests (no tensors loaded)")
+    _add_common(s)
+    s.set_defaults(func=cmd_status)
+
+    lp = sub.add_parser("lengths", help="index -> seq_len of finished samples, from the manifests")
+    _add_common(lp)
+    lp.add_argument("--out", help="also write them as JSON here (the seed's sample_lengths.json)")
+    lp.set_defaults(func=cmd_lengths)
+
+
+def _config(args):
+    from eagle3ops.extract import ExtractConfig
+
+    return ExtractConfig(
+        data_dir=args.data,
+        model_path=args.model,
+        layer_ids=args.layer_ids,
+        layer_convention=args.layer_convention,
+        dtype=args.dtype,
+        compute_dtype=args.compute_dtype,
+        device=args.device,
+        max_batch_tokens=args.max_batch_tokens,
+        max_batch_size=args.max_batch_size,
+        world_size=args.world_size or 1,
+        rank=args.rank or 0,
+        fsync=not args.no_fsync,
+        margin_frac=args.margin,
+        limit=args.limit,
+        progress=not args.no_progress,
+    )
+
+
+def _num_workers(spec: str) -> int:
+    if spec == "auto":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return max(1, len([d for d in visible.split(",") if d.strip()]))
+        try:
+            import torch
+
+            return max(1, torch.cuda.device_count())
+        except ImportError:
+            return 1
+    n = int(spec)
+    if n < 1:
+        raise ValueError("--workers must be >= 1 or 'auto'")
+    return n
+
+
+def _spawn_workers(args, n: int) -> dict:
+    """One process per GPU, each with CUDA_VISIBLE_DEVICES set to its device and a disjoint shard."""
+    from eagle3ops.cli import CommandError
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(n)]
+    argv = [a for a in sys.argv[1:] if a != "--json"]
+    # strip our own --workers value; children run one shard each
+    clean: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--workers":
+            skip = True
+            continue
+        if a.startswith("--workers="):
+            continue
+        clean.append(a)
+    procs = []
+    t0 = time.perf_counter()
+    for rank in range(n):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=devices[rank % len(devices)])
+        cmd = [
+            sys.executable,
+            "-m",
+            "eagle3ops",
+            *clean,
+            "--world-size",
+            str(n),
+            "--rank",
+            str(rank),
+            "--json",
+            "--no-progress",
+        ]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+    results, failed = [], []
+    for rank, p in enumerate(procs):
+        out, _ = p.communicate()
+        lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
+        res = json.loads(lines[-1]) if lines else {"failed": True, "msg": f"worker {rank} printed no result"}
+        res["rank"] = rank
+        results.append(res)
+        if p.returncode != 0 or res.get("failed"):
+            failed.append(res)
+    if failed:
+        raise CommandError("; ".join(f"worker {r['rank']}: {r.get('msg')}" for r in failed), workers=results)
+    keys = ("total", "done_before", "adopted", "written", "failed", "tokens", "bytes")
+    merged = {k: sum(r.get(k, 0) for r in results) for k in keys}
+    secs = time.perf_counter() - t0
+    merged.update(
+        seconds=round(secs, 3),
+        tokens_per_second=round(merged["tokens"] / secs, 1),
+        workers=results,
+        layer_ids=results[0].get("layer_ids"),
+        data_dir=args.data,
+        world_size=n,
+    )
+    return merged
+
+
+def cmd_extract(args) -> int:
+    from eagle3ops.cli import CommandError, emit
+    from eagle3ops.extract import ExtractError, plan_extraction, run_extraction
+    from eagle3ops.store import StoreError
+
+    try:
+        if args.plan:
+            res = plan_extraction(_config(args))
+            res["changed"] = res["to_extract"] > 0
+            emit(
+                args,
+                res,
+                f"would extract {res['to_extract']} of {res['total']} rows "
+                f"({res['tokens_to_extract']} tokens, {res['bytes_needed']:,} bytes; "
+                f"{res['free_bytes']:,} bytes free)",
+            )
+            return 0
+        n = _num_workers(args.workers) if args.rank is None else 1
+        res = _spawn_workers(args, n) if n > 1 else run_extraction(_config(args))
+    except (ExtractError, StoreError, FileNotFoundError, ValueError) as e:
+        raise CommandError(str(e)) from e
+    res["changed"] = res["written"] > 0 or res.get("adopted", 0) > 0
+    emit(args, res, _human_summary(res))
+    return 0
+
+
+def _human_summary(r: dict) -> str:
+    from eagle3ops.store import human_bytes
+
+    return (
+        f"extract: {r['written']} written, {r['done_before']} already done, {r['total']} total; "
+        f"{r['tokens']:,} tokens, {human_bytes(r['bytes'])} in {r['seconds']:.1f} s"
+        + (f" ({r['tokens_per_second']:,.0f} tok/s)" if r.get("tokens_per_second") else "")
+        + f"\n  -> {Path(r['data_dir']) / 'hidden_states'}"
+    )
+
+
+def cmd_status(args) -> int:
+    from eagle3ops.cli import CommandError, emit
+    from eagle3ops.extract import ExtractError, status
+
+    try:
+        res = status(args.data)
+    except ExtractError as e:
+        raise CommandError(str(e)) from e
+    emit(
+        args,
+        res,
+        f"{res['done']}/{res['rows']} rows extracted, {res['tokens_done']:,}/{res['tokens_total']:,} tokens",
+    )
+    return 0
+
+
+def cmd_lengths(args) -> int:
+    from eagle3ops.cli import emit
+    from eagle3ops.store import HiddenStateStore, atomic_write_json
+
+    lengths = HiddenStateStore(args.data).lengths()
+    if args.out:
+        atomic_write_json(args.out, {str(k): v for k, v in sorted(lengths.items())})
+    emit(
+        args,
+        {
+            "count": len(lengths),
+            "tokens": sum(lengths.values()),
+            "out": args.out,
+            "lengths": None if args.out else {str(k): v for k, v in sorted(lengths.items())},
+        },
+        f"{len(lengths)} samples, {sum(lengths.values()):,} tokens" + (f" -> {args.out}" if args.out else ""),
+    )
+    return 0

@@ -1,0 +1,649 @@
+"""Hidden-state extraction, transformers backend (CPU or CUDA).
+
+For every prepared row i, the target's hidden states at the aux layers (input-of-layer convention, the one
+SGLang, vLLM and speculators use) plus the **pre-norm** output of the last decoder layer are written as
+``hidden_states/hs_{i}.safetensors`` through :mod:`eagle3ops.store` (atomic files + manifest).
+
+Pipeline per batch: rows sorted by length are packed into batches under a padded-token budget; the forward
+runs the base model only (no lm_head); forward hooks capture the states; the [B, L, K+1, H] block is cast to
+the store dtype on the device, copied to (pinned) CPU memory asynchronously and handed to a writer thread that
+serialises and writes while the next batch computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3ops.store import (
+    DTYPE_SIZES,
+    DiskSpaceError,
+    HiddenStateStore,
+    StoreError,
+    human_bytes,
+    preflight_disk,
+)
+
+LAYER_CONVENTIONS = ("input", "output")
+
+
+class ExtractError(RuntimeError):
+    """A user-actionable extraction error."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# layer ids
+# ----------------------------------------------------------------------------------------------------------
+def default_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high capture points, input-of-layer convention: [2, N//2, N-3]."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def resolve_layer_ids(
+    num_layers: int, layer_ids: Sequence[int] | None = None, convention: str = "input"
+) -> list[int]:
+    """Validate and normalise aux layer ids to the input-of-layer convention.
+
+    ``convention="output"`` (SpecForge / ModelOpt) names layer *outputs*; the output of layer i is the input of
+    layer i+1, so those ids are shifted by one.
+    """
+    if convention not in LAYER_CONVENTIONS:
+        raise ExtractError(f"layer id convention {convention!r}: use one of {LAYER_CONVENTIONS}")
+    if num_layers < 4:
+        raise ExtractError(f"the target has {num_layers} decoder layers; EAGLE-3 needs at least 4")
+    ids = list(default_layer_ids(num_layers) if layer_ids is None else layer_ids)
+    if convention == "output":
+        ids = [i + 1 for i in ids]
+    bad = [i for i in ids if not 0 <= int(i) < num_layers]
+    if bad:
+        raise ExtractError(
+            f"aux layer ids {list(layer_ids or ids)} ({convention} convention) are out of range for a target with "
+            f"{num_layers} layers: input-of-layer ids must be in 0..{num_layers - 1} (default "
+            f"{default_layer_ids(num_layers)}). If your ids come from SpecForge/ModelOpt, pass convention=output."
+        )
+    if len(set(ids)) != len(ids):
+        raise ExtractError(f"aux layer ids {ids} must be distinct (speculators refuses duplicates)")
+    return sorted(int(i) for i in ids)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# dataset + model facts (cheap: no weights loaded)
+# ----------------------------------------------------------------------------------------------------------
+def load_seq_lens(data_dir: str | os.PathLike) -> list[int]:
+    """The ``seq_len`` column of the prepared Arrow dataset (no token data read)."""
+    from datasets import load_from_disk
+
+    try:
+        ds = load_from_disk(str(data_dir))
+    except FileNotFoundError as e:
+        raise ExtractError(
+            f"{data_dir}: no prepared dataset here ({e}). Run the prepare phase first "
+            "(ansible-playbook site.yml --tags prepare, or `eagle3ops prepare`)."
+        ) from e
+    if "seq_len" not in ds.column_names:
+        raise ExtractError(
+            f"{data_dir}: dataset has no seq_len column (columns: {ds.column_names}); re-run prepare"
+        )
+    return [int(x) for x in ds.data.column("seq_len").to_pylist()]
+
+
+def model_facts(model_path: str | os.PathLike) -> dict:
+    """num_layers, hidden_size and a fingerprint of the target, from its config alone."""
+    from transformers import AutoConfig
+
+    p = Path(model_path)
+    if not p.exists():
+        raise ExtractError(
+            f"target model path {model_path} does not exist. Set extract_model_path (or --model) to a local "
+            "model directory; hubs are not reachable from here (HF_HUB_OFFLINE=1)."
+        )
+    try:
+        cfg = AutoConfig.from_pretrained(str(p))
+    except (OSError, ValueError) as e:
+        raise ExtractError(f"{model_path}: cannot read the model config ({e})") from e
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    h = hashlib.sha256()
+    cfg_file = p / "config.json"
+    if cfg_file.exists():
+        h.update(cfg_file.read_bytes())
+    for f in sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin")):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return {
+        "num_layers": int(text_cfg.num_hidden_layers),
+        "hidden_size": int(text_cfg.hidden_size),
+        "model_type": getattr(cfg, "model_type", None),
+        "model_fingerprint": h.hexdigest()[:16],
+    }
+
+
+def dataset_fingerprint(data_dir: str | os.PathLike) -> str | None:
+    """The prepare step's fingerprint (prepare_meta.json), else the Arrow state's fingerprint."""
+    d = Path(data_dir)
+    meta = d / "prepare_meta.json"
+    if meta.exists():
+        fp = json.loads(meta.read_text()).get("fingerprint")
+        if fp:
+            return str(fp)
+    state = d / "state.json"
+    if state.exists():
+        return json.loads(state.read_text()).get("_fingerprint")
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# serialisation (shared with the SGLang hook: byte-identical files whatever the backend)
+# ----------------------------------------------------------------------------------------------------------
+def serialize_sample(token_ids, hidden_states) -> bytes:
+    """safetensors bytes of one sample: ``token_ids`` [T] int64, ``hidden_states`` [T, K+1, H]."""
+    import torch
+    from safetensors.torch import save
+
+    if token_ids.dtype != torch.int64:
+        token_ids = token_ids.to(torch.int64)
+    if token_ids.shape[0] != hidden_states.shape[0]:
+        raise ValueError(
+            f"token_ids has {token_ids.shape[0]} tokens but hidden_states {hidden_states.shape[0]}"
+        )
+    return save({"token_ids": token_ids.contiguous(), "hidden_states": hidden_states.contiguous()})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# batching
+# ----------------------------------------------------------------------------------------------------------
+def make_batches(
+    indices: Sequence[int], seq_lens: Sequence[int], max_batch_tokens: int, max_batch_size: int
+) -> list[list[int]]:
+    """Length-sorted batches whose padded size (B × longest) stays under ``max_batch_tokens``."""
+    order = sorted(indices, key=lambda i: (-seq_lens[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = seq_lens[cur[0]] if cur else seq_lens[i]
+        if cur and ((len(cur) + 1) * longest > max_batch_tokens or len(cur) >= max_batch_size):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+# ----------------------------------------------------------------------------------------------------------
+# capture
+# ----------------------------------------------------------------------------------------------------------
+def decoder_layers(model):
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ExtractError(f"{type(model).__name__}: cannot find the decoder layers (model.model.layers)")
+    return base, layers
+
+
+class StateCapture:
+    """Forward hooks that capture the inputs of the aux layers and the output of the last layer."""
+
+    def __init__(self, model, layer_ids: Sequence[int]):
+        self.base, layers = decoder_layers(model)
+        self.layer_ids = list(layer_ids)
+        self.captured: dict[int, object] = {}
+        self._handles = []
+        for lid in self.layer_ids:
+            self._handles.append(layers[lid].register_forward_pre_hook(self._pre_hook(lid), with_kwargs=True))
+        self._handles.append(layers[len(layers) - 1].register_forward_hook(self._post_hook))
+
+    def _pre_hook(self, lid):
+        def hook(_module, args, kwargs):
+            self.captured[lid] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _post_hook(self, _module, _args, output):
+        self.captured["last"] = output[0] if isinstance(output, (tuple, list)) else output
+
+    def stacked(self):
+        """[B, L, K+1, H]: the aux states in layer order, then the pre-norm last state."""
+        import torch
+
+        parts = [self.captured[lid] for lid in self.layer_ids] + [self.captured["last"]]
+        self.captured = {}
+        return torch.stack(parts, dim=2)
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def load_model(model_path: str, device: str, compute_dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, compute_dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    model.to(device)
+    model.eval()
+    return model
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ExtractError(
+            f"device {device!r} asked for, but torch sees no CUDA device; use device=cpu or auto"
+        )
+    return device
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the writer thread
+# ----------------------------------------------------------------------------------------------------------
+@dataclass
+class _Job:
+    indices: list[int]
+    token_ids: list  # CPU int64 tensors
+    states: list  # CPU tensors [T, K+1, H] (views of one pinned block)
+    event: object | None  # CUDA event to wait on before reading
+
+
+@dataclass
+class _WriterStats:
+    written: int = 0
+    bytes: int = 0
+    tokens: int = 0
+    error: BaseException | None = None
+    write_seconds: float = 0.0
+    serialize_seconds: float = 0.0
+
+
+class SampleWriter(threading.Thread):
+    def __init__(
+        self, store: HiddenStateStore, *, fsync: bool, depth: int = 3, on_written: Callable | None = None
+    ):
+        super().__init__(name="eagle3ops-writer", daemon=True)
+        self.store = store
+        self.fsync = fsync
+        self.q: queue.Queue[_Job | None] = queue.Queue(maxsize=depth)
+        self.stats = _WriterStats()
+        self.on_written = on_written
+
+    def submit(self, job: _Job) -> None:
+        while True:
+            if self.stats.error is not None:
+                raise self.stats.error
+            try:
+                self.q.put(job, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def run(self) -> None:
+        while True:
+            job = self.q.get()
+            if job is None:
+                return
+            if self.stats.error is not None:
+                continue  # drain
+            try:
+                self._write(job)
+            except BaseException as e:  # surfaced to the main thread by submit()/finish()
+                self.stats.error = e
+
+    def _write(self, job: _Job) -> None:
+        if job.event is not None:
+            job.event.synchronize()
+        entries = []
+        for idx, tok, hs in zip(job.indices, job.token_ids, job.states, strict=True):
+            t0 = time.perf_counter()
+            payload = serialize_sample(tok, hs)
+            t1 = time.perf_counter()
+            try:
+                entries.append(self.store.write_sample(idx, payload, int(tok.shape[0]), fsync=self.fsync))
+            except OSError as e:
+                if e.errno == 28:  # ENOSPC
+                    raise DiskSpaceError(
+                        f"disk full while writing {self.store.path(idx)} ({human_bytes(len(payload))} sample): "
+                        f"{e.strerror}. No partial file was left; free space or move the data directory, then "
+                        "re-run: finished samples are kept and extraction resumes."
+                    ) from e
+                raise
+            self.stats.serialize_seconds += t1 - t0
+            self.stats.write_seconds += time.perf_counter() - t1
+            self.stats.bytes += len(payload)
+            self.stats.tokens += int(tok.shape[0])
+        # manifest lines only after every file of the batch is renamed into place
+        self.store.append_manifest(entries)
+        self.stats.written += len(entries)
+        if self.on_written:
+            self.on_written(len(entries), sum(e.seq_len for e in entries))
+
+    def finish(self) -> None:
+        self.q.put(None)
+        self.join()
+        if self.stats.error is not None:
+            raise self.stats.error
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the extraction run
+# ----------------------------------------------------------------------------------------------------------
+@dataclass
+class ExtractConfig:
+    data_dir: str
+    model_path: str
+    layer_ids: list[int] | None = None
+    layer_convention: str = "input"
+    dtype: str = "bfloat16"  # stored dtype
+    compute_dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"
+    max_batch_tokens: int = 16384
+    max_batch_size: int = 64
+    world_size: int = 1
+    rank: int = 0
+    fsync: bool = True
+    margin_frac: float = 0.05
+    margin_bytes: int = 64 * 1024 * 1024
+    check_finite: bool = True
+    limit: int | None = None  # only the first N rows (testing / smoke runs)
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def build_meta(cfg: ExtractConfig, facts: dict, layer_ids: list[int], num_rows: int) -> dict:
+    return {
+        "format": "speculators-0.9.0-offline",
+        "layer_ids": layer_ids,
+        "layer_convention": "input",
+        "last_state": "pre-norm output of the last decoder layer",
+        "num_layers": facts["num_layers"],
+        "hidden_size": facts["hidden_size"],
+        "num_states": len(layer_ids) + 1,
+        "dtype": cfg.dtype,
+        "model_path": str(Path(cfg.model_path).resolve()),
+        "model_type": facts.get("model_type"),
+        "model_fingerprint": facts["model_fingerprint"],
+        "dataset_fingerprint": dataset_fingerprint(cfg.data_dir),
+        "num_rows": num_rows,
+        "backend": "transformers",
+    }
+
+
+def rank_indices(num_rows: int, world_size: int, rank: int, limit: int | None = None) -> list[int]:
+    """Disjoint strided shards: rank r takes rows r, r+W, r+2W, ... (balanced lengths after prepare's shuffle)."""
+    n = num_rows if limit is None else min(limit, num_rows)
+    if not 0 <= rank < world_size:
+        raise ExtractError(f"rank {rank} is outside world size {world_size}")
+    return list(range(rank, n, world_size))
+
+
+def plan_extraction(cfg: ExtractConfig) -> dict:
+    """What a run would do, without loading weights or writing anything (check mode)."""
+    seq_lens = load_seq_lens(cfg.data_dir)
+    facts = model_facts(cfg.model_path)
+    layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
+    store = HiddenStateStore(cfg.data_dir, rank=cfg.rank)
+    meta = build_meta(cfg, facts, layer_ids, len(seq_lens))
+    old = store.read_meta()
+    if old is not None:
+        # same refusal as a real run, but read-only
+        for k in (
+            "layer_ids",
+            "hidden_size",
+            "dtype",
+            "num_layers",
+            "model_fingerprint",
+            "dataset_fingerprint",
+        ):
+            if old.get(k) != meta.get(k):
+                raise StoreError(
+                    f"{store.meta_path}: stored {k}={old.get(k)!r} but this run asks for {meta.get(k)!r}; "
+                    "use a new data directory or move hidden_states aside."
+                )
+    indices = rank_indices(len(seq_lens), cfg.world_size, cfg.rank, cfg.limit)
+    plan = store.plan(
+        seq_lens,
+        num_states=len(layer_ids) + 1,
+        hidden_size=facts["hidden_size"],
+        dtype=cfg.dtype,
+        indices=indices,
+        adopt=False,
+    )
+    free = preflight_disk(store.dir, 0)["free_bytes"]
+    return {
+        "total": len(indices),
+        "done_before": plan.done + plan.adopted,
+        "to_extract": len(plan.remaining),
+        "tokens_to_extract": plan.tokens_remaining,
+        "bytes_needed": plan.bytes_needed,
+        "free_bytes": free,
+        "fits": plan.bytes_needed * (1 + cfg.margin_frac) + cfg.margin_bytes <= free or not plan.remaining,
+        "invalid_files": {str(k): v for k, v in plan.invalid.items()},
+        "layer_ids": layer_ids,
+        "num_layers": facts["num_layers"],
+        "hidden_size": facts["hidden_size"],
+        "dtype": cfg.dtype,
+    }
+
+
+def _progress_reporter(total_samples: int, total_tokens: int, enabled: bool):
+    """A rich progress bar on a terminal, periodic log lines otherwise. Returns (advance, close)."""
+    if not enabled or total_samples == 0:
+        return (lambda n, t: None), (lambda: None)
+    if sys.stderr.isatty():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        prog = Progress(
+            TextColumn("extract"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeRemainingColumn(),
+            transient=False,
+            console=None,
+        )
+        task = prog.add_task("extract", total=total_samples, rate="")
+        prog.start()
+        t0 = time.monotonic()
+        tok = [0]
+
+        def advance(n, t):
+            tok[0] += t
+            rate = tok[0] / max(time.monotonic() - t0, 1e-9)
+            prog.update(task, advance=n, rate=f"{rate:,.0f} tok/s")
+
+        return advance, prog.stop
+    t0 = time.monotonic()
+    state = {"n": 0, "t": 0, "last": t0}
+
+    def advance(n, t):
+        state["n"] += n
+        state["t"] += t
+        now = time.monotonic()
+        if now - state["last"] >= 10 or state["n"] == total_samples:
+            state["last"] = now
+            rate = state["t"] / max(now - t0, 1e-9)
+            eta = (total_tokens - state["t"]) / rate if rate else float("inf")
+            print(
+                f"extract: {state['n']}/{total_samples} samples, {rate:,.0f} tok/s, ETA {eta:,.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return advance, (lambda: None)
+
+
+def run_extraction(cfg: ExtractConfig) -> dict:
+    """Extract every remaining row of this rank; resumable; returns counts."""
+    import torch
+
+    t_start = time.perf_counter()
+    seq_lens = load_seq_lens(cfg.data_dir)
+    facts = model_facts(cfg.model_path)
+    layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
+    num_states, hidden = len(layer_ids) + 1, facts["hidden_size"]
+    if cfg.dtype not in DTYPE_SIZES or cfg.dtype == "float8_e4m3fn":
+        raise ExtractError(
+            f"store dtype {cfg.dtype!r} is not supported here; use bfloat16, float16 or float32"
+        )
+
+    store = HiddenStateStore(cfg.data_dir, rank=cfg.rank)
+    store.ensure_meta(build_meta(cfg, facts, layer_ids, len(seq_lens)))
+    removed_tmp = store.clean_temp_files()
+    indices = rank_indices(len(seq_lens), cfg.world_size, cfg.rank, cfg.limit)
+    plan = store.plan(seq_lens, num_states=num_states, hidden_size=hidden, dtype=cfg.dtype, indices=indices)
+    result = {
+        "total": len(indices),
+        "done_before": plan.done,
+        "adopted": plan.adopted,
+        "written": 0,
+        "failed": 0,
+        "tokens": 0,
+        "bytes": 0,
+        "seconds": 0.0,
+        "layer_ids": layer_ids,
+        "num_layers": facts["num_layers"],
+        "hidden_size": hidden,
+        "dtype": cfg.dtype,
+        "rank": cfg.rank,
+        "world_size": cfg.world_size,
+        "removed_temp_files": len(removed_tmp),
+        "invalid_files_replaced": sorted(plan.invalid),
+        "torn_manifest_lines": plan.torn_lines,
+        "data_dir": str(cfg.data_dir),
+    }
+    if not plan.remaining:
+        result["seconds"] = round(time.perf_counter() - t_start, 3)
+        return result
+    result["preflight"] = preflight_disk(
+        store.dir, plan.bytes_needed, margin_frac=cfg.margin_frac, margin_bytes=cfg.margin_bytes
+    )
+
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(cfg.data_dir)).with_format("numpy", columns=["input_ids"])
+    device = resolve_device(cfg.device)
+    compute_dtype = (
+        cfg.compute_dtype
+        if cfg.compute_dtype != "auto"
+        else ("bfloat16" if device.startswith("cuda") else "float32")
+    )
+    model = load_model(cfg.model_path, device, compute_dtype)
+    capture = StateCapture(model, layer_ids)
+    store_dtype = getattr(torch, cfg.dtype)
+    cuda = device.startswith("cuda")
+    copy_stream = torch.cuda.Stream() if cuda else None
+
+    batches = make_batches(plan.remaining, seq_lens, cfg.max_batch_tokens, cfg.max_batch_size)
+    advance, close_progress = _progress_reporter(len(plan.remaining), plan.tokens_remaining, cfg.progress)
+    writer = SampleWriter(store, fsync=cfg.fsync, on_written=advance)
+    writer.start()
+    t_compute = 0.0
+    try:
+        with torch.inference_mode():
+            for batch in batches:
+                rows = ds[batch]["input_ids"]
+                lens = [seq_lens[i] for i in batch]
+                for i, r, n in zip(batch, rows, lens, strict=True):
+                    if len(r) != n:
+                        raise ExtractError(
+                            f"{cfg.data_dir}: row {i} has {len(r)} input_ids but seq_len {n}; re-run prepare"
+                        )
+                longest = max(lens)
+                ids = torch.zeros((len(batch), longest), dtype=torch.long)
+                mask = torch.zeros((len(batch), longest), dtype=torch.long)
+                for b, r in enumerate(rows):
+                    ids[b, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+                    mask[b, : len(r)] = 1
+                t0 = time.perf_counter()
+                capture.base(
+                    input_ids=ids.to(device, non_blocking=True),
+                    attention_mask=mask.to(device, non_blocking=True),
+                    use_cache=False,
+                )
+                block = capture.stacked().to(store_dtype)  # [B, L, K+1, H] on device
+                if cfg.check_finite:
+                    finite = (
+                        torch.isfinite(block).flatten(1).all(dim=1)
+                        if len(batch) > 1
+                        else torch.isfinite(block).all().reshape(1)
+                    )
+                    # padding positions are finite too (masked attention still yields numbers)
+                    if not bool(finite.all()):
+                        bad = [batch[b] for b in range(len(batch)) if not bool(finite[b])]
+                        raise ExtractError(
+                            f"non-finite hidden states for rows {bad[:20]} (model {cfg.model_path}); "
+                            "nothing was written for them. Check the model dtype/weights."
+                        )
+                event = None
+                if cuda:
+                    copy_stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(copy_stream):
+                        host = torch.empty(block.shape, dtype=block.dtype, pin_memory=True)
+                        host.copy_(block, non_blocking=True)
+                        event = torch.cuda.Event()
+                        event.record(copy_stream)
+                    block.record_stream(copy_stream)
+                else:
+                    host = block
+                t_compute += time.perf_counter() - t0
+                states = [host[b, :n] for b, n in enumerate(lens)]
+                toks = [ids[b, :n] for b, n in enumerate(lens)]
+                writer.submit(_Job(list(batch), toks, states, event))
+        writer.finish()
+    except BaseException:
+        # stop the writer after what it already has; finished samples stay valid and recorded
+        try:
+            writer.finish()
+        except BaseException as werr:  # the writer's own error is the more useful one
+            raise werr from None
+        raise
+    finally:
+        capture.remove()
+        close_progress()
+        store.close()
+    st = writer.stats
+    secs = time.perf_counter() - t_start
+    result.update(
+        written=st.written,
+        tokens=st.tokens,
+        bytes=st.bytes,
+        seconds=round(secs, 3),
+        tokens_per_second=round(st.tokens / secs, 1) if secs else None,
+        compute_seconds=round(t_compute, 3),
+        write_seconds=round(st.write_seconds, 3),
+        serialize_seconds=round(st.serialize_seconds, 3),
+        device=device,
+        compute_dtype=compute_dtype,
+        batches=len(batches),
+    )
+    return result
+
+
+def status(data_dir: str | os.PathLike) -> dict:
+    """Progress of a data directory from the manifests alone (no tensors loaded)."""
+    store = HiddenStateStore(data_dir)
+    meta = store.read_meta()
+    seq_lens = load_seq_lens(data_dir)
+    scan = store.scan_manifest()
+    done = scan.entries
+    return {
+        "data_dir": str(data_dir),
+        "rows": len(seq_lens),
+        "done": len(done),
+        "remaining": len(seq_lens) - len([i for i in done if i < len(seq_lens)]),
+        "tokens_done": sum(e.seq_len for e in done.values()),
+        "tokens_total": sum(seq_lens),
+        "bytes": sum(e.nbytes for e in done.values()),
+        "torn_manifest_lines": scan.torn_lines,
+        "meta": meta,
+    }

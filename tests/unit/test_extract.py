@@ -1,0 +1,176 @@
+"""Extraction (transformers backend): correctness against the model's own outputs, batching, resume, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from eagle3ops.extract import (
+    ExtractConfig,
+    ExtractError,
+    make_batches,
+    plan_extraction,
+    resolve_layer_ids,
+    run_extraction,
+)
+from eagle3ops.store import HiddenStateStore
+from safetensors.torch import load_file
+from tinymodels import build_prepared_dataset
+from transformers import AutoModelForCausalLM
+
+LENGTHS = [5, 17, 33, 9, 64, 2, 40, 23]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    return build_prepared_dataset(tmp_path / "data", LENGTHS)
+
+
+def _run(data_dir, model, **kw):
+    return run_extraction(ExtractConfig(data_dir=str(data_dir), model_path=str(model), progress=False, **kw))
+
+
+def test_layer_ids_default_and_conventions():
+    assert resolve_layer_ids(61) == [2, 30, 58]  # Kimi-K2.5 / DeepSeek-V3
+    assert resolve_layer_ids(61, [1, 29, 57], "output") == [2, 30, 58]  # SpecForge ids name outputs
+    with pytest.raises(ExtractError, match=r"out of range .* 8 layers"):
+        resolve_layer_ids(8, [2, 4, 8])
+    with pytest.raises(ExtractError, match="distinct"):
+        resolve_layer_ids(8, [2, 3, 3])
+
+
+def test_states_equal_the_models_own_hidden_states(data_dir, tiny_target):
+    """Each aux slice equals hidden_states[i] of output_hidden_states=True (input of layer i), and
+    final_norm(last) @ lm_head equals the model's logits: the last slot is the PRE-norm last state."""
+    res = _run(data_dir, tiny_target, dtype="float32", max_batch_size=3)
+    assert res["written"] == len(LENGTHS) and res["layer_ids"] == [2, 4, 5]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
+    import datasets
+
+    ds = datasets.load_from_disk(str(data_dir))
+    for i in (0, 4, 5):
+        ids = torch.tensor(ds[i]["input_ids"])
+        f = load_file(str(HiddenStateStore(data_dir).path(i)))
+        assert torch.equal(f["token_ids"], ids)
+        hs = f["hidden_states"]
+        assert hs.shape == (len(ids), 4, 64)
+        with torch.no_grad():
+            out = model(ids[None], output_hidden_states=True)
+        for k, lid in enumerate([2, 4, 5]):
+            torch.testing.assert_close(hs[:, k], out.hidden_states[lid][0], rtol=1e-4, atol=1e-5)
+        with torch.no_grad():
+            logits = model.lm_head(model.model.norm(hs[:, 3]))
+        torch.testing.assert_close(logits, out.logits[0], rtol=1e-4, atol=1e-4)
+        # and the pre-norm state is not the post-norm one transformers returns last
+        assert not torch.allclose(hs[:, 3], out.hidden_states[-1][0], atol=1e-3)
+
+
+def test_batched_equals_unbatched(tmp_path, tiny_target):
+    """Right-padded batches give the same states as batch size 1 (speculators#279: wrong states with batch > 1)."""
+    a = build_prepared_dataset(tmp_path / "a", LENGTHS)
+    b = build_prepared_dataset(tmp_path / "b", LENGTHS)
+    _run(a, tiny_target, dtype="float32", max_batch_size=1)
+    _run(b, tiny_target, dtype="float32", max_batch_size=8, max_batch_tokens=10_000)
+    for i in range(len(LENGTHS)):
+        x = load_file(str(HiddenStateStore(a).path(i)))["hidden_states"]
+        y = load_file(str(HiddenStateStore(b).path(i)))["hidden_states"]
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+def test_resume_after_partial_run_extracts_only_the_rest(data_dir, tiny_target):
+    first = _run(data_dir, tiny_target, limit=3)
+    assert first["written"] == 3
+    store = HiddenStateStore(data_dir)
+    before = {i: store.path(i).stat().st_mtime_ns for i in range(3)}
+    second = _run(data_dir, tiny_target)
+    assert (second["done_before"], second["written"]) == (3, len(LENGTHS) - 3)
+    assert {i: store.path(i).stat().st_mtime_ns for i in range(3)} == before  # finished files untouched
+    third = _run(data_dir, tiny_target)
+    assert third["written"] == 0 and third["done_before"] == len(LENGTHS)
+    assert store.lengths() == dict(enumerate(LENGTHS))
+
+
+def test_changed_layer_ids_refuse_to_mix(data_dir, tiny_target):
+    _run(data_dir, tiny_target, limit=2)
+    with pytest.raises(Exception, match=r"layer_ids: stored \[2, 4, 5\] vs requested \[1, 4, 5\]"):
+        _run(data_dir, tiny_target, layer_ids=[1, 4, 5])
+
+
+def test_plan_writes_nothing_and_predicts(data_dir, tiny_target):
+    plan = plan_extraction(ExtractConfig(data_dir=str(data_dir), model_path=str(tiny_target)))
+    assert plan["to_extract"] == len(LENGTHS) and plan["tokens_to_extract"] == sum(LENGTHS)
+    assert not (data_dir / "hidden_states").exists()
+    res = _run(data_dir, tiny_target)
+    assert res["bytes"] <= plan["bytes_needed"]  # the exact estimate is an upper bound
+
+
+def test_batches_respect_the_token_budget():
+    lens = [100, 3, 50, 50, 7, 99]
+    batches = make_batches(range(6), lens, max_batch_tokens=200, max_batch_size=4)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    for b in batches:
+        assert len(b) * max(lens[i] for i in b) <= 200 or len(b) == 1
+
+
+def test_unknown_model_path_is_named(data_dir, tmp_path):
+    with pytest.raises(ExtractError, match=str(tmp_path / "nope")):
+        _run(data_dir, tmp_path / "nope")
+
+
+def test_cli_json_and_two_workers(data_dir, tiny_target):
+    """`eagle3ops extract --workers 2` on CPU: two processes, disjoint shards, one manifest per rank."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3ops",
+        "extract",
+        "--data",
+        str(data_dir),
+        "--model",
+        str(tiny_target),
+        "--workers",
+        "2",
+        "--json",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    res = json.loads(out)
+    assert res["written"] == len(LENGTHS) and res["changed"] is True and res["world_size"] == 2
+    manifests = sorted(p.name for p in (data_dir / "hidden_states").glob("manifest-rank*.jsonl"))
+    assert manifests == ["manifest-rank0.jsonl", "manifest-rank1.jsonl"]
+    again = json.loads(
+        subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+    )
+    assert again["changed"] is False and again["done_before"] == len(LENGTHS)
+    st = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "eagle3ops", "status", "--data", str(data_dir), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert st["done"] == st["rows"] == len(LENGTHS) and st["remaining"] == 0
+
+
+def test_cli_error_names_the_thing(tmp_path):
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eagle3ops",
+            "extract",
+            "--data",
+            str(tmp_path / "missing"),
+            "--model",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2
+    res = json.loads(p.stdout.splitlines()[-1])
+    assert res["failed"] is True and str(tmp_path / "missing") in res["msg"] and "prepare" in res["msg"]
