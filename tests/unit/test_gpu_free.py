@@ -1,0 +1,495 @@
+"""gpu_free: the free-VRAM checkpoint, driven on a CPU host.
+
+There is no GPU here, so NVML is replaced by ``StandInNVML`` below: a STAND-IN for the ``pynvml``
+module with the same functions the checkpoint calls (count, handles, UUID, minor number, v1/v2
+memory info, compute/graphics process lists) and pynvml's own error class. Everything around it is
+real: the holders are real child processes of this test (``sleep``), their command lines,
+environments and users are read from the real ``/proc``, the cgroup attribution tests move them
+into real cgroups (``/sys/fs/cgroup``, root only), they are stopped with real signals and the
+stand-in GPU's memory is released only when the real process has exited. The "device file" a real
+holder keeps open (``/dev/nvidia0``) is a plain file in the test's temp dir, passed as ``dev_dir``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pynvml
+import pytest
+from eagle3ops import gpu
+
+REPO = Path(__file__).resolve().parents[2]
+MIB = 1024 * 1024
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+class _Proc:
+    def __init__(self, pid, mib):
+        self.pid = pid
+        self.usedGpuMemory = None if mib is None else int(mib * MIB)
+
+
+class StandInNVML:
+    """STAND-IN for the pynvml module (no GPU on this host).
+
+    ``gpus``: one dict per GPU: ``total`` MiB, ``reserved`` MiB (what the driver keeps; counted in
+    the v1 struct's ``used``, reported apart by v2), ``other`` MiB used by nobody NVML lists, and
+    ``procs`` {pid: MiB}. A PID that exists in /proc is listed (and its memory counted) only while
+    that real process is alive; a PID absent from /proc at creation stands for a process of another
+    PID namespace and stays listed. ``v2=False`` makes the v2 memory call fail as an old driver does.
+    """
+
+    NVMLError = pynvml.NVMLError
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+
+    def __init__(self, gpus, v2=True):
+        self.gpus = gpus
+        self.v2 = v2
+        self.foreign = {pid for g in gpus for pid in g.get("procs", {}) if not Path(f"/proc/{pid}").exists()}
+        self.calls = {"v1": 0, "v2": 0}
+
+    def _procs(self, h):
+        return {p: m for p, m in self.gpus[h].get("procs", {}).items() if p in self.foreign or _alive(p)}
+
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if not 0 <= i < len(self.gpus):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return i
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-standin-{h:04d}"
+
+    def nvmlDeviceGetName(self, h):
+        return "Stand-in H200"
+
+    def nvmlDeviceGetMinorNumber(self, h):
+        return h
+
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        g = self.gpus[h]
+        used = g.get("other", 0) + sum(m or 0 for m in self._procs(h).values())
+        total, reserved = g.get("total", 143771), g.get("reserved", 615)
+        if version:
+            if not self.v2:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            self.calls["v2"] += 1
+            s = pynvml.c_nvmlMemory_v2_t()
+            s.total, s.reserved, s.used = total * MIB, reserved * MIB, int(used * MIB)
+            s.free = s.total - s.reserved - s.used
+            return s
+        self.calls["v1"] += 1
+        s = pynvml.c_nvmlMemory_t()
+        s.total, s.used = total * MIB, int((used + reserved) * MIB)
+        s.free = s.total - s.used
+        return s
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [_Proc(p, m) for p, m in self._procs(h).items()]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlShutdown(self):
+        pass
+
+
+@pytest.fixture
+def dev(tmp_path):
+    """A directory standing in for /dev, with the files nvidia0, nvidia1 and nvidiactl."""
+    d = tmp_path / "dev"
+    d.mkdir()
+    for n in ("nvidia0", "nvidia1", "nvidiactl"):
+        (d / n).write_text("")
+    return d
+
+
+@pytest.fixture
+def spawn(dev):
+    """Start real `sleep` processes that hold dev/nvidiaN open (fd 3); all are reaped afterwards."""
+    procs = []
+
+    def _spawn(minor=0, env=None, ignore_term=False, argv0_marker="", hold=True):
+        trap = "trap '' TERM; " if ignore_term else ""
+        redirect = f" 3<{dev}/nvidia{minor}" if hold else ""
+        # a marker goes into argv[0] (exec -a), so the command line reads "sleep MARKER 300"
+        argv0 = f"-a 'sleep {argv0_marker}' " if argv0_marker else ""
+        cmd = f"{trap}exec {argv0}sleep 300{redirect}"
+        p = subprocess.Popen(["bash", "-c", cmd], env={**os.environ, **(env or {})})
+        procs.append(p)
+        deadline = time.time() + 5
+        while time.time() < deadline:  # wait until bash has exec'd sleep
+            try:
+                if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep"):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.01)
+        return p
+
+    yield _spawn
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def free_pid() -> int:
+    """A PID no process of this namespace has: stands for a process of another PID namespace."""
+    pid = 4_000_000
+    while Path(f"/proc/{pid}").exists():
+        pid += 1
+    return pid
+
+
+def run(nvml, dev, **kw):
+    kw.setdefault("timeout_s", 2)
+    kw.setdefault("poll_s", 0.02)
+    kw.setdefault("grace_s", 2)
+    return gpu.ensure_free(nvml=nvml, dev_dir=str(dev), **kw)
+
+
+# --------------------------------------------------------------------------- memory rule
+
+
+def test_idle_gpus_are_free_with_v2_reserved_memory_reported_apart(dev):
+    nvml = StandInNVML([{"reserved": 615}, {"reserved": 615}])
+    r = run(nvml, dev)
+    assert r["free"] is True and r["changed"] is False
+    assert [g["used_mib"] for g in r["gpus"]] == [0, 0]
+    assert [g["reserved_mib"] for g in r["gpus"]] == [615, 615]
+    assert {g["memory_source"] for g in r["gpus"]} == {"v2"}
+    assert nvml.calls["v1"] == 0
+    assert r["seconds_to_free"] < 1
+
+
+def test_old_driver_falls_back_to_v1_minus_allowance(dev):
+    # v1 says 615 MiB used on an idle GPU: the documented allowance takes it as reserved
+    nvml = StandInNVML([{"reserved": 615}], v2=False)
+    r = run(nvml, dev)
+    g = r["gpus"][0]
+    assert r["free"] and g["memory_source"] == "v1-minus-allowance"
+    assert g["raw_used_mib"] == 615 and g["used_mib"] == 0 and g["reserved_mib"] == 615
+    # the v2 call is given up after its first failure, not retried on every poll
+    assert nvml.calls["v1"] == 1
+
+
+def test_v1_allowance_is_not_a_blank_cheque(dev):
+    # 3000 MiB used by nobody NVML lists: above the 1024 MiB allowance, so not free
+    nvml = StandInNVML([{"reserved": 615, "other": 3000}], v2=False)
+    with pytest.raises(gpu.GpuFreeError) as e:
+        run(nvml, dev, timeout_s=0.2)
+    g = e.value.details["gpus"][0]
+    assert g["used_mib"] == pytest.approx(3615 - 1024) and not g["free"]
+    assert "by no process NVML lists" in str(e.value)
+
+
+def test_threshold_allows_small_usage(dev):
+    nvml = StandInNVML([{"other": 40}])
+    assert run(nvml, dev, threshold_mib=64)["free"]
+    with pytest.raises(gpu.GpuFreeError):
+        run(nvml, dev, threshold_mib=16, timeout_s=0.1)
+
+
+def test_gpu_selection_by_index_and_uuid_and_unknown(dev):
+    nvml = StandInNVML([{}, {"other": 5000}, {}])
+    r = run(nvml, dev, gpus=["0", "GPU-standin-0002"])
+    assert [g["index"] for g in r["gpus"]] == [0, 2]
+    with pytest.raises(gpu.GpuFreeError, match=r"GPU '7' is not on .*3 GPU\(s\)"):
+        run(nvml, dev, gpus=["7"])
+
+
+# --------------------------------------------------------------------------- holders
+
+
+def test_foreign_holder_fails_with_pid_user_cmdline_and_mib(dev, spawn):
+    p = spawn(0)
+    nvml = StandInNVML([{"procs": {p.pid: 40960}}, {}])
+    t0 = time.monotonic()
+    with pytest.raises(gpu.GpuFreeError) as e:
+        run(nvml, dev, timeout_s=0.5)
+    assert 0.5 <= time.monotonic() - t0 < 3  # waited the timeout, not longer
+    assert _alive(p.pid), "a holder that is not allow-listed must never be signalled"
+    (h,) = e.value.details["holders"]
+    assert h["pid"] == p.pid and h["gpus"] == {0: 40960.0}
+    assert h["user"] == "root" or h["user"] == os.environ.get("USER")
+    assert h["cmdline"].startswith("sleep 300") and h["verified"] is True and h["allowed_by"] is None
+    msg = str(e.value)
+    assert f"PID {p.pid}" in msg and "GPU 0: 40960 MiB" in msg and "not allow-listed" in msg
+    assert e.value.details["gpus"][1]["free"] is True
+
+
+def test_holder_exiting_by_itself_within_timeout_passes(dev, spawn):
+    p = spawn(0)
+    nvml = StandInNVML([{"procs": {p.pid: 1000}}])
+    subprocess.Popen(["bash", "-c", f"sleep 0.3; kill {p.pid}"])
+    r = run(nvml, dev, timeout_s=5)
+    assert r["free"] and r["changed"] is False and r["stopped"] == []
+    assert 0.3 <= r["seconds_to_free"] < 3
+
+
+def test_allow_listed_by_run_id_in_environment_is_stopped(dev, spawn):
+    mine = spawn(0, env={gpu.RUN_ID_VAR: "extract-42"})
+    nvml = StandInNVML([{"procs": {mine.pid: 40960}}])
+    r = run(nvml, dev, allow=gpu.AllowList(run_ids=["extract-42"]))
+    assert r["free"] and r["changed"]
+    (s,) = r["stopped"]
+    assert s["pid"] == mine.pid and s["allowed_by"] == "run_id:extract-42" and s["action"] == "stopped"
+    assert mine.wait(timeout=5) == -signal.SIGTERM
+    assert r["seconds_from_stop_to_free"] < 1
+
+
+def test_run_id_as_command_line_token_and_other_run_ids_untouched(dev, spawn):
+    mine = spawn(0, argv0_marker=f"{gpu.RUN_ID_VAR}=train-7")
+    other = spawn(1, env={gpu.RUN_ID_VAR: "train-8"})
+    nvml = StandInNVML([{"procs": {mine.pid: 100}}, {"procs": {other.pid: 100}}])
+    with pytest.raises(gpu.GpuFreeError) as e:
+        run(nvml, dev, allow=gpu.AllowList(run_ids=["train-7"]), timeout_s=0.5)
+    assert not _alive(mine.pid) and _alive(other.pid)
+    assert [h["pid"] for h in e.value.details["holders"]] == [other.pid]
+    assert "run id train-8 is not allow-listed" in str(e.value)
+    assert [s["pid"] for s in e.value.details["stopped"]] == [mine.pid]
+
+
+def test_cmdline_pattern_and_sigkill_after_grace(dev, spawn):
+    stubborn = spawn(0, ignore_term=True, argv0_marker="--eagle3ops-extract")
+    nvml = StandInNVML([{"procs": {stubborn.pid: 500}}])
+    t0 = time.monotonic()
+    r = run(nvml, dev, allow=gpu.AllowList(cmdline_patterns=[r"^sleep --eagle3ops-extract\b"]), grace_s=0.5)
+    assert r["free"] and r["stopped"][0]["action"] == "killed"
+    assert stubborn.wait(timeout=5) == -signal.SIGKILL
+    assert time.monotonic() - t0 >= 0.5  # SIGTERM was given its grace period first
+
+
+def test_pattern_matching_everything_is_refused():
+    with pytest.raises(gpu.GpuFreeError, match="matches an empty command line"):
+        gpu.AllowList(cmdline_patterns=[".*"])
+    with pytest.raises(gpu.GpuFreeError, match="not a regular expression"):
+        gpu.AllowList(cmdline_patterns=["("])
+
+
+def test_check_mode_reports_what_would_be_stopped_and_stops_nothing(dev, spawn):
+    mine = spawn(0, env={gpu.RUN_ID_VAR: "r1"})
+    nvml = StandInNVML([{"procs": {mine.pid: 4096}}])
+    r = run(nvml, dev, allow=gpu.AllowList(run_ids=["r1"]), check_mode=True)
+    assert r["changed"] is True and r["check_mode"] is True
+    assert [w["pid"] for w in r["would_stop"]] == [mine.pid] and r["would_stop"][0]["action"] == "would_stop"
+    assert "stopped" not in r
+    time.sleep(0.1)
+    assert _alive(mine.pid)
+    # and without the allow-list, check mode predicts the failure
+    with pytest.raises(gpu.GpuFreeError, match="check mode: 1 GPU"):
+        run(nvml, dev, check_mode=True, timeout_s=0.2)
+    assert _alive(mine.pid)
+
+
+def test_pid_of_another_namespace_is_reported_and_never_signalled(dev, spawn, monkeypatch):
+    ghost = free_pid()
+    local = spawn(0, argv0_marker="vllm-lookalike")  # a process of ours holding /dev/nvidia0
+    nvml = StandInNVML([{"procs": {ghost: 30000}}])
+    sent = []
+    monkeypatch.setattr(gpu.os, "kill", lambda *a: sent.append(a))
+    with pytest.raises(gpu.GpuFreeError) as e:
+        # even a pattern that matches every sleep cannot get a PID we cannot see signalled
+        run(nvml, dev, allow=gpu.AllowList(cmdline_patterns=["sleep"]), timeout_s=0.3)
+    (h,) = e.value.details["holders"]
+    assert h["pid"] == ghost and h["visible"] is False and h["allowed_by"] is None
+    assert "not in this PID namespace" in str(e.value)
+    # the processes of this namespace that have that GPU's device open are named as candidates
+    assert e.value.details["gpus"][0]["device_users"] == [local.pid]
+    assert f"/dev/nvidia0 open (candidates behind NVML's foreign PIDs): [{local.pid}]" in str(e.value)
+    assert sent == [] and _alive(local.pid)
+
+
+def test_visible_pid_without_nvidia_device_open_is_unverified_and_not_stopped(dev, spawn):
+    # NVML's PID number exists here but that process has no /dev/nvidia* open: it is somebody else
+    bystander = spawn(0, hold=False, env={gpu.RUN_ID_VAR: "r9"})
+    nvml = StandInNVML([{"procs": {bystander.pid: 1000}}])
+    with pytest.raises(gpu.GpuFreeError) as e:
+        run(nvml, dev, allow=gpu.AllowList(run_ids=["r9"]), timeout_s=0.3)
+    (h,) = e.value.details["holders"]
+    assert h["verified"] is False and h["allowed_by"] is None
+    assert "no /dev/nvidia* open here" in h["hint"]
+    assert _alive(bystander.pid)
+
+
+def test_no_driver_fails_clearly_or_skips_when_not_required(monkeypatch):
+    """Real: this CPU host has no libnvidia-ml, so the real pynvml.nvmlInit fails."""
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this host has an NVIDIA driver")
+    with pytest.raises(gpu.NoDriver, match=r"NVML could not initialise .*gpu_free_gpu_required: false"):
+        gpu.ensure_free()
+    r = gpu.ensure_free(gpu_required=False)
+    assert r["skipped"] is True and r["changed"] is False and "gpu_required is false" in r["msg"]
+
+
+# --------------------------------------------------------------------------- cgroup attribution
+
+
+@pytest.mark.parametrize(
+    ("text", "unit", "container"),
+    [
+        ("0::/system.slice/vllm.service\n", "vllm.service", None),
+        ("12:name=systemd:/system.slice/sglang.service\n0::/\n", "sglang.service", None),
+        (
+            "0::/system.slice/docker-" + "ab" * 32 + ".scope\n",
+            "docker-" + "ab" * 32 + ".scope",
+            "docker:abababababab",
+        ),
+        ("0::/lxc.payload.105/system.slice/vllm.service\n", "vllm.service", "lxc:105"),
+        (
+            "0::/machine.slice/systemd-nspawn@gpu1.service/payload\n",
+            "systemd-nspawn@gpu1.service",
+            "nspawn:gpu1",
+        ),
+        ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/jup.service\n", "jup.service", None),
+        ("0::/\n", None, None),
+    ],
+)
+def test_parse_cgroup(text, unit, container):
+    info = gpu.parse_cgroup(text)
+    assert info["unit"] == unit and info["container"] == container
+
+
+def test_user_manager_units_are_flagged_and_not_matched_by_unit_allow_list():
+    info = gpu.parse_cgroup("0::/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service\n")
+    assert info["user_unit"] is True
+    h = gpu.Holder(pid=1, visible=True, verified=True, unit=info["unit"], user_unit=True)
+    assert gpu.AllowList(units=["vllm.service"]).match(h) is None
+
+
+needs_cgroup_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access("/sys/fs/cgroup", os.W_OK),
+    reason="moving processes into test cgroups needs root and a writable /sys/fs/cgroup",
+)
+
+
+@pytest.fixture
+def cgroups():
+    """Make real cgroups under a test-owned slice; move processes in; remove them afterwards."""
+    made: list[Path] = []
+    slice_name = f"eagle3ops-test-{uuid.uuid4().hex[:8]}.slice"
+
+    def _put(pid: int, unit: str) -> Path:
+        roots = [Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup")]
+        for root in roots:
+            if (root / "cgroup.procs").exists():
+                d = root / slice_name / unit
+                d.mkdir(parents=True, exist_ok=True)
+                made.append(d)
+                (d / "cgroup.procs").write_text(str(pid))
+                return d
+        pytest.skip("no writable cgroup hierarchy with cgroup.procs")
+
+    yield _put
+    for d in made:
+        for _ in range(100):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+        if d.parent.exists():
+            with contextlib.suppress(OSError):
+                d.parent.rmdir()
+
+
+@needs_cgroup_root
+def test_holder_in_a_systemd_unit_names_the_unit_and_the_services_phase(dev, spawn, cgroups):
+    p = spawn(0)
+    cgroups(p.pid, "vllm.service")
+    nvml = StandInNVML([{"procs": {p.pid: 70000}}])
+    with pytest.raises(gpu.GpuFreeError) as e:
+        run(nvml, dev, timeout_s=0.3)
+    (h,) = e.value.details["holders"]
+    assert h["unit"] == "vllm.service" and h["cgroup"].endswith(".slice/vllm.service")
+    assert "held by vllm.service: add it to the services phase" in str(e.value)
+    assert _alive(p.pid)
+
+
+@needs_cgroup_root
+def test_allow_listed_unit_is_stopped_by_signal_without_systemd(dev, spawn, cgroups, monkeypatch):
+    monkeypatch.setattr(gpu, "_systemd_running", lambda: False)
+    p = spawn(0)
+    q = spawn(1)  # same GPU box, another unit: must stay
+    cgroups(p.pid, "sglang-extract.service")
+    cgroups(q.pid, "vllm.service")
+    nvml = StandInNVML([{"procs": {p.pid: 1000}}, {}])
+    r = run(nvml, dev, allow=gpu.AllowList(units=["sglang-*.service"]), gpus=["0"])
+    assert r["free"] and r["stopped"][0]["allowed_by"] == "unit:sglang-*.service"
+    assert p.wait(timeout=5) == -signal.SIGTERM and _alive(q.pid)
+
+
+@needs_cgroup_root
+def test_allow_listed_unit_is_stopped_with_systemctl_when_systemd_runs(
+    dev, spawn, cgroups, monkeypatch, tmp_path
+):
+    """``systemctl`` here is a STAND-IN script (systemd is not PID 1 on this host): it records its
+    arguments and kills the processes of the unit's real cgroup, as ``systemctl stop`` would."""
+    p = spawn(0)
+    cg = cgroups(p.pid, "vllm.service")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "systemctl.log"
+    (bindir / "systemctl").write_text(f'#!/bin/bash\necho "$@" >> {log}\nkill $(cat {cg}/cgroup.procs)\n')
+    (bindir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setattr(gpu, "_systemd_running", lambda: True)
+    nvml = StandInNVML([{"procs": {p.pid: 1000}}])
+    r = run(nvml, dev, allow=gpu.AllowList(units=["vllm.service"]))
+    assert r["free"] and r["stopped"][0]["action"] == "systemctl-stopped"
+    assert log.read_text().split() == ["stop", "vllm.service"]
+    assert p.wait(timeout=5) == -signal.SIGTERM
+
+
+@needs_cgroup_root
+def test_holder_in_a_container_scope_names_the_container(dev, spawn, cgroups):
+    p = spawn(0)
+    cid = "c0ffee" * 10 + "abcd"
+    cgroups(p.pid, f"docker-{cid}.scope")
+    nvml = StandInNVML([{"procs": {p.pid: 1000}}])
+    with pytest.raises(gpu.GpuFreeError) as e:
+        run(nvml, dev, timeout_s=0.2)
+    (h,) = e.value.details["holders"]
+    assert h["container"] == f"docker:{cid[:12]}"
+    assert f"held by container docker:{cid[:12]}" in str(e.value)
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3ops", "gpu-free", *args, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    return r.returncode, json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="this host has an NVIDIA driver")
+def test_cli_without_driver_fails_with_what_to_do_or_skips_when_optional():
+    rc, out, err = _cli("--timeout", "1")
+    assert rc == 2 and out["failed"] and "gpu_free_gpu_required: false" in out["msg"]
+    assert "NVML could not initialise" in err
+    rc, out, _ = _cli("--gpu-optional", "--check")
+    assert rc == 0 and out["skipped"] is True and out["changed"] is False
