@@ -1,0 +1,141 @@
+"""``eagle3ops sglang-patch status|apply|restore`` and ``eagle3ops sglang-extract`` (the SGLang backend)."""
+
+from __future__ import annotations
+
+import sys
+
+from eagle3ops.cli import CommandError, emit
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sglang-patch", help="the SGLang capture patch: status, apply, restore (byte-exact)")
+    p.add_argument("action", choices=["status", "apply", "restore"])
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--file", help="path of sglang/srt/models/deepseek_v2.py")
+    where.add_argument(
+        "--python", help="the SGLang venv's python (the file is found without importing sglang)"
+    )
+    where.add_argument("--site-packages", help="a directory holding sglang/")
+    p.add_argument("--sglang-version", default="0.5.23", help="the SGLang version the patch is for")
+    p.add_argument("--check", action="store_true", help="only report what would change")
+    p.add_argument("--diff", action="store_true", help="include the unified diff of the change")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    p.set_defaults(func=cmd_patch)
+
+    e = sub.add_parser(
+        "sglang-extract", help="extract hidden states through a patched SGLang server (resumable)"
+    )
+    e.add_argument("--data", required=True, help="prepared data directory")
+    e.add_argument("--model", required=True, help="the target's model directory (as the server serves it)")
+    e.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL")
+    e.add_argument(
+        "--layer-ids", type=int, nargs="+", default=None, help="aux layer ids (default [2, N//2, N-3])"
+    )
+    e.add_argument("--layer-convention", choices=["input", "output"], default="input")
+    e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    e.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    e.add_argument("--request-timeout", type=float, default=600.0)
+    e.add_argument("--retries", type=int, default=5)
+    e.add_argument("--backoff", type=float, default=1.0, help="first retry delay (s); doubles, with jitter")
+    e.add_argument("--backoff-max", type=float, default=60.0)
+    e.add_argument("--health-timeout", type=float, default=1800.0)
+    e.add_argument("--confirm-timeout", type=float, default=120.0, help="wait this long for a row's file")
+    e.add_argument("--limit", type=int, default=None, help="only the first N rows")
+    e.add_argument(
+        "--server-unit", default=None, help="systemd unit to start and stop (default: attach to --url)"
+    )
+    e.add_argument("--keep-server", action="store_true", help="leave --server-unit running at the end")
+    e.add_argument(
+        "--restore-patch",
+        default=None,
+        metavar="FILE",
+        help="deepseek_v2.py to restore byte-exact when every row is done",
+    )
+    e.add_argument("--restore-patch-always", action="store_true", help="restore even when rows failed")
+    e.add_argument("--margin", type=float, default=0.05)
+    e.add_argument("--no-progress", action="store_true")
+    e.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    e.set_defaults(func=cmd_extract)
+
+
+def cmd_patch(args) -> int:
+    from eagle3ops import sglang_patch as sp
+
+    try:
+        path = args.file or sp.locate(python=args.python, site_packages=args.site_packages)
+        if args.action == "status":
+            res = sp.status(path, args.sglang_version)
+        elif args.action == "apply":
+            res = sp.apply(path, args.sglang_version, check=args.check, diff=args.diff)
+        else:
+            res = sp.restore(path, args.sglang_version, check=args.check, diff=args.diff)
+    except sp.PatchError as e:
+        raise CommandError(str(e), **e.details) from None
+    res["check_mode"] = bool(args.check)
+    human = f"{res['path']}: {res['state']}" + (" (changed)" if res.get("changed") else "")
+    if args.diff and res.get("diff") and not args.json:
+        human = res["diff"] + human
+    emit(args, res, human)
+    return 0
+
+
+def cmd_extract(args) -> int:
+    from eagle3ops.extract import ExtractError, _progress_reporter
+    from eagle3ops.sglang_client import SGLangClientError, SGLangExtractConfig, run_sglang_extraction
+    from eagle3ops.sglang_patch import PatchError
+    from eagle3ops.store import StoreError
+
+    cfg = SGLangExtractConfig(
+        data_dir=args.data,
+        model_path=args.model,
+        url=args.url,
+        layer_ids=args.layer_ids,
+        layer_convention=args.layer_convention,
+        dtype=args.dtype,
+        concurrency=args.concurrency,
+        request_timeout=args.request_timeout,
+        retries=args.retries,
+        backoff=args.backoff,
+        backoff_max=args.backoff_max,
+        health_timeout=args.health_timeout,
+        confirm_timeout=args.confirm_timeout,
+        limit=args.limit,
+        margin_frac=args.margin,
+        server_unit=args.server_unit,
+        stop_server=not args.keep_server,
+        restore_patch=args.restore_patch,
+        restore_patch_always=args.restore_patch_always,
+        progress=not args.no_progress,
+    )
+    advance, close = (lambda n, t: None), (lambda: None)
+    try:
+        if cfg.progress:
+            from eagle3ops.extract import load_seq_lens
+
+            n = len(load_seq_lens(cfg.data_dir))
+            advance, close = _progress_reporter(n if cfg.limit is None else min(n, cfg.limit), 0, True)
+        res = run_sglang_extraction(cfg, on_progress=advance)
+    except (SGLangClientError, ExtractError, StoreError, PatchError) as e:
+        raise CommandError(str(e)) from None
+    finally:
+        close()
+    res["changed"] = res["written"] > 0 or bool(res.get("patch", {}).get("changed"))
+    human = (
+        f"sglang extract: {res['written']} written, {res['done_before']} already done, {res['failed']} failed "
+        f"of {res['total']} rows; {res['tokens']} tokens, {res['bytes']} bytes in {res['seconds']} s"
+    )
+    if res["failed"]:
+        emit(
+            args,
+            {
+                **res,
+                "failed": True,
+                "failed_rows": res["failed"],
+                "msg": f"{res['failed']} rows failed (first: {res['errors'][:1]}); re-run to retry them",
+            },
+            human,
+        )
+        print(human, file=sys.stderr)
+        return 1
+    emit(args, res, human)
+    return 0

@@ -1,0 +1,491 @@
+"""The in-server side of the SGLang extraction backend (called by the capture patch, see sglang_patch.py).
+
+Inside the patched ``deepseek_v2.py`` (SGLang 0.5.23) two calls reach this module on every forward:
+
+1. ``DeepseekV2Model.forward`` passes ``capture=hook.capture_last(forward_batch)`` to the final norm: SGLang calls
+   it with the updated residual, i.e. the **pre-norm** output of the last decoder layer (borrowed storage).
+2. ``DeepseekV2ForCausalLM.forward`` calls ``hook.on_forward(model, forward_batch, aux_hidden_states)`` with the
+   aux states SGLang packed for EAGLE-3 (``[tokens, K*H]``, layers in ascending order, input-of-layer ids).
+
+For a batch carrying our requests (``rid`` = ``e3o-<row index>-<seq_len>[-<attempt>]``, see :func:`make_rid`)
+the hook packs ``[tokens, K+1, H]`` on the device in the store dtype, copies it GPU→CPU asynchronously on a side
+stream into a reused pinned buffer, and hands it to one background writer thread, which waits for the copy,
+splits the batch per request by ``extend_seq_lens``/``rids``, stitches chunked prefills, serialises each sample
+with :func:`eagle3ops.extract.serialize_sample` (the transformers backend's function: identical bytes) and
+writes through :class:`eagle3ops.store.HiddenStateStore` (temp file + fsync + ``os.replace``, then one manifest
+line per sample). The forward thread only blocks when ``max_pending`` batches are already queued.
+
+Configuration comes from the server's environment (the role's systemd unit sets it):
+
+- ``EAGLE3OPS_SGLANG_DUMP_DIR``: the prepared data directory (``hidden_states/`` goes under it). Unset: the
+  patch does nothing (``active_hook()`` returns None) and SGLang runs as shipped.
+- ``EAGLE3OPS_SGLANG_LAYER_IDS``: the aux layer ids (input-of-layer convention, e.g. ``2,30,58``). The hook
+  refuses to dump when SGLang captures other layers (e.g. its +1 shift of ids starting at 1).
+- ``EAGLE3OPS_SGLANG_MAX_PENDING`` (default 4), ``EAGLE3OPS_SGLANG_FSYNC`` (default 1).
+
+Server flags it needs, and why (docs/sglang.md): ``--disable-radix-cache`` (a cached prefix is never computed,
+so its states would be missing: a first chunk with a prefix is refused), chunked prefill off
+(``--chunked-prefill-size -1``) or chunks stitched here, ``--disable-prefill-cuda-graph`` (a captured graph
+would replay without calling Python), only TP rank 0 writes, ``max_new_tokens=1``, no DP attention,
+``--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3ops.store import HiddenStateStore
+
+log = logging.getLogger("eagle3ops.sglang_hook")
+
+ENV_DUMP_DIR = "EAGLE3OPS_SGLANG_DUMP_DIR"
+ENV_LAYER_IDS = "EAGLE3OPS_SGLANG_LAYER_IDS"
+ENV_MAX_PENDING = "EAGLE3OPS_SGLANG_MAX_PENDING"
+ENV_FSYNC = "EAGLE3OPS_SGLANG_FSYNC"
+ERRORS_NAME = "sglang_hook_errors.jsonl"
+RID_PREFIX = "e3o-"
+_RID_RE = re.compile(r"^e3o-(\d+)-(\d+)(?:-\d+)?$")
+
+
+class HookError(RuntimeError):
+    """The server is not set up the way the dump needs; the message says which flag to change."""
+
+
+def make_rid(index: int, seq_len: int, attempt: int = 0) -> str:
+    """The request id the client sends: row index, expected length, attempt (unique per attempt)."""
+    return f"{RID_PREFIX}{index}-{seq_len}-{attempt}"
+
+
+def parse_rid(rid) -> tuple[int, int] | None:
+    """(row index, seq_len) for one of our rids, None for any other request (warmup, health checks...)."""
+    if not isinstance(rid, str):
+        return None
+    m = _RID_RE.match(rid)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _serializer():
+    try:
+        from eagle3ops.extract import serialize_sample
+
+        return serialize_sample
+    except ImportError:  # a server venv without the workload extras still has torch + safetensors
+        import torch
+        from safetensors.torch import save
+
+        def serialize_sample(token_ids, hidden_states) -> bytes:
+            return save(
+                {
+                    "token_ids": token_ids.to(torch.int64).contiguous(),
+                    "hidden_states": hidden_states.contiguous(),
+                }
+            )
+
+        return serialize_sample
+
+
+def _tp_rank() -> int:
+    try:
+        from sglang.srt.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # not inside SGLang (tests) or before distributed init
+        return 0
+
+
+def _is_prefill(forward_batch) -> bool:
+    mode = getattr(forward_batch, "forward_mode", None)
+    if mode is None:
+        return False
+    if hasattr(mode, "is_target_verify") and mode.is_target_verify():
+        return False
+    return bool(mode.is_extend())
+
+
+@dataclass
+class _Piece:
+    index: int
+    seq_len: int
+    prefix: int
+    offset: int  # row offset in the batch
+    length: int  # extend length
+
+
+@dataclass
+class _Job:
+    pieces: list[_Piece]
+    host: object  # CPU tensor [N, K+1, H] (view of a pinned buffer when CUDA)
+    token_ids: object  # CPU int64 tensor [N]
+    event: object | None
+    buffer: object | None  # pinned buffer to give back after the write
+
+
+@dataclass
+class HookStats:
+    batches: int = 0
+    samples: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    errors: int = 0
+    wait_seconds: float = 0.0  # forward thread blocked on a full queue
+    last_error: str | None = None
+    partial: dict = field(default_factory=dict)
+
+
+class _PinnedPool:
+    """Reused page-locked byte buffers (cudaHostAlloc is slow; allocating one per batch would stall)."""
+
+    def __init__(self, pin: bool):
+        self.pin = pin
+        self._free: list = []
+        self._lock = threading.Lock()
+
+    def acquire(self, nbytes: int):
+        import torch
+
+        with self._lock:
+            fits = [b for b in self._free if b.numel() >= nbytes]
+            if fits:
+                best = min(fits, key=lambda b: b.numel())
+                self._free.remove(best)
+                return best
+        size = max(nbytes, 1 << 20)
+        size = 1 << (size - 1).bit_length()  # power of two: few distinct sizes, good reuse
+        return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
+
+    def release(self, buf) -> None:
+        if buf is None:
+            return
+        with self._lock:
+            self._free.append(buf)
+            if len(self._free) > 8:
+                self._free.sort(key=lambda b: b.numel())
+                self._free.pop(0)
+
+
+class DumpHook:
+    """One per server process; see the module docstring."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        layer_ids,
+        *,
+        max_pending: int = 4,
+        fsync: bool = True,
+        rank_fn=_tp_rank,
+    ):
+        self.data_dir = Path(data_dir)
+        self.layer_ids = [int(x) for x in layer_ids]
+        if self.layer_ids != sorted(set(self.layer_ids)):
+            raise HookError(
+                f"{ENV_LAYER_IDS}={self.layer_ids}: ids must be distinct and ascending "
+                "(SGLang packs aux states in layer order)"
+            )
+        self.max_pending = max(1, int(max_pending))
+        self.fsync = fsync
+        self._rank_fn = rank_fn
+        self._rank: int | None = None
+        self._store: HiddenStateStore | None = None
+        self._meta: dict | None = None
+        self._dtype = None
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._copy_stream = None
+        self._pool: _PinnedPool | None = None
+        self._last: tuple | None = None  # (forward_batch, device tensor [N, H] in store dtype)
+        self._checked_model = False
+        self._partial: dict[int, list] = {}  # writer thread: index -> [(prefix, tokens, states)] of chunks
+        self._progress: dict[int, int] = {}  # forward thread: index -> tokens seen of a chunked prefill
+        self._serialize = None
+        self.stats = HookStats()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ set-up (lazy: first real batch)
+    @classmethod
+    def from_env(cls, environ=os.environ) -> DumpHook:
+        d = environ[ENV_DUMP_DIR]
+        raw = environ.get(ENV_LAYER_IDS, "")
+        try:
+            ids = [int(x) for x in re.split(r"[,\s]+", raw.strip()) if x]
+        except ValueError:
+            raise HookError(
+                f"{ENV_LAYER_IDS}={raw!r}: expected comma-separated layer ids like 2,30,58"
+            ) from None
+        if not ids:
+            raise HookError(
+                f"{ENV_DUMP_DIR} is set but {ENV_LAYER_IDS} is empty: set the aux layer ids "
+                "(input-of-layer convention) in the server's environment"
+            )
+        return cls(
+            d,
+            ids,
+            max_pending=int(environ.get(ENV_MAX_PENDING, "4")),
+            fsync=environ.get(ENV_FSYNC, "1") not in ("0", "false", "no"),
+        )
+
+    def _writes(self) -> bool:
+        if self._rank is None:
+            self._rank = int(self._rank_fn())
+        return self._rank == 0
+
+    def _start(self) -> None:
+        import torch
+
+        self._store = HiddenStateStore(self.data_dir, rank=0)
+        meta = self._store.read_meta()
+        if meta is None:
+            raise HookError(
+                f"{self._store.meta_path} is missing: the eagle3ops client writes it before it sends "
+                "requests (eagle3ops sglang-extract); do not send e3o-* requests by hand"
+            )
+        if list(meta.get("layer_ids", [])) != self.layer_ids:
+            raise HookError(
+                f"{self._store.meta_path} records layer_ids {meta.get('layer_ids')} but the server was "
+                f"started with {ENV_LAYER_IDS}={self.layer_ids}; restart the server with the store's ids"
+            )
+        self._meta = meta
+        self._dtype = getattr(torch, meta["dtype"])
+        self._serialize = _serializer()
+        cuda = torch.cuda.is_available()
+        self._pool = _PinnedPool(pin=cuda)
+        self._copy_stream = torch.cuda.Stream() if cuda else None
+        self._queue = queue.Queue(maxsize=self.max_pending)
+        self._thread = threading.Thread(target=self._run, name="eagle3ops-sglang-writer", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ called from the patched forward
+    def _ours(self, forward_batch) -> bool:
+        rids = getattr(forward_batch, "rids", None)
+        return bool(rids) and any(parse_rid(r) is not None for r in rids)
+
+    def capture_last(self, forward_batch):
+        """The ``capture=`` callback for the final norm, or None when this batch is not ours."""
+        if not _is_prefill(forward_batch) or not self._ours(forward_batch) or not self._writes():
+            return None
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise HookError(
+                "an extraction prefill is being captured into a CUDA graph: start the server with "
+                "--disable-prefill-cuda-graph (the dump needs the Python hook on every prefill)"
+            )
+        if self._queue is None:
+            self._start()
+
+        def capture(residual):
+            # borrowed storage: take an owned copy in the store dtype now (device-side, stream-ordered)
+            self._last = (forward_batch, residual.to(self._dtype, copy=True))
+
+        return capture
+
+    def on_forward(self, model, forward_batch, aux_hidden_states) -> None:
+        """After the model forward: pack aux + last, start the async copy, queue the write."""
+        if not _is_prefill(forward_batch) or not self._ours(forward_batch) or not self._writes():
+            return
+        import torch
+
+        last = self._last
+        self._last = None
+        if last is None or last[0] is not forward_batch:
+            raise HookError(
+                "the final-norm capture did not run for this batch: the capture patch is incomplete "
+                "or the server runs with pipeline parallelism (the dump needs pp_size 1)"
+            )
+        last = last[1]
+        if not self._checked_model:
+            self._check_model(model, aux_hidden_states)
+        if isinstance(aux_hidden_states, (list, tuple)):
+            aux = torch.cat(list(aux_hidden_states), dim=-1)
+        else:
+            aux = aux_hidden_states
+        n_rows, hidden = last.shape[0], last.shape[-1]
+        k = len(self.layer_ids)
+        if aux.shape[0] != n_rows or aux.shape[-1] != k * hidden:
+            raise HookError(
+                f"aux states {tuple(aux.shape)} do not match {k} layers × hidden {hidden} for "
+                f"{n_rows} tokens; check --return-aux-hidden-state-layer-ids"
+            )
+        pieces = self._pieces(forward_batch, n_rows)
+        if not pieces:
+            return
+        block = torch.empty((n_rows, k + 1, hidden), dtype=self._dtype, device=last.device)
+        block[:, :k].copy_(aux.view(n_rows, k, hidden))
+        block[:, k].copy_(last)
+        ids = forward_batch.input_ids[:n_rows]
+        nbytes = block.numel() * block.element_size()
+        ids_at = (nbytes + 7) // 8 * 8  # int64 view needs an 8-byte aligned offset
+        buf = self._pool.acquire(ids_at + 8 * n_rows)
+        host = buf[:nbytes].view(self._dtype).view(n_rows, k + 1, hidden)
+        host_ids = buf[ids_at : ids_at + 8 * n_rows].view(torch.int64)
+        event = None
+        if self._copy_stream is not None:
+            self._copy_stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._copy_stream):
+                host.copy_(block, non_blocking=True)
+                host_ids.copy_(ids.to(torch.int64), non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
+            block.record_stream(self._copy_stream)
+        else:
+            host.copy_(block)
+            host_ids.copy_(ids.to(torch.int64))
+        job = _Job(pieces, host, host_ids, event, buf)
+        t0 = time.perf_counter()
+        self._queue.put(job)  # blocks only when max_pending batches are still being written
+        self.stats.wait_seconds += time.perf_counter() - t0
+        self.stats.batches += 1
+
+    def _check_model(self, model, aux) -> None:
+        inner = getattr(model, "model", None)
+        captured = list(getattr(inner, "layers_to_capture", []) or [])
+        if aux is None or not getattr(model, "capture_aux_hidden_states", True):
+            raise HookError(
+                "SGLang returned no aux hidden states: start the server with "
+                "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 "
+                f"--return-aux-hidden-state-layer-ids {' '.join(map(str, self.layer_ids))}"
+            )
+        if captured and captured != self.layer_ids:
+            raise HookError(
+                f"SGLang captures layers {captured} but the dump needs {self.layer_ids} (input-of-layer). SGLang "
+                "0.5.23 adds 1 to every id when the first is 1 (set_eagle3_layers_to_capture); pass ids that do "
+                "not start at 1, or fix --return-aux-hidden-state-layer-ids"
+            )
+        self._checked_model = True
+
+    def _pieces(self, forward_batch, n_rows: int) -> list[_Piece]:
+        rids = list(forward_batch.rids)
+        lens = getattr(forward_batch, "extend_seq_lens_cpu", None)
+        prefixes = getattr(forward_batch, "extend_prefix_lens_cpu", None)
+        if lens is None or len(lens) != len(rids):
+            raise HookError(f"forward batch has {len(rids)} requests but extend_seq_lens_cpu {lens}")
+        prefixes = list(prefixes) if prefixes is not None else [0] * len(rids)
+        total = sum(int(x) for x in lens)
+        if total > n_rows:
+            raise HookError(
+                f"the batch's extend lengths add up to {total} tokens but the model returned {n_rows} "
+                "rows: DP attention / scattered inputs are not supported by the dump; run plain TP"
+            )
+        out, offset = [], 0
+        for rid, n, p in zip(rids, lens, prefixes, strict=True):
+            n, p = int(n), int(p)
+            parsed = parse_rid(rid)
+            if parsed is not None and n > 0:
+                index, seq_len = parsed
+                if p != self._progress.get(index, 0):
+                    self._progress.pop(index, None)
+                    raise HookError(
+                        f"request {rid} starts at a cached prefix of {p} tokens, so its states are "
+                        "never computed: start the server with --disable-radix-cache"
+                    )
+                if p + n < seq_len:
+                    self._progress[index] = p + n
+                else:
+                    self._progress.pop(index, None)
+                out.append(_Piece(index, seq_len, p, offset, n))
+            offset += n
+        return out
+
+    # ------------------------------------------------------------------ the writer thread
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                self._queue.task_done()
+                return
+            try:
+                self._write(job)
+            except BaseException as e:  # never kill the server: record, and the client reports the sample
+                self._record_error([p.index for p in job.pieces], e)
+            finally:
+                self._pool.release(job.buffer)
+                self._queue.task_done()
+
+    def _write(self, job: _Job) -> None:
+        import torch
+
+        if job.event is not None:
+            job.event.synchronize()
+        entries = []
+        for pc in job.pieces:
+            states = job.host[pc.offset : pc.offset + pc.length]
+            tokens = job.token_ids[pc.offset : pc.offset + pc.length]
+            if pc.prefix == 0 and pc.length == pc.seq_len:
+                full = (tokens, states)
+            else:  # a chunk of a chunked prefill: keep an owned copy until the request is complete
+                parts = self._partial.setdefault(pc.index, [])
+                have = sum(int(t.shape[0]) for _, t, _ in parts)
+                if pc.prefix != have:
+                    self._partial.pop(pc.index, None)
+                    raise HookError(
+                        f"row {pc.index}: chunk at prefix {pc.prefix} but {have} tokens were seen "
+                        "before (out-of-order or cached prefix); use --disable-radix-cache"
+                    )
+                parts.append((pc.prefix, tokens.clone(), states.clone()))
+                if have + pc.length < pc.seq_len:
+                    continue
+                self._partial.pop(pc.index)
+                full = (torch.cat([t for _, t, _ in parts]), torch.cat([s for _, _, s in parts]))
+            tok, hs = full
+            if int(tok.shape[0]) != pc.seq_len:
+                raise HookError(
+                    f"row {pc.index}: the server computed {tok.shape[0]} tokens, the client sent {pc.seq_len}"
+                )
+            payload = self._serialize(tok, hs)
+            entries.append(self._store.write_sample(pc.index, payload, pc.seq_len, fsync=self.fsync))
+            self.stats.samples += 1
+            self.stats.tokens += pc.seq_len
+            self.stats.bytes += len(payload)
+        if entries:
+            self._store.append_manifest(entries, fsync=self.fsync)
+        self.stats.partial = {i: sum(int(t.shape[0]) for _, t, _ in v) for i, v in self._partial.items()}
+
+    def _record_error(self, indices, exc) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{type(exc).__name__}: {exc}"
+        log.error("eagle3ops dump failed for rows %s: %s", indices, self.stats.last_error)
+        try:
+            line = json.dumps({"t": time.time(), "rows": indices, "error": self.stats.last_error}) + "\n"
+            with open(self.data_dir / "hidden_states" / ERRORS_NAME, "a") as f:
+                f.write(line)
+        except OSError:
+            pass
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued batch is written (tests; the server never needs to)."""
+        if self._queue is None:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{self._queue.unfinished_tasks} batches still being written")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._queue = None
+        if self._store is not None:
+            self._store.close()
+
+
+_ACTIVE: DumpHook | None = None
+
+
+def active_hook(environ=os.environ) -> DumpHook | None:
+    """What the patch calls at import: the process's hook, or None when no dump is configured."""
+    global _ACTIVE
+    if not environ.get(ENV_DUMP_DIR):
+        return None
+    if _ACTIVE is None:
+        _ACTIVE = DumpHook.from_env(environ)
+    return _ACTIVE

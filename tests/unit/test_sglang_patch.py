@@ -1,0 +1,161 @@
+"""The capture patch against the REAL sglang 0.5.23 deepseek_v2.py (from the wheel; see tests/fixtures)."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import py_compile
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3ops import sglang_hook, sglang_patch
+from eagle3ops.sglang_patch import PatchError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from sglang_standin import pristine_deepseek_v2  # noqa: E402
+
+SPEC = sglang_patch.SPECS["0.5.23"]
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def target(tmp_path):
+    """A writable copy of the upstream file laid out like an install (site-packages/sglang/srt/models/)."""
+    dst = tmp_path / "site-packages" / sglang_patch.TARGET_RELPATH
+    dst.parent.mkdir(parents=True)
+    shutil.copy2(pristine_deepseek_v2(), dst)
+    return dst
+
+
+def test_the_cached_upstream_file_is_the_one_the_patch_was_written_for():
+    assert _sha(pristine_deepseek_v2()) == SPEC.pristine_sha256
+
+
+def test_apply_compiles_is_detected_idempotent_and_restores_byte_exact(target, tmp_path):
+    assert sglang_patch.status(target)["state"] == "pristine"
+    mode = target.stat().st_mode
+    pristine_mtime = target.stat().st_mtime_ns
+
+    # check mode predicts the change and touches nothing
+    pred = sglang_patch.apply(target, check=True, diff=True)
+    assert pred["changed"] is True and _sha(target) == SPEC.pristine_sha256
+    assert "+            _eagle3ops_hook.on_forward(self, forward_batch, aux_hidden_states)" in pred["diff"]
+    assert not sglang_patch.backup_path(target).exists()
+
+    res = sglang_patch.apply(target)
+    assert res["changed"] is True and res["state"] == "applied"
+    assert _sha(target) == SPEC.patched_sha256 and target.stat().st_mode == mode
+    py_compile.compile(str(target), cfile=str(tmp_path / "patched.pyc"), doraise=True)
+    st = sglang_patch.status(target)
+    assert st["applied"] is True and st["backup"] == str(sglang_patch.backup_path(target))
+
+    again = sglang_patch.apply(target)
+    assert again["changed"] is False and again["state"] == "applied"
+
+    pred = sglang_patch.restore(target, check=True)
+    assert pred["changed"] is True and _sha(target) == SPEC.patched_sha256
+
+    back = sglang_patch.restore(target)
+    assert back["changed"] is True and back["restored_from"] == "backup"
+    assert target.read_bytes() == pristine_deepseek_v2().read_bytes()
+    assert target.stat().st_mtime_ns == pristine_mtime  # the pristine .pyc stays valid
+    assert sglang_patch.restore(target)["changed"] is False
+
+
+def test_restore_without_the_kept_copy_reverses_the_hunks(target):
+    sglang_patch.apply(target)
+    sglang_patch.backup_path(target).unlink()
+    res = sglang_patch.restore(target)
+    assert res["restored_from"] == "reversed hunks"
+    assert _sha(target) == SPEC.pristine_sha256
+
+
+def test_a_damaged_kept_copy_is_not_used(target):
+    sglang_patch.apply(target)
+    sglang_patch.backup_path(target).write_text("garbage")
+    assert sglang_patch.restore(target)["restored_from"] == "reversed hunks"
+    assert _sha(target) == SPEC.pristine_sha256
+
+
+def test_a_modified_upstream_file_is_refused_and_left_alone(target):
+    text = target.read_text().replace(
+        "logger = logging.getLogger(__name__)", "logger = logging.getLogger('x')"
+    )
+    target.write_text(text)
+    before = target.read_bytes()
+    with pytest.raises(PatchError) as ei:
+        sglang_patch.apply(target)
+    msg = str(ei.value)
+    assert str(target) in msg and _sha(target) in msg and SPEC.pristine_sha256 in msg
+    assert "sglang==0.5.23" in msg and "Nothing was changed" in msg
+    assert target.read_bytes() == before and not sglang_patch.backup_path(target).exists()
+    assert sglang_patch.status(target)["state"] == "unknown"
+    with pytest.raises(PatchError, match="refusing to restore"):
+        sglang_patch.restore(target)
+
+
+def test_the_patched_calls_name_the_hooks_real_api(target):
+    """Parse the patched file: every call on ``_eagle3ops_hook`` is a DumpHook method, the import exists,
+    and the calls sit in the two methods the hunks claim (the final norm's capture= and the CausalLM forward)."""
+    sglang_patch.apply(target)
+    tree = ast.parse(target.read_text())
+    imported = [
+        a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "eagle3ops.sglang_hook"
+        for a in n.names
+    ]
+    assert imported == ["active_hook"] and callable(sglang_hook.active_hook)
+    calls = {}
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+            for node in ast.walk(fn):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "_eagle3ops_hook"
+                ):
+                    calls[(cls.name, fn.name)] = (node.func.attr, len(node.args))
+    assert calls == {
+        ("DeepseekV2Model", "forward"): ("capture_last", 1),
+        ("DeepseekV2ForCausalLM", "forward"): ("on_forward", 3),
+    }
+    assert callable(sglang_hook.DumpHook.capture_last) and callable(sglang_hook.DumpHook.on_forward)
+
+
+def test_cli_status_apply_restore(target):
+    def cli(*args):
+        r = subprocess.run(
+            [sys.executable, "-m", "eagle3ops", "sglang-patch", *args, "--file", str(target), "--json"],
+            capture_output=True,
+            text=True,
+        )
+        return r.returncode, json.loads(r.stdout.strip().splitlines()[-1])
+
+    rc, out = cli("status")
+    assert rc == 0 and out["state"] == "pristine"
+    rc, out = cli("apply", "--check", "--diff")
+    assert (
+        rc == 0
+        and out["changed"] is True
+        and "eagle3ops" in out["diff"]
+        and _sha(target) == SPEC.pristine_sha256
+    )
+    rc, out = cli("apply")
+    assert rc == 0 and out["changed"] is True and out["state"] == "applied"
+    rc, out = cli("apply")
+    assert rc == 0 and out["changed"] is False
+    rc, out = cli("restore")
+    assert rc == 0 and out["changed"] is True and _sha(target) == SPEC.pristine_sha256
+    target.write_text(target.read_text() + "\n# local edit\n")
+    rc, out = cli("apply")
+    assert rc == 2 and out["failed"] is True and out["expected_sha256"] == SPEC.pristine_sha256
