@@ -53,8 +53,8 @@ def test_round_trip_edge_cases(text):
 
 def test_sections_and_keys():
     cfg = pve.PveConfig.parse(load("129.conf"))
-    assert [s.name for s in cfg.sections] == [None, "pre-driver-580", "before-upgrade"]
-    assert cfg.snapshots() == ["pre-driver-580", "before-upgrade"]
+    assert [s.name for s in cfg.sections] == [None, "before-upgrade", "pre-driver-580"]
+    assert cfg.snapshots() == ["before-upgrade", "pre-driver-580"]
     assert cfg.main.get("cores") == "64"
     assert cfg.section("pre-driver-580").get("cores") == "32"
     assert cfg.main.get("lxc.mount.entry").startswith("/dev/nvidia0 ")
@@ -77,7 +77,7 @@ def test_add_raw_goes_into_main_section_not_at_end():
     snaps_before = [s.render() for s in cfg.sections[1:]]
     cfg.add_raw("lxc.cgroup2.devices.allow: c 508:* rwm")
     out = cfg.render()
-    main, rest = out.split("\n[pre-driver-580]\n", 1)
+    main, rest = out.split("\n[before-upgrade]\n", 1)
     assert "c 508:* rwm" in main
     assert "c 508" not in rest
     assert [s.render() for s in pve.PveConfig.parse(out).sections[1:]] == snaps_before
@@ -86,7 +86,7 @@ def test_add_raw_goes_into_main_section_not_at_end():
         "lxc.mount.entry: /dev/net/tun dev/net/tun none bind,create=file\n"
         "lxc.cgroup2.devices.allow: c 508:* rwm\n"
     )
-    assert text.split("[pre-driver-580]")[1] == out.split("[pre-driver-580]")[1]
+    assert text.split("[before-upgrade]")[1] == out.split("[before-upgrade]")[1]
 
 
 def test_set_key_without_raw_lines_and_without_trailing_newline():
