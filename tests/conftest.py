@@ -1,0 +1,137 @@
+"""Shared pytest fixtures and options (keep additions additive: other suites rely on these).
+
+Test hosts (systemd-nspawn, see tests/hosts/README.md):
+
+* ``make_host(binds=..., groups=..., host_vars=...)`` -> a booted :class:`hosts.nspawn.NspawnHost`,
+  destroyed when the test ends (pass or fail). ``nspawn_host`` is one such host.
+* ``session_host_factory`` -> the same factory for hosts shared by a whole session (``.create(...)``).
+* ``make_loop_device(size="1G")`` -> :class:`hosts.nspawn.LoopDevice` (``.device`` is ``/dev/loopN``),
+  detached after the test; bind it into a host with ``make_host(binds={loop.device: "/dev/vdb"})``.
+* ``run_playbook(playbook, inventory, check=..., extravars=..., tags=...)`` -> per-host ansible-runner stats.
+
+Every fixture that needs root/nspawn skips with the reason when this machine cannot run hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+_TESTS = Path(__file__).resolve().parent
+if str(_TESTS) not in sys.path:  # `hosts` (the harness package) importable from every test directory
+    sys.path.insert(0, str(_TESTS))
+
+# The venv's ansible-* tools (testinfra's ansible backend calls ansible-inventory by name), as `make test` does.
+_BIN = str(Path(sys.executable).parent)
+if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
+
+from hosts import nspawn
+from hosts.runner import run_playbook as _run_playbook
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("eagle3ops-hosts", "eagle3ops test hosts (systemd-nspawn)")
+    group.addoption(
+        "--keep-failed-hosts",
+        action="store_true",
+        default=False,
+        help="leave the nspawn hosts of a failed test running for debugging (ssh -F <workdir>/ssh_config NAME)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+def _failed(request) -> bool:
+    node = request.node
+    return any(getattr(getattr(node, f"rep_{w}", None), "failed", False) for w in ("setup", "call"))
+
+
+@pytest.fixture(scope="session")
+def nspawn_ready(tmp_path_factory):
+    """(rootfs, ssh key) once per session; skips when test hosts cannot run on this machine."""
+    reason = nspawn.unavailable_reason()
+    if reason:
+        pytest.skip(f"nspawn test hosts unavailable: {reason}")
+    rootfs = nspawn.ensure_rootfs(log=lambda m: print(m, file=sys.stderr))
+    key = nspawn.make_ssh_key(tmp_path_factory.mktemp("e3t-ssh"))
+    return rootfs, key
+
+
+def _hosts_base(tmp_path_factory) -> Path:
+    # Overlay upper/work dirs must not live on an overlay or tmpfs-limited /tmp: use /var/tmp.
+    base = Path(os.environ.get("E3T_HOSTS_DIR", "/var/tmp/eagle3ops-tests")) / f"s{os.getpid()}"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Remove this session's empty host directories (kept hosts of failed tests stay)."""
+    base = Path(os.environ.get("E3T_HOSTS_DIR", "/var/tmp/eagle3ops-tests")) / f"s{os.getpid()}"
+    if base.is_dir():
+        for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        with contextlib.suppress(OSError):
+            base.rmdir()
+
+
+@pytest.fixture(scope="session")
+def session_host_factory(nspawn_ready, tmp_path_factory):
+    rootfs, key = nspawn_ready
+    f = nspawn.HostFactory(_hosts_base(tmp_path_factory) / "session", key, rootfs)
+    yield f
+    f.cleanup()
+
+
+@pytest.fixture
+def make_loop_device(nspawn_ready, tmp_path_factory, request):
+    """Factory: ``make_loop_device(size="1G")`` -> LoopDevice with ``.device`` = /dev/loopN (detached after)."""
+    f = nspawn.HostFactory(_hosts_base(tmp_path_factory) / "loops", None, None)
+    yield f.loop_device
+    f.cleanup()
+
+
+@pytest.fixture
+def make_host(nspawn_ready, make_loop_device, tmp_path_factory, request):
+    """Factory: ``make_host(binds=None, groups=("testhosts",), host_vars=None, start=True)``."""
+    rootfs, key = nspawn_ready
+    f = nspawn.HostFactory(
+        _hosts_base(tmp_path_factory) / request.node.name[:40].replace("/", "_"), key, rootfs
+    )
+    yield f.create
+    if _failed(request) and request.config.getoption("--keep-failed-hosts"):
+        for h in f.hosts:
+            print(
+                f"\nkept {h.name} ({h.ip}): ssh -F {h.ssh_config} {h.name}; nspawn pid {h.pid}",
+                file=sys.stderr,
+            )
+        return
+    f.cleanup()
+
+
+@pytest.fixture
+def nspawn_host(make_host):
+    """One freshly booted Debian bookworm host (real systemd), destroyed after the test."""
+    return make_host()
+
+
+@pytest.fixture
+def run_playbook(tmp_path):
+    """``run_playbook(playbook, inventory, **kw)`` -> tests.hosts.runner.PlaybookResult (artifacts in tmp_path)."""
+    counter = iter(range(1000))
+
+    def run(playbook, inventory, **kw):
+        kw.setdefault("private_data_dir", tmp_path / f"runner{next(counter)}")
+        return _run_playbook(playbook, inventory, **kw)
+
+    return run

@@ -1,0 +1,598 @@
+"""Throwaway Debian bookworm hosts with real systemd, booted with systemd-nspawn.
+
+The pieces (recipe and gotchas: ``shared/notes/test-hosts.md``):
+
+* :func:`ensure_rootfs` builds a debootstrap root filesystem once and caches it under
+  ``/var/cache/eagle3ops-tests/rootfs-<hash>`` (the hash covers the recipe, so changing the package list
+  builds a new one). Concurrent builders wait on a lock file.
+* :class:`NspawnHost` mounts an overlay (cached rootfs read-only below, a per-host upper directory) and
+  boots it with ``systemd-nspawn -b --network-veth --register=no --keep-unit``; the host end of the veth
+  gets ``10.213.x.y/30``, the container ``host0`` the next address. ``stop()``/``start()`` keep the
+  upper directory (a real restart: what was mounted is gone, what was written stays).
+* :func:`allocate_subnet` hands out unique /30s under 10.213.0.0/16 through claim files in
+  ``/run/eagle3ops-tests/net`` (a claim whose owner died is reclaimed and its leftovers removed), so
+  parallel pytest sessions of several people never collide.
+* :class:`LoopDevice` makes a real block device from a sparse file.
+
+Everything is torn down by PID: SIGTERM to the nspawn process (clean shutdown), wait, SIGKILL.
+Nothing here imports pytest: the fixtures live in ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CACHE_DIR = Path(os.environ.get("E3T_CACHE_DIR", "/var/cache/eagle3ops-tests"))
+RUN_DIR = Path(os.environ.get("E3T_RUN_DIR", "/run/eagle3ops-tests"))
+SUITE = "bookworm"
+NET_PREFIX = (10, 213)  # /16; each host gets a /30 inside it
+MAX_SUBNETS = 16383
+# Packages of the cached root filesystem. Changing this list (or RECIPE_VERSION) builds a new rootfs.
+PACKAGES = (
+    "systemd,systemd-sysv,dbus,openssh-server,python3,python3-venv,python3-packaging,python3-apt,rsync,"
+    "iproute2,xfsprogs,e2fsprogs,util-linux,patch,sudo,procps,gdisk,parted,kmod"
+)
+RECIPE_VERSION = "1"
+
+
+class HostError(RuntimeError):
+    """A test host could not be built, booted or reached; the message says what to look at."""
+
+
+def _run(cmd, *, check=True, timeout=None, **kw) -> subprocess.CompletedProcess:
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    p = subprocess.run(cmd, check=False, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise HostError(
+            f"{' '.join(map(str, cmd))} exited {p.returncode}:\n{(p.stderr or '')[-3000:]}{(p.stdout or '')[-1000:]}"
+        )
+    return p
+
+
+# --------------------------------------------------------------------------------------------------
+# Can this machine run test hosts at all?
+# --------------------------------------------------------------------------------------------------
+def unavailable_reason() -> str | None:
+    """Why nspawn test hosts cannot run here (None when they can). Used as the pytest skip reason."""
+    if os.geteuid() != 0:
+        return "needs root (systemd-nspawn, overlay mounts, veth, loop devices); CI runs as root"
+    for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh", "ssh-keygen", "losetup", "mount"):
+        if not shutil.which(tool):
+            return f"{tool} is missing: run `make system-deps` (tests/hosts/install-system-deps.sh)"
+    try:
+        fs = Path("/proc/filesystems").read_text()
+    except OSError:
+        fs = ""
+    if "overlay" not in fs:
+        with contextlib.suppress(Exception):
+            _run(["modprobe", "overlay"], check=False, timeout=20)
+        if "overlay" not in Path("/proc/filesystems").read_text():
+            return "the kernel has no overlayfs (needed for per-host copies of the cached rootfs)"
+    return None
+
+
+def apt_mirror() -> str:
+    """The Debian mirror apt already uses on this machine (E3T_MIRROR overrides)."""
+    if os.environ.get("E3T_MIRROR"):
+        return os.environ["E3T_MIRROR"]
+    candidates: list[str] = []
+    src_dir = Path("/etc/apt/sources.list.d")
+    for f in sorted(src_dir.glob("*.sources")) if src_dir.is_dir() else []:
+        for block in f.read_text().split("\n\n"):
+            uris = re.search(r"^URIs:\s*(\S+)", block, re.M)
+            suites = re.search(r"^Suites:\s*(.+)$", block, re.M)
+            if uris and suites and SUITE in suites.group(1).split():
+                candidates.append(uris.group(1))
+    sl = Path("/etc/apt/sources.list")
+    if sl.is_file():
+        for line in sl.read_text().splitlines():
+            m = re.match(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)", line.strip())
+            if m and m.group(2) == SUITE:
+                candidates.append(m.group(1))
+    return candidates[0] if candidates else "http://deb.debian.org/debian"
+
+
+# --------------------------------------------------------------------------------------------------
+# Cached root filesystem
+# --------------------------------------------------------------------------------------------------
+def rootfs_path() -> Path:
+    h = hashlib.sha256(f"{RECIPE_VERSION}|{SUITE}|{PACKAGES}".encode()).hexdigest()[:12]
+    return CACHE_DIR / f"rootfs-{h}"
+
+
+@contextlib.contextmanager
+def _flock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield fh
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_rootfs(log=print) -> Path:
+    """Return the cached rootfs, building it (debootstrap, 1–3 min) when missing."""
+    dest = rootfs_path()
+    if (dest / ".e3t-ready").exists():
+        return dest
+    with _flock(CACHE_DIR / ".build.lock"):
+        if (dest / ".e3t-ready").exists():
+            return dest
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        mirror = apt_mirror()
+        log(f"eagle3ops test hosts: building {dest} with debootstrap from {mirror} (once; 1-3 min)")
+        t0 = time.monotonic()
+        _run(
+            ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", SUITE, str(tmp), mirror],
+            timeout=1800,
+        )
+        _configure_rootfs(tmp)
+        (tmp / ".e3t-ready").write_text(f"built in {time.monotonic() - t0:.0f}s from {mirror}\n")
+        if dest.exists():  # a half-built leftover without the ready mark
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+        log(f"eagle3ops test hosts: rootfs ready in {time.monotonic() - t0:.0f}s")
+    return dest
+
+
+def _configure_rootfs(root: Path) -> None:
+    """Host-independent settings baked into the cached rootfs."""
+    _run(["systemctl", f"--root={root}", "enable", "systemd-networkd.service", "ssh.service"])
+    # Timers and jobs that would only add noise (and load) to a throwaway host.
+    for unit in ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer"):
+        _run(["systemctl", f"--root={root}", "mask", unit], check=False)
+    (root / "etc/ssh/sshd_config.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/ssh/sshd_config.d/e3t.conf").write_text(
+        "PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n"
+    )
+    # The guest has no resolver and no route out: keep apt/pip from waiting on DNS.
+    (root / "etc/resolv.conf").unlink(missing_ok=True)
+    (root / "etc/resolv.conf").write_text("# eagle3ops test host: no resolver (air-gapped on purpose)\n")
+    # securetty-free login on the console, for debugging with `nsenter`.
+    (root / "etc/hostname").write_text("e3t\n")
+    # Let apt in the guest fail fast instead of hanging on a mirror it cannot reach.
+    (root / "etc/apt/apt.conf.d/99e3t").write_text('Acquire::Retries "0";\nAcquire::http::Timeout "3";\n')
+
+
+# --------------------------------------------------------------------------------------------------
+# Subnets: one /30 per host, claimed through files under /run
+# --------------------------------------------------------------------------------------------------
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def host_name(idx: int) -> str:
+    return f"e3t{idx}"  # "ve-" + this stays within the 15-character interface name limit
+
+
+def subnet_ips(idx: int) -> tuple[str, str]:
+    """(controller side, guest side) addresses of subnet ``idx``."""
+    base = idx * 4
+    a, b = NET_PREFIX
+    return f"{a}.{b}.{base >> 8}.{(base & 255) + 1}", f"{a}.{b}.{base >> 8}.{(base & 255) + 2}"
+
+
+def _reap_stale_claim(claim: Path) -> None:
+    """Remove what a dead owner left behind: its nspawn process (if it is still ours), mount, veth."""
+    info = dict(line.split("=", 1) for line in claim.read_text().splitlines() if "=" in line)
+    nspawn_pid = int(info.get("nspawn_pid") or 0)
+    name = info.get("name", "")
+    if nspawn_pid and _pid_alive(nspawn_pid):
+        cmd = _cmdline(nspawn_pid)
+        if cmd and "systemd-nspawn" in cmd[0] and name in cmd:
+            _terminate(nspawn_pid)
+    merged = info.get("merged")
+    if merged and os.path.ismount(merged):
+        _run(["umount", "-l", merged], check=False)
+    if name:
+        _run(["ip", "link", "del", f"ve-{name}"], check=False)
+    for loop in filter(None, info.get("loops", "").split(",")):
+        _run(["losetup", "-d", loop], check=False)
+    workdir = info.get("workdir")
+    if workdir and Path(workdir).is_dir() and Path(workdir, ".e3t-host").exists():
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def allocate_subnet() -> int:
+    """Claim a free /30 index for this process (``release_subnet`` gives it back)."""
+    claims = RUN_DIR / "net"
+    claims.mkdir(parents=True, exist_ok=True)
+    with _flock(RUN_DIR / "net.lock"):
+        # Start after the highest live claim: fewer chances to meet a leftover of a crashed run.
+        for idx in range(1, MAX_SUBNETS + 1):
+            claim = claims / str(idx)
+            if claim.exists():
+                owner = 0
+                with contextlib.suppress(Exception):
+                    owner = int(
+                        dict(x.split("=", 1) for x in claim.read_text().splitlines() if "=" in x)["owner"]
+                    )
+                if owner and _pid_alive(owner):
+                    continue
+                _reap_stale_claim(claim)
+                claim.unlink(missing_ok=True)
+            if Path(f"/sys/class/net/ve-{host_name(idx)}").exists():
+                continue  # somebody else's interface by that name: leave it alone
+            claim.write_text(f"owner={os.getpid()}\nname={host_name(idx)}\n")
+            return idx
+    raise HostError(f"no free /30 left under {NET_PREFIX}: clean stale claims in {claims}")
+
+
+def _update_claim(idx: int, **info) -> None:
+    claim = RUN_DIR / "net" / str(idx)
+    cur = dict(x.split("=", 1) for x in claim.read_text().splitlines() if "=" in x) if claim.exists() else {}
+    cur.update({k: str(v) for k, v in info.items()})
+    claim.write_text("".join(f"{k}={v}\n" for k, v in cur.items()))
+
+
+def release_subnet(idx: int) -> None:
+    (RUN_DIR / "net" / str(idx)).unlink(missing_ok=True)
+
+
+def _terminate(pid: int, timeout: float = 20.0) -> None:
+    """SIGTERM (nspawn shuts the container down cleanly), wait, then SIGKILL."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid) or _is_zombie(pid):
+            break
+        time.sleep(0.1)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+# --------------------------------------------------------------------------------------------------
+# Loop devices
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class LoopDevice:
+    """A real block device backed by a sparse file; ``detach()`` frees it (idempotent)."""
+
+    backing: Path
+    size: str = "1G"
+    device: str = ""
+
+    def attach(self) -> LoopDevice:
+        self.backing.parent.mkdir(parents=True, exist_ok=True)
+        _run(["truncate", "-s", self.size, str(self.backing)])
+        self.device = _run(["losetup", "-f", "--show", str(self.backing)]).stdout.strip()
+        if not self.device.startswith("/dev/loop"):
+            raise HostError(f"losetup gave {self.device!r} for {self.backing}")
+        return self
+
+    def detach(self) -> None:
+        if self.device:
+            _run(["losetup", "-d", self.device], check=False)
+            self.device = ""
+        self.backing.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# A host
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class NspawnHost:
+    """One booted container. Reach it with :meth:`ssh`, Ansible with :attr:`inventory`, testinfra with
+    :meth:`testinfra_host`. ``binds`` maps host device/path -> guest path (``{"/dev/loop7": "/dev/vdb"}``).
+    """
+
+    idx: int
+    rootfs: Path
+    workdir: Path
+    key: Path
+    binds: dict[str, str] = field(default_factory=dict)
+    groups: tuple[str, ...] = ("testhosts",)
+    host_vars: dict = field(default_factory=dict)
+    pid: int = 0
+    boot_seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return host_name(self.idx)
+
+    @property
+    def controller_ip(self) -> str:
+        return subnet_ips(self.idx)[0]
+
+    @property
+    def ip(self) -> str:
+        return subnet_ips(self.idx)[1]
+
+    @property
+    def merged(self) -> Path:
+        return self.workdir / "merged"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.workdir / "ssh_config"
+
+    @property
+    def inventory(self) -> Path:
+        return self.workdir / "inventory.ini"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "console.log"
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def _mount(self) -> None:
+        for d in ("upper", "work", "merged"):
+            (self.workdir / d).mkdir(parents=True, exist_ok=True)
+        if not os.path.ismount(self.merged):
+            _run([
+                "mount", "-t", "overlay", "overlay", "-o",
+                f"lowerdir={self.rootfs},upperdir={self.workdir / 'upper'},workdir={self.workdir / 'work'}",
+                str(self.merged),
+            ])  # fmt: skip
+
+    def _write_guest_config(self) -> None:
+        m = self.merged
+        (m / "etc/hostname").write_text(self.name + "\n")
+        (m / "etc/hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.name}\n")
+        net = m / "etc/systemd/network/10-host0.network"
+        net.parent.mkdir(parents=True, exist_ok=True)
+        net.write_text(
+            f"[Match]\nName=host0\n\n[Network]\nAddress={self.ip}/30\nLinkLocalAddressing=no\nIPv6AcceptRA=no\n"
+        )
+        ssh_dir = m / "root/.ssh"
+        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (ssh_dir / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
+        os.chmod(ssh_dir / "authorized_keys", 0o600)
+
+    def write_files(self) -> None:
+        """ssh config + one-host INI inventory for Ansible/testinfra."""
+        self.ssh_config.write_text(
+            f"Host {self.name} {self.ip}\n  HostName {self.ip}\n  User root\n  IdentityFile {self.key}\n"
+            "  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
+            "  LogLevel ERROR\n  ConnectTimeout 5\n"
+        )
+        self.inventory.write_text(inventory_ini([self]))
+
+    def start(self, timeout: float = 120.0) -> NspawnHost:
+        """Mount, boot and wait until ``systemctl is-system-running`` answers running/degraded."""
+        t0 = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / ".e3t-host").write_text(self.name)
+        self._mount()
+        self._write_guest_config()
+        self.write_files()
+        veth = f"ve-{self.name}"
+        _run(["ip", "link", "del", veth], check=False)
+        cmd = [
+            "systemd-nspawn", "-q", "-D", str(self.merged), "-M", self.name, "-b",
+            "--network-veth", "--register=no", "--keep-unit", "--console=read-only",
+        ]  # fmt: skip
+        for src, dst in self.binds.items():
+            cmd.append(f"--bind={src}:{dst}")
+        with open(self.log, "ab") as logf:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.pid = proc.pid
+        self._proc = proc
+        _update_claim(
+            self.idx, nspawn_pid=self.pid, merged=self.merged, workdir=self.workdir,
+            loops=",".join(s for s in self.binds if s.startswith("/dev/loop")),
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        configured = False
+        last = ""
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise HostError(
+                    f"systemd-nspawn for {self.name} exited {proc.returncode}; console:\n{self.tail()}"
+                )
+            if not configured and Path(f"/sys/class/net/{veth}").exists():
+                _run(["ip", "addr", "replace", f"{self.controller_ip}/30", "dev", veth])
+                _run(["ip", "link", "set", veth, "up"])
+                configured = True
+            if configured:
+                p = self.ssh("systemctl is-system-running --wait", check=False, timeout=30)
+                last = (p.stdout + p.stderr).strip()
+                if p.stdout.strip() in ("running", "degraded"):
+                    self.boot_seconds = time.monotonic() - t0
+                    return self
+            time.sleep(0.2)
+        raise HostError(
+            f"{self.name} ({self.ip}) not ready after {timeout:.0f}s (last answer: {last!r}); console:\n{self.tail()}"
+        )
+
+    def stop(self) -> None:
+        """Shut the container down (SIGTERM, wait, SIGKILL); the overlay's upper layer stays."""
+        if self.pid:
+            _terminate(self.pid)
+            proc = getattr(self, "_proc", None)
+            if proc is not None:
+                with contextlib.suppress(Exception):
+                    proc.wait(timeout=5)
+            self.pid = 0
+        _run(["ip", "link", "del", f"ve-{self.name}"], check=False)
+        if os.path.ismount(self.merged):
+            p = _run(["umount", str(self.merged)], check=False)
+            if p.returncode != 0:
+                _run(["umount", "-l", str(self.merged)], check=False)
+
+    def restart(self, timeout: float = 120.0) -> NspawnHost:
+        self.stop()
+        return self.start(timeout=timeout)
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no console log)"
+
+    # ---- access ---------------------------------------------------------------------------------
+    def ssh(self, command: str, *, check: bool = True, timeout: float = 120, input: str | None = None):
+        """Run a shell command on the host as root; returns CompletedProcess (text)."""
+        p = subprocess.run(
+            ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", self.name, command],
+            input=input, capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        if check and p.returncode != 0:
+            raise HostError(
+                f"{self.name}: `{command}` exited {p.returncode}:\n{p.stderr[-2000:]}{p.stdout[-2000:]}"
+            )
+        return p
+
+    def put(self, path: str, content: str | bytes, mode: str = "0644") -> None:
+        """Write a file on the host over ssh (parents created)."""
+        data = content.encode() if isinstance(content, str) else content
+        p = subprocess.run(
+            ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", self.name,
+             f"mkdir -p {shlex.quote(os.path.dirname(path))} && cat > {shlex.quote(path)} && chmod {mode} {shlex.quote(path)}"],
+            input=data, capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+        if p.returncode != 0:
+            raise HostError(f"{self.name}: writing {path} failed: {p.stderr.decode(errors='replace')}")
+
+    def install_unit(self, name: str, text: str, *, directory: str = "/etc/systemd/system",
+                     enable: bool = True, start: bool = True) -> None:  # fmt: skip
+        """Install a unit file and (by default) enable and start it, like a hand-installed vLLM unit."""
+        self.put(f"{directory}/{name}", text)
+        self.ssh("systemctl daemon-reload")
+        if enable or start:
+            flags = " ".join(x for x, on in (("enable", enable),) if on)
+            if enable:
+                self.ssh(f"systemctl {flags} {'--now' if start else ''} {shlex.quote(name)}")
+            else:
+                self.ssh(f"systemctl start {shlex.quote(name)}")
+
+    def testinfra_host(self, backend: str = "ssh"):
+        """A testinfra Host for this container (``ssh`` or ``ansible`` backend)."""
+        import testinfra
+
+        if backend == "ansible":
+            return testinfra.get_host(f"ansible://{self.name}", ansible_inventory=str(self.inventory))
+        return testinfra.get_host(f"ssh://{self.name}", ssh_config=str(self.ssh_config))
+
+
+def inventory_ini(hosts: list[NspawnHost], extra_vars: dict | None = None) -> str:
+    """An INI inventory for the given hosts: group ``testhosts`` plus each host's own groups."""
+    groups: dict[str, list[NspawnHost]] = {}
+    for h in hosts:
+        for g in h.groups:
+            groups.setdefault(g, []).append(h)
+    lines = []
+    for g, members in groups.items():
+        lines.append(f"[{g}]")
+        for h in members:
+            hv = {
+                "ansible_host": h.ip,
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(h.key),
+                "ansible_ssh_common_args": "'-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+                "-o IdentitiesOnly=yes -o LogLevel=ERROR'",
+                "ansible_python_interpreter": "/usr/bin/python3",
+                **h.host_vars,
+            }
+            lines.append(h.name + " " + " ".join(f"{k}={v}" for k, v in hv.items()))
+        lines.append("")
+    if extra_vars:
+        lines.append("[all:vars]")
+        lines.extend(f"{k}={v}" for k, v in extra_vars.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def make_ssh_key(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    key = directory / "id_ed25519"
+    if not key.exists():
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "eagle3ops-tests", "-f", str(key)])
+    return key
+
+
+class HostFactory:
+    """Creates hosts and tears every one of them down in :meth:`cleanup` (also on test failure)."""
+
+    def __init__(self, basedir: Path, key: Path, rootfs: Path):
+        self.basedir = basedir
+        self.key = key
+        self.rootfs = rootfs
+        self.hosts: list[NspawnHost] = []
+        self.loops: list[LoopDevice] = []
+
+    def loop_device(self, size: str = "1G") -> LoopDevice:
+        loop = LoopDevice(self.basedir / f"disk-{uuid.uuid4().hex[:10]}.img", size).attach()
+        self.loops.append(loop)
+        return loop
+
+    def create(self, *, binds: dict[str, str] | None = None, groups=("testhosts",), host_vars=None,
+               start: bool = True) -> NspawnHost:  # fmt: skip
+        idx = allocate_subnet()
+        try:
+            h = NspawnHost(
+                idx=idx, rootfs=self.rootfs, workdir=self.basedir / host_name(idx), key=self.key,
+                binds=dict(binds or {}), groups=tuple(groups), host_vars=dict(host_vars or {}),
+            )  # fmt: skip
+            self.hosts.append(h)
+            if start:
+                h.start()
+            return h
+        except BaseException:
+            self._destroy(self.hosts.pop() if self.hosts and self.hosts[-1].idx == idx else None)
+            release_subnet(idx)
+            raise
+
+    def _destroy(self, h: NspawnHost | None) -> None:
+        if h is None:
+            return
+        try:
+            h.destroy()
+        finally:
+            release_subnet(h.idx)
+
+    def cleanup(self) -> None:
+        errors = []
+        while self.hosts:
+            try:
+                self._destroy(self.hosts.pop())
+            except Exception as e:
+                errors.append(e)
+        while self.loops:
+            self.loops.pop().detach()
+        if errors:
+            raise HostError(f"teardown errors: {errors}")

@@ -1,0 +1,126 @@
+"""Run a playbook through ansible-runner against test hosts and return per-host stats.
+
+``run_playbook("playbooks/services.yml", host.inventory)`` -> :class:`PlaybookResult`, whose
+``stats[host]`` holds ``ok / changed / failed / unreachable / skipped / rescued / ignored`` counts.
+The tests assert on these (e.g. ``changed == 0`` on a second run).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+_STAT_KEYS = {
+    "ok": "ok",
+    "changed": "changed",
+    "failures": "failed",
+    "dark": "unreachable",
+    "skipped": "skipped",
+    "rescued": "rescued",
+    "ignored": "ignored",
+}
+
+
+@dataclass
+class PlaybookResult:
+    rc: int
+    status: str
+    stats: dict[str, dict[str, int]]
+    stdout: str
+    events: list = field(repr=False, default_factory=list)
+
+    def host(self, name: str) -> dict[str, int]:
+        return self.stats.get(name, dict.fromkeys(_STAT_KEYS.values(), 0))
+
+    def changed_tasks(self, host: str | None = None) -> list[str]:
+        """Names of the tasks that reported changed (on ``host`` or any host): for assertion messages."""
+        out = []
+        for ev in self.events:
+            if ev.get("event") != "runner_on_ok":
+                continue
+            data = ev.get("event_data", {})
+            if host and data.get("host") != host:
+                continue
+            if (data.get("res") or {}).get("changed"):
+                out.append(f"{data.get('host')}: {data.get('task')}")
+        return out
+
+    def task_results(self, task: str, host: str | None = None) -> list[dict]:
+        """The module results of every run of the task named ``task``."""
+        out = []
+        for ev in self.events:
+            data = ev.get("event_data", {})
+            if (
+                ev.get("event", "").startswith("runner_on_")
+                and data.get("task") == task
+                and (host is None or data.get("host") == host)
+            ):
+                out.append(data.get("res") or {})
+        return out
+
+    def summary(self) -> str:
+        return f"status={self.status} rc={self.rc} stats={self.stats}\n--- output tail ---\n{self.stdout[-6000:]}"
+
+
+def run_playbook(
+    playbook: str | os.PathLike,
+    inventory: str | os.PathLike,
+    *,
+    extravars: dict | None = None,
+    tags: str | None = None,
+    skip_tags: str | None = None,
+    limit: str | None = None,
+    check: bool = False,
+    diff: bool = False,
+    extra_args: str = "",
+    envvars: dict | None = None,
+    timeout: int = 900,
+    private_data_dir: str | os.PathLike | None = None,
+) -> PlaybookResult:
+    """Run ``playbook`` (relative to the repository root, or absolute) against ``inventory``."""
+    import ansible_runner
+
+    pb = Path(playbook)
+    if not pb.is_absolute():
+        pb = REPO / pb
+    pdd = Path(private_data_dir or tempfile.mkdtemp(prefix="e3t-runner-"))
+    pdd.mkdir(parents=True, exist_ok=True)
+    cmdline = " ".join(x for x in ("--check" if check else "", "--diff" if diff else "", extra_args) if x)
+    env = {
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_HOST_KEY_CHECKING": "False",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "HF_HUB_OFFLINE": "1",
+        # The ansible-playbook of the interpreter running the tests (the repo's venv).
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        **(envvars or {}),
+    }
+    r = ansible_runner.run(
+        private_data_dir=str(pdd),
+        project_dir=str(REPO),
+        playbook=str(pb),
+        inventory=str(Path(inventory).resolve()),
+        extravars=extravars or {},
+        tags=tags,
+        skip_tags=skip_tags,
+        limit=limit,
+        cmdline=cmdline or None,
+        envvars=env,
+        quiet=True,
+        timeout=timeout,
+    )
+    raw = r.stats or {}
+    hosts = set()
+    for v in raw.values():
+        if isinstance(v, dict):
+            hosts.update(v)
+    stats = {h: {new: int((raw.get(old) or {}).get(h, 0)) for old, new in _STAT_KEYS.items()} for h in hosts}
+    stdout = r.stdout.read() if r.stdout else ""
+    return PlaybookResult(rc=r.rc, status=r.status, stats=stats, stdout=stdout, events=list(r.events))
