@@ -16,6 +16,8 @@ EXECUTABLE_DOC = """
 
 
 def find_executable(module, executable=None):
+    if executable and "/" not in executable:
+        executable = shutil.which(executable) or executable
     if executable:
         if not os.access(executable, os.X_OK):
             module.fail_json(

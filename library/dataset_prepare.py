@@ -1,0 +1,126 @@
+#!/usr/bin/python
+# Copyright: eagle3ops contributors
+# Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dataset_prepare
+short_description: Tokenise conversations into speculators' offline training rows (input_ids, loss_mask, seq_len)
+description:
+  - Runs C(eagle3ops prepare) on the target host: conversations (JSONL files, a directory of them, or a local
+    HF dataset directory) are rendered with the target's chat template into one row per assistant turn with a
+    loss mask over that turn, saved as an Arrow dataset in O(out) with C(token_freq.pt) and C(prepare_meta.json).
+  - Idempotent by fingerprint (inputs, tokenizer, parameters): the same fingerprint already in O(out) means
+    C(changed=false) and nothing is rewritten. Built in a temp directory and renamed into place.
+  - Refuses to replace a dataset whose rows already have extracted hidden states (they would no longer match)
+    unless O(force=true).
+  - Check mode writes nothing and predicts C(changed).
+version_added: "0.1.0"
+author: eagle3ops contributors
+options:
+  model:
+    description: Target model directory whose tokenizer and chat template are used.
+    type: path
+    required: true
+  inputs:
+    description: Conversation sources (JSONL file, directory of .json/.jsonl, or a saved HF dataset directory).
+    type: list
+    elements: path
+    required: true
+  out:
+    description: Output data directory.
+    type: path
+    required: true
+  max_length:
+    description: Maximum tokens per row (longer rows are truncated; rows left without supervised tokens are dropped).
+    type: int
+    default: 2048
+  on_error:
+    description: C(fail) stops at the first malformed input row (reported as C(file:line)); C(skip) skips and lists them.
+    type: str
+    choices: [fail, skip]
+    default: fail
+  max_samples:
+    description: Keep at most this many rows.
+    type: int
+  seed:
+    description: Shuffle seed (speculators splits train/val contiguously, so rows are shuffled).
+    type: int
+    default: 0
+  force:
+    description: Replace a dataset even when hidden states were extracted for it.
+    type: bool
+    default: false
+  executable:
+    description:
+      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
+      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
+    type: path
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Prepare training rows
+  dataset_prepare:
+    model: /data/models/Kimi-K2.5
+    inputs: [/data/eagle3/conversations/regenerated.jsonl]
+    out: /data/eagle3/data
+    max_length: 4096
+"""
+
+RETURN = r"""
+num_rows:
+  description: Rows in the prepared dataset.
+  returned: success
+  type: int
+num_tokens:
+  description: Tokens over all rows.
+  returned: success
+  type: int
+skipped:
+  description: Skipped input rows as C(file:line: reason) (C(on_error=skip)).
+  returned: success
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_cli import run_cli
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "model": {"type": "path", "required": True},
+            "inputs": {"type": "list", "elements": "path", "required": True},
+            "out": {"type": "path", "required": True},
+            "max_length": {"type": "int", "default": 2048},
+            "on_error": {"type": "str", "choices": ["fail", "skip"], "default": "fail"},
+            "max_samples": {"type": "int"},
+            "seed": {"type": "int", "default": 0},
+            "force": {"type": "bool", "default": False},
+            "executable": {"type": "path"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    argv = ["prepare", "--model", p["model"], "--out", p["out"], "--max-length", str(p["max_length"]),
+            "--on-error", p["on_error"], "--seed", str(p["seed"])]
+    for src in p["inputs"]:
+        argv += ["--input", src]
+    if p["max_samples"] is not None:
+        argv += ["--max-samples", str(p["max_samples"])]
+    if p["force"]:
+        argv.append("--force")
+    if module.check_mode:
+        argv.append("--plan")
+    module.exit_json(**run_cli(module, p["executable"], argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+#!/usr/bin/python
+# Copyright: eagle3ops contributors
+# Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: hidden_states_extract
+short_description: Extract an EAGLE-3 target's hidden states for every prepared row (resumable, crash-safe)
+description:
+  - Runs C(eagle3ops extract) on the target host. For every row of the prepared Arrow dataset in O(data_dir)
+    it writes C(hidden_states/hs_{i}.safetensors) (C(token_ids) [T] and C(hidden_states) [T, K+1, H]: the K aux
+    layers, input-of-layer convention, then the pre-norm last layer), the speculators 0.9.0 offline format.
+  - Files are written to a temp name, fsynced and renamed; an append-only manifest records finished rows, so a
+    re-run after a crash extracts only what is missing. All rows present and valid means C(changed=false).
+  - Before writing, the exact bytes still needed are compared with the free space of the data filesystem; the
+    task refuses (and writes nothing) when they do not fit with a margin.
+  - Check mode loads no weights and writes nothing; it reports how many rows would be extracted and the bytes needed.
+  - Long runs work with C(async)/C(poll).
+version_added: "0.1.0"
+author: eagle3ops contributors
+options:
+  data_dir:
+    description: Prepared data directory (output of the C(prepare) phase).
+    type: path
+    required: true
+  model:
+    description: Target model directory (transformers format, local).
+    type: path
+    required: true
+  layer_ids:
+    description:
+      - Aux layer ids. Default C([2, N//2, N-3]) for an N-layer target (Kimi-K2.5 with 61 layers gets C([2, 30, 58])).
+    type: list
+    elements: int
+  layer_convention:
+    description:
+      - C(input) (id i names the input of layer i; SGLang, vLLM, speculators) or C(output) (SpecForge, ModelOpt).
+    type: str
+    choices: [input, output]
+    default: input
+  dtype:
+    description: Stored dtype of the hidden states.
+    type: str
+    choices: [bfloat16, float16, float32]
+    default: bfloat16
+  device:
+    description: C(auto) (CUDA when present), C(cpu), C(cuda), C(cuda:N).
+    type: str
+    default: auto
+  workers:
+    description: C(auto) for one worker per visible GPU, or a number of workers (disjoint shards).
+    type: str
+    default: "1"
+  max_batch_tokens:
+    description: Padded tokens per forward batch.
+    type: int
+    default: 16384
+  fsync:
+    description: fsync every file before its rename (power-loss safe). Kill-safety does not depend on it.
+    type: bool
+    default: true
+  margin:
+    description: Free-space margin over the exact need, as a fraction.
+    type: float
+    default: 0.05
+  limit:
+    description: Only the first N rows (smoke runs).
+    type: int
+  executable:
+    description:
+      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
+      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
+    type: path
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+notes:
+  - Resume never loads tensors; it reads the manifests and the headers of files that are not in them.
+"""
+
+EXAMPLES = r"""
+- name: Extract hidden states on all GPUs
+  hidden_states_extract:
+    data_dir: /data/eagle3/data
+    model: /data/models/Kimi-K2.5
+    workers: auto
+  async: 172800
+  poll: 60
+
+- name: SpecForge-style layer ids (layer outputs)
+  hidden_states_extract:
+    data_dir: /data/eagle3/data
+    model: /data/models/Kimi-K2.5
+    layer_ids: [1, 29, 57]
+    layer_convention: output
+"""
+
+RETURN = r"""
+total:
+  description: Rows this run is responsible for.
+  returned: always
+  type: int
+done_before:
+  description: Rows already finished before this run (from the manifest).
+  returned: always
+  type: int
+written:
+  description: Rows written by this run (0 in check mode).
+  returned: always
+  type: int
+to_extract:
+  description: Rows that would be extracted (check mode).
+  returned: check mode
+  type: int
+bytes_needed:
+  description: Exact bytes the remaining rows need (check mode).
+  returned: check mode
+  type: int
+failed:
+  description: Rows that failed.
+  returned: always
+  type: int
+tokens:
+  description: Tokens written by this run.
+  returned: success
+  type: int
+bytes:
+  description: Bytes written by this run.
+  returned: success
+  type: int
+seconds:
+  description: Wall time of the run.
+  returned: success
+  type: float
+layer_ids:
+  description: Aux layer ids used, input-of-layer convention (what the train phase reads).
+  returned: always
+  type: list
+  elements: int
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_cli import run_cli
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "data_dir": {"type": "path", "required": True},
+            "model": {"type": "path", "required": True},
+            "layer_ids": {"type": "list", "elements": "int"},
+            "layer_convention": {"type": "str", "choices": ["input", "output"], "default": "input"},
+            "dtype": {"type": "str", "choices": ["bfloat16", "float16", "float32"], "default": "bfloat16"},
+            "device": {"type": "str", "default": "auto"},
+            "workers": {"type": "str", "default": "1"},
+            "max_batch_tokens": {"type": "int", "default": 16384},
+            "fsync": {"type": "bool", "default": True},
+            "margin": {"type": "float", "default": 0.05},
+            "limit": {"type": "int"},
+            "executable": {"type": "path"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    argv = ["extract", "--data", p["data_dir"], "--model", p["model"], "--layer-convention", p["layer_convention"],
+            "--dtype", p["dtype"], "--device", p["device"], "--workers", p["workers"],
+            "--max-batch-tokens", str(p["max_batch_tokens"]), "--margin", str(p["margin"]), "--no-progress"]
+    if p["layer_ids"]:
+        argv += ["--layer-ids", *[str(i) for i in p["layer_ids"]]]
+    if not p["fsync"]:
+        argv.append("--no-fsync")
+    if p["limit"] is not None:
+        argv += ["--limit", str(p["limit"])]
+    if module.check_mode:
+        argv.append("--plan")
+    result = run_cli(module, p["executable"], argv)
+    if module.check_mode:
+        result.setdefault("written", 0)
+        result.setdefault("failed", 0)
+        if result.get("to_extract") and not result.get("fits"):
+            module.fail_json(msg=f"{p['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "
+                                 f"{result['free_bytes']:,} free; free space or move the data directory",
+                             **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
