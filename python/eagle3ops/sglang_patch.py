@@ -17,6 +17,7 @@ same patch covers DeepSeek-V3/R1 and Kimi-K2/K2.5.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import os
@@ -237,10 +238,8 @@ def _atomic_replace(
         os.fsync(f.fileno())
     if st is not None:
         os.chmod(tmp, st.st_mode & 0o7777)
-        try:
+        with contextlib.suppress(PermissionError):
             os.chown(tmp, st.st_uid, st.st_gid)
-        except PermissionError:
-            pass
     if mtime_from is not None:
         mst = mtime_from.stat()
         os.utime(tmp, ns=(mst.st_atime_ns, mst.st_mtime_ns))

@@ -12,12 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from eagle3ops import sglang_hook, sglang_patch
 from eagle3ops.sglang_patch import PatchError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from sglang_standin import pristine_deepseek_v2  # noqa: E402
+from sglang_standin import pristine_deepseek_v2
 
 SPEC = sglang_patch.SPECS["0.5.23"]
 
