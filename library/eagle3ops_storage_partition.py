@@ -1,0 +1,73 @@
+#!/usr/bin/python
+# The logic lives in python/eagle3ops/storage.py (shipped as module_utils/eagle3ops_storage.py).
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: eagle3ops_storage_partition
+short_description: Find the device node of a disk's partition; wait for udev, or create it where there is no udev
+description:
+  - Looks the partition up in sysfs, prefers udev's C(<disk>-partN) link, then any node with the same device
+    number under C(/dev). Where udev does not run (containers, minimal hosts), creates C(/dev/<kname>) from
+    the device number the kernel announced (reported as a change).
+options:
+  disk:
+    description: The whole disk.
+    type: path
+    required: true
+  number:
+    description: Partition number.
+    type: int
+    default: 1
+  timeout:
+    description: Seconds to wait for the partition to appear.
+    type: int
+    default: 10
+author: eagle3ops
+"""
+
+EXAMPLES = r"""
+- name: Partition device
+  eagle3ops_storage_partition:
+    disk: /dev/disk/by-id/nvme-EXAMPLE
+  register: part
+"""
+
+RETURN = r"""
+path:
+  description: The partition's device node.
+  returned: always
+  type: str
+kname:
+  description: The kernel name (e.g. nvme1n1p1).
+  returned: always
+  type: str
+created:
+  description: Whether the node was (or, in check mode, would be) created.
+  returned: always
+  type: bool
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_storage import StorageError, partition_path
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            disk=dict(type="path", required=True),
+            number=dict(type="int", default=1),
+            timeout=dict(type="int", default=10),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        res = partition_path(p["disk"], p["number"], create=not module.check_mode, timeout=p["timeout"])
+    except (StorageError, OSError) as e:
+        module.fail_json(msg=f"partition {p['number']} of {p['disk']}: {e}")
+    diff = {"before": "", "after": f"block node {res['path']} ({res['devnum']})\n"} if res["created"] else {}
+    module.exit_json(changed=res["created"], diff=diff, **res)
+
+
+if __name__ == "__main__":
+    main()
