@@ -165,7 +165,7 @@ def test_env_configuration_and_inactive_default(tmp_path, monkeypatch):
 def test_missing_store_meta_is_refused(tmp_path, tiny_target, states):
     d = build_prepared_dataset(tmp_path / "data", LENGTHS)
     rows = _rows(d)
-    with pytest.raises(HookError, match="extract_meta.json is missing"):
+    with pytest.raises(HookError, match=r"extract_meta\.json is missing"):
         run_patched_calls(
             DumpHook(d, LAYERS), StandInModel(LAYERS), *sglang_like_forward([_req(rows, 0)], states)
         )
