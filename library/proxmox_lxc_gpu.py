@@ -55,6 +55,11 @@ options:
     description: Restart a running container (C(pct stop) + C(pct start)) when a change needs it.
     type: bool
     default: false
+  state:
+    description: C(started) also starts a stopped container (after the config is right); C(present) leaves it.
+    type: str
+    choices: [present, started]
+    default: present
   pct:
     description: Path of C(pct).
     type: path
@@ -123,6 +128,10 @@ restarted:
   description: The container was restarted.
   type: bool
   returned: always
+started:
+  description: The stopped container was started (O(state=started)).
+  type: bool
+  returned: always
 status:
   description: The container's state after the module (running or stopped).
   type: str
@@ -183,6 +192,7 @@ def main():
             dev_options=dict(type="str", default=""),
             prune_unregistered_majors=dict(type="bool", default=True),
             restart=dict(type="bool", default=False),
+            state=dict(type="str", choices=["present", "started"], default="present"),
             pct=dict(type="path", default="/usr/sbin/pct"),
             config_dir=dict(type="path", default="/etc/pve/lxc"),
             dev_root=dict(type="path", default="/dev"),
@@ -282,6 +292,17 @@ def main():
             pct_run(module, [pct, "start", str(vmid)], "restart: start")
         result.update(changed=True, restarted=True)
         restart_needed = False
+    result["started"] = False
+    if p["state"] == "started" and status != "running":
+        if not module.check_mode:
+            pct_run(module, [pct, "start", str(vmid)], "starting the container")
+            status = parse_pct_status(pct_run(module, [pct, "status", str(vmid)], "container state"))
+            if status != "running":
+                module.fail_json(
+                    msg=f"`pct start {vmid}` returned but the container is {status}; see "
+                    f"`pct start {vmid} --debug` or journalctl on the PVE host"
+                )
+        result.update(changed=True, started=True, status=status)
     result["restart_needed"] = restart_needed
     result["restart_reason"] = (
         f"container {vmid} is running with its old device/mount config: restart it (pct reboot {vmid}) or set "
@@ -294,7 +315,7 @@ def main():
 
     result["host_driver_version"] = host_driver_version(p["driver_version_file"])
     result["container_driver_versions"] = []
-    if result["host_driver_version"] and status == "running":  # read-only, also in check mode
+    if result["host_driver_version"] and status == "running":  # read-only: also in check mode
         rc, out, _err = module.run_command(
             [pct, "exec", str(vmid), "--", "sh", "-c", f"ls -1 {LIB_GLOB} 2>/dev/null; true"]
         )
