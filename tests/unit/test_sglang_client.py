@@ -1,0 +1,198 @@
+"""The SGLang backend's client against a loopback STAND-IN of a patched SGLang server.
+
+The stand-in (tests/fixtures/sglang_standin_server.py) serves /health and /generate on 127.0.0.1 and runs the
+REAL hook (configured from the same environment the systemd unit sets) over a transformers model; SGLang itself
+cannot run on this CPU-only machine. The client, the hook and the store are the real code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from eagle3ops import sglang_hook, sglang_patch
+from eagle3ops.extract import ExtractConfig, run_extraction
+from eagle3ops.sglang_client import SGLangClientError, SGLangExtractConfig, _request, run_sglang_extraction
+from eagle3ops.store import HiddenStateStore
+from tinymodels import build_prepared_dataset
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+from sglang_standin import pristine_deepseek_v2
+
+LENGTHS = [5, 17, 33, 9, 12, 2, 21, 40, 7, 26, 3, 15]
+LAYERS = [2, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_target):
+    d = build_prepared_dataset(tmp_path_factory.mktemp("ref") / "data", LENGTHS)
+    run_extraction(
+        ExtractConfig(data_dir=str(d), model_path=str(tiny_target), progress=False, max_batch_size=1)
+    )
+    return d
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    return build_prepared_dataset(tmp_path / "data", LENGTHS)
+
+
+@contextlib.contextmanager
+def standin_server(tmp_path, data_dir, model, *args):
+    port_file = tmp_path / f"port-{time.monotonic_ns()}"
+    env = {
+        **os.environ,
+        sglang_hook.ENV_DUMP_DIR: str(data_dir),
+        sglang_hook.ENV_LAYER_IDS: ",".join(map(str, LAYERS)),
+        "PYTHONPATH": os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]),
+    }
+    log = open(tmp_path / "standin.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(FIXTURES / "sglang_standin_server.py"),
+            "--model",
+            str(model),
+            "--port-file",
+            str(port_file),
+            *args,
+        ],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        t0 = time.monotonic()
+        while not port_file.exists():
+            assert proc.poll() is None, (tmp_path / "standin.log").read_text()
+            assert time.monotonic() - t0 < 60, "stand-in server did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port_file.read_text()}"
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()
+
+
+def _cfg(data_dir, model, url, **kw):
+    kw.setdefault("concurrency", 3)
+    kw.setdefault("health_timeout", 60)
+    kw.setdefault("confirm_timeout", 30)
+    kw.setdefault("backoff", 0.05)
+    return SGLangExtractConfig(data_dir=str(data_dir), model_path=str(model), url=url, progress=False, **kw)
+
+
+def _stats(url):
+    return json.loads(_request(url + "/standin/stats", None, 5)[1])
+
+
+def _assert_equal_to_reference(data_dir, reference):
+    got, ref = HiddenStateStore(data_dir), HiddenStateStore(reference)
+    for i in range(len(LENGTHS)):
+        assert got.path(i).read_bytes() == ref.path(i).read_bytes(), (
+            f"row {i} differs from the transformers backend"
+        )
+    assert sorted(got.scan_manifest().entries) == list(range(len(LENGTHS)))
+
+
+def test_full_run_bounded_concurrency_then_nothing_left(tmp_path, data_dir, tiny_target, reference):
+    with standin_server(
+        tmp_path, data_dir, tiny_target, "--load-seconds", "1", "--batch-delay", "0.05"
+    ) as url:
+        res = run_sglang_extraction(_cfg(data_dir, tiny_target, url, concurrency=3))
+        assert res["written"] == len(LENGTHS) and res["failed"] == 0 and res["done_before"] == 0
+        assert res["tokens"] == sum(LENGTHS) and res["health_wait_seconds"] > 0.5
+        assert res["requests"] == len(LENGTHS) and res["retries"] == 0
+        st = _stats(url)
+        assert 1 < st["max_inflight"] <= 3  # concurrent, but never more than asked
+        assert st["max_batch_seen"] > 1  # several requests shared a forward batch
+        _assert_equal_to_reference(data_dir, reference)
+        again = run_sglang_extraction(_cfg(data_dir, tiny_target, url))
+        assert again["written"] == 0 and again["done_before"] == len(LENGTHS)
+        assert _stats(url)["calls"] == st["calls"]  # resume from the manifest sent nothing
+    assert json.loads((data_dir / "hidden_states" / "extract_meta.json").read_text())["backend"] == "sglang"
+
+
+def test_5xx_and_timeouts_are_retried_with_backoff(tmp_path, data_dir, tiny_target, reference):
+    sleeps = []
+    with standin_server(
+        tmp_path, data_dir, tiny_target, "--fail-first", "4", "--hang-rows", "2,7", "--hang-seconds", "4"
+    ) as url:
+        res = run_sglang_extraction(
+            _cfg(data_dir, tiny_target, url, request_timeout=1.5, sleep=sleeps.append)
+        )
+    assert res["written"] == len(LENGTHS) and res["failed"] == 0
+    assert res["retries"] >= 6 and res["requests"] >= len(LENGTHS) + 6
+    assert sleeps and all(0 < s <= 60 for s in sleeps)
+    _assert_equal_to_reference(data_dir, reference)
+
+
+def test_a_permanent_error_fails_its_row_only(tmp_path, data_dir, tiny_target):
+    with standin_server(tmp_path, data_dir, tiny_target, "--reject-rows", "3") as url:
+        res = run_sglang_extraction(_cfg(data_dir, tiny_target, url))
+    assert res["failed"] == 1 and res["written"] == len(LENGTHS) - 1
+    (err,) = res["errors"]
+    assert err["index"] == 3 and "HTTP 400" in err["error"] and "not retried" in err["error"]
+    assert res["retries"] == 0
+
+
+def test_kill_9_of_the_client_mid_run_then_resume(tmp_path, data_dir, tiny_target, reference):
+    with standin_server(tmp_path, data_dir, tiny_target, "--batch-delay", "0.4", "--max-batch", "1") as url:
+        cmd = [
+            sys.executable,
+            "-m",
+            "eagle3ops",
+            "sglang-extract",
+            "--data",
+            str(data_dir),
+            "--model",
+            str(tiny_target),
+            "--url",
+            url,
+            "--concurrency",
+            "1",
+            "--no-progress",
+            "--json",
+        ]
+        client = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        store = HiddenStateStore(data_dir)
+        t0 = time.monotonic()
+        while len(store.scan_manifest().entries) < 3:
+            assert client.poll() is None, client.communicate()
+            assert time.monotonic() - t0 < 120
+            time.sleep(0.05)
+        os.kill(client.pid, signal.SIGKILL)
+        client.wait()
+        done_at_kill = len(store.scan_manifest().entries)
+        assert done_at_kill < len(LENGTHS)
+        for i in store.existing_files():  # whatever is under a final name is complete
+            assert store.validate_header(i, LENGTHS[i], len(LAYERS) + 1, 64, "bfloat16") is None
+        res = run_sglang_extraction(_cfg(data_dir, tiny_target, url))
+    assert res["done_before"] + res["adopted"] >= done_at_kill
+    assert res["done_before"] + res["adopted"] + res["written"] == len(LENGTHS) and res["failed"] == 0
+    _assert_equal_to_reference(data_dir, reference)
+
+
+def test_unreachable_server_is_reported(tmp_path, data_dir, tiny_target):
+    with pytest.raises(SGLangClientError, match=r"did not become healthy within 1 s"):
+        run_sglang_extraction(_cfg(data_dir, tiny_target, "http://127.0.0.1:9", health_timeout=1))
+
+
+def test_restore_patch_at_the_end(tmp_path, data_dir, tiny_target):
+    target = tmp_path / "site" / sglang_patch.TARGET_RELPATH
+    target.parent.mkdir(parents=True)
+    shutil.copy2(pristine_deepseek_v2(), target)
+    sglang_patch.apply(target)
+    with standin_server(tmp_path, data_dir, tiny_target) as url:
+        res = run_sglang_extraction(_cfg(data_dir, tiny_target, url, limit=3, restore_patch=str(target)))
+    assert res["written"] == 3 and res["patch"]["changed"] is True
+    assert sglang_patch.sha256_file(target) == sglang_patch.SPECS["0.5.23"].pristine_sha256
