@@ -54,6 +54,10 @@ options:
     description: Plan the removal of the rollback copy after the cut-over.
     type: bool
     default: false
+  cutover:
+    description: Cut over after the verification; false stops after it (copy now, cut over in a later run).
+    type: bool
+    default: true
   require_stable_name:
     description: Refuse kernel names such as C(/dev/nvme1n1) (they can change between boots).
     type: bool
@@ -118,6 +122,7 @@ def main():
             allow_empty_source=dict(type="bool", default=False),
             cleanup_old=dict(type="bool", default=False),
             require_stable_name=dict(type="bool", default=True),
+            cutover=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )

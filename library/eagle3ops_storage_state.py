@@ -75,8 +75,11 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             state_file=dict(type="path", default="/var/lib/eagle3ops/storage-state.json"),
-            step=dict(type="str", required=True,
-                      choices=["preparing", "prepared", "cutover_started", "cutover", "cleaned"]),
+            step=dict(
+                type="str",
+                required=True,
+                choices=["preparing", "prepared", "cutover_started", "cutover", "cleaned"],
+            ),
             disk_info=dict(type="dict"),
             source=dict(type="dict"),
             partition=dict(type="path"),
@@ -92,17 +95,26 @@ def main():
     p = module.params
     create = None
     if p["step"] == "preparing":
-        create = dict(disk_info=p["disk_info"], source=p["source"], data_path=p["data_path"],
-                      staging_path=p["staging_path"], old_path=p["old_path"], fstype=p["fstype"],
-                      fstab=p["fstab"])
+        create = dict(
+            disk_info=p["disk_info"],
+            source=p["source"],
+            data_path=p["data_path"],
+            staging_path=p["staging_path"],
+            old_path=p["old_path"],
+            fstype=p["fstype"],
+            fstab=p["fstab"],
+        )
     try:
         before = load_state(p["state_file"])
-        result = record(p["state_file"], p["step"], check_mode=module.check_mode, create=create,
-                        partition=p["partition"])
+        result = record(
+            p["state_file"], p["step"], check_mode=module.check_mode, create=create, partition=p["partition"]
+        )
     except StorageError as e:
         module.fail_json(msg=str(e), **e.details)
-    diff = {"before": f"step: {before['step'] if before else '(no state file)'}\n",
-            "after": f"step: {result['state']['step']}\n"}
+    diff = {
+        "before": f"step: {before['step'] if before else '(no state file)'}\n",
+        "after": f"step: {result['state']['step']}\n",
+    }
     module.exit_json(changed=result["changed"], state=result["state"], diff=diff)
 
 

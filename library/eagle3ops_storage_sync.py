@@ -78,8 +78,13 @@ def main():
     )
     p = module.params
     try:
-        result = sync(p["state_file"], p["mode"], check_mode=module.check_mode,
-                      allow_empty_source=p["allow_empty_source"], extra=p["rsync_opts"])
+        result = sync(
+            p["state_file"],
+            p["mode"],
+            check_mode=module.check_mode,
+            allow_empty_source=p["allow_empty_source"],
+            extra=p["rsync_opts"],
+        )
     except StorageError as e:
         module.fail_json(msg=str(e), **e.details)
     changes = result.get("changes") or []

@@ -86,7 +86,9 @@ def _run(cmd: list[str], *, check: bool = False, timeout: float | None = None) -
 def devnum(path: str) -> tuple[int, int]:
     st = os.stat(path)
     if not stat.S_ISBLK(st.st_mode):
-        raise StorageError(f"{path} is not a block device; give the whole new disk (e.g. /dev/disk/by-id/nvme-...)")
+        raise StorageError(
+            f"{path} is not a block device; give the whole new disk (e.g. /dev/disk/by-id/nvme-...)"
+        )
     return os.major(st.st_rdev), os.minor(st.st_rdev)
 
 
@@ -179,9 +181,9 @@ def mount_containing(path: str, mounts: list[dict] | None = None) -> dict:
     best = None
     for m in mounts:
         t = m["target"]
-        if path == t or path.startswith(t.rstrip("/") + "/") or t == "/":
-            if best is None or len(t) >= len(best["target"]):
-                best = m
+        inside = path == t or path.startswith(t.rstrip("/") + "/") or t == "/"
+        if inside and (best is None or len(t) >= len(best["target"])):
+            best = m
     if best is None:
         raise StorageError(f"cannot find the mount holding {path} in /proc/self/mountinfo")
     return best
@@ -237,7 +239,9 @@ def root_knames(mounts: list[dict] | None = None, sys_root: str = "/sys") -> set
     return names
 
 
-def stable_names(dev_real: str, by_dirs: tuple[str, ...] = ("/dev/disk/by-id", "/dev/disk/by-path")) -> list[str]:
+def stable_names(
+    dev_real: str, by_dirs: tuple[str, ...] = ("/dev/disk/by-id", "/dev/disk/by-path")
+) -> list[str]:
     """udev's stable links that point at ``dev_real`` (empty without udev)."""
     out = []
     for d in by_dirs:
@@ -288,14 +292,21 @@ def probe_disk(disk: str, *, mounts: list[dict] | None = None, sys_root: str = "
         for m in mounts
         if m["devnum"] in devnums
     ]
-    holders = sorted(os.listdir(os.path.join(sysdir, "holders"))) if os.path.isdir(os.path.join(sysdir, "holders")) else []
+    holders = (
+        sorted(os.listdir(os.path.join(sysdir, "holders")))
+        if os.path.isdir(os.path.join(sysdir, "holders"))
+        else []
+    )
     for p in parts:
         holders += [f"{p['kname']}:{h}" for h in p["holders"]]
     swaps = []
     for line in _read("/proc/swaps").splitlines()[1:]:
         name = line.split()[0] if line.split() else ""
         try:
-            if os.path.exists(name) and f"{os.major(os.stat(name).st_rdev)}:{os.minor(os.stat(name).st_rdev)}" in devnums:
+            if (
+                os.path.exists(name)
+                and f"{os.major(os.stat(name).st_rdev)}:{os.minor(os.stat(name).st_rdev)}" in devnums
+            ):
                 swaps.append(name)
         except OSError:
             continue
@@ -310,23 +321,31 @@ def probe_disk(disk: str, *, mounts: list[dict] | None = None, sys_root: str = "
         "read_only": _read(os.path.join(sysdir, "ro")) == "1",
         "stable_names": stable_names(real),
         "partitions": parts,
-        "signatures": wipefs_signatures(real),
-        "blkid": blkid_probe(real),
+        "signatures": [],
+        "blkid": {},
+        "probe_error": None,
         "mounts": mounted,
         "holders": holders,
         "swaps": swaps,
         "is_root_disk": kname in root_knames(mounts, sys_root=sys_root),
     }
+    try:
+        info["signatures"] = wipefs_signatures(real)
+        info["blkid"] = blkid_probe(real)
+        info["nonzero_head"] = False
+        if not info["signatures"] and not parts and not info["blkid"]:
+            info["nonzero_head"] = first_bytes_nonzero(real)
+    except (StorageError, OSError) as e:
+        info["probe_error"] = str(e)
     info["partition_fs"] = {}
     for p in parts:
         node = find_node(_majmin(p["devnum"]))
         if node:
             probe = blkid_probe(node)
             if probe.get("TYPE"):
-                info["partition_fs"][p["kname"]] = {k: probe.get(k) for k in ("TYPE", "UUID", "LABEL") if probe.get(k)}
-    info["nonzero_head"] = False
-    if not info["signatures"] and not parts and not info["blkid"]:
-        info["nonzero_head"] = first_bytes_nonzero(real)
+                info["partition_fs"][p["kname"]] = {
+                    k: probe.get(k) for k in ("TYPE", "UUID", "LABEL") if probe.get(k)
+                }
     return info
 
 
@@ -336,7 +355,9 @@ def blank_problems(info: dict) -> tuple[list[str], list[str]]:
     if info["is_root_disk"]:
         hard.append("it holds the root filesystem (/)")
     if info["mounts"]:
-        hard.append("mounted: " + ", ".join(f"{m['device']} on {m['target']} ({m['fstype']})" for m in info["mounts"]))
+        hard.append(
+            "mounted: " + ", ".join(f"{m['device']} on {m['target']} ({m['fstype']})" for m in info["mounts"])
+        )
     if info["holders"]:
         hard.append("in use by " + ", ".join(info["holders"]) + " (LVM/dm/md); release it first")
     if info["swaps"]:
@@ -357,6 +378,8 @@ def blank_problems(info: dict) -> tuple[list[str], list[str]]:
             fs = info["partition_fs"].get(p["kname"])
             desc.append(p["kname"] + (f" ({fs.get('TYPE')} UUID={fs.get('UUID', '?')})" if fs else ""))
         soft.append(f"{len(info['partitions'])} partition(s): " + ", ".join(desc))
+    if info.get("probe_error"):
+        soft.append(f"its contents could not be probed ({info['probe_error']})")
     if info.get("nonzero_head"):
         soft.append("non-zero data in its first MiB with no known signature (unknown contents)")
     return soft, hard
@@ -405,7 +428,12 @@ def partition_path(disk: str, number: int = 1, *, create: bool = True, timeout: 
         if part:
             # udev's stable link first (what an admin recognises), then any node with that number
             if disk.startswith("/dev/disk/by-id/") and os.path.exists(f"{disk}-part{number}"):
-                return {"path": f"{disk}-part{number}", "kname": part["kname"], "devnum": part["devnum"], "created": False}
+                return {
+                    "path": f"{disk}-part{number}",
+                    "kname": part["kname"],
+                    "devnum": part["devnum"],
+                    "created": False,
+                }
             node = find_node(_majmin(part["devnum"]))
             if node:
                 return {"path": node, "kname": part["kname"], "devnum": part["devnum"], "created": False}
@@ -437,8 +465,13 @@ def read_fstab(path: str = "/etc/fstab") -> list[dict]:
         f = line.split()
         if len(f) >= 2:
             entries.append(
-                {"src": _unescape(f[0]), "path": os.path.normpath(_unescape(f[1])), "fstype": f[2] if len(f) > 2 else "",
-                 "opts": f[3] if len(f) > 3 else "defaults", "line": line}
+                {
+                    "src": _unescape(f[0]),
+                    "path": os.path.normpath(_unescape(f[1])),
+                    "fstype": f[2] if len(f) > 2 else "",
+                    "opts": f[3] if len(f) > 3 else "defaults",
+                    "line": line,
+                }
             )
     return entries
 
@@ -466,11 +499,18 @@ def source_identity(data_path: str, *, mounts: list[dict] | None = None, fstab: 
     data_path = os.path.normpath(data_path)
     ident: dict = {"path": data_path, "exists": os.path.isdir(data_path)}
     if os.path.exists(data_path) and not os.path.isdir(data_path):
-        raise StorageError(f"{data_path} exists but is not a directory; move it away or fix storage_data_path")
+        raise StorageError(
+            f"{data_path} exists but is not a directory; move it away or fix storage_data_path"
+        )
     m = mount_containing(data_path, mounts)
     ident.update(
-        mount_target=m["target"], devnum=m["devnum"], fstype=m["fstype"], source=m["source"], fsroot=m["root"],
-        is_mountpoint=m["target"] == data_path, fs_uuid=fs_uuid_of(m["devnum"], m["source"]),
+        mount_target=m["target"],
+        devnum=m["devnum"],
+        fstype=m["fstype"],
+        source=m["source"],
+        fsroot=m["root"],
+        is_mountpoint=m["target"] == data_path,
+        fs_uuid=fs_uuid_of(m["devnum"], m["source"]),
     )
     entries = dir_entries(data_path) if ident["exists"] else []
     ident["entries"] = len(entries)
@@ -482,8 +522,10 @@ def source_identity(data_path: str, *, mounts: list[dict] | None = None, fstab: 
 
 def _describe(ident: dict) -> str:
     where = "its own mount" if ident.get("is_mountpoint") else f"a directory on {ident.get('mount_target')}"
-    return (f"{ident['path']} is {where} (source {ident.get('source')}, {ident.get('fstype')}, "
-            f"UUID={ident.get('fs_uuid') or '?'}, dev {ident.get('devnum')}; {ident.get('entries', 0)} entries)")
+    return (
+        f"{ident['path']} is {where} (source {ident.get('source')}, {ident.get('fstype')}, "
+        f"UUID={ident.get('fs_uuid') or '?'}, dev {ident.get('devnum')}; {ident.get('entries', 0)} entries)"
+    )
 
 
 def check_source(
@@ -516,15 +558,18 @@ def check_source(
             if current.get("fs_uuid") and recorded.get("fs_uuid")
             else current.get("devnum") == recorded.get("devnum")
         )
-        if not same_fs or current["is_mountpoint"] != recorded.get("is_mountpoint") or (
-            current.get("mount_target") != recorded.get("mount_target")
+        if (
+            not same_fs
+            or current["is_mountpoint"] != recorded.get("is_mountpoint")
+            or (current.get("mount_target") != recorded.get("mount_target"))
         ):
             raise StorageError(
                 f"refusing to copy from {path}: it is not the filesystem the migration started from. "
                 f"Then: {_describe(recorded)}. Now: {_describe(current)}. "
                 f"The old /data probably did not mount after a reboot or container restart; mount it again "
                 f"(e.g. `mount {recorded.get('source')} {path}`) and re-run. Nothing was copied.",
-                recorded=recorded, current=current,
+                recorded=recorded,
+                current=current,
             )
         if current["empty"] and not recorded.get("empty"):
             raise StorageError(
@@ -572,7 +617,9 @@ def load_state(path: str) -> dict | None:
     except (OSError, ValueError) as e:
         raise StorageError(f"state file {path} is unreadable ({e}); fix or move it away and re-run") from e
     if state.get("version") != STATE_VERSION or state.get("step") not in STEPS:
-        raise StorageError(f"state file {path} has an unknown version/step ({state.get('version')}, {state.get('step')})")
+        raise StorageError(
+            f"state file {path} has an unknown version/step ({state.get('version')}, {state.get('step')})"
+        )
     return state
 
 
@@ -583,8 +630,16 @@ def advance(state: dict, step: str, **fields) -> dict:
     return new
 
 
-def new_state(disk_info: dict, source: dict, *, data_path: str, staging_path: str, old_path: str,
-              fstype: str, fstab: str) -> dict:
+def new_state(
+    disk_info: dict,
+    source: dict,
+    *,
+    data_path: str,
+    staging_path: str,
+    old_path: str,
+    fstype: str,
+    fstab: str,
+) -> dict:
     base = {
         "version": STATE_VERSION,
         "id": str(uuidlib.uuid4()),
@@ -624,6 +679,12 @@ def read_marker(root: str) -> dict | None:
 # --------------------------------------------------------------------------------------------------
 
 
+def _tail(cutover: bool, cleanup_old: bool) -> list[str]:
+    if not cutover:  # copy + verify now, cut over in a later run (a maintenance window)
+        return []
+    return ["cutover", "cleanup"] if cleanup_old else ["cutover"]
+
+
 def plan(
     *,
     disk: str,
@@ -637,14 +698,24 @@ def plan(
     allow_empty_source: bool = False,
     cleanup_old: bool = False,
     require_stable_name: bool = True,
+    cutover: bool = True,
 ) -> dict:
     """Read-only: decide the steps of this run. Raises StorageError for every refusal."""
     data_path, staging_path, old_path = (os.path.normpath(p) for p in (data_path, staging_path, old_path))
     mounts = read_mounts()
     state = load_state(state_file)
     info = probe_disk(disk, mounts=mounts)
-    result: dict = {"disk": info, "state": state, "steps": [], "state_file": state_file, "fs_uuid": None,
-                    "partition": None, "data_path": data_path, "old_path": old_path, "staging_path": staging_path}
+    result: dict = {
+        "disk": info,
+        "state": state,
+        "steps": [],
+        "state_file": state_file,
+        "fs_uuid": None,
+        "partition": None,
+        "data_path": data_path,
+        "old_path": old_path,
+        "staging_path": staging_path,
+    }
     if require_stable_name and not disk.startswith("/dev/disk/"):
         hint = ", ".join(info["stable_names"]) or "none found (no udev?)"
         raise StorageError(
@@ -668,13 +739,16 @@ def plan(
     if state is None:
         if hard:
             raise StorageError(
-                f"refusing disk {disk} ({info['realpath']}): " + "; ".join(hard) + ". Pick another disk (storage_disk). "
+                f"refusing disk {disk} ({info['realpath']}): "
+                + "; ".join(hard)
+                + ". Pick another disk (storage_disk). "
                 f"lsblk:\n{lsblk_text(info['realpath'])}",
                 found=hard,
             )
         if soft and not force:
             raise StorageError(
-                f"refusing disk {disk} ({info['realpath']}): it is not blank: " + "; ".join(soft)
+                f"refusing disk {disk} ({info['realpath']}): it is not blank: "
+                + "; ".join(soft)
                 + ". Everything on it would be lost: if that is intended set storage_force: true, else pick "
                 f"another disk (storage_disk). lsblk:\n{lsblk_text(info['realpath'])}",
                 found=soft,
@@ -688,7 +762,7 @@ def plan(
         check_source(source, None, allow_empty=allow_empty_source)
         result["source"] = source
         result["wipe"] = bool(soft)
-        result["steps"] = ["prepare", "copy", "verify", "cutover"] + (["cleanup"] if cleanup_old else [])
+        result["steps"] = ["prepare", "copy", "verify", *_tail(cutover, cleanup_old)]
         return result
 
     step = state["step"]
@@ -702,7 +776,7 @@ def plan(
         source = source_identity(data_path, mounts=mounts, fstab=fstab)
         check_source(source, state["source"], allow_empty=allow_empty_source)
         result["wipe"] = False
-        result["steps"] = ["prepare", "copy", "verify", "cutover"] + (["cleanup"] if cleanup_old else [])
+        result["steps"] = ["prepare", "copy", "verify", *_tail(cutover, cleanup_old)]
         return result
 
     # from here on the disk carries our filesystem: check that it is still the one in the state file
@@ -718,12 +792,20 @@ def plan(
 
     if step_index(step) < step_index("cutover_started"):
         source = source_identity(data_path, mounts=mounts, fstab=fstab)
-        check_source(source, state["source"], allow_empty=allow_empty_source, new_fs_uuid=state.get("fs_uuid"))
-        todo = {"prepared": ["copy", "verify"], "copying": ["copy", "verify"], "copied": ["verify"],
-                "verified": []}[step]
+        check_source(
+            source, state["source"], allow_empty=allow_empty_source, new_fs_uuid=state.get("fs_uuid")
+        )
+        todo = {
+            "prepared": ["copy", "verify"],
+            "copying": ["copy", "verify"],
+            "copied": ["verify"],
+            "verified": [],
+        }[step]
         st = mount_at(staging_path, mounts)
-        result["staging_mounted"] = bool(st) and fs_uuid_of(st["devnum"], st["source"]) == state.get("fs_uuid")
-        result["steps"] = ["mount_staging", *todo, "cutover"] + (["cleanup"] if cleanup_old else [])
+        result["staging_mounted"] = bool(st) and fs_uuid_of(st["devnum"], st["source"]) == state.get(
+            "fs_uuid"
+        )
+        result["steps"] = ["mount_staging", *todo, *_tail(cutover, cleanup_old)]
         return result
 
     # cut over (or in the middle of it): never copy again
@@ -801,14 +883,16 @@ def rsync_failure(res: dict, cmd: list[str], *, src: str, dst: str) -> StorageEr
     if rc < 0:
         return StorageError(
             f"rsync {src}/ -> {dst}/ was killed by signal {-rc}; the copy is resumable: re-run the storage phase "
-            "(the state file stays at 'copying'; nothing was cut over)", rc=rc
+            "(the state file stays at 'copying'; nothing was cut over)",
+            rc=rc,
         )
-    if "No space left on device" in err or rc == 12 and "(28)" in err:
+    if "No space left on device" in err or (rc == 12 and "(28)" in err):
         st = os.statvfs(dst)
         return StorageError(
             f"the new filesystem at {dst} is full ({st.f_blocks * st.f_frsize} bytes) while copying {src}: the new "
             f"disk is too small for the data. Use a bigger disk (storage_disk) or free space in {src}; nothing "
-            f"was cut over. rsync: {err[-600:]}", rc=rc
+            f"was cut over. rsync: {err[-600:]}",
+            rc=rc,
         )
     return StorageError(f"rsync failed (exit {rc}): {err[-1500:]}; command: {' '.join(cmd)}", rc=rc)
 
@@ -823,13 +907,23 @@ def staging_check(state: dict, mounts: list[dict] | None = None) -> None:
         )
 
 
-def sync(state_file: str, mode: str, *, check_mode: bool = False, allow_empty_source: bool = False,
-         extra: list[str] | tuple[str, ...] = ()) -> dict:
+def sync(
+    state_file: str,
+    mode: str,
+    *,
+    check_mode: bool = False,
+    allow_empty_source: bool = False,
+    extra: list[str] | tuple[str, ...] = (),
+) -> dict:
     """Run one rsync step of the migration (copy | verify | quick) with every guard; update the state."""
     state = load_state(state_file)
     if state is None:
-        raise StorageError(f"no state file {state_file}: the disk was not prepared; run the whole storage phase")
-    if step_index(state["step"]) < step_index("prepared") or step_index(state["step"]) >= step_index("cutover_started"):
+        raise StorageError(
+            f"no state file {state_file}: the disk was not prepared; run the whole storage phase"
+        )
+    if step_index(state["step"]) < step_index("prepared") or step_index(state["step"]) >= step_index(
+        "cutover_started"
+    ):
         raise StorageError(f"cannot {mode} in state '{state['step']}' ({state_file})")
     mounts = read_mounts()
     src, dst = state["data_path"], state["staging_path"]
@@ -840,7 +934,9 @@ def sync(state_file: str, mode: str, *, check_mode: bool = False, allow_empty_so
     if mode == "copy":
         if check_mode:
             res = run_rsync(rsync_command(src, dst, mode="preview", extra=extra))
-            out.update(changed=bool(res["changes"]), changes=res["changes"][:200], n_changes=len(res["changes"]))
+            out.update(
+                changed=bool(res["changes"]), changes=res["changes"][:200], n_changes=len(res["changes"])
+            )
             return out
         need = tree_size(src)
         st = os.statvfs(dst)
@@ -848,7 +944,9 @@ def sync(state_file: str, mode: str, *, check_mode: bool = False, allow_empty_so
         if need > have:
             raise StorageError(
                 f"the new filesystem ({dst}, {have} bytes) is smaller than the data in {src} ({need} bytes "
-                f"allocated); use a bigger disk. Nothing was copied.", need=need, have=have
+                f"allocated); use a bigger disk. Nothing was copied.",
+                need=need,
+                have=have,
             )
         if state["step"] != "copying":
             state = advance(state, "copying")
@@ -860,8 +958,12 @@ def sync(state_file: str, mode: str, *, check_mode: bool = False, allow_empty_so
             raise rsync_failure(res, cmd, src=src, dst=dst)
         state = advance(state, "copied", copy_seconds=round(time.monotonic() - t0, 1))
         atomic_write_json(state_file, state)
-        out.update(changed=True, n_changes=len(res["changes"]), changes=res["changes"][:200],
-                   seconds=state["copy_seconds"])
+        out.update(
+            changed=True,
+            n_changes=len(res["changes"]),
+            changes=res["changes"][:200],
+            seconds=state["copy_seconds"],
+        )
         return out
     if mode in ("verify", "quick"):
         cmd = rsync_command(src, dst, mode=mode, extra=[e for e in extra if not e.startswith("--bwlimit")])
@@ -886,8 +988,14 @@ def sync(state_file: str, mode: str, *, check_mode: bool = False, allow_empty_so
     raise ValueError(mode)
 
 
-def record(state_file: str, step: str, *, check_mode: bool = False, create: dict | None = None,
-           partition: str | None = None) -> dict:
+def record(
+    state_file: str,
+    step: str,
+    *,
+    check_mode: bool = False,
+    create: dict | None = None,
+    partition: str | None = None,
+) -> dict:
     """Move the state file to ``step`` (idempotent). ``create`` = new_state kwargs for 'preparing'.
 
     For 'prepared', reads the filesystem UUID from ``partition`` and writes the marker into the staging
@@ -914,8 +1022,13 @@ def record(state_file: str, step: str, *, check_mode: bool = False, create: dict
         if not fs.get("UUID"):
             raise StorageError(f"{partition} has no filesystem; the mkfs step did not run")
         fields = {"partition": partition, "fs_uuid": fs["UUID"], "fstype_found": fs.get("TYPE")}
-        marker = {"id": state["id"], "fs_uuid": fs["UUID"], "disk": state["disk"], "created": now(),
-                  "source": {k: state["source"].get(k) for k in ("path", "source", "fs_uuid", "devnum")}}
+        marker = {
+            "id": state["id"],
+            "fs_uuid": fs["UUID"],
+            "disk": state["disk"],
+            "created": now(),
+            "source": {k: state["source"].get(k) for k in ("path", "source", "fs_uuid", "devnum")},
+        }
         if not check_mode:
             staging_check({**state, **fields})
             atomic_write_json(os.path.join(state["staging_path"], MARKER_NAME), marker)
