@@ -49,18 +49,18 @@ class StandInNVML:
 
     ``gpus``: one dict per GPU: ``total`` MiB, ``reserved`` MiB (what the driver keeps; counted in
     the v1 struct's ``used``, reported apart by v2), ``other`` MiB used by nobody NVML lists, and
-    ``procs`` {pid: MiB}. A PID that exists in /proc is listed (and its memory counted) only while
-    that real process is alive; a PID absent from /proc at creation stands for a process of another
-    PID namespace and stays listed. ``v2=False`` makes the v2 memory call fail as an old driver does.
+    ``procs`` {pid: MiB}. A PID is listed (and its memory counted) only while that real process is
+    alive, except the PIDs in ``foreign``: they stand for processes of another PID namespace and stay
+    listed. ``v2=False`` makes the v2 memory call fail as an old driver does.
     """
 
     NVMLError = pynvml.NVMLError
     nvmlMemory_v2 = pynvml.nvmlMemory_v2
 
-    def __init__(self, gpus, v2=True):
+    def __init__(self, gpus, v2=True, foreign=()):
         self.gpus = gpus
         self.v2 = v2
-        self.foreign = {pid for g in gpus for pid in g.get("procs", {}) if not Path(f"/proc/{pid}").exists()}
+        self.foreign = set(foreign)
         self.calls = {"v1": 0, "v2": 0}
 
     def _procs(self, h):
@@ -303,7 +303,7 @@ def test_check_mode_reports_what_would_be_stopped_and_stops_nothing(dev, spawn):
 def test_pid_of_another_namespace_is_reported_and_never_signalled(dev, spawn, monkeypatch):
     ghost = free_pid()
     local = spawn(0, argv0_marker="vllm-lookalike")  # a process of ours holding /dev/nvidia0
-    nvml = StandInNVML([{"procs": {ghost: 30000}}])
+    nvml = StandInNVML([{"procs": {ghost: 30000}}], foreign={ghost})
     sent = []
     monkeypatch.setattr(gpu.os, "kill", lambda *a: sent.append(a))
     with pytest.raises(gpu.GpuFreeError) as e:

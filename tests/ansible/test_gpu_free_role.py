@@ -1,0 +1,156 @@
+"""The gpu_free role through ansible-playbook (ansible-runner) on localhost.
+
+1. The local CPU default for real: this host has no NVIDIA driver, so with ``gpu_free_gpu_required:
+   false`` the role skips cleanly (changed=0, also on a second run and in check mode), and with
+   ``true`` it fails saying what to do.
+2. The module's option mapping, check mode, diff and idempotence: the role is pointed
+   (``gpu_free_executable``) at a STAND-IN ``eagle3ops`` launcher that runs the real CLI and the
+   real ``eagle3ops.gpu`` logic with NVML replaced by the unit tests' ``StandInNVML`` (no GPU here)
+   and ``/dev`` by a temp dir. The holders are real ``sleep`` processes, stopped with real signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOK = "playbooks/gpu_free.yml"
+
+
+@pytest.fixture
+def inventory(tmp_path):
+    inv = tmp_path / "hosts.ini"
+    inv.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    return inv
+
+
+def _result(r, task):
+    """The one module result of ``task`` (runner_on_start events carry no result)."""
+    (res,) = [x for x in r.task_results(task) if x]
+    return res
+
+
+def _alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="this host has an NVIDIA driver")
+def test_cpu_default_skips_cleanly_and_required_fails_clearly(run_playbook, inventory):
+    for check in (False, False, True):
+        r = run_playbook(PLAYBOOK, inventory, check=check)
+        s = r.host("localhost")
+        assert r.rc == 0 and s["failed"] == 0 and s["changed"] == 0, r.summary()
+        assert s["skipped"] == 1, r.summary()
+        skipped = [e["event_data"]["task"] for e in r.events if e.get("event") == "runner_on_skipped"]
+        assert skipped == ["Wait until every selected GPU's memory is free"]
+        report = _result(r, "Report the GPUs' memory (or why the check was skipped)")
+        assert "no usable NVIDIA driver" in report["msg"] and "gpu_required is false" in report["msg"]
+    r = run_playbook(PLAYBOOK, inventory, extravars={"gpu_free_gpu_required": True})
+    assert r.rc != 0 and r.host("localhost")["failed"] == 1
+    assert "gpu_free_gpu_required: false" in r.stdout, r.summary()
+
+
+LAUNCHER = """#!{python}
+# STAND-IN eagle3ops launcher for tests: the real CLI with NVML replaced by StandInNVML.
+import json, sys
+sys.path.insert(0, {unit!r})
+from test_gpu_free import StandInNVML
+from eagle3ops import cli, gpu
+cfg = json.load(open({config!r}))
+for g in cfg:
+    g["procs"] = {{int(k): v for k, v in g.get("procs", {{}}).items()}}
+gpu.load_nvml = lambda: StandInNVML(cfg)
+gpu.ensure_free.__kwdefaults__["dev_dir"] = {dev!r}
+sys.exit(cli.main())
+"""
+
+
+@pytest.fixture
+def standin(tmp_path):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "nvidia0").write_text("")
+    config = tmp_path / "nvml.json"
+    exe = tmp_path / "eagle3ops"
+    exe.write_text(
+        LAUNCHER.format(
+            python=sys.executable, unit=str(REPO / "tests/unit"), config=str(config), dev=str(dev)
+        )
+    )
+    exe.chmod(0o755)
+    procs = []
+
+    def holder(env):
+        p = subprocess.Popen(["bash", "-c", f"exec sleep 300 3<{dev}/nvidia0"], env={**os.environ, **env})
+        procs.append(p)
+        for _ in range(500):
+            if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep"):
+                break
+            time.sleep(0.01)
+        return p
+
+    yield exe, config, holder
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_check_mode_diff_stop_and_second_run_unchanged(run_playbook, inventory, standin):
+    exe, config, holder = standin
+    mine = holder({"EAGLE3OPS_RUN_ID": "extract-1"})
+    config.write_text(json.dumps([{"procs": {str(mine.pid): 40960}}, {}]))
+    xv = {
+        "gpu_free_executable": str(exe),
+        "gpu_free_gpu_required": True,
+        "gpu_free_stop_run_ids": ["extract-1"],
+        "gpu_free_timeout": 10,
+        "gpu_free_stop_grace": 2,
+    }
+    task = "Wait until every selected GPU's memory is free"
+
+    r = run_playbook(PLAYBOOK, inventory, extravars=xv, check=True, diff=True)
+    assert r.rc == 0 and r.host("localhost")["changed"] == 1, r.summary()
+    res = _result(r, task)
+    assert [w["pid"] for w in res["would_stop"]] == [mine.pid]
+    assert f"PID {mine.pid} GPU 0" in res["diff"]["before"]
+    assert _alive(mine.pid), "check mode must stop nothing"
+
+    r = run_playbook(PLAYBOOK, inventory, extravars=xv)
+    assert r.rc == 0 and r.host("localhost")["changed"] == 1, r.summary()
+    res = _result(r, task)
+    assert res["free"] is True and res["stopped"][0]["allowed_by"] == "run_id:extract-1"
+    assert mine.wait(timeout=5) < 0
+    assert res["gpus"][0]["used_mib"] == 0 and res["initial"][0]["used_mib"] == 40960
+
+    r = run_playbook(PLAYBOOK, inventory, extravars=xv)
+    assert r.rc == 0 and r.host("localhost")["changed"] == 0, r.summary()
+
+
+def test_foreign_holder_fails_the_role_with_the_list(run_playbook, inventory, standin):
+    exe, config, holder = standin
+    other = holder({"EAGLE3OPS_RUN_ID": "someone-else"})
+    config.write_text(json.dumps([{"procs": {str(other.pid): 1234}}]))
+    xv = {
+        "gpu_free_executable": str(exe),
+        "gpu_free_gpu_required": True,
+        "gpu_free_stop_run_ids": ["extract-1"],
+        "gpu_free_stop_cmdline_patterns": ["^python3? .*speculators"],
+        "gpu_free_timeout": 0.5,
+    }
+    r = run_playbook(PLAYBOOK, inventory, extravars=xv)
+    assert r.rc != 0 and r.host("localhost")["failed"] == 1
+    res = _result(r, "Wait until every selected GPU's memory is free")
+    assert f"PID {other.pid}" in res["msg"] and "GPU 0: 1234 MiB" in res["msg"]
+    assert [h["pid"] for h in res["holders"]] == [other.pid]
+    assert _alive(other.pid)
