@@ -1,0 +1,213 @@
+"""The `container` phase on a real Debian host (systemd-nspawn) that plays the Proxmox VE host.
+
+STAND-INS (no PVE host can run here), said plainly:
+* ``/usr/sbin/pct`` on the test host is tests/fixtures/pct: it keeps ``/etc/pve/lxc/<vmid>.conf`` in PVE's
+  syntax (snapshot and ``[pve:pending]`` sections included; non-hotplug ``pct set`` on a running container
+  goes to pending, ``start`` applies it) and runs ``pct exec <vmid> -- cmd`` on the test host itself, so
+  "the container" of these tests is the test host.
+* The NVIDIA nodes are real character devices made with mknod in the test host's /dev, with the majors of
+  an H200 host (195, nvidia-uvm 508, nvidia-caps 234); /proc/devices is that host's copy
+  (tests/fixtures/pve/proc-devices.txt), since no NVIDIA driver is loaded here.
+Everything else is real: sshd, sudo, Ansible over ssh, community.proxmox.proxmox_pct_remote over paramiko.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.root, pytest.mark.nspawn, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+FIX = REPO / "tests" / "fixtures"
+PLAYBOOK = "playbooks/container.yml"
+NODES = [("nvidia0", 195, 0), ("nvidia1", 195, 1), ("nvidiactl", 195, 255), ("nvidia-uvm", 508, 0),
+         ("nvidia-uvm-tools", 508, 1), ("nvidia-caps/nvidia-cap1", 234, 1)]  # fmt: skip
+PVE_VARS = {
+    "proxmox_container_vmid": 140,
+    "proxmox_container_proc_devices": "/srv/pve/proc-devices",
+    "proxmox_container_data_host_path": "/srv/data",
+    "proxmox_container_passthrough": "dev",
+}
+
+
+def make_pve_host(make_host, *, user: str = "root", sudo: str = "ALL", **host_vars):
+    """A booted test host with the stand-in pct, NVIDIA nodes in /dev and /srv/data; reached as ``user``
+    (with become when not root: sudoers line ``user ALL=(root) NOPASSWD: <sudo>``)."""
+    hv = {**PVE_VARS, **host_vars}
+    if user != "root":
+        hv.update(ansible_user=user, ansible_become="true")
+    h = make_host(groups=("proxmox_hosts",), host_vars=hv)
+    h.put("/usr/sbin/pct", (FIX / "pct").read_text(), mode="0755")
+    h.put("/srv/pve/proc-devices", (FIX / "pve" / "proc-devices.txt").read_text())
+    mk = " && ".join(f"mknod -m 0666 /dev/{n} c {ma} {mi}" for n, ma, mi in NODES)
+    h.ssh(f"mkdir -p /dev/nvidia-caps /srv/data /etc/pve/lxc && {mk}")
+    if user != "root":
+        h.ssh(
+            f"useradd -m -s /bin/bash {user} && install -d -m 700 -o {user} /home/{user}/.ssh && "
+            f"install -m 600 -o {user} /root/.ssh/authorized_keys /home/{user}/.ssh/ && "
+            f"echo '{user} ALL=(root) NOPASSWD: {sudo}' > /etc/sudoers.d/{user} && chmod 440 /etc/sudoers.d/{user}"
+        )
+    return h
+
+
+def conf(h, vmid: int) -> str:
+    return h.ssh(f"cat /etc/pve/lxc/{vmid}.conf").stdout
+
+
+def module_result(r, host):
+    res = r.task_results("GPUs, data mount, sizes and features; start it", host)
+    assert res, r.summary()
+    return res[-1]
+
+
+def test_converge_second_run_and_check_change_nothing_with_become(make_host, run_playbook):
+    """Fresh host, non-root ssh user with become: --check creates nothing; converge creates the container
+    (pct create), passes every node through as devN, mounts /data, starts it; run 2 and --check: changed=0."""
+    h = make_pve_host(make_host, user="ansible")
+
+    r = run_playbook(PLAYBOOK, h.inventory, check=True, diff=True)
+    assert r.rc == 0, r.summary()
+    assert h.ssh("test -e /etc/pve/lxc/140.conf", check=False).returncode == 1, (
+        "--check created the container"
+    )
+    assert h.ssh("ls /var/lib/pct-standin 2>/dev/null | grep -c running", check=False).stdout.strip() in (
+        "",
+        "0",
+    )
+
+    r = run_playbook(PLAYBOOK, h.inventory)
+    assert r.rc == 0, r.summary()
+    assert r.host(h.name)["changed"] >= 2, r.changed_tasks()
+    text = conf(h, 140)
+    devs = dict(re.findall(r"^(dev\d+): (\S+)$", text, flags=re.M))
+    assert sorted(devs.values()) == sorted(f"/dev/{n}" for n, _ma, _mi in NODES), text
+    assert "mp0: /srv/data,mp=/data,backup=0\n" in text
+    assert "features: nesting=1\n" in text and "rootfs: local-lvm:vm-140-disk-0,size=64G\n" in text
+    assert "lxc." not in text  # dev mode: no raw lines
+    assert h.ssh("pct status 140").stdout.strip() == "status: running"
+    res = module_result(r, h.name)
+    assert res["passthrough"] == "dev" and res["started"] is True and res["restart_needed"] is False
+
+    r2 = run_playbook(PLAYBOOK, h.inventory)
+    assert r2.rc == 0 and r2.host(h.name)["changed"] == 0, r2.changed_tasks()
+    before = hashlib.sha256(conf(h, 140).encode()).hexdigest()
+    r3 = run_playbook(PLAYBOOK, h.inventory, check=True, diff=True)
+    assert r3.rc == 0 and r3.host(h.name)["changed"] == 0, r3.changed_tasks()
+    assert hashlib.sha256(conf(h, 140).encode()).hexdigest() == before
+
+
+def test_snapshot_config_raw_lines_edited_in_main_section_only(make_host, run_playbook):
+    """PVE < 8.1 style (raw lines) on a config with two snapshot sections, written for the previous kernel
+    (nvidia-uvm was 509): --check --diff shows the lines and writes nothing; the run fixes the main section
+    only — snapshot sections byte-for-byte unchanged, foreign raw lines kept — and says a restart is needed."""
+    h = make_pve_host(make_host, proxmox_container_vmid=129, proxmox_container_passthrough="raw",
+                      proxmox_container_cores=64, proxmox_container_memory_mb=524288)  # fmt: skip
+    original = (FIX / "pve" / "129.conf").read_text()
+    h.put("/etc/pve/lxc/129.conf", original, mode="0640")
+    h.ssh("pct start 129")
+    snaps = original[original.index("\n[before-upgrade]\n") :]
+
+    r = run_playbook(PLAYBOOK, h.inventory, check=True, diff=True)
+    assert r.rc == 0, r.summary()
+    assert r.host(h.name)["changed"] == 1, r.changed_tasks()
+    assert conf(h, 129) == original, "--check wrote the config"
+    assert "-lxc.cgroup2.devices.allow: c 509:* rwm" in r.stdout
+    assert "+lxc.cgroup2.devices.allow: c 508:* rwm" in r.stdout
+    assert "+mp0: /srv/data,mp=/data,backup=0" in r.stdout
+
+    r = run_playbook(PLAYBOOK, h.inventory)
+    assert r.rc == 0, r.summary()
+    text = conf(h, 129)
+    assert text.endswith(snaps), "a snapshot section changed"
+    main = text[: text.index("\n[before-upgrade]\n")]
+    raw = [x for x in main.splitlines() if x.startswith("lxc.")]
+    assert "lxc.cgroup2.devices.allow: c 509:* rwm" not in raw
+    for line in ("lxc.cgroup2.devices.allow: c 195:* rwm", "lxc.cgroup2.devices.allow: c 508:* rwm",
+                 "lxc.cgroup2.devices.allow: c 234:* rwm", "lxc.cgroup2.devices.allow: c 10:200 rwm",
+                 "lxc.mount.entry: /dev/net/tun dev/net/tun none bind,create=file",
+                 "lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file",
+                 "lxc.mount.entry: /dev/nvidia-caps/nvidia-cap1 dev/nvidia-caps/nvidia-cap1 none bind,optional,create=file"):  # fmt: skip
+        assert raw.count(line) == 1, (line, main)
+    assert main.startswith("#EAGLE-3 GPU container\n#%0Aowner%3A ml-team\narch: amd64\n")
+    res = module_result(r, h.name)
+    assert res["restart_needed"] is True and "pct reboot 129" in res["restart_reason"]
+    assert res["snapshots"] == ["before-upgrade", "pre-driver-580"]
+
+    r2 = run_playbook(PLAYBOOK, h.inventory)
+    assert r2.rc == 0 and r2.host(h.name)["changed"] == 0, r2.changed_tasks()
+    assert conf(h, 129) == text
+
+
+def test_new_gpu_on_running_container_waits_for_restart_flag(make_host, run_playbook):
+    """A GPU appears on the host while the container runs: devN goes to [pve:pending], the run warns and
+    stays changed=0 on repeat; proxmox_container_restart=true restarts and applies it, once."""
+    h = make_pve_host(make_host)
+    assert run_playbook(PLAYBOOK, h.inventory).rc == 0
+    h.ssh("mknod -m 0666 /dev/nvidia2 c 195 2")
+
+    r = run_playbook(PLAYBOOK, h.inventory)
+    assert r.rc == 0 and r.host(h.name)["changed"] == 1, r.changed_tasks()
+    res = module_result(r, h.name)
+    assert res["restart_needed"] is True and res["restarted"] is False
+    assert "[pve:pending]\ndev6: /dev/nvidia2\n" in conf(h, 140)
+    r = run_playbook(PLAYBOOK, h.inventory)
+    assert r.host(h.name)["changed"] == 0 and module_result(r, h.name)["restart_needed"] is True
+
+    r = run_playbook(PLAYBOOK, h.inventory, extravars={"proxmox_container_restart": True})
+    assert r.rc == 0 and module_result(r, h.name)["restarted"] is True, r.summary()
+    text = conf(h, 140)
+    assert "pve:pending" not in text and "\ndev6: /dev/nvidia2\n" in text
+    r = run_playbook(PLAYBOOK, h.inventory, extravars={"proxmox_container_restart": True})
+    assert r.host(h.name)["changed"] == 0, r.changed_tasks()
+
+
+def test_stale_device_node_and_missing_data_path_fail_with_the_fix(make_host, run_playbook):
+    """A /dev/nvidia-uvm left from the old kernel (major 509) and a missing /data host path are refused
+    with messages that say what to do; nothing is written."""
+    h = make_pve_host(make_host)
+    assert run_playbook(PLAYBOOK, h.inventory).rc == 0
+    before = conf(h, 140)
+    h.ssh("rm /dev/nvidia-uvm && mknod -m 0666 /dev/nvidia-uvm c 509 0")
+    r = run_playbook(PLAYBOOK, h.inventory)
+    assert r.rc != 0 and "nvidia-modprobe -u -c=0" in r.stdout and "major 509" in r.stdout, r.summary()
+    h.ssh("rm /dev/nvidia-uvm && mknod -m 0666 /dev/nvidia-uvm c 508 0")
+    r = run_playbook(PLAYBOOK, h.inventory, extravars={"proxmox_container_data_host_path": "/srv/nope"})
+    assert r.rc != 0 and "run the storage phase first" in r.stdout, r.summary()
+    assert conf(h, 140) == before
+
+
+def test_playbook_reaches_container_through_proxmox_pct_remote(make_host, run_playbook, tmp_path):
+    """gpu_containers host over community.proxmox.proxmox_pct_remote: paramiko ssh to the PVE host as a
+    non-root user whose only sudo right is /usr/sbin/pct (the documented sudoers line), then
+    `sudo pct exec 140 -- ...` — commands, file put/fetch and facts arrive, as uid 0 in "the container"."""
+    h = make_pve_host(make_host, user="ansible", sudo="/usr/sbin/pct")
+    root_inv = tmp_path / "root.ini"
+    root_inv.write_text(h.inventory.read_text().replace("ansible_user=ansible", "ansible_user=root"))
+    assert run_playbook(PLAYBOOK, root_inv).rc == 0
+
+    ct = {
+        "ansible_host": h.ip, "ansible_user": "ansible", "proxmox_vmid": 140,
+        "ansible_connection": "community.proxmox.proxmox_pct_remote",
+        "ansible_ssh_private_key_file": str(h.key), "ansible_host_key_checking": "false",
+        "ansible_python_interpreter": "/usr/bin/python3",
+    }  # fmt: skip
+    inv = tmp_path / "ct.ini"
+    inv.write_text("[gpu_containers]\nct140 " + " ".join(f"{k}={v}" for k, v in ct.items()) + "\n")
+    env = {"ANSIBLE_PARAMIKO_RECORD_HOST_KEYS": "False"}  # keep the throwaway host out of known_hosts
+    r = run_playbook("tests/hosts/playbooks/container_reach.yml", inv, envvars=env)
+    assert r.rc == 0, r.summary()
+    assert f"uid=0 file=reached ct140 through pct exec 140 hostname={h.name}" in r.stdout
+    assert h.ssh("cat /root/eagle3ops-reached").stdout == "reached ct140 through pct exec 140\n"
+    log = h.ssh("cat /var/lib/pct-standin/exec.log").stdout
+    assert re.search(r"^140 uid=0 /bin/sh -c ", log, flags=re.M), log
+    assert h.ssh("grep -c . /var/lib/pct-standin/exec.log").stdout.strip() != "0"
+
+    h.ssh("pct stop 140")  # the container is down: the same play cannot reach it (pct exec exits 255)
+    n = len(log.splitlines())
+    r = run_playbook("tests/hosts/playbooks/container_reach.yml", inv, envvars=env)
+    assert r.host("ct140")["unreachable"] == 1 and "exited with result 255" in r.stdout, r.summary()
+    assert len(h.ssh("cat /var/lib/pct-standin/exec.log").stdout.splitlines()) == n  # nothing ran
