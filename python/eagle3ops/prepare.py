@@ -1,0 +1,741 @@
+"""``prepare``: conversations -> the offline training rows of speculators 0.9.0.
+
+Output (``DATA_DIR``), exactly what ``speculators train --data-path DATA_DIR`` reads::
+
+    DATA_DIR/data-*.arrow, dataset_info.json, state.json   datasets.save_to_disk: input_ids (int64),
+                                                          loss_mask (int64, 0/1), seq_len (int64)
+    DATA_DIR/token_freq.pt                                {token_id: count} over supervised tokens
+    DATA_DIR/prepare_meta.json                            fingerprint, counts, skipped rows (ours)
+
+How rows are made (speculators' own code, pinned to 0.9.0):
+
+- every input row is checked first; a problem is reported as ``file:line: what is wrong``;
+- turns are normalised with speculators' ``_normalize_conversation`` (ShareGPT from/value and OpenAI
+  role/content; ``thinking``/``reasoning_content`` kept);
+- speculators 0.9.0 renders conversations only through a vLLM ``/render`` endpoint. We run its own
+  ``_render_boundary_rows`` (one row per assistant turn; the loss mask starts where the full render
+  extends the generation-prompt render; common-prefix fallback for templates that pre-fill ``<think>``;
+  ``BoundaryUnstableError`` when history itself diverges) with its ``_encode_render`` pointed at the
+  local tokenizer: ``apply_chat_template(..., tokenize=False)`` then ``encode(add_special_tokens=False)``
+  and right truncation to ``max_length``, which is what the endpoint does;
+- the pretokenized rows go through ``build_speculator_training_dataset`` (its pass-through path:
+  truncation, rows without a supervised token dropped, torch format) and the token counts through
+  ``save_token_frequency_distribution``.
+
+Conversations are shuffled with the seed (the rows of one conversation stay together, in turn order), so
+speculators' contiguous 90/10 train/validation split is a random split by conversation: a validation
+row never shares its history with a training row.
+
+The dataset is built in a temporary directory beside ``DATA_DIR`` and renamed into place: a killed run
+leaves the old dataset (or nothing). A second run with the same inputs, tokenizer and parameters does
+nothing. A run that would change the rows refuses while ``DATA_DIR/hidden_states`` holds extracted
+states (they belong to the old rows) unless ``force`` is given; then they are removed and reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from unittest import mock
+
+SPECULATORS_VERSION = "0.9.0"
+PREPARE_FORMAT = 1
+META_NAME = "prepare_meta.json"
+TOKEN_FREQ = "token_freq.pt"
+HS_DIR = "hidden_states"
+# what a prepared DATA_DIR may hold besides the arrow shards (anything else: we refuse to replace it)
+_KNOWN = {META_NAME, TOKEN_FREQ, HS_DIR, "dataset_info.json", "state.json"}
+_TOKENIZER_SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json", ".msgpack", ".h5")
+_TOKENIZER_SKIP_NAMES = {"config.json", "generation_config.json", "demo.json", "README.md"}
+MAX_ERRORS_SHOWN = 10
+
+
+class PrepareError(RuntimeError):
+    """A problem the user must act on; the message says what and where."""
+
+    def __init__(self, message: str, *, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems or []
+
+
+# ---------------------------------------------------------------------------------------------------
+# speculators
+# ---------------------------------------------------------------------------------------------------
+def speculators_preprocessing():
+    """speculators' preprocessing module, after checking that it is the pinned version."""
+    try:
+        version = importlib.metadata.version("speculators")
+    except importlib.metadata.PackageNotFoundError as e:
+        raise PrepareError(
+            f"speculators is not installed; prepare uses its {SPECULATORS_VERSION} data preparation. "
+            "Install it: pip install --no-deps -r requirements/speculators.txt"
+        ) from e
+    if version != SPECULATORS_VERSION:
+        raise PrepareError(
+            f"speculators {version} is installed but eagle3ops prepare is pinned to speculators "
+            f"{SPECULATORS_VERSION} (it calls _render_boundary_rows, _normalize_conversation and "
+            "build_speculator_training_dataset of that release). Install speculators=="
+            f"{SPECULATORS_VERSION} (requirements/speculators.txt), or update eagle3ops/prepare.py and its "
+            "tests to the new release's preprocessing before changing the pin."
+        )
+    from speculators.data_generation import preprocessing
+
+    return preprocessing
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading inputs
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class Problem:
+    loc: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.loc}: {self.what}"
+
+
+@dataclass
+class Source:
+    """One input file (or HF dataset directory) and the sha256 of its content."""
+
+    path: Path
+    kind: str  # jsonl | json | hf
+    sha256: str = ""
+    files: list[Path] = field(default_factory=list)
+
+
+def _sha256_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode() + b"\0")
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def resolve_sources(inputs: list[str | os.PathLike]) -> list[Source]:
+    """The input files behind ``inputs``: JSONL/JSON files, directories of them, or HF dataset dirs."""
+    if not inputs:
+        raise PrepareError("no --input given: pass one or more JSONL/JSON files or directories")
+    sources: list[Source] = []
+    for raw in inputs:
+        p = Path(raw)
+        if not p.exists():
+            raise PrepareError(f"{p}: input does not exist")
+        if p.is_dir():
+            if (p / "state.json").exists() or (p / "dataset_dict.json").exists():
+                files = sorted(f for f in p.rglob("*") if f.is_file())
+                sources.append(Source(p, "hf", files=files))
+                continue
+            found = sorted(f for f in p.rglob("*") if f.suffix in (".json", ".jsonl") and f.is_file())
+            if not found:
+                raise PrepareError(
+                    f"{p}: directory holds no .json/.jsonl files and is not a dataset saved with "
+                    "datasets.save_to_disk"
+                )
+            sources += [Source(f, "jsonl" if f.suffix == ".jsonl" else "json", files=[f]) for f in found]
+        elif p.suffix in (".jsonl", ".json"):
+            sources.append(Source(p, "jsonl" if p.suffix == ".jsonl" else "json", files=[p]))
+        else:
+            raise PrepareError(
+                f"{p}: unsupported input (expected .jsonl, .json, a directory of them, or a dataset "
+                "directory saved with datasets.save_to_disk)"
+            )
+    for s in sources:
+        s.sha256 = _sha256_files(s.files)
+    return sources
+
+
+def _line_of(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def _iter_json_array(path: Path, text: str) -> Iterator[tuple[str, object]]:
+    dec = json.JSONDecoder()
+    pos = text.index("[") + 1
+    n = len(text)
+    while True:
+        while pos < n and text[pos] in " \t\r\n":
+            pos += 1
+        if pos < n and text[pos] == "]":
+            return
+        try:
+            obj, end = dec.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            yield f"{path}:{e.lineno}", Problem(f"{path}:{e.lineno}", f"not valid JSON ({e.msg})")
+            return
+        yield f"{path}:{_line_of(text, pos)}", obj
+        pos = end
+        while pos < n and text[pos] in " \t\r\n":
+            pos += 1
+        if pos < n and text[pos] == ",":
+            pos += 1
+        elif pos < n and text[pos] == "]":
+            return
+        else:
+            line = _line_of(text, pos)
+            yield f"{path}:{line}", Problem(f"{path}:{line}", "not valid JSON (expected ',' or ']')")
+            return
+
+
+def iter_records(source: Source) -> Iterator[tuple[str, object]]:
+    """(location, record or Problem) for every row of one source; location is ``file:line``."""
+    path = source.path
+    if source.kind == "hf":
+        from datasets import DatasetDict, load_from_disk
+
+        ds = load_from_disk(str(path))
+        if isinstance(ds, DatasetDict):
+            if "train" not in ds:
+                raise PrepareError(f"{path}: dataset has splits {sorted(ds)}; save the one to use alone")
+            ds = ds["train"]
+        for i, row in enumerate(ds.with_format(None)):
+            yield f"{path}:row {i}", row
+        return
+    text = path.read_text(encoding="utf-8", errors="strict")
+    if source.kind == "json":
+        stripped = text.lstrip()
+        if stripped.startswith("["):
+            yield from _iter_json_array(path, text)
+            return
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            pass  # not one JSON document: read it as JSON lines
+        else:
+            yield f"{path}:1", obj
+            return
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        loc = f"{path}:{lineno}"
+        try:
+            yield loc, json.loads(line)
+        except json.JSONDecodeError as e:
+            yield loc, Problem(loc, f"not valid JSON ({e.msg} at column {e.colno})")
+
+
+# ---------------------------------------------------------------------------------------------------
+# checking and rendering one record
+# ---------------------------------------------------------------------------------------------------
+_ASSISTANT_ROLES = ("gpt", "assistant")
+_KNOWN_ROLES = ("human", "user", "system", "tool", *_ASSISTANT_ROLES)
+
+
+def check_record(rec: object) -> tuple[str, object] | str:
+    """("conv", turns) or ("rows", (input_ids, loss_mask)) for a usable record, else what is wrong."""
+    if not isinstance(rec, dict):
+        return f"expected a JSON object with 'conversations', got {type(rec).__name__}"
+    if "input_ids" in rec and "loss_mask" in rec:
+        ids, mask = rec["input_ids"], rec["loss_mask"]
+        if not isinstance(ids, list) or not isinstance(mask, list):
+            return "input_ids and loss_mask must be lists of integers"
+        if len(ids) != len(mask):
+            return f"input_ids has {len(ids)} tokens but loss_mask {len(mask)}"
+        if not ids:
+            return "empty input_ids"
+        if not all(isinstance(t, int) and t >= 0 for t in ids):
+            return "input_ids must be non-negative integers"
+        if not all(m in (0, 1) for m in mask):
+            return "loss_mask must hold only 0 and 1"
+        return "rows", (ids, mask)
+    key = "conversations" if "conversations" in rec else "messages" if "messages" in rec else None
+    if key is None:
+        return f"no 'conversations' field (keys: {', '.join(sorted(rec)) or 'none'})"
+    conv = rec[key]
+    if not isinstance(conv, list):
+        return f"'{key}' must be a list of turns, got {type(conv).__name__}"
+    if not conv:
+        return "empty conversation"
+    for k, turn in enumerate(conv):
+        if not isinstance(turn, dict):
+            return f"turn {k}: expected an object with from/value or role/content, got {type(turn).__name__}"
+        role = turn.get("from", turn.get("role"))
+        if not isinstance(role, str) or not role:
+            return f"turn {k}: no 'from' or 'role'"
+        content = turn.get("value", turn.get("content"))
+        if content is not None and not isinstance(content, str):
+            return f"turn {k}: content is a {type(content).__name__}, only text is supported"
+        if content in (None, "") and not turn.get("tool_calls") and role in _ASSISTANT_ROLES:
+            return f"turn {k}: assistant turn without content"
+    roles = [t.get("from", t.get("role")) for t in conv]
+    if not any(r not in _KNOWN_ROLES or r in _ASSISTANT_ROLES for r in roles[1:]):
+        return "no assistant turn after the first message: nothing to supervise"
+    return "conv", conv
+
+
+def _local_encode_render(tokenizer):
+    """A stand-in for speculators' ``_encode_render`` that renders with the local tokenizer.
+
+    vLLM's ``/render`` applies the chat template, tokenizes without adding special tokens and truncates
+    on the right to ``truncate_prompt_tokens``; this does the same.
+    """
+
+    def encode_render(conv_prefix, render_endpoint, *, add_generation_prompt, max_length, tools=None):
+        text = tokenizer.apply_chat_template(
+            conv_prefix, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+        return tokenizer.encode(text, add_special_tokens=False)[:max_length]
+
+    return encode_render
+
+
+@contextlib.contextmanager
+def local_render(pp, tokenizer):
+    """Point speculators' renderer at the local tokenizer for the duration of the block."""
+    with mock.patch.object(pp, "_encode_render", _local_encode_render(tokenizer)):
+        yield
+
+
+def render_rows(pp, conv: list[dict], tools: object, max_length: int) -> list[dict]:
+    """speculators' boundary rows of one conversation (call inside ``local_render``)."""
+    normalized = pp._normalize_conversation(conv)
+    parsed_tools = pp._parse_conv_tools(tools, 0)
+    return pp._render_boundary_rows(normalized, "local", max_length, tools=parsed_tools)
+
+
+# ---------------------------------------------------------------------------------------------------
+# fingerprints and the existing DATA_DIR
+# ---------------------------------------------------------------------------------------------------
+def load_tokenizer(model: str | os.PathLike, *, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise PrepareError(
+            f"{model}: cannot load a tokenizer ({type(e).__name__}: {e}). Point --model at the target "
+            "model's directory (it needs tokenizer files and a chat template)."
+        ) from e
+    if not getattr(tok, "chat_template", None):
+        raise PrepareError(
+            f"{model}: the tokenizer has no chat template, so conversations cannot be rendered the way "
+            "the target sees them. Use the target's own tokenizer (tokenizer_config.json "
+            "'chat_template' or chat_template.jinja)."
+        )
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def tokenizer_fingerprint(model: str | os.PathLike, tokenizer) -> str:
+    h = hashlib.sha256()
+    p = Path(model)
+    if p.is_dir():
+        for f in sorted(p.iterdir()):
+            if (
+                f.is_file()
+                and f.name not in _TOKENIZER_SKIP_NAMES
+                and not f.name.endswith(_TOKENIZER_SKIP_SUFFIXES)
+                and f.stat().st_size < 64 << 20
+            ):
+                h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    else:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        h.update((backend.to_str() if backend is not None else repr(tokenizer.get_vocab())).encode())
+    h.update(str(tokenizer.chat_template).encode())
+    return h.hexdigest()
+
+
+def _fingerprint(sources: list[Source], tok_fp: str, params: dict) -> str:
+    doc = {
+        "format": PREPARE_FORMAT,
+        "speculators": SPECULATORS_VERSION,
+        "inputs": [s.sha256 for s in sources],
+        "tokenizer": tok_fp,
+        "params": params,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def read_meta(data_dir: str | os.PathLike) -> dict | None:
+    try:
+        return json.loads((Path(data_dir) / META_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_complete(data_dir: Path, meta: dict) -> bool:
+    """Every file the meta lists is there with its size (cheap: no hashing of the arrow shards)."""
+    for name, size in (meta.get("files") or {}).items():
+        try:
+            if (data_dir / name).stat().st_size != size:
+                return False
+        except OSError:
+            return False
+    return bool(meta.get("files"))
+
+
+def _hidden_state_files(data_dir: Path) -> int:
+    d = data_dir / HS_DIR
+    if not d.is_dir():
+        return 0
+    return sum(1 for _ in d.iterdir())
+
+
+def _foreign_entries(data_dir: Path) -> list[str]:
+    out = []
+    for name in sorted(os.listdir(data_dir)):
+        if name in _KNOWN or name.endswith(".arrow"):
+            continue
+        if name.startswith(("d2t-", "t2d-")) and name.endswith(".npy"):
+            continue  # speculators' vocab-map cache, derived from token_freq.pt: stale with new rows
+        out.append(name)
+    return out
+
+
+def _clean_stale(data_dir: Path) -> None:
+    """Remove temp dirs of killed runs; put back a DATA_DIR left moved aside by a kill mid-swap."""
+    parent = data_dir.parent
+    if not parent.is_dir():
+        return
+    pattern = re.compile(rf"^\.{re.escape(data_dir.name)}\.prepare-(new|old)-(\d+)$")
+    for p in sorted(parent.iterdir()):
+        m = pattern.match(p.name)
+        if not m or int(m.group(2)) == os.getpid() or Path(f"/proc/{m.group(2)}").exists():
+            continue
+        if m.group(1) == "old" and not data_dir.exists():
+            os.replace(p, data_dir)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# prepare
+# ---------------------------------------------------------------------------------------------------
+def _log_default(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def prepare(
+    model: str | os.PathLike,
+    inputs: list[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    max_length: int = 512,
+    on_error: str = "fail",
+    max_samples: int | None = None,
+    seed: int = 0,
+    force: bool = False,
+    check: bool = False,
+    trust_remote_code: bool = False,
+    log: Callable[[str], None] | None = None,
+    progress: bool = False,
+) -> dict:
+    """Build (or confirm) the prepared dataset at ``out``; see the module docstring.
+
+    Returns changed, out, num_rows, num_tokens, num_supervised_tokens, skipped (``file:line: what``),
+    dropped (turns that did not fit), fingerprint, seconds. ``check=True`` writes nothing and predicts
+    ``changed``.
+    """
+    t0 = time.monotonic()
+    log = log or _log_default
+    if on_error not in ("fail", "skip"):
+        raise PrepareError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
+    if max_length < 2:
+        raise PrepareError(f"max_length {max_length} is too small")
+    if max_samples is not None and max_samples < 1:
+        raise PrepareError(f"max_samples {max_samples} must be at least 1")
+    pp = speculators_preprocessing()
+    data_dir = Path(out).absolute()
+    sources = resolve_sources(inputs)
+    tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code)
+    params = {"max_length": max_length, "max_samples": max_samples, "seed": seed}
+    fingerprint = _fingerprint(sources, tokenizer_fingerprint(model, tokenizer), params)
+
+    # 1. already done?
+    meta = read_meta(data_dir)
+    if meta and meta.get("fingerprint") == fingerprint and _is_complete(data_dir, meta):
+        if meta.get("skipped") and on_error == "fail":
+            raise _failure(meta["skipped"])
+        return {**_result(data_dir, meta, changed=False), "seconds": round(time.monotonic() - t0, 2)}
+    if data_dir.exists():
+        _check_replaceable(data_dir, force)
+    if check:
+        return {
+            "changed": True,
+            "out": str(data_dir),
+            "fingerprint": fingerprint,
+            "removes_hidden_states": _hidden_state_files(data_dir) if data_dir.exists() else 0,
+            "seconds": round(time.monotonic() - t0, 2),
+        }
+
+    # 2. read, check and render every conversation
+    groups, problems, dropped, n_records = _collect(pp, tokenizer, sources, max_length, log, progress)
+    if problems and on_error == "fail":
+        raise _failure([str(p) for p in problems])
+
+    # 3. shuffle conversations with the seed, keep the rows of one conversation together
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(len(groups)) if groups else []
+    ids_rows: list = []
+    mask_rows: list = []
+    for g in order:
+        for ids, mask in groups[g]:
+            ids_rows.append(ids)
+            mask_rows.append(mask)
+    if max_samples is not None:
+        ids_rows, mask_rows = ids_rows[:max_samples], mask_rows[:max_samples]
+    if not ids_rows:
+        raise PrepareError(
+            "no training rows: "
+            + (
+                f"all {n_records} input rows were skipped or had no assistant turn that fits in "
+                f"--max-length {max_length}"
+                if n_records
+                else "the inputs hold no rows"
+            ),
+            problems=[str(p) for p in problems],
+        )
+
+    # 4. speculators' dataset builder (pass-through path) and token counts, in a temp dir
+    from datasets import Dataset
+
+    raw = Dataset.from_dict({"input_ids": ids_rows, "loss_mask": mask_rows})
+    del ids_rows, mask_rows
+    ds = pp.build_speculator_training_dataset(raw, tokenizer, max_length=max_length, num_proc=1)
+    if len(ds) != len(raw):
+        raise RuntimeError(
+            f"speculators dropped {len(raw) - len(ds)} rows that eagle3ops checked as supervised; "
+            "its pass-through semantics changed (see speculators_preprocessing)"
+        )
+    from speculators.train.vocab_mapping import save_token_frequency_distribution
+
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale(data_dir)
+    tmp = data_dir.parent / f".{data_dir.name}.prepare-new-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    removed_hs = 0
+    try:
+        log(f"prepare: writing {len(ds)} rows to {data_dir}")
+        ds.save_to_disk(str(tmp))
+        save_token_frequency_distribution(ds, tmp / TOKEN_FREQ)
+        stats = _stats(ds)
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        meta = {
+            "fingerprint": fingerprint,
+            "format": PREPARE_FORMAT,
+            "speculators_version": SPECULATORS_VERSION,
+            "model": str(model),
+            "tokenizer_fingerprint": tokenizer_fingerprint(model, tokenizer),
+            "inputs": [{"path": str(s.path), "sha256": s.sha256} for s in sources],
+            "params": params,
+            "num_input_rows": n_records,
+            "num_conversations": len(groups),
+            **stats,
+            "skipped": [str(p) for p in problems],
+            "dropped": dropped,
+            "files": files,
+        }
+        (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        _fsync_tree(tmp)
+        if data_dir.exists():
+            removed_hs = _hidden_state_files(data_dir)
+        _swap_into_place(tmp, data_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if removed_hs:
+        log(f"prepare: removed {removed_hs} files of stale hidden states from {data_dir / HS_DIR} (--force)")
+    result = _result(data_dir, meta, changed=True)
+    result["removed_hidden_states"] = removed_hs
+    result["seconds"] = round(time.monotonic() - t0, 2)
+    log(
+        f"prepare: {result['num_rows']} rows, {result['num_tokens']} tokens "
+        f"({result['num_supervised_tokens']} supervised), {len(problems)} skipped, in {result['seconds']} s"
+    )
+    return result
+
+
+def _failure(problems: list[str]) -> PrepareError:
+    shown = "\n  ".join(problems[:MAX_ERRORS_SHOWN])
+    more = f"\n  ... and {len(problems) - MAX_ERRORS_SHOWN} more" if len(problems) > MAX_ERRORS_SHOWN else ""
+    return PrepareError(
+        f"{len(problems)} bad input row(s); nothing was written. Fix them, or pass --on-error skip to "
+        f"leave them out:\n  {shown}{more}",
+        problems=problems,
+    )
+
+
+def _check_replaceable(data_dir: Path, force: bool) -> None:
+    if not data_dir.is_dir():
+        raise PrepareError(f"{data_dir} exists and is not a directory: choose another --out")
+    foreign = _foreign_entries(data_dir)
+    if foreign:
+        raise PrepareError(
+            f"{data_dir} holds {', '.join(foreign[:5])} that prepare did not make; prepare replaces the "
+            "whole directory. Move those aside or choose another --out."
+        )
+    n = _hidden_state_files(data_dir)
+    if n and not force:
+        raise PrepareError(
+            f"{data_dir / HS_DIR} holds {n} files of hidden states extracted for the rows prepared before; "
+            "the new inputs, tokenizer or parameters would change the rows, so those states would no "
+            "longer match. Nothing was changed. Re-run with --force to replace the dataset and delete "
+            "those states (extract them again afterwards), or prepare into another --out."
+        )
+
+
+def _collect(pp, tokenizer, sources, max_length, log, progress):
+    """Read, check and render every record. Returns (groups, problems, dropped, n_records)."""
+    from speculators.data_generation.preprocessing import BoundaryUnstableError
+
+    groups: list[list[tuple[list[int], list[int]]]] = []
+    problems: list[Problem] = []
+    dropped = {"turns_context_over_max_length": 0, "rows_unsupervised_after_truncation": 0}
+    n_records = 0
+    bar = _progress(progress)
+    with local_render(pp, tokenizer), bar as advance:
+        for source in sources:
+            log(f"prepare: reading {source.path}")
+            for loc, rec in iter_records(source):
+                n_records += 1
+                advance()
+                if isinstance(rec, Problem):
+                    problems.append(rec)
+                    continue
+                checked = check_record(rec)
+                if isinstance(checked, str):
+                    problems.append(Problem(loc, checked))
+                    continue
+                kind, payload = checked
+                if kind == "rows":
+                    ids, mask = payload
+                    if sum(mask[:max_length]) == 0:
+                        dropped["rows_unsupervised_after_truncation"] += 1
+                        continue
+                    groups.append([(ids[:max_length], mask[:max_length])])
+                    continue
+                n_asst = sum(
+                    1 for j, t in enumerate(payload) if j > 0 and _role(t) not in ("user", "system", "tool")
+                )
+                try:
+                    rows = render_rows(pp, payload, rec.get("tools"), max_length)
+                except BoundaryUnstableError as e:
+                    problems.append(Problem(loc, f"the chat template is not prefix-stable here: {e}"))
+                    continue
+                except Exception as e:  # templates raise anything (jinja errors, raise_exception)
+                    problems.append(Problem(loc, f"the chat template failed: {type(e).__name__}: {e}"))
+                    continue
+                dropped["turns_context_over_max_length"] += n_asst - len(rows)
+                kept = []
+                for r in rows:
+                    if sum(r["loss_mask"][:max_length]) == 0:
+                        dropped["rows_unsupervised_after_truncation"] += 1
+                        continue
+                    kept.append((r["input_ids"][:max_length], r["loss_mask"][:max_length]))
+                if kept:
+                    groups.append(kept)
+    return groups, problems, dropped, n_records
+
+
+def _role(turn: dict) -> str:
+    r = turn.get("from", turn.get("role", ""))
+    return {"human": "user", "gpt": "assistant"}.get(r, r)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool):
+    if not enabled:
+        yield lambda: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("prepare: rendering"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    ) as bar:
+        task = bar.add_task("render", total=None, rate="")
+        t0 = time.monotonic()
+        n = [0]
+
+        def advance():
+            n[0] += 1
+            if n[0] % 50 == 0:
+                rate = n[0] / max(1e-9, time.monotonic() - t0)
+                bar.update(task, completed=n[0], rate=f"{rate:.0f} rows/s")
+
+        yield advance
+        bar.update(task, completed=n[0])
+
+
+def _stats(ds) -> dict:
+    import numpy as np
+    import pyarrow.compute as pc
+
+    seq = ds.data.column("seq_len").to_numpy().astype(np.int64)
+    supervised = pc.sum(pc.list_flatten(ds.data.column("loss_mask"))).as_py() or 0
+    return {
+        "num_rows": len(ds),
+        "num_tokens": int(seq.sum()),
+        "num_supervised_tokens": int(supervised),
+        "max_seq_len": int(seq.max()),
+        "mean_seq_len": round(float(seq.mean()), 1),
+    }
+
+
+def _result(data_dir: Path, meta: dict, changed: bool) -> dict:
+    return {
+        "changed": changed,
+        "out": str(data_dir),
+        "num_rows": meta["num_rows"],
+        "num_tokens": meta["num_tokens"],
+        "num_supervised_tokens": meta["num_supervised_tokens"],
+        "num_conversations": meta.get("num_conversations"),
+        "skipped": meta.get("skipped", []),
+        "dropped": meta.get("dropped", {}),
+        "fingerprint": meta["fingerprint"],
+        "token_freq": str(data_dir / TOKEN_FREQ),
+    }
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        for name in [*files, "."]:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _swap_into_place(tmp: Path, data_dir: Path) -> None:
+    """``tmp`` becomes ``data_dir``; the old one is moved aside first and removed after the rename."""
+    old = None
+    if data_dir.exists():
+        old = data_dir.parent / f".{data_dir.name}.prepare-old-{os.getpid()}"
+        os.replace(data_dir, old)
+    os.replace(tmp, data_dir)
+    fd = os.open(data_dir.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_rows_lengths(data_dir: str | os.PathLike) -> list[int]:
+    """The ``seq_len`` column of a prepared dataset (memory-mapped, no token data decoded)."""
+    from datasets import load_from_disk
+
+    return load_from_disk(str(data_dir)).data.column("seq_len").to_pylist()
