@@ -27,7 +27,9 @@ PLAYBOOK = "playbooks/gpu_free.yml"
 @pytest.fixture
 def inventory(tmp_path):
     inv = tmp_path / "hosts.ini"
-    inv.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    inv.write_text(
+        f"[gpu_hosts]\nlocalhost ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+    )
     return inv
 
 
