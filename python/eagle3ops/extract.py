@@ -12,6 +12,7 @@ serialises and writes while the next batch computes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -141,10 +142,22 @@ def dataset_fingerprint(data_dir: str | os.PathLike) -> str | None:
 # ----------------------------------------------------------------------------------------------------------
 # serialisation (shared with the SGLang hook: byte-identical files whatever the backend)
 # ----------------------------------------------------------------------------------------------------------
-def serialize_sample(token_ids, hidden_states) -> bytes:
-    """safetensors bytes of one sample: ``token_ids`` [T] int64, ``hidden_states`` [T, K+1, H]."""
+_ST_NAMES = {
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "float32": "F32",
+    "int64": "I64",
+    "float8_e4m3fn": "F8_E4M3",
+}
+
+
+def sample_parts(token_ids, hidden_states) -> list:
+    """One sample as safetensors, without copying the tensors: [header, token_ids bytes, hidden_states bytes].
+
+    ``token_ids`` [T] int64 first (8-byte aligned), then ``hidden_states`` [T, K+1, H]; the header JSON is padded
+    with spaces to a multiple of 8, as the safetensors format asks. Any safetensors reader loads it.
+    """
     import torch
-    from safetensors.torch import save
 
     if token_ids.dtype != torch.int64:
         token_ids = token_ids.to(torch.int64)
@@ -152,7 +165,32 @@ def serialize_sample(token_ids, hidden_states) -> bytes:
         raise ValueError(
             f"token_ids has {token_ids.shape[0]} tokens but hidden_states {hidden_states.shape[0]}"
         )
-    return save({"token_ids": token_ids.contiguous(), "hidden_states": hidden_states.contiguous()})
+    tok = token_ids.contiguous().view(torch.uint8).numpy()
+    hs = hidden_states.contiguous().view(torch.uint8).numpy()
+    n_tok, n_hs = tok.nbytes, hs.nbytes
+    header = {
+        "token_ids": {"dtype": "I64", "shape": list(token_ids.shape), "data_offsets": [0, n_tok]},
+        "hidden_states": {
+            "dtype": _ST_NAMES[str(hidden_states.dtype).removeprefix("torch.")],
+            "shape": list(hidden_states.shape),
+            "data_offsets": [n_tok, n_tok + n_hs],
+        },
+    }
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return [
+        len(text).to_bytes(8, "little") + text,
+        memoryview(tok).cast("B"),
+        memoryview(hs.reshape(-1)).cast("B"),
+    ]
+
+
+def serialize_sample(token_ids, hidden_states) -> bytes:
+    """safetensors bytes of one sample (``token_ids`` [T] int64, ``hidden_states`` [T, K+1, H]).
+
+    The same bytes every backend writes (transformers here, the SGLang hook): see :func:`sample_parts`.
+    """
+    return b"".join(bytes(p) for p in sample_parts(token_ids, hidden_states))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -254,6 +292,7 @@ class _Job:
     token_ids: list  # CPU int64 tensors
     states: list  # CPU tensors [T, K+1, H] (views of one pinned block)
     event: object | None  # CUDA event to wait on before reading
+    release: Callable | None = None  # returns the pinned buffer to its pool once written
 
 
 @dataclass
@@ -266,16 +305,59 @@ class _WriterStats:
     serialize_seconds: float = 0.0
 
 
-class SampleWriter(threading.Thread):
+class PinnedPool:
+    """A few reusable page-locked host buffers (cudaHostAlloc per batch costs more than the copy itself)."""
+
+    def __init__(self, count: int, numel: int, dtype):
+        import torch
+
+        self.numel = numel
+        self.free: queue.Queue = queue.Queue()
+        for _ in range(count):
+            self.free.put(torch.empty(numel, dtype=dtype, pin_memory=True))
+
+    def take(self, shape):
+        import math
+
+        n = math.prod(shape)
+        if n > self.numel:
+            raise ValueError(f"batch block of {n} elements exceeds the pinned buffer ({self.numel})")
+        buf = self.free.get()
+        return buf, buf[:n].view(shape)
+
+    def give(self, buf) -> None:
+        self.free.put(buf)
+
+
+class SampleWriter:
+    """Writer threads: each takes a batch, waits for its GPU→CPU copy, writes every sample atomically, then
+    appends the batch's manifest lines. Disk writes and fsync release the GIL, so threads overlap I/O."""
+
     def __init__(
-        self, store: HiddenStateStore, *, fsync: bool, depth: int = 3, on_written: Callable | None = None
+        self,
+        store: HiddenStateStore,
+        *,
+        fsync: bool,
+        threads: int = 2,
+        depth: int = 3,
+        checksum: bool = False,
+        on_written: Callable | None = None,
     ):
-        super().__init__(name="eagle3ops-writer", daemon=True)
         self.store = store
         self.fsync = fsync
+        self.checksum = checksum
         self.q: queue.Queue[_Job | None] = queue.Queue(maxsize=depth)
         self.stats = _WriterStats()
         self.on_written = on_written
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"eagle3ops-writer-{i}", daemon=True)
+            for i in range(threads)
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
 
     def submit(self, job: _Job) -> None:
         while True:
@@ -287,49 +369,66 @@ class SampleWriter(threading.Thread):
             except queue.Full:
                 continue
 
-    def run(self) -> None:
+    def _run(self) -> None:
         while True:
             job = self.q.get()
             if job is None:
                 return
-            if self.stats.error is not None:
-                continue  # drain
             try:
-                self._write(job)
+                if self.stats.error is None:
+                    self._write(job)
             except BaseException as e:  # surfaced to the main thread by submit()/finish()
-                self.stats.error = e
+                with self._lock:
+                    self.stats.error = self.stats.error or e
+            finally:
+                if job.release is not None:
+                    job.release()
 
     def _write(self, job: _Job) -> None:
         if job.event is not None:
             job.event.synchronize()
         entries = []
+        nbytes = ntok = 0
+        t_ser = t_write = 0.0
         for idx, tok, hs in zip(job.indices, job.token_ids, job.states, strict=True):
             t0 = time.perf_counter()
-            payload = serialize_sample(tok, hs)
+            parts = sample_parts(tok, hs)
             t1 = time.perf_counter()
             try:
-                entries.append(self.store.write_sample(idx, payload, int(tok.shape[0]), fsync=self.fsync))
+                entry = self.store.write_sample(
+                    idx, parts, int(tok.shape[0]), fsync=self.fsync, checksum=self.checksum
+                )
             except OSError as e:
                 if e.errno == 28:  # ENOSPC
+                    size = sum(len(p) for p in parts)
                     raise DiskSpaceError(
-                        f"disk full while writing {self.store.path(idx)} ({human_bytes(len(payload))} sample): "
+                        f"disk full while writing {self.store.path(idx)} ({human_bytes(size)} sample): "
                         f"{e.strerror}. No partial file was left; free space or move the data directory, then "
                         "re-run: finished samples are kept and extraction resumes."
                     ) from e
                 raise
-            self.stats.serialize_seconds += t1 - t0
-            self.stats.write_seconds += time.perf_counter() - t1
-            self.stats.bytes += len(payload)
-            self.stats.tokens += int(tok.shape[0])
+            entries.append(entry)
+            t_ser += t1 - t0
+            t_write += time.perf_counter() - t1
+            nbytes += entry.nbytes
+            ntok += entry.seq_len
         # manifest lines only after every file of the batch is renamed into place
         self.store.append_manifest(entries)
-        self.stats.written += len(entries)
+        with self._lock:
+            st = self.stats
+            st.written += len(entries)
+            st.bytes += nbytes
+            st.tokens += ntok
+            st.serialize_seconds += t_ser
+            st.write_seconds += t_write
         if self.on_written:
-            self.on_written(len(entries), sum(e.seq_len for e in entries))
+            self.on_written(len(entries), ntok)
 
     def finish(self) -> None:
-        self.q.put(None)
-        self.join()
+        for _ in self._threads:
+            self.q.put(None)
+        for t in self._threads:
+            t.join()
         if self.stats.error is not None:
             raise self.stats.error
 
@@ -351,6 +450,8 @@ class ExtractConfig:
     world_size: int = 1
     rank: int = 0
     fsync: bool = True
+    writer_threads: int = 2
+    checksum: bool = False  # crc32 per file in the manifest (costs ~1 core at 2 GB/s)
     margin_frac: float = 0.05
     margin_bytes: int = 64 * 1024 * 1024
     check_finite: bool = True
@@ -545,9 +646,17 @@ def run_extraction(cfg: ExtractConfig) -> dict:
 
     batches = make_batches(plan.remaining, seq_lens, cfg.max_batch_tokens, cfg.max_batch_size)
     advance, close_progress = _progress_reporter(len(plan.remaining), plan.tokens_remaining, cfg.progress)
-    writer = SampleWriter(store, fsync=cfg.fsync, on_written=advance)
+    writer = SampleWriter(
+        store, fsync=cfg.fsync, threads=cfg.writer_threads, checksum=cfg.checksum, on_written=advance
+    )
+    depth = 3
+    pool = None
+    if cuda:
+        max_block = max(len(b) * max(seq_lens[i] for i in b) for b in batches) * num_states * hidden
+        pool = PinnedPool(depth + cfg.writer_threads + 1, max_block, store_dtype)
     writer.start()
     t_compute = 0.0
+    t_loop = time.perf_counter()
     try:
         with torch.inference_mode():
             for batch in batches:
@@ -584,21 +693,22 @@ def run_extraction(cfg: ExtractConfig) -> dict:
                             f"non-finite hidden states for rows {bad[:20]} (model {cfg.model_path}); "
                             "nothing was written for them. Check the model dtype/weights."
                         )
-                event = None
+                event = release = None
                 if cuda:
+                    buf, host = pool.take(tuple(block.shape))
                     copy_stream.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(copy_stream):
-                        host = torch.empty(block.shape, dtype=block.dtype, pin_memory=True)
                         host.copy_(block, non_blocking=True)
                         event = torch.cuda.Event()
                         event.record(copy_stream)
                     block.record_stream(copy_stream)
+                    release = functools.partial(pool.give, buf)
                 else:
                     host = block
                 t_compute += time.perf_counter() - t0
                 states = [host[b, :n] for b, n in enumerate(lens)]
                 toks = [ids[b, :n] for b, n in enumerate(lens)]
-                writer.submit(_Job(list(batch), toks, states, event))
+                writer.submit(_Job(list(batch), toks, states, event, release))
         writer.finish()
     except BaseException:
         # stop the writer after what it already has; finished samples stay valid and recorded
@@ -612,13 +722,16 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         close_progress()
         store.close()
     st = writer.stats
-    secs = time.perf_counter() - t_start
+    now = time.perf_counter()
+    secs, loop_secs = now - t_start, now - t_loop
     result.update(
         written=st.written,
         tokens=st.tokens,
         bytes=st.bytes,
         seconds=round(secs, 3),
         tokens_per_second=round(st.tokens / secs, 1) if secs else None,
+        loop_seconds=round(loop_secs, 3),
+        loop_tokens_per_second=round(st.tokens / loop_secs, 1) if loop_secs else None,
         compute_seconds=round(t_compute, 3),
         write_seconds=round(st.write_seconds, 3),
         serialize_seconds=round(st.serialize_seconds, 3),

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import struct
+import threading
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -64,16 +65,21 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview, *, fsync: bool = True) -> int:
-    """Write ``data`` to ``path`` so that ``path`` is either absent/old or complete. Returns bytes written."""
+def atomic_write_bytes(path: str | os.PathLike, data, *, fsync: bool = True) -> int:
+    """Write ``data`` (bytes, or a list of buffers written back to back without joining) to ``path`` so that
+    ``path`` is either absent/old or complete. Returns bytes written."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    parts = data if isinstance(data, (list, tuple)) else [data]
+    total = 0
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        for part in parts:
+            view = memoryview(part).cast("B")
+            total += len(view)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
         if fsync:
             os.fsync(fd)
     except BaseException:
@@ -84,7 +90,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview, *, fsy
     os.replace(tmp, path)
     if fsync:
         fsync_dir(path.parent)
-    return len(data)
+    return total
 
 
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
@@ -162,6 +168,7 @@ class HiddenStateStore:
         self.rank = rank
         self._manifest_fh = None
         self._dir_ready = False
+        self._lock = threading.Lock()
 
     # ---------- paths ----------
     def path(self, index: int) -> Path:
@@ -215,16 +222,18 @@ class HiddenStateStore:
                     data = path.read_bytes()
                     keep = data.rfind(b"\n") + 1
                     f.truncate(keep)
-        self._manifest_fh = open(path, "a", buffering=1)  # noqa: SIM115 - long-lived append handle
+        self._manifest_fh = open(path, "a")  # noqa: SIM115 - long-lived append handle
 
     def append_manifest(self, entries: Iterable[ManifestEntry], *, fsync: bool = False) -> None:
-        if self._manifest_fh is None:
-            self.open_manifest()
-        fh = self._manifest_fh
-        fh.write("".join(e.to_line() for e in entries))
-        fh.flush()
-        if fsync:
-            os.fsync(fh.fileno())
+        """Append whole lines (one write per call, under a lock: safe from several writer threads)."""
+        with self._lock:
+            if self._manifest_fh is None:
+                self.open_manifest()
+            fh = self._manifest_fh
+            fh.write("".join(e.to_line() for e in entries))
+            fh.flush()
+            if fsync:
+                os.fsync(fh.fileno())
 
     def close(self) -> None:
         if self._manifest_fh is not None:
@@ -234,13 +243,21 @@ class HiddenStateStore:
             self._manifest_fh = None
 
     # ---------- writing samples ----------
-    def write_sample(self, index: int, payload: bytes, seq_len: int, *, fsync: bool = True) -> ManifestEntry:
-        """Atomically write one serialized safetensors payload; returns its (not yet appended) entry."""
+    def write_sample(
+        self, index: int, payload, seq_len: int, *, fsync: bool = True, checksum: bool = True
+    ) -> ManifestEntry:
+        """Atomically write one serialized safetensors payload (bytes or a list of buffers, e.g.
+        :func:`eagle3ops.extract.sample_parts`); returns its (not yet appended) manifest entry."""
         if not self._dir_ready:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._dir_ready = True
         nbytes = atomic_write_bytes(self.path(index), payload, fsync=fsync)
-        return ManifestEntry(index, seq_len, nbytes, zlib.crc32(payload), self.rank)
+        crc = None
+        if checksum:
+            crc = 0
+            for part in payload if isinstance(payload, (list, tuple)) else [payload]:
+                crc = zlib.crc32(part, crc)
+        return ManifestEntry(index, seq_len, nbytes, crc, self.rank)
 
     def clean_temp_files(self) -> list[str]:
         """Remove temp files left by a killed writer (never a final-name file)."""
