@@ -493,3 +493,48 @@ def test_cli_without_driver_fails_with_what_to_do_or_skips_when_optional():
     assert "NVML could not initialise" in err
     rc, out, _ = _cli("--gpu-optional", "--check")
     assert rc == 0 and out["skipped"] is True and out["changed"] is False
+
+
+# --------------------------------------------------------------------------- the testinfra check can fail
+
+NVIDIA_SMI = """#!/bin/bash
+# STAND-IN nvidia-smi (no GPU here): answers the two CSV queries tests/infra/test_gpu_free.py makes.
+case "$*" in
+  *--query-gpu=*) printf '0, GPU-a, %s, 143771\\n1, GPU-b, 0, 143771\\n' "$USED0" ;;
+  *--query-compute-apps=*) [ "$USED0" != 0 ] && echo "GPU-a, 4242, $USED0, python3" ;;
+esac
+exit 0
+"""
+
+
+def test_infra_check_fails_on_held_gpu_and_passes_on_free(tmp_path):
+    """Runs tests/infra/test_gpu_free.py on this machine (local://) with a STAND-IN nvidia-smi on PATH."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").write_text(NVIDIA_SMI)
+    (bindir / "nvidia-smi").chmod(0o755)
+    outcomes = {}
+    for used in ("40960", "0"):
+        env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "USED0": used}
+        env.pop("EAGLE3OPS_GPU_FREE_THRESHOLD_MIB", None)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--hosts=local://",
+                str(REPO / "tests/infra/test_gpu_free.py::test_every_gpu_has_free_memory_and_no_process"),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        outcomes[used] = (r.returncode, r.stdout)
+    rc, out = outcomes["40960"]
+    assert rc == 1 and "GPU 0: 40960 / 143771 MiB used" in out and "PID 4242 python3" in out, out
+    rc, out = outcomes["0"]
+    assert rc == 0 and "1 passed" in out, out
