@@ -301,7 +301,9 @@ class Holder:
         owner = f"{self.unit}" if self.unit else "no systemd unit"
         if self.container:
             owner += f", container {self.container}"
-        return f"PID {self.pid} ({self.user}; {owner}; {mib}) {self.cmdline!r}: {self.hint}"
+        cmd = self.cmdline or ""
+        cmd = cmd if len(cmd) <= 200 else cmd[:200] + "..."
+        return f"PID {self.pid} ({self.user}; {owner}; {mib}) {cmd!r}: {self.hint}"
 
 
 def _gpu_list(gpus: dict) -> str:
