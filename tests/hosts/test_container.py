@@ -14,7 +14,10 @@ Everything else is real: sshd, sudo, Ansible over ssh, community.proxmox.proxmox
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +55,15 @@ def make_pve_host(make_host, *, user: str = "root", sudo: str = "ALL", **host_va
             f"echo '{user} ALL=(root) NOPASSWD: {sudo}' > /etc/sudoers.d/{user} && chmod 440 /etc/sudoers.d/{user}"
         )
     return h
+
+
+def _infra(inv, env) -> subprocess.CompletedProcess:
+    """Run the user-facing testinfra file against the gpu_containers group of ``inv``, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(REPO / "tests/infra/test_container.py"),
+         "--hosts=ansible://gpu_containers", f"--ansible-inventory={inv}"],
+        capture_output=True, text=True, cwd=REPO, timeout=600, check=False, env={**os.environ, **env},
+    )  # fmt: skip
 
 
 def conf(h, vmid: int) -> str:
@@ -206,8 +218,19 @@ def test_playbook_reaches_container_through_proxmox_pct_remote(make_host, run_pl
     assert re.search(r"^140 uid=0 /bin/sh -c ", log, flags=re.M), log
     assert h.ssh("grep -c . /var/lib/pct-standin/exec.log").stdout.strip() != "0"
 
+    # the user-facing testinfra suite, through the same connection; PVE would bind /srv/data at /data
+    # (mp0) when it starts the container: the stand-in does not, so the test does
+    h.ssh("mkdir -p /data && mount --bind /srv/data /data")
+    ok = _infra(inv, env)
+    assert ok.returncode == 0 and "3 passed, 1 skipped" in ok.stdout, ok.stdout[-3000:] + ok.stderr[-2000:]
+    assert "no NVIDIA GPU behind this container" in ok.stdout
+    h.ssh("umount /data && rm /dev/nvidia-uvm")  # a container started without its mount and a node
+    bad = _infra(inv, env)
+    assert bad.returncode == 1 and "2 failed" in bad.stdout, bad.stdout[-3000:]
+    assert "missing: ['/dev/nvidia-uvm']" in bad.stdout and "/data is not a mount point" in bad.stdout
+
     h.ssh("pct stop 140")  # the container is down: the same play cannot reach it (pct exec exits 255)
-    n = len(log.splitlines())
+    n = len(h.ssh("cat /var/lib/pct-standin/exec.log").stdout.splitlines())
     r = run_playbook("tests/hosts/playbooks/container_reach.yml", inv, envvars=env)
     assert r.host("ct140")["unreachable"] == 1 and "exited with result 255" in r.stdout, r.summary()
     assert len(h.ssh("cat /var/lib/pct-standin/exec.log").stdout.splitlines()) == n  # nothing ran
