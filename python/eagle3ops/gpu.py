@@ -438,24 +438,31 @@ def _alive(pid: int, starttime: int | None, proc: str = "/proc") -> bool:
     return state not in ("Z", "X")
 
 
-def _signal(pid: int, starttime: int | None, sig: int) -> bool:
-    """Signal PID only if it is still the process we inspected (pidfd where the kernel has it)."""
+def _signal(pid: int, starttime: int | None, sig: int) -> str:
+    """Signal PID only if it is still the process we inspected (pidfd where the kernel has it).
+
+    Returns "sent", "gone" (exited, or the PID now names another process) or "denied" (EPERM).
+    """
     pidfd = None
     try:
         if hasattr(os, "pidfd_open"):
             try:
                 pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return "gone"
             except OSError:
                 pidfd = None
         if _starttime(pid) != starttime:
-            return False
+            return "gone"
         if pidfd is not None:
             signal.pidfd_send_signal(pidfd, sig)
         else:
             os.kill(pid, sig)
-        return True
+        return "sent"
     except ProcessLookupError:
-        return False
+        return "gone"
+    except PermissionError:
+        return "denied"
     finally:
         if pidfd is not None:
             os.close(pidfd)
@@ -487,7 +494,12 @@ def stop_holders(holders: list[Holder], grace_s: float, log: Callable[[str], Non
             h.action = "systemctl-stopped"
             continue
         log(f"gpu-free: SIGTERM PID {h.pid} ({h.allowed_by}) {h.cmdline!r}")
-        if _signal(h.pid, h.starttime, signal.SIGTERM):
+        sent = _signal(h.pid, h.starttime, signal.SIGTERM)
+        if sent == "denied":
+            h.action = "stop_failed"
+            h.hint = f"allow-listed by {h.allowed_by}, but signalling it is not permitted: run as root or as {h.user}"
+            continue
+        if sent == "sent":
             pending.append(h)
         h.action = "stopped"
     deadline = time.monotonic() + grace_s
@@ -506,6 +518,7 @@ def stop_holders(holders: list[Holder], grace_s: float, log: Callable[[str], Non
             time.sleep(0.02)
     for h in pending:
         h.action = "stop_failed"
+        h.hint = f"allow-listed by {h.allowed_by}, still running 10 s after SIGKILL (uninterruptible sleep?)"
 
 
 # --------------------------------------------------------------------------- the check
@@ -646,9 +659,11 @@ def _ensure_free(
                 current[pid].gpus[s.index] = mib
         to_stop = []
         for h in current.values():
+            seen[h.pid] = h
+            if acted.get(h.pid) is h:
+                continue  # already handled: keep what the stop found out
             h.allowed_by = allow.match(h) if (h.visible and h.verified) else None
             h.hint = _hint(h)
-            seen[h.pid] = h
             if h.allowed_by and h.pid not in acted:
                 to_stop.append(h)
         if to_stop:
