@@ -16,9 +16,9 @@ description:
     struct, whose C(used) B(includes) that reservation (615 MiB on the idle H200); there, used = v1 used minus
     O(v1_reserved_allowance_mib) (floored at 0) and the allowance is reported as C(reserved).
     RV(gpus[].memory_source) says which rule gave each figure.
-  - Every holder is named: PID, user, command line, MiB per GPU, and the systemd unit and/or container it runs in
+  - Every holder is named with PID, user, command line, MiB per GPU, and the systemd unit and/or container it runs in
     (read from C(/proc/PID/cgroup)); a holder inside a system service gets the hint to add that service to the
-    C(services) phase. NVML reports PIDs as the driver sees them (the host's PID namespace): a PID absent from this
+    C(services) phase. NVML reports PIDs as the driver sees them (the host's PID namespace); a PID absent from this
     host's C(/proc), or present but without any C(/dev/nvidia*) file open, is reported as belonging to another PID
     namespace and is never signalled; the processes here that have that GPU's C(/dev/nvidiaN) open are then listed.
   - Stopping is opt-in and narrow. Only verified holders matched by O(stop_units), O(stop_cmdline_patterns) or
@@ -82,7 +82,7 @@ options:
       - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
     type: path
 notes:
-  - Supports check mode (predicts RV(changed): true when an allow-listed holder would be stopped) and diff mode
+  - Supports check mode (predicts RV(changed)=true when an allow-listed holder would be stopped) and diff mode
     (the holders before, what is left after).
 author: eagle3ops
 """

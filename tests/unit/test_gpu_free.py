@@ -574,3 +574,24 @@ def test_gpu_proof_script_runs_end_to_end_on_the_standins(tmp_path):
     )
     assert res["latency_summary"]["0.05"]["max_s"] <= 0.5
     assert not list(Path("/sys/fs/cgroup").glob("*/eagle3ops-bench.slice")), "bench left a cgroup behind"
+
+
+def test_module_documentation_parses_and_matches_its_options():
+    import ast
+    import re
+
+    import yaml
+
+    src = (REPO / "library/gpu_vram_free.py").read_text()
+    docs = {
+        n.targets[0].id: yaml.safe_load(n.value.value)
+        for n in ast.parse(src).body
+        if isinstance(n, ast.Assign)
+        and getattr(n.targets[0], "id", "") in ("DOCUMENTATION", "EXAMPLES", "RETURN")
+    }
+    assert set(docs) == {"DOCUMENTATION", "EXAMPLES", "RETURN"}
+    spec = set(re.findall(r"^\s{12}(\w+)=dict\(", src, re.M))
+    assert spec and set(docs["DOCUMENTATION"]["options"]) == spec
+    role_defaults = yaml.safe_load((REPO / "roles/gpu_free/defaults/main.yml").read_text())
+    assert all(k.startswith("gpu_free_") for k in role_defaults)
+    assert role_defaults["gpu_free_gpu_required"] is False  # the local CPU default skips
