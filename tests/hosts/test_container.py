@@ -192,6 +192,25 @@ def test_stale_device_node_and_missing_data_path_fail_with_the_fix(make_host, ru
     assert conf(h, 140) == before
 
 
+def test_driver_user_space_must_match_the_host_driver(make_host, run_playbook):
+    """STAND-IN driver: the host's /sys/module/nvidia/version is a file the test writes, and the container's
+    user-space is an (empty) libnvidia-ml.so.<version> file. Missing or different -> the run fails naming
+    the installer to use; the same version -> passes, changed=0."""
+    h = make_pve_host(make_host, proxmox_container_driver_version_file="/srv/pve/nvidia-version")
+    h.put("/srv/pve/nvidia-version", "580.159\n")
+    lib = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so"
+    r = run_playbook(PLAYBOOK, h.inventory)
+    assert r.rc != 0 and "libnvidia-ml nowhere" in r.stdout, r.summary()
+    assert "NVIDIA-Linux-x86_64-580.159.run" in r.stdout and "--no-kernel-module" in r.stdout
+    h.ssh(f"touch {lib}.575.64")
+    r = run_playbook(PLAYBOOK, h.inventory)
+    assert r.rc != 0 and "has libnvidia-ml 575.64" in r.stdout, r.summary()
+    h.ssh(f"rm {lib}.575.64 && touch {lib}.580.159")
+    r = run_playbook(PLAYBOOK, h.inventory)
+    assert r.rc == 0 and r.host(h.name)["changed"] == 0, r.summary()
+    assert module_result(r, h.name)["container_driver_versions"] == ["580.159"]
+
+
 def test_playbook_reaches_container_through_proxmox_pct_remote(make_host, run_playbook, tmp_path):
     """gpu_containers host over community.proxmox.proxmox_pct_remote: paramiko ssh to the PVE host as a
     non-root user whose only sudo right is /usr/sbin/pct (the documented sudoers line), then
