@@ -512,7 +512,7 @@ def _env(plan_: Plan) -> dict:
     return env
 
 
-def launch(plan_: Plan, attempt: int, launcher: str, log) -> dict:
+def launch(plan_: Plan, attempt: int, launcher: str, log, resume_from: dict | None = None) -> dict:
     """Start the trainer detached; return its state record."""
     run_dir = plan_.run_dir
     python = plan_.spec.python or sys.executable
@@ -603,6 +603,7 @@ def launch(plan_: Plan, attempt: int, launcher: str, log) -> dict:
         "device": plan_.device,
         "nproc": plan_.nproc,
         "save_path": str(plan_.save_path),
+        "resume_from": resume_from,
     }
     atomic_write_json(run_dir / STATE, state)
     log(f"launched attempt {attempt}: PID {pid} ({launcher}{' ' + unit if unit else ''}), log {log_path}")
@@ -948,7 +949,7 @@ def ensure_run(
             launcher = spec.launcher
             if launcher == "auto":
                 launcher = "systemd" if systemd_is_pid1() else "setsid"
-            state = launch(p, int((state or {}).get("attempt", 0)) + 1, launcher, log)
+            state = launch(p, int((state or {}).get("attempt", 0)) + 1, launcher, log, result["resume_from"])
             result.update(pid=state["pid"], attempt=state["attempt"], launcher=launcher, unit=state["unit"])
         result["after"] = {
             "status": "running" if result["status"] != "finished" else "finished",
