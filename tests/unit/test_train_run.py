@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from eagle3ops import train
 from eagle3ops.train_fixtures import make_data_dir, make_tiny_verifier
 
@@ -127,7 +126,7 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
     resumed = state["resume_from"]
     assert resumed and resumed["global_step"] > 0
     m = train.read_metrics(run_dir)
-    first, second = m["attempts"]
+    _first, second = m["attempts"]
     # the step counter continues where the checkpoint left it; it does not start over at 0
     assert second["first_global_step"] == resumed["global_step"]
     assert 0 < second["first_global_step"] <= steps_before_kill + 1
