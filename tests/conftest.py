@@ -78,7 +78,12 @@ def pytest_sessionfinish(session, exitstatus):
     """Remove this session's empty host directories (kept hosts of failed tests stay)."""
     base = Path(os.environ.get("E3T_HOSTS_DIR", "/var/tmp/eagle3ops-tests")) / f"s{os.getpid()}"
     if base.is_dir():
-        for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        empty = []
+        for root, dirs, _files in os.walk(base):
+            # never descend into a kept host (its merged root is a live overlay mount)
+            dirs[:] = [d for d in dirs if not (Path(root, d, ".e3t-host").exists() or os.path.ismount(Path(root, d)))]
+            empty.extend(Path(root, d) for d in dirs)
+        for d in sorted(empty, key=lambda p: -len(p.parts)):
             with contextlib.suppress(OSError):
                 d.rmdir()
         with contextlib.suppress(OSError):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -509,6 +510,17 @@ class NspawnHost:
         return testinfra.get_host(f"ssh://{self.name}", ssh_config=str(self.ssh_config))
 
 
+def _ini_value(v) -> str:
+    """Strings as given (quote them yourself if they hold spaces); other values as single-quoted JSON
+    literals (the INI inventory shlex-splits the line, then reads the value as a Python literal)."""
+    if isinstance(v, str):
+        return v
+    text = json.dumps(v, separators=(",", ":"))
+    if "'" in text:
+        raise ValueError(f"inventory value {text} holds a single quote; pass it as a prepared string")
+    return f"'{text}'"
+
+
 def inventory_ini(hosts: list[NspawnHost], extra_vars: dict | None = None) -> str:
     """An INI inventory for the given hosts: group ``testhosts`` plus each host's own groups."""
     groups: dict[str, list[NspawnHost]] = {}
@@ -528,7 +540,7 @@ def inventory_ini(hosts: list[NspawnHost], extra_vars: dict | None = None) -> st
                 "ansible_python_interpreter": "/usr/bin/python3",
                 **h.host_vars,
             }
-            lines.append(h.name + " " + " ".join(f"{k}={v}" for k, v in hv.items()))
+            lines.append(h.name + " " + " ".join(f"{k}={_ini_value(v)}" for k, v in hv.items()))
         lines.append("")
     if extra_vars:
         lines.append("[all:vars]")

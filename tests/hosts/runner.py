@@ -56,7 +56,7 @@ class PlaybookResult:
         for ev in self.events:
             data = ev.get("event_data", {})
             if (
-                ev.get("event", "").startswith("runner_on_")
+                ev.get("event", "") in ("runner_on_ok", "runner_on_failed", "runner_on_skipped")
                 and data.get("task") == task
                 and (host is None or data.get("host") == host)
             ):

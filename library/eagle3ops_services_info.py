@@ -1,0 +1,95 @@
+#!/usr/bin/python
+# The logic lives in python/eagle3ops/services.py (shipped as module_utils/eagle3ops_services.py).
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: eagle3ops_services_info
+short_description: The GPU-grabbing systemd units of the services phase, their backups, and NVIDIA holders
+description:
+  - Expands unit names and glob patterns (C(vllm*.service)) into the units present on the host; names
+    without a glob are kept even when no such unit is installed (masking them keeps a later install from
+    starting).
+  - For each unit returns its systemd states and what occupies C(/etc/systemd/system/<unit>)
+    (C(absent), C(mask), C(file), C(link)): C(systemctl mask) fails when a unit file or link is there,
+    so the role moves it aside first (M(eagle3ops_unit_backup)).
+  - Also returns the units recorded in O(backup_dir) (what O(services_state=restored) acts on) and the
+    other processes that hold C(/dev/nvidia*) open, read from C(/proc/*/fd).
+  - Read-only; never changes anything.
+options:
+  units:
+    description: Unit names or glob patterns; a name without a suffix means C(<name>.service).
+    type: list
+    elements: str
+    default: []
+  backup_dir:
+    description: Where the phase keeps its per-unit state records and moved unit files.
+    type: path
+    default: /var/lib/eagle3ops/services
+  holders:
+    description: Scan C(/proc) for processes holding C(/dev/nvidia*) open (other than O(units)).
+    type: bool
+    default: true
+author: eagle3ops
+"""
+
+EXAMPLES = r"""
+- name: Find the GPU units
+  eagle3ops_services_info:
+    units: [vllm.service, "sglang*.service"]
+  register: services_info
+"""
+
+RETURN = r"""
+units:
+  description: One entry per unit matched by O(units).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name: {description: Unit name., type: str}
+    load_state: {description: systemd LoadState (loaded, masked, not-found)., type: str}
+    active_state: {description: systemd ActiveState., type: str}
+    unit_file_state: {description: systemd UnitFileState (enabled, disabled, masked, static, ...)., type: str}
+    fragment_path: {description: The unit file systemd loaded., type: str}
+    etc_entry: {description: "What is at /etc/systemd/system/<unit>: absent, mask, file, link or other.", type: str}
+    masked: {description: Whether the unit is masked., type: bool}
+    running: {description: Whether the unit is active (or activating/deactivating)., type: bool}
+    record: {description: The state recorded before the phase first changed the unit (or null)., type: dict}
+    backup: {description: Path of the moved unit file in O(backup_dir) (or null)., type: str}
+records:
+  description: The same entries for every unit with a record in O(backup_dir).
+  returned: always
+  type: list
+  elements: dict
+holders:
+  description: Processes outside O(units) holding /dev/nvidia* open (pid, comm, cmdline, unit, devices).
+  returned: when O(holders=true)
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_services import ServicesError, gather
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            units=dict(type="list", elements="str", default=[]),
+            backup_dir=dict(type="path", default="/var/lib/eagle3ops/services"),
+            holders=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    if not module.get_bin_path("systemctl"):
+        module.fail_json(msg="systemctl not found: the services phase needs a host that runs systemd")
+    p = module.params
+    try:
+        result = gather(p["units"], p["backup_dir"], holders=p["holders"])
+    except ServicesError as e:
+        module.fail_json(msg=str(e))
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()
