@@ -296,7 +296,8 @@ class Holder:
             )
             return f"PID {self.pid} on GPU {_gpu_list(self.gpus)}: {where}"
         mib = ", ".join(
-            f"GPU {g}: {'?' if m is None else f'{m:.0f}'} MiB" for g, m in sorted(self.gpus.items())
+            f"GPU {g}: " + ("device file open" if m is None else f"{m:.0f} MiB")
+            for g, m in sorted(self.gpus.items())
         )
         owner = f"{self.unit}" if self.unit else "no systemd unit"
         if self.container:
@@ -409,6 +410,11 @@ def _hint(h: Holder) -> str:
         )
     if h.allowed_by:
         return f"allow-listed by {h.allowed_by}"
+    if h.source == "device-file":
+        return (
+            "has the GPU's device file open while NVML's PIDs for it are not visible here, so it may be the "
+            "holder: stop it, or allow-list it (gpu_free_stop_units / _cmdline_patterns / _run_ids)"
+        )
     if h.verified is None:
         return "cannot read its open files (run as root) so it cannot be verified or stopped"
     if h.unit and h.unit.endswith(".service") and not h.user_unit:
@@ -631,8 +637,27 @@ def _ensure_free(
     devices = select_devices(nvml, gpus, v1_allowance)
     if not devices:
         raise GpuFreeError(f"NVML sees no GPU on {socket.gethostname()}; nothing to check")
+    minors = {d.index: d.minor for d in devices}
     seen: dict[int, Holder] = {}  # every holder met, by PID (latest facts)
     acted: dict[int, Holder] = {}  # stopped (or, in check mode, would be stopped)
+
+    def holder(pid: int) -> Holder:
+        h = seen.get(pid)
+        fresh = inspect_process(pid, dev_dir)
+        if h is None or h.starttime != fresh.starttime:
+            h = fresh
+        h.gpus = {}
+        return h
+
+    def predicted_free(s: GpuState) -> bool:
+        """Check mode: would this GPU be free once the holders in ``acted`` are stopped?"""
+        if not s.pids:
+            return False
+        if all(p in acted for p in s.pids):
+            return True
+        foreign = all(p in seen and (not seen[p].visible or seen[p].verified is False) for p in s.pids)
+        return foreign and any(h.source == "device-file" and s.index in h.gpus for h in acted.values())
+
     initial = None
     stopped_at = None
     deadline = t0 + timeout_s
@@ -642,21 +667,34 @@ def _ensure_free(
             initial = [s.public() for s in states]
         pending_gpus = [s for s in states if not s.free]
         if check_mode:
-            # a GPU whose every listed holder would be stopped counts as free for the prediction
-            pending_gpus = [s for s in pending_gpus if not (s.pids and all(p in acted for p in s.pids))]
+            pending_gpus = [s for s in pending_gpus if not predicted_free(s)]
         if not pending_gpus:
             break
         current: dict[int, Holder] = {}
         for s in pending_gpus:
             for pid, mib in procs[s.index].items():
                 if pid not in current:
-                    h = seen.get(pid)
-                    fresh = inspect_process(pid, dev_dir)
-                    if h is None or h.starttime != fresh.starttime:
-                        h = fresh
-                    h.gpus = {}
-                    current[pid] = h
+                    current[pid] = holder(pid)
+                    current[pid].source = "nvml"
                 current[pid].gpus[s.index] = mib
+        # NVML's PIDs not usable here (another PID namespace, e.g. inside an LXC container), or memory used
+        # by no listed process: the processes of this namespace with the GPU's /dev/nvidiaN open stand in.
+        blind = [
+            s
+            for s in pending_gpus
+            if (not s.pids and s.used_mib > threshold_mib)
+            or any(not current[p].visible or current[p].verified is False for p in s.pids)
+        ]
+        if blind:
+            users = device_users([minors[s.index] for s in blind], dev_dir)
+            for s in blind:
+                s.device_users = users.get(minors[s.index], [])
+                for pid in s.device_users:
+                    if pid not in current:
+                        current[pid] = holder(pid)
+                        current[pid].source = "device-file"
+                    if current[pid].source == "device-file":
+                        current[pid].gpus[s.index] = None
         to_stop = []
         for h in current.values():
             seen[h.pid] = h
@@ -678,9 +716,7 @@ def _ensure_free(
                 acted[h.pid] = h
             continue
         if time.monotonic() >= deadline:
-            return _fail(
-                nvml, states, pending_gpus, current, acted, initial, t0, check_mode, dev_dir, threshold_mib
-            )
+            return _fail(states, pending_gpus, current, acted, initial, t0, check_mode, threshold_mib)
         time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
     verdict_at = time.time()
     elapsed = time.monotonic() - t0
@@ -708,29 +744,18 @@ def _report(states, acted, initial, elapsed, check_mode) -> dict:
     }
 
 
-def _fail(nvml, states, pending, current, acted, initial, t0, check_mode, dev_dir, threshold_mib):
+def _fail(states, pending, current, acted, initial, t0, check_mode, threshold_mib):
     elapsed = time.monotonic() - t0
-    invisible = any(not h.visible or h.verified is False for h in current.values())
-    unattributed = [s for s in pending if not s.pids]
-    if invisible or unattributed:
-        users = device_users([_minor_of(nvml, s.index) for s in pending], dev_dir)
-        for s in pending:
-            s.device_users = users.get(_minor_of(nvml, s.index), [])
     report = _report(states, acted, initial, elapsed, check_mode)
     blocking = [h for h in current.values() if h.pid not in acted or h.action == "stop_failed"]
     report["holders"] = [asdict(h) for h in blocking]
     report.update(free=False, seconds_waited=round(elapsed, 3))
     lines = [h.describe() for h in blocking]
-    for s in unattributed:
-        extra = f"; processes here with /dev/nvidia{_minor_of(nvml, s.index)} open: {s.device_users}"
-        lines.append(
-            f"GPU {s.index}: {s.used_mib:.0f} MiB used (> {threshold_mib:g}) by no process NVML lists{extra}"
-        )
     for s in pending:
-        if s.pids and s.device_users:
+        if not s.pids:
             lines.append(
-                f"GPU {s.index}: processes of this namespace with /dev/nvidia{_minor_of(nvml, s.index)} open "
-                f"(candidates behind NVML's foreign PIDs): {s.device_users}"
+                f"GPU {s.index}: {s.used_mib:.0f} MiB used (> {threshold_mib:g}) by no process NVML lists; "
+                f"processes here with its device file open: {s.device_users or 'none'}"
             )
     gpus_txt = ", ".join(f"GPU {s.index} ({s.used_mib:.0f} MiB used)" for s in pending)
     msg = (
@@ -738,10 +763,3 @@ def _fail(nvml, states, pending, current, acted, initial, t0, check_mode, dev_di
         f"still held after {elapsed:.1f}s: {gpus_txt}. Holders:\n  " + "\n  ".join(lines)
     )
     raise GpuFreeError(msg, **report)
-
-
-def _minor_of(nvml, index: int) -> int:
-    try:
-        return int(nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(index)))
-    except Exception:
-        return index

@@ -51,20 +51,24 @@ class StandInNVML:
     the v1 struct's ``used``, reported apart by v2), ``other`` MiB used by nobody NVML lists, and
     ``procs`` {pid: MiB}. A PID is listed (and its memory counted) only while that real process is
     alive, except the PIDs in ``foreign``: they stand for processes of another PID namespace and stay
-    listed. ``v2=False`` makes the v2 memory call fail as an old driver does.
+    listed, and the PIDs in ``aliases`` {NVML's PID: local PID}: listed under the PID the driver sees
+    (absent from our /proc) while the local process lives, as inside an LXC container.
+    ``v2=False`` makes the v2 memory call fail as an old driver does.
     """
 
     NVMLError = pynvml.NVMLError
     nvmlMemory_v2 = pynvml.nvmlMemory_v2
 
-    def __init__(self, gpus, v2=True, foreign=()):
+    def __init__(self, gpus, v2=True, foreign=(), aliases=None):
         self.gpus = gpus
         self.v2 = v2
         self.foreign = set(foreign)
+        self.aliases = dict(aliases or {})
         self.calls = {"v1": 0, "v2": 0}
 
     def _procs(self, h):
-        return {p: m for p, m in self.gpus[h].get("procs", {}).items() if p in self.foreign or _alive(p)}
+        procs = self.gpus[h].get("procs", {})
+        return {p: m for p, m in procs.items() if p in self.foreign or _alive(self.aliases.get(p, p))}
 
     def nvmlDeviceGetCount(self):
         return len(self.gpus)
@@ -300,22 +304,47 @@ def test_check_mode_reports_what_would_be_stopped_and_stops_nothing(dev, spawn):
     assert _alive(mine.pid)
 
 
-def test_pid_of_another_namespace_is_reported_and_never_signalled(dev, spawn, monkeypatch):
+def test_pid_of_another_namespace_is_reported_with_local_device_users(dev, spawn):
     ghost = free_pid()
-    local = spawn(0, argv0_marker="vllm-lookalike")  # a process of ours holding /dev/nvidia0
+    local = spawn(0, env={gpu.RUN_ID_VAR: "not-ours"})  # a process of ours holding /dev/nvidia0
     nvml = StandInNVML([{"procs": {ghost: 30000}}], foreign={ghost})
-    sent = []
-    monkeypatch.setattr(gpu.os, "kill", lambda *a: sent.append(a))
     with pytest.raises(gpu.GpuFreeError) as e:
-        # even a pattern that matches every sleep cannot get a PID we cannot see signalled
-        run(nvml, dev, allow=gpu.AllowList(cmdline_patterns=["sleep"]), timeout_s=0.3)
-    (h,) = e.value.details["holders"]
-    assert h["pid"] == ghost and h["visible"] is False and h["allowed_by"] is None
-    assert "not in this PID namespace" in str(e.value)
-    # the processes of this namespace that have that GPU's device open are named as candidates
+        run(nvml, dev, allow=gpu.AllowList(run_ids=["ours"], cmdline_patterns=["^vllm"]), timeout_s=0.3)
+    by_pid = {h["pid"]: h for h in e.value.details["holders"]}
+    assert set(by_pid) == {ghost, local.pid}
+    assert by_pid[ghost]["visible"] is False and by_pid[ghost]["source"] == "nvml"
+    assert by_pid[local.pid]["source"] == "device-file" and by_pid[local.pid]["allowed_by"] is None
+    msg = str(e.value)
+    assert f"PID {ghost} on GPU 0: not in this PID namespace" in msg
+    assert f"PID {local.pid} (" in msg and "GPU 0: device file open" in msg and "may be the holder" in msg
     assert e.value.details["gpus"][0]["device_users"] == [local.pid]
-    assert f"/dev/nvidia0 open (candidates behind NVML's foreign PIDs): [{local.pid}]" in str(e.value)
-    assert sent == [] and _alive(local.pid)
+    assert _alive(local.pid)
+
+
+def test_inside_a_container_the_allow_listed_local_process_behind_a_host_pid_is_stopped(dev, spawn):
+    """NVML reports the host's PID (not in our /proc); our process with /dev/nvidia0 open is found by its
+    device file, matched by run id, and stopped; the GPU frees when it exits (stand-in ``aliases``)."""
+    host_pid = free_pid()
+    local = spawn(0, env={gpu.RUN_ID_VAR: "extract-9"})
+    bystander = spawn(1, env={gpu.RUN_ID_VAR: "extract-9"})  # same run id, but on a GPU that is free
+    nvml = StandInNVML([{"procs": {host_pid: 50000}}, {}], aliases={host_pid: local.pid})
+    allow = gpu.AllowList(run_ids=["extract-9"])
+    r = run(nvml, dev, allow=allow, check_mode=True)
+    assert r["free"] and [w["pid"] for w in r["would_stop"]] == [local.pid] and _alive(local.pid)
+    r = run(nvml, dev, allow=allow)
+    assert r["free"] and [(x["pid"], x["source"]) for x in r["stopped"]] == [(local.pid, "device-file")]
+    assert local.wait(timeout=5) == -signal.SIGTERM and _alive(bystander.pid)
+
+
+def test_memory_used_by_no_listed_process_names_the_device_users(dev, spawn):
+    local = spawn(1)
+    nvml = StandInNVML([{}, {"other": 2048}])
+    with pytest.raises(gpu.GpuFreeError) as e:
+        run(nvml, dev, timeout_s=0.2)
+    assert (
+        f"GPU 1: 2048 MiB used (> 0) by no process NVML lists; processes here with its device file open: [{local.pid}]"
+        in str(e.value)
+    )
 
 
 def test_visible_pid_without_nvidia_device_open_is_unverified_and_not_stopped(dev, spawn):
