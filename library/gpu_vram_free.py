@@ -20,7 +20,8 @@ description:
     (read from C(/proc/PID/cgroup)); a holder inside a system service gets the hint to add that service to the
     C(services) phase. NVML reports PIDs as the driver sees them (the host's PID namespace); a PID absent from this
     host's C(/proc), or present but without any C(/dev/nvidia*) file open, is reported as belonging to another PID
-    namespace and is never signalled; the processes here that have that GPU's C(/dev/nvidiaN) open are then listed.
+    namespace and is never signalled. The processes here that have that GPU's C(/dev/nvidiaN) open are then taken
+    as its holders (C(source=device-file)), named, and stopped when allow-listed (the LXC container case).
   - Stopping is opt-in and narrow. Only verified holders matched by O(stop_units), O(stop_cmdline_patterns) or
     O(stop_run_ids) are stopped (C(systemctl stop) for an allow-listed service when systemd runs, else SIGTERM, then
     SIGKILL after O(stop_grace) seconds); everything else holding memory fails the task with the full list.

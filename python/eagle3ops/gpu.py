@@ -19,8 +19,9 @@ and its *used* memory is at most ``threshold_mib``. Used memory is read like thi
 PID namespace the driver sees (the host's): a PID with no ``/proc`` entry here is reported as being
 in another PID namespace, and a PID whose ``/proc`` entry has no ``/dev/nvidia*`` file open is
 reported as *unverified* (the number may belong to an unrelated process here). Neither is ever
-signalled. When NVML's PIDs cannot be seen here (inside an LXC container, say), the processes of
-this namespace that have the GPU's ``/dev/nvidiaN`` open are listed as ``device_users`` instead.
+signalled. When NVML's PIDs cannot be used here (inside an LXC container, say), or memory is used
+by no listed process, the processes of this namespace that have the GPU's ``/dev/nvidiaN`` open are
+taken as its holders instead (``source: device-file``): named, and stopped when allow-listed.
 
 **Stopping** is opt-in and narrow: only a verified holder matched by the allow-list (unit names,
 command-line regular expressions, or our own run id: ``EAGLE3OPS_RUN_ID=<id>`` in its environment
