@@ -154,6 +154,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_pve import (
+    PENDING,
+    Plan,
     PveError,
     check_devices,
     container_driver_versions,
@@ -269,7 +271,7 @@ def main():
             try:
                 current = read_config(path)  # pct set rewrote the file
                 write_config(
-                    path, type(pl)(vmid=vmid, raw_add=pl.raw_add, raw_remove=pl.raw_remove).apply_to(current)
+                    path, Plan(vmid=vmid, raw_add=pl.raw_add, raw_remove=pl.raw_remove).apply_to(current)
                 )
             except (OSError, PveError) as e:
                 module.fail_json(msg=f"writing the raw lines into {path} failed: {e}", plan=pl.to_dict())
@@ -285,6 +287,11 @@ def main():
             module.fail_json(
                 msg=f"{path} still differs after pct set (pct ignored a change?)", left=left.to_dict()
             )
+        # What PVE could not apply live waits in [pve:pending]; raw lines are read at start only.
+        # (Check mode predicts from the keys PVE never hotplugs: Plan.restart_needed.)
+        restart_needed = running and (
+            verify.section(PENDING) is not None or bool(pl.raw_add or pl.raw_remove)
+        )
 
     if restart_needed and p["restart"]:
         if not module.check_mode:
@@ -305,8 +312,9 @@ def main():
         result.update(changed=True, started=True, status=status)
     result["restart_needed"] = restart_needed
     result["restart_reason"] = (
-        f"container {vmid} is running with its old device/mount config: restart it (pct reboot {vmid}) or set "
-        "restart: true (proxmox_container_restart: true)"
+        f"container {vmid} is running with its old device/mount config (changes wait in [pve:pending] or in "
+        f"raw lxc lines read at start): restart it (pct reboot {vmid}) or set restart: true "
+        "(proxmox_container_restart: true)"
         if restart_needed
         else ""
     )
