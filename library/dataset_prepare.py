@@ -118,7 +118,7 @@ def main():
     if p["force"]:
         argv.append("--force")
     if module.check_mode:
-        argv.append("--plan")
+        argv.append("--check")
     module.exit_json(**run_cli(module, p["executable"], argv))
 
 
