@@ -70,7 +70,10 @@ options:
     elements: str
     default: []
   gpu_required:
-    description: When false, a host without a usable NVIDIA driver skips the check instead of failing.
+    description:
+      - When false, a host without a usable NVIDIA driver skips the check instead of failing.
+      - A host that has C(/dev/nvidiactl) (NVIDIA GPUs) but no usable NVML still fails, so the checkpoint is never
+        skipped silently on a GPU host.
     type: bool
     default: true
   v1_reserved_allowance_mib:

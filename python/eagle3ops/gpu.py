@@ -605,6 +605,13 @@ def ensure_free(
     except NoDriver as e:
         if gpu_required:
             raise
+        if os.path.exists(os.path.join(dev_dir, "nvidiactl")):
+            # NVIDIA devices but no usable NVML: never skip the checkpoint silently on a GPU host
+            raise NoDriver(
+                f"{e} ({dev_dir}/nvidiactl exists, so this host has NVIDIA GPUs: not skipping although "
+                "gpu_required is false; fix the driver / nvidia-ml-py)",
+                **e.details,
+            ) from e
         return {
             "changed": False,
             "skipped": True,

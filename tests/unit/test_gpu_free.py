@@ -369,6 +369,15 @@ def test_no_driver_fails_clearly_or_skips_when_not_required(monkeypatch):
     assert r["skipped"] is True and r["changed"] is False and "gpu_required is false" in r["msg"]
 
 
+def test_no_usable_nvml_on_a_host_with_nvidia_devices_is_never_skipped(dev):
+    """Real pynvml.nvmlInit failing (no driver library here) while ``dev`` (standing in for /dev) has
+    nvidiactl: a GPU host with a broken driver must fail even with gpu_required false."""
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this host has an NVIDIA driver")
+    with pytest.raises(gpu.NoDriver, match="this host has NVIDIA GPUs: not skipping"):
+        gpu.ensure_free(gpu_required=False, dev_dir=str(dev))
+
+
 # --------------------------------------------------------------------------- cgroup attribution
 
 
