@@ -329,6 +329,22 @@ def scan_dev(dev_root: str = "/dev") -> list[Device]:
     return sorted(found, key=_device_order)
 
 
+def parse_dev_listing(text: str) -> list[Device]:
+    """Devices from ``stat -c '%n %Hr %Lr' /dev/nvidia* /dev/nvidia-caps/*`` output (path, decimal major,
+    minor) — the PVE host's /dev, copied elsewhere to plan offline. Lines that do not parse are ignored."""
+    found = []
+    for line in text.splitlines():
+        parts = line.split()
+        if (
+            len(parts) == 3
+            and parts[0].startswith("/dev/nvidia")
+            and parts[1].isdigit()
+            and parts[2].isdigit()
+        ):
+            found.append(Device(parts[0], int(parts[1]), int(parts[2])))
+    return sorted(found, key=_device_order)
+
+
 def _device_order(d: Device):
     idx = d.gpu_index
     return (0, idx, "") if idx is not None else (1, 0, d.path)
