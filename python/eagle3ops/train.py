@@ -757,8 +757,10 @@ def read_metrics(run_dir: Path) -> dict:
         a["median_tokens_per_s_per_rank"] = tps[len(tps) // 2] if tps else None
         if a["launched_at"] and a["first_step_at"]:
             a["time_to_first_step_s"] = round(a["first_step_at"] - a["launched_at"], 3)
+        # optimizer steps per second from the global step counter (records exist every log_freq steps)
         if a["steps"] > 1 and a["last_step_at"] > a["first_step_at"]:
-            a["steps_per_s"] = round((a["steps"] - 1) / (a["last_step_at"] - a["first_step_at"]), 4)
+            span = a["last_step_at"] - a["first_step_at"]
+            a["steps_per_s"] = round((a["last_global_step"] - a["first_global_step"]) / span, 4)
     out: dict = {"attempts": attempts}
     if last_train:
         t = last_train.get("train", {})
