@@ -7,7 +7,7 @@ module: proxmox_lxc_gpu
 short_description: Pass every NVIDIA device of a Proxmox VE host into an LXC container, and set its options
 description:
   - Runs on the PVE host (as root, or with become). Reads C(/etc/pve/lxc/<vmid>.conf), the host's
-    C(/dev/nvidia*) nodes and their majors (C(stat) and C(/proc/devices): they change across kernels), and
+    C(/dev/nvidia*) nodes and their majors (C(stat) and C(/proc/devices); they change across kernels), and
     computes what must change.
   - Plain keys (C(cores), C(memory), C(features), C(mp0), ...) and C(devN) entries are applied with
     C(pct set). On PVE older than 8.1 the raw C(lxc.cgroup2.devices.allow) and C(lxc.mount.entry) lines are
