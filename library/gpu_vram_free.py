@@ -51,14 +51,17 @@ options:
     type: float
     default: 15
   stop_units:
-    description: systemd unit names (shell globs such as C(sglang-*.service)) whose processes may be stopped.
+    description:
+      - systemd unit names (shell globs such as C(sglang-*.service)) whose processes may be stopped.
+      - A glob that also matches C(sshd.service), C(cron.service) and the like (C(*), C(*.service)) is refused.
     type: list
     elements: str
     default: []
   stop_cmdline_patterns:
     description:
       - Python regular expressions (searched in the command line) of processes that may be stopped.
-      - A pattern that matches an empty command line (e.g. C(.*)) is refused. Keep them narrow; never C(python3).
+      - A pattern that matches an empty command line (C(.*)) or a generic one (C(python3), C(bash), C(sleep 1))
+        is refused. Name the program (C(sglang\\.launch_server), C(speculators.*extract)).
     type: list
     elements: str
     default: []

@@ -359,6 +359,25 @@ def _safe_stat(path):
 # --------------------------------------------------------------------------- allow-list
 
 
+# An allow-list entry matching any of these would stop far more than GPU jobs ("kill every python3").
+_GENERIC_CMDLINES = (
+    "python",
+    "python3",
+    "/usr/bin/python3",
+    "python3 -c pass",
+    "bash",
+    "/bin/sh -c true",
+    "sleep 1",
+)
+_GENERIC_UNITS = (
+    "sshd.service",
+    "ssh.service",
+    "systemd-journald.service",
+    "cron.service",
+    "session-1.scope",
+)
+
+
 @dataclass
 class AllowList:
     """Who may be stopped. Empty: nobody (the default)."""
@@ -376,11 +395,24 @@ class AllowList:
                 raise GpuFreeError(
                     f"gpu_free_stop_cmdline_patterns: {p!r} is not a regular expression ({e})"
                 ) from e
-        for p in self._rx:
-            if p[1].search(""):
+        for p, rx in self._rx:
+            if rx.search(""):
                 raise GpuFreeError(
-                    f"gpu_free_stop_cmdline_patterns: {p[0]!r} matches an empty command line, i.e. every "
+                    f"gpu_free_stop_cmdline_patterns: {p!r} matches an empty command line, i.e. every "
                     "process; make it specific (e.g. 'speculators.*extract')"
+                )
+            generic = next((c for c in _GENERIC_CMDLINES if rx.search(c)), None)
+            if generic:
+                raise GpuFreeError(
+                    f"gpu_free_stop_cmdline_patterns: {p!r} matches the generic command line {generic!r}, "
+                    "i.e. any Python/shell process; name the program instead (e.g. 'sglang.launch_server')"
+                )
+        for u in self.units:
+            generic = next((c for c in _GENERIC_UNITS if fnmatch.fnmatchcase(c, u)), None)
+            if generic:
+                raise GpuFreeError(
+                    f"gpu_free_stop_units: {u!r} also matches {generic}; list the GPU services by name "
+                    "(e.g. 'vllm.service', 'sglang-*.service')"
                 )
 
     def match(self, h: Holder) -> str | None:

@@ -287,6 +287,16 @@ def test_pattern_matching_everything_is_refused():
         gpu.AllowList(cmdline_patterns=[".*"])
     with pytest.raises(gpu.GpuFreeError, match="not a regular expression"):
         gpu.AllowList(cmdline_patterns=["("])
+    for broad in ("python3", "python", "^/usr/bin/python3", "sleep"):
+        with pytest.raises(gpu.GpuFreeError, match="generic command line"):
+            gpu.AllowList(cmdline_patterns=[broad])
+    for broad in ("*", "*.service", "s*"):
+        with pytest.raises(gpu.GpuFreeError, match="list the GPU services by name"):
+            gpu.AllowList(units=[broad])
+    # specific entries are fine
+    gpu.AllowList(
+        cmdline_patterns=[r"python3 -m sglang\.launch_server"], units=["vllm.service", "sglang-*.service"]
+    )
 
 
 def test_check_mode_reports_what_would_be_stopped_and_stops_nothing(dev, spawn):
