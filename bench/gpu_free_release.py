@@ -22,7 +22,7 @@ Steps (GPU ``--gpu``, default 0):
     Goal: <= 0.5 s.
 Exit status 0 when every expectation held and the worst latency met the goal.
 
-``--standin`` replaces NVML and the torch holder by the CPU stand-ins of tests/unit/test_gpu_free.py
+``--standin`` replaces NVML and the torch holder by the CPU stand-ins of tests/unit/nvml_standin.py
 (a smoke test of this script itself, not a measurement).
 """
 
@@ -81,7 +81,7 @@ class Bench:
         self.standin_cfg = None
         if args.standin:
             sys.path.insert(0, str(REPO / "tests" / "unit"))
-            from test_gpu_free import StandInNVML  # the unit tests' stand-in (no GPU)
+            import nvml_standin  # the tests' stand-in NVML (no GPU)
 
             self.tmp = Path(tempfile.mkdtemp(prefix="gpu-free-bench-"))
             self.dev = self.tmp / "dev"
@@ -90,19 +90,15 @@ class Bench:
             self.standin_cfg = self.tmp / "nvml.json"
             self.gpus_cfg = [{} for _ in range(args.gpu + 1)]
             self._write_cfg()
-            self.nvml = StandInNVML(self.gpus_cfg)
+            self.nvml = nvml_standin.StandInNVML(self.gpus_cfg)
             launcher = self.tmp / "eagle3ops"
-            launcher.write_text(
-                f"#!{sys.executable}\nimport json, sys\nsys.path[:0] = [{str(REPO / 'python')!r}, "
-                f"{str(REPO / 'tests' / 'unit')!r}]\nfrom test_gpu_free import StandInNVML\n"
-                "from eagle3ops import cli, gpu\n"
-                f"cfg = json.load(open({str(self.standin_cfg)!r}))\n"
-                "for g in cfg:\n    g['procs'] = {int(k): v for k, v in g.get('procs', {}).items()}\n"
-                "gpu.load_nvml = lambda: StandInNVML(cfg)\n"
-                f"gpu.ensure_free.__kwdefaults__['dev_dir'] = {str(self.dev)!r}\n"
-                "sys.exit(cli.main())\n"
+            nvml_standin.write_launcher(
+                launcher,
+                python=sys.executable,
+                paths=[REPO / "python", REPO / "tests" / "unit"],
+                config=self.standin_cfg,
+                dev=self.dev,
             )
-            launcher.chmod(0o755)
             self.cli_argv = [str(launcher)]
             self.dev_dir = str(self.dev)
         else:

@@ -5,7 +5,7 @@
    ``true`` it fails saying what to do.
 2. The module's option mapping, check mode, diff and idempotence: the role is pointed
    (``gpu_free_executable``) at a STAND-IN ``eagle3ops`` launcher that runs the real CLI and the
-   real ``eagle3ops.gpu`` logic with NVML replaced by the unit tests' ``StandInNVML`` (no GPU here)
+   real ``eagle3ops.gpu`` logic with NVML replaced by ``tests/unit/nvml_standin.StandInNVML`` (no GPU here)
    and ``/dev`` by a temp dir. The holders are real ``sleep`` processes, stopped with real signals.
 """
 
@@ -62,21 +62,6 @@ def test_cpu_default_skips_cleanly_and_required_fails_clearly(run_playbook, inve
     assert "gpu_free_gpu_required: false" in r.stdout, r.summary()
 
 
-LAUNCHER = """#!{python}
-# STAND-IN eagle3ops launcher for tests: the real CLI with NVML replaced by StandInNVML.
-import json, sys
-sys.path.insert(0, {unit!r})
-from test_gpu_free import StandInNVML
-from eagle3ops import cli, gpu
-cfg = json.load(open({config!r}))
-for g in cfg:
-    g["procs"] = {{int(k): v for k, v in g.get("procs", {{}}).items()}}
-gpu.load_nvml = lambda: StandInNVML(cfg)
-gpu.ensure_free.__kwdefaults__["dev_dir"] = {dev!r}
-sys.exit(cli.main())
-"""
-
-
 @pytest.fixture
 def standin(tmp_path):
     dev = tmp_path / "dev"
@@ -84,12 +69,12 @@ def standin(tmp_path):
     (dev / "nvidia0").write_text("")
     config = tmp_path / "nvml.json"
     exe = tmp_path / "eagle3ops"
-    exe.write_text(
-        LAUNCHER.format(
-            python=sys.executable, unit=str(REPO / "tests/unit"), config=str(config), dev=str(dev)
-        )
+    sys.path.insert(0, str(REPO / "tests" / "unit"))
+    import nvml_standin
+
+    nvml_standin.write_launcher(
+        exe, python=sys.executable, paths=[REPO / "python", REPO / "tests" / "unit"], config=config, dev=dev
     )
-    exe.chmod(0o755)
     procs = []
 
     def holder(env):
