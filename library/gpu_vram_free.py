@@ -109,7 +109,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 free:
-  description: True when every selected GPU was free (null when skipped).
+  description:
+    - True when every selected GPU was free (null when skipped).
+    - In check mode, whether they would be free once the holders in RV(would_stop) were stopped.
   returned: always
   type: bool
 gpus:
