@@ -513,7 +513,10 @@ def _systemd_running() -> bool:
 
 def stop_holders(holders: list[Holder], grace_s: float, log: Callable[[str], None]) -> None:
     """Stop the given (allow-listed, verified) holders; sets ``action`` on each."""
-    units = sorted({h.unit for h in holders if h.allowed_by and h.allowed_by.startswith("unit:")})
+    # a unit of this host's systemd only: the same unit name inside a container is not ours to systemctl
+    units = sorted(
+        {h.unit for h in holders if h.allowed_by and h.allowed_by.startswith("unit:") and not h.container}
+    )
     by_systemctl: set[str] = set()
     if units and _systemd_running():
         for unit in units:
@@ -529,7 +532,7 @@ def stop_holders(holders: list[Holder], grace_s: float, log: Callable[[str], Non
                 log(f"gpu-free: systemctl stop {unit} failed ({r.stderr.strip()}); signalling its PIDs")
     pending = []
     for h in holders:
-        if h.unit in by_systemctl:
+        if h.unit in by_systemctl and not h.container:
             h.action = "systemctl-stopped"
             continue
         log(f"gpu-free: SIGTERM PID {h.pid} ({h.allowed_by}) {h.cmdline!r}")

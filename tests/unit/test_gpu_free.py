@@ -355,7 +355,7 @@ needs_cgroup_root = pytest.mark.skipif(
 @pytest.fixture
 def cgroups():
     """Make real cgroups under a test-owned slice; move processes in; remove them afterwards."""
-    made: list[Path] = []
+    tops: list[Path] = []
     slice_name = f"eagle3ops-test-{uuid.uuid4().hex[:8]}.slice"
 
     def _put(pid: int, unit: str) -> Path:
@@ -364,26 +364,26 @@ def cgroups():
             if (root / "cgroup.procs").exists():
                 d = root / slice_name / unit
                 d.mkdir(parents=True, exist_ok=True)
-                made.append(d)
+                if root / slice_name not in tops:
+                    tops.append(root / slice_name)
                 (d / "cgroup.procs").write_text(str(pid))
                 return d
         pytest.skip("no writable cgroup hierarchy with cgroup.procs")
 
     yield _put
-    for d in made:  # the processes may still be running: move them back to the root first
-        root = d.parent.parent
-        for pid in (d / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):
-                (root / "cgroup.procs").write_text(pid)
-        for _ in range(100):
-            try:
-                d.rmdir()
-                break
-            except OSError:
-                time.sleep(0.05)
-        if d.parent.exists():
-            with contextlib.suppress(OSError):
-                d.parent.rmdir()
+    for top in tops:  # processes may still be running: move them back to the root, then remove deepest first
+        dirs = [*sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)), top]
+        for d in dirs:
+            for pid in (d / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (top.parent / "cgroup.procs").write_text(pid)
+        for d in dirs:
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
 
 
 @needs_cgroup_root
@@ -431,6 +431,29 @@ def test_allow_listed_unit_is_stopped_with_systemctl_when_systemd_runs(
     r = run(nvml, dev, allow=gpu.AllowList(units=["vllm.service"]))
     assert r["free"] and r["stopped"][0]["action"] == "systemctl-stopped"
     assert log.read_text().split() == ["stop", "vllm.service"]
+    assert p.wait(timeout=5) == -signal.SIGTERM
+
+
+@needs_cgroup_root
+def test_unit_inside_a_container_is_signalled_not_systemctl_stopped(
+    dev, spawn, cgroups, monkeypatch, tmp_path
+):
+    """Seen from the host, a container's vllm.service is not the host's unit: no host ``systemctl stop``
+    (``systemctl`` here is a STAND-IN that records calls; systemd is not PID 1 on this machine)."""
+    p = spawn(0)
+    cgroups(p.pid, "lxc.payload.105/system.slice/vllm.service")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "systemctl.log"
+    (bindir / "systemctl").write_text(f'#!/bin/bash\necho "$@" >> {log}\n')
+    (bindir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setattr(gpu, "_systemd_running", lambda: True)
+    nvml = StandInNVML([{"procs": {p.pid: 1000}}])
+    r = run(nvml, dev, allow=gpu.AllowList(units=["vllm.service"]))
+    (s,) = r["stopped"]
+    assert s["container"] == "lxc:105" and s["unit"] == "vllm.service" and s["action"] == "stopped"
+    assert not log.exists()
     assert p.wait(timeout=5) == -signal.SIGTERM
 
 
