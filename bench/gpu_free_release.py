@@ -146,7 +146,8 @@ class Bench:
         }
 
     def spawn_holder(self, exit_after: float = 0) -> subprocess.Popen:
-        env = {**os.environ, gpu.RUN_ID_VAR: self.run_id}
+        # PCI bus order, so that torch's device index is NVML's index
+        env = {**os.environ, gpu.RUN_ID_VAR: self.run_id, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         p = subprocess.Popen(
             [
                 sys.executable,
@@ -226,15 +227,22 @@ class Bench:
 
         th = threading.Thread(target=sampler, daemon=True)
         th.start()
-        r = gpu.ensure_free(
-            [str(self.args.gpu)],
-            threshold_mib=self.args.threshold,
-            timeout_s=self.args.exit_after + 60,
-            poll_s=poll_s,
-            nvml=self.nvml,
-            dev_dir=self.dev_dir,
-            v1_allowance_mib=self.args.v1_allowance,
-        )
+        try:
+            r = gpu.ensure_free(
+                [str(self.args.gpu)],
+                threshold_mib=self.args.threshold,
+                timeout_s=self.args.exit_after + 20,
+                poll_s=poll_s,
+                nvml=self.nvml,
+                dev_dir=self.dev_dir,
+                v1_allowance_mib=self.args.v1_allowance,
+            )
+        except gpu.GpuFreeError as e:  # record it and go on: one bad rep must not lose the run
+            stop.set()
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            return {"poll_s": poll_s, "pid": pid, "error": str(e)[:2000], "gpus": e.details.get("gpus")}
         th.join(timeout=5)
         stop.set()
         out_line = p.stdout.readline().strip()
@@ -290,6 +298,13 @@ class Bench:
         res["idle_cli"] = idle
         checks["idle_gpu_passes"] = idle["rc"] == 0 and idle["result"].get("free") is True
         log(f"idle CLI rc={idle['rc']} ({idle['wall_s']} s): {idle['result'].get('msg')}")
+        if not checks["idle_gpu_passes"]:
+            # a GPU that is not free to begin with (or reads used > --threshold when idle) makes every
+            # later step meaningless: record what it saw and stop here
+            res["ok"] = False
+            res["stopped_early"] = "the idle GPU did not pass; see idle_cli and idle_memory"
+            res["latency_summary"] = {}
+            return res
 
         holder = self.spawn_holder()
         try:
