@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -589,3 +590,29 @@ def test_module_documentation_parses_and_matches_its_options():
     role_defaults = yaml.safe_load((REPO / "roles/gpu_free/defaults/main.yml").read_text())
     assert all(k.startswith("gpu_free_") for k in role_defaults)
     assert role_defaults["gpu_free_gpu_required"] is False  # the local CPU default skips
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_unprivileged_run_cannot_verify_a_root_holder_and_never_signals_it(dev, spawn):
+    """Run the check as user nobody (setpriv) against a root-owned holder: its open files cannot be read,
+    so it is reported as unverified (run as root) and left alone, even though the pattern matches it."""
+    p = spawn(0, argv0_marker="--e3t-marker")
+    code = f"""
+import json, sys
+sys.path[:0] = [{str(REPO / "python")!r}, {str(REPO / "tests" / "unit")!r}]
+from eagle3ops import gpu
+from nvml_standin import StandInNVML
+try:
+    gpu.ensure_free(nvml=StandInNVML([{{"procs": {{{p.pid}: 512}}}}]), dev_dir={str(dev)!r}, timeout_s=0.3,
+                    poll_s=0.05, allow=gpu.AllowList(cmdline_patterns=["^sleep --e3t-marker"]))
+except gpu.GpuFreeError as e:
+    print(json.dumps(e.details["holders"]))
+"""
+    r = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=60, cwd="/",
+    )  # fmt: skip
+    (h,) = json.loads(r.stdout.strip().splitlines()[-1])
+    assert h["pid"] == p.pid and h["visible"] is True and h["verified"] is None and h["allowed_by"] is None
+    assert "cannot read its open files (run as root)" in h["hint"]
+    assert _alive(p.pid)
