@@ -158,6 +158,7 @@ from ansible.module_utils.eagle3ops_pve import (
     Plan,
     PveError,
     check_devices,
+    config_lock,
     container_driver_versions,
     host_driver_version,
     mode_for_version,
@@ -268,11 +269,12 @@ def main():
         if argv:
             pct_run(module, argv, "applying the config keys")
         if pl.raw_add or pl.raw_remove:
+            lock_dir = "/run/lock/lxc" if p["config_dir"] == "/etc/pve/lxc" else p["config_dir"]
             try:
-                current = read_config(path)  # pct set rewrote the file
-                write_config(
-                    path, Plan(vmid=vmid, raw_add=pl.raw_add, raw_remove=pl.raw_remove).apply_to(current)
-                )
+                with config_lock(vmid, lock_dir):
+                    current = read_config(path)  # pct set rewrote the file
+                    raw = Plan(vmid=vmid, raw_add=pl.raw_add, raw_remove=pl.raw_remove)
+                    write_config(path, raw.apply_to(current))
             except (OSError, PveError) as e:
                 module.fail_json(msg=f"writing the raw lines into {path} failed: {e}", plan=pl.to_dict())
         try:

@@ -15,10 +15,11 @@ Parsing keeps every byte: ``PveConfig.parse(text).render() == text``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import stat
-import tempfile
 from dataclasses import dataclass, field
 
 SECTION_RE = re.compile(r"^\[([A-Za-z0-9_\-:.]+)\]\s*$")
@@ -221,24 +222,39 @@ def read_config(path: str) -> PveConfig:
 
 
 def write_config(path: str, config: PveConfig) -> None:
-    """Atomically replace ``path`` (temp file in the same directory, then rename: what PVE does)."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    """Atomically replace ``path`` the way PVE does (``<path>.tmp.<pid>`` in the same directory, then
+    rename; /etc/pve is pmxcfs, which allows exactly that). The mode is kept where the filesystem allows."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0o640
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(config.render())
             f.flush()
             os.fsync(f.fileno())
-        try:
-            st = os.stat(path)
-            os.chmod(tmp, stat.S_IMODE(st.st_mode))
-        except OSError:
-            os.chmod(tmp, 0o640)
+        with contextlib.suppress(OSError):  # pmxcfs refuses modes other than its own (0640)
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def config_lock(vmid: int, lock_dir: str = "/run/lock/lxc"):
+    """PVE's own per-container config lock (``pct`` takes it around every config change), so a raw-line
+    edit never interleaves with a ``pct set``/snapshot writing the same file."""
+    os.makedirs(lock_dir, exist_ok=True)
+    with open(os.path.join(lock_dir, f"pve-config-{vmid}.lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # --------------------------------------------------------------------------------------------------
