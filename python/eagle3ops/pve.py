@@ -281,7 +281,12 @@ def same_value(key: str, current: str | None, wanted: str) -> bool:
         return False
     if "=" in str(wanted) or "," in str(wanted) or "=" in current or "," in current:
         return parse_property_string(current) == parse_property_string(str(wanted))
-    return current.strip() == str(wanted).strip()
+    return _scalar(current) == _scalar(str(wanted))
+
+
+def _scalar(v: str) -> str:
+    low = v.strip().lower()
+    return "1" if low in _TRUE else "0" if low in _FALSE else v.strip()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -551,6 +556,8 @@ def plan(
             continue
         if DEV_KEY_RE.match(key) or key.startswith("lxc."):
             raise PveError(f"option {key!r}: devN and lxc.* entries are computed from the host's devices")
+        if isinstance(value, bool):  # YAML true/false -> what PVE stores
+            value = int(value)
         if not same_value(key, current.get(key), str(value)):
             p.set[key] = str(value)
 

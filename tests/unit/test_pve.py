@@ -248,6 +248,14 @@ def test_hotplug_only_change_needs_no_restart():
     assert p2.restart_needed
 
 
+def test_booleans_and_property_strings_compare_like_pve_stores_them():
+    cfg = pve.PveConfig.parse("onboot: 1\nprotection: 0\nfeatures: keyctl=1,nesting=1\ncores: 4\n")
+    same = {"onboot": True, "protection": "no", "features": "nesting=true,keyctl=1", "cores": 4}
+    assert not pve.plan(1, cfg, options=same).changed
+    p = pve.plan(1, cfg, options={"onboot": False, "features": "nesting=1", "cores": "8"})
+    assert p.set == {"onboot": "0", "features": "nesting=1", "cores": "8"}
+
+
 def test_locked_container_is_refused():
     with pytest.raises(pve.PveError, match="pct unlock 5"):
         pve.plan(5, pve.PveConfig.parse("cores: 1\nlock: backup\n"))
