@@ -408,6 +408,25 @@ def find_node(devnum_: tuple[int, int], dirs: tuple[str, ...] = ("/dev",)) -> st
     return None
 
 
+def probe_devnum(devnum_: tuple[int, int], path: str | None = None) -> dict:
+    """blkid -p of a block device by number; without a node (no udev, e.g. after a container restart)
+    through a temporary node in /dev that is removed right after (nothing stays changed)."""
+    if path and os.path.exists(path):
+        return blkid_probe(path)
+    node = find_node(devnum_)
+    if node:
+        return blkid_probe(node)
+    tmp = f"/dev/.eagle3ops-probe-{os.getpid()}"
+    try:
+        os.mknod(tmp, 0o600 | stat.S_IFBLK, os.makedev(*devnum_))
+    except OSError:
+        return {}
+    try:
+        return blkid_probe(tmp)
+    finally:
+        os.unlink(tmp)
+
+
 def udev_running() -> bool:
     return os.path.exists("/run/udev/control")
 
@@ -781,7 +800,7 @@ def plan(
 
     # from here on the disk carries our filesystem: check that it is still the one in the state file
     part = partition_path(disk, 1, create=False, timeout=2)
-    probe = blkid_probe(part["path"]) if os.path.exists(part["path"]) else {}
+    probe = probe_devnum(_majmin(part["devnum"]), part["path"])
     if probe.get("UUID") != state.get("fs_uuid"):
         raise StorageError(
             f"{disk} partition 1 has filesystem UUID={probe.get('UUID')} but the state file {state_file} "
