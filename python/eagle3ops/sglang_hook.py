@@ -320,7 +320,8 @@ class DumpHook:
         block = torch.empty((n_rows, k + 1, hidden), dtype=self._dtype, device=last.device)
         block[:, :k].copy_(aux.view(n_rows, k, hidden))
         block[:, k].copy_(last)
-        ids = forward_batch.input_ids[:n_rows]
+        # an owned copy, made on the compute stream: SGLang reuses input_ids' buffer for the next batch
+        ids = forward_batch.input_ids[:n_rows].to(torch.int64, copy=True)
         nbytes = block.numel() * block.element_size()
         ids_at = (nbytes + 7) // 8 * 8  # int64 view needs an 8-byte aligned offset
         buf = self._pool.acquire(ids_at + 8 * n_rows)
@@ -331,13 +332,14 @@ class DumpHook:
             self._copy_stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self._copy_stream):
                 host.copy_(block, non_blocking=True)
-                host_ids.copy_(ids.to(torch.int64), non_blocking=True)
+                host_ids.copy_(ids, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self._copy_stream)
             block.record_stream(self._copy_stream)
+            ids.record_stream(self._copy_stream)
         else:
             host.copy_(block)
-            host_ids.copy_(ids.to(torch.int64))
+            host_ids.copy_(ids)
         job = _Job(pieces, host, host_ids, event, buf)
         t0 = time.perf_counter()
         self._queue.put(job)  # blocks only when max_pending batches are still being written
