@@ -144,7 +144,8 @@ def read_extract_meta(data_dir: str | os.PathLike) -> tuple[dict, Path]:
     if not path.exists():
         raise TrainError(
             f"{path} is missing: {data_dir} holds no extracted hidden states. Run the extract phase first "
-            "(ansible-playbook site.yml --tags extract, or `eagle3ops extract --data DIR --model M`)."
+            "(ansible-playbook site.yml --tags extract, or `eagle3ops extract --data DIR --model M`).",
+            inputs_pending=True,
         )
     try:
         return json.loads(path.read_text()), path
@@ -178,7 +179,8 @@ def verifier_facts(verifier_path: str) -> dict:
     if not cfg_path.exists():
         raise TrainError(
             f"{cfg_path} is missing: the verifier must be a local model directory (no hub access offline). "
-            "Set train_verifier_path to the target model the hidden states were extracted from."
+            "Set train_verifier_path to the target model the hidden states were extracted from.",
+            inputs_pending=True,
         )
     cfg = json.loads(cfg_path.read_text())
     text = cfg.get("text_config") or cfg
@@ -215,7 +217,8 @@ def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
     if not (data / "dataset_info.json").exists() and not (data / "state.json").exists():
         raise TrainError(
             f"{data_dir} holds no Arrow dataset (dataset_info.json/state.json missing). Run the prepare "
-            "phase, then extract, or point train_data_dir at their output."
+            "phase, then extract, or point train_data_dir at their output.",
+            inputs_pending=True,
         )
     num_rows = meta.get("num_rows")
     if num_rows is None:
@@ -228,7 +231,8 @@ def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
         raise TrainError(
             f"extraction is incomplete in {data_dir}: {done} of {num_rows} rows have hidden states "
             f"(manifests in {data / HS_DIR}). Finish it (the extract phase resumes where it stopped), or set "
-            "train_on_missing: skip to train on what is there."
+            "train_on_missing: skip to train on what is there.",
+            inputs_pending=True,
         )
     return {"rows": num_rows, "samples_with_states": done, "tokens": sum(lengths.values())}
 
@@ -239,7 +243,8 @@ def read_token_freq(path: Path) -> dict[int, int]:
     if not path.exists():
         raise TrainError(
             f"{path} is missing: the draft vocabulary is built from the token frequencies the prepare phase "
-            "counts. Re-run prepare, or set train_token_freq_path."
+            "counts. Re-run prepare, or set train_token_freq_path.",
+            inputs_pending=True,
         )
     freq = torch.load(path, weights_only=True)
     if not isinstance(freq, dict) or not freq:
@@ -868,7 +873,20 @@ def ensure_run(
     poll_s: float = 2.0,
     log=lambda s: print(s, file=sys.stderr),
 ) -> dict:
-    p = plan(spec)
+    try:
+        p = plan(spec)
+    except TrainError as e:
+        if not (check and e.details.get("inputs_pending")):
+            raise
+        # check mode of a whole site run: the earlier phases have not produced the inputs yet
+        return {
+            "changed": True,
+            "status": "launched",
+            "would": "launch",
+            "inputs_pending": str(e),
+            "run_dir": str(Path(spec.run_dir).resolve()),
+            "warnings": [f"inputs not ready: {e}"],
+        }
     run_dir = p.run_dir
     cfg_path = run_dir / CONFIG
     if not check:

@@ -301,3 +301,21 @@ def test_check_mode_predicts_launch_and_writes_nothing(inputs, tmp_path):
     r = train.ensure_run(spec(inputs, tmp_path), check=True)
     assert r["changed"] is True and r["would"] == "launch" and r["status"] == "launched"
     assert not (tmp_path / "run").exists()
+
+
+def test_check_mode_before_the_inputs_exist_predicts_a_launch(inputs, tmp_path):
+    """`site.yml --check` on a fresh host: prepare/extract wrote nothing, so train cannot read its inputs."""
+    verifier, _ = inputs
+    empty = tmp_path / "nodata"
+    empty.mkdir()
+    s = train.TrainSpec(data_dir=str(empty), verifier_path=str(verifier), run_dir=str(tmp_path / "run"))
+    r = train.ensure_run(s, check=True)
+    assert (
+        r["changed"] is True
+        and r["would"] == "launch"
+        and "extract_meta.json is missing" in r["inputs_pending"]
+    )
+    with pytest.raises(train.TrainError) as e:
+        train.ensure_run(s)
+    assert e.value.details["inputs_pending"] is True
+    assert not (tmp_path / "run" / train.STATE).exists()
