@@ -462,8 +462,11 @@ def prepare(
         if meta.get("skipped") and on_error == "fail":
             raise _failure(meta["skipped"])
         return {**_result(data_dir, meta, changed=False), "seconds": round(time.monotonic() - t0, 2)}
+    # same fingerprint but files missing or damaged: the rebuilt rows are byte-identical, so extracted
+    # hidden states stay valid and the files are repaired in place
+    repair = bool(meta) and meta.get("fingerprint") == fingerprint and data_dir.is_dir()
     if data_dir.exists():
-        _check_replaceable(data_dir, force)
+        _check_replaceable(data_dir, force or repair)
     if check:
         return {
             "changed": True,
@@ -543,9 +546,13 @@ def prepare(
         }
         (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         _fsync_tree(tmp)
-        if data_dir.exists():
-            removed_hs = _hidden_state_files(data_dir)
-        _swap_into_place(tmp, data_dir)
+        if repair:
+            log(f"prepare: {data_dir} has the same fingerprint but missing or changed files: repairing")
+            _repair_in_place(tmp, data_dir)
+        else:
+            if data_dir.exists():
+                removed_hs = _hidden_state_files(data_dir)
+            _swap_into_place(tmp, data_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -732,6 +739,27 @@ def _swap_into_place(tmp: Path, data_dir: Path) -> None:
         os.close(fd)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _repair_in_place(tmp: Path, data_dir: Path) -> None:
+    """Move the rebuilt files over a dataset with the same fingerprint, file by file, meta last.
+
+    The rows are byte-identical to the ones the meta describes, so every intermediate state is a
+    consistent dataset; ``hidden_states/`` and speculators' vocab-map caches stay.
+    """
+    new = {p.name for p in tmp.iterdir()}
+    for name in sorted(new - {META_NAME}):
+        os.replace(tmp / name, data_dir / name)
+    for p in data_dir.iterdir():
+        if p.name not in new and p.is_file() and (p.suffix == ".arrow" or p.name in _KNOWN):
+            p.unlink()
+    os.replace(tmp / META_NAME, data_dir / META_NAME)
+    fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_rows_lengths(data_dir: str | os.PathLike) -> list[int]:

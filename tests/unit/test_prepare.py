@@ -374,6 +374,24 @@ def test_refuses_to_orphan_hidden_states_unless_forced(prepared, tmp_path, model
     assert not list(tmp_path.glob(".data.prepare-*"))
 
 
+def test_missing_file_is_repaired_keeping_hidden_states(prepared, tmp_path, model, demo):
+    src, first = prepared
+    out = tmp_path / "data"
+    shutil.copytree(src, out)
+    (out / "hidden_states").mkdir()
+    (out / "hidden_states" / "hs_0.safetensors").write_bytes(b"x" * 64)
+    arrow = out / "data-00000-of-00001.arrow"
+    good = arrow.read_bytes()
+    arrow.write_bytes(good[:100])  # damaged: its size no longer matches prepare_meta.json
+    (out / prep.TOKEN_FREQ).unlink()
+    res = prepare(model, [demo["conversations_path"]], out, max_length=512, log=quiet)
+    assert res["changed"] is True and res["removed_hidden_states"] == 0
+    assert res["fingerprint"] == first["fingerprint"]
+    assert arrow.read_bytes() == good and (out / prep.TOKEN_FREQ).exists()
+    assert (out / "hidden_states" / "hs_0.safetensors").read_bytes() == b"x" * 64
+    assert prepare(model, [demo["conversations_path"]], out, max_length=512, log=quiet)["changed"] is False
+
+
 def test_refuses_to_replace_foreign_directory(tmp_path, model):
     out = tmp_path / "data"
     out.mkdir()
