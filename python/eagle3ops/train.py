@@ -809,7 +809,19 @@ def read_exit(run_dir: Path) -> dict | None:
 
 
 def run_status(run_dir: Path, state: dict | None) -> tuple[str, dict | None]:
-    """new | running | finished | failed | interrupted | killed, and the exit record."""
+    """new | running | finished | failed | interrupted | killed, and the exit record.
+
+    A trainer whose PID is in ``train.pid`` but not (yet) in ``state.json`` (the launcher was killed between
+    the two writes) counts as running too, and is adopted into ``state``: never start a second one.
+    """
+    pid_in_file = None
+    with contextlib.suppress(OSError, ValueError):
+        pid_in_file = int((run_dir / PIDFILE).read_text().strip() or 0)
+    stale = state is None or state.get("pid") != pid_in_file
+    if pid_in_file and stale and is_our_trainer(pid_in_file, run_dir / CONFIG):
+        if state is not None:
+            state["pid"] = pid_in_file
+        return "running", None
     if state is None:
         return "new", None
     if is_our_trainer(state.get("pid"), run_dir / CONFIG):
@@ -910,6 +922,8 @@ def ensure_run(
     with lock:
         state = read_state(run_dir) if run_dir.exists() else None
         status, ex = run_status(run_dir, state)
+        if status == "running" and state is None:  # adopted from train.pid (see run_status)
+            state = {"pid": int((run_dir / PIDFILE).read_text().strip()), "attempt": 1, "launcher": "unknown"}
         before = {"status": status, "attempt": (state or {}).get("attempt", 0)}
         old_text = cfg_path.read_text() if cfg_path.exists() else None
         restarted = None

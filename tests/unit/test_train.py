@@ -319,3 +319,34 @@ def test_check_mode_before_the_inputs_exist_predicts_a_launch(inputs, tmp_path):
         train.ensure_run(s)
     assert e.value.details["inputs_pending"] is True
     assert not (tmp_path / "run" / train.STATE).exists()
+
+
+def test_a_trainer_known_only_from_the_pid_file_is_never_doubled(inputs, tmp_path):
+    """The launcher died between starting the trainer (train.pid written) and writing state.json."""
+    p = train.plan(spec(inputs, tmp_path))
+    run = p.run_dir
+    run.mkdir(parents=True)
+    (run / train.CONFIG).write_text(p.config_text)
+    # STAND-IN trainer: a sleeping process whose argv is the shim's on this config
+    fake = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+            "eagle3ops.speculators_shim",
+            "--config",
+            str(run / train.CONFIG),
+        ],
+        start_new_session=True,
+    )
+    try:
+        (run / train.PIDFILE).write_text(f"{fake.pid}\n")
+        deadline = time.monotonic() + 10
+        while not train.is_our_trainer(fake.pid, run / train.CONFIG) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = train.ensure_run(spec(inputs, tmp_path))
+        assert r["changed"] is False and r["status"] == "running" and r["pid"] == fake.pid
+        assert not (run / train.STATE).exists()
+    finally:
+        fake.kill()
+        fake.wait()
