@@ -513,6 +513,7 @@ def _env(plan_: Plan) -> dict:
     }
     if plan_.device == "cpu":
         env["EAGLE3OPS_FORCE_CPU"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""  # speculators picks its autocast device from the visible accelerator
     env.update({str(k): str(v) for k, v in (plan_.spec.env or {}).items()})
     return env
 
