@@ -1,0 +1,104 @@
+"""site.yml on the embedded local default, for real, through ansible-runner (the user's `make run`):
+demo → prepare → extract on CPU; a second run reports changed=0; --check on a fresh work dir writes nothing;
+and the real consumer, speculators 0.9.0 `train`, reads every row the pipeline produced."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hosts"))
+from runner import run_playbook  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+INVENTORY = REPO / "inventory" / "local"
+TAGS = "runtime,prepare,extract"
+
+
+def _vars(workdir: Path) -> dict:
+    # a smaller demo than `make run` (same code path), to keep the suite fast on 2 cores
+    return {"eagle3ops_workdir": str(workdir), "prepare_demo_conversations": 60}
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    work = tmp_path_factory.mktemp("site-local") / "work"
+    first = run_playbook(REPO / "site.yml", INVENTORY, extravars=_vars(work), tags=TAGS)
+    return work, first
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+def test_first_run_builds_everything(pipeline):
+    work, first = pipeline
+    s = first.host("localhost")
+    assert first.rc == 0 and s["failed"] == 0, first.summary()
+    assert s["changed"] == 3, first.changed_tasks()  # demo, prepare, extract
+    (res,) = [r for r in first.task_results("Extract target hidden states for every prepared row") if r.get("written")]
+    rows = json.loads((work / "data" / "prepare_meta.json").read_text())["num_rows"]
+    assert res["written"] == res["total"] == rows > 0
+    assert res["layer_ids"] == [2, 4, 5]
+    st = json.loads(subprocess.run([sys.executable, "-m", "eagle3ops", "status", "--data", str(work / "data"), "--json"],
+                                   capture_output=True, text=True, check=True).stdout)
+    assert st["done"] == st["rows"] == rows and st["remaining"] == 0
+
+
+def test_second_run_changes_nothing(pipeline):
+    work, _ = pipeline
+    before = _files(work)
+    second = run_playbook(REPO / "site.yml", INVENTORY, extravars=_vars(work), tags=TAGS)
+    s = second.host("localhost")
+    assert second.rc == 0 and s["failed"] == 0, second.summary()
+    assert s["changed"] == 0, second.changed_tasks()
+    assert _files(work) == before  # not a byte rewritten
+
+
+def test_check_mode_on_a_fresh_workdir_writes_nothing(tmp_path):
+    work = tmp_path / "work"
+    r = run_playbook(REPO / "site.yml", INVENTORY, extravars=_vars(work), tags=TAGS, check=True)
+    assert r.rc == 0 and r.host("localhost")["failed"] == 0, r.summary()
+    assert not work.exists() or _files(work) == {}
+
+
+def test_check_mode_on_a_finished_workdir_predicts_no_change(pipeline):
+    work, _ = pipeline
+    r = run_playbook(REPO / "site.yml", INVENTORY, extravars=_vars(work), tags=TAGS, check=True)
+    assert r.rc == 0 and r.host("localhost")["changed"] == 0, r.changed_tasks()
+
+
+@pytest.mark.slow
+def test_speculators_trains_on_every_row(pipeline, tmp_path):
+    """The real consumer: `speculators train` (0.9.0, CPU through our shim, --on-missing raise) on the data the
+    pipeline wrote; every train and val row is loaded (none dropped for a token-id mismatch or a missing file)."""
+    work, _ = pipeline
+    data = work / "data"
+    script = tmp_path / "consume.py"
+    script.write_text(
+        "import json, sys\n"
+        "from eagle3ops.speculators_shim import apply_cpu_shim\n"
+        "apply_cpu_shim()\n"
+        "import torch\n"
+        "from speculators.train.data import ArrowDataset\n"
+        "from speculators.train.recovery import SampleUnavailable\n"
+        "data, n = sys.argv[1], 0\n"
+        "for split in ('train', 'val'):\n"
+        "    ds = ArrowDataset(max_len=512, datapath=data, on_missing='raise', train_ratio=0.9, split=split)\n"
+        "    for i in range(len(ds)):\n"
+        "        item = ds[i]\n"
+        "        assert not isinstance(item, SampleUnavailable), (split, i, item)\n"
+        "        assert item['hidden_states'].shape[1] == 3 * 64 and torch.isfinite(item['hidden_states']).all()\n"
+        "        n += 1\n"
+        "print(json.dumps({'rows_loaded': n}))\n"
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    out = subprocess.run([sys.executable, str(script), str(data)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads((data / "prepare_meta.json").read_text())["num_rows"]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["rows_loaded"] == rows
