@@ -625,7 +625,7 @@ def _collect(pp, tokenizer, sources, max_length, log, progress):
                     if sum(mask[:max_length]) == 0:
                         dropped["rows_unsupervised_after_truncation"] += 1
                         continue
-                    groups.append([(ids[:max_length], mask[:max_length])])
+                    groups.append([_compact(ids[:max_length], mask[:max_length])])
                     continue
                 n_asst = sum(
                     1 for j, t in enumerate(payload) if j > 0 and _role(t) not in ("user", "system", "tool")
@@ -644,10 +644,22 @@ def _collect(pp, tokenizer, sources, max_length, log, progress):
                     if sum(r["loss_mask"][:max_length]) == 0:
                         dropped["rows_unsupervised_after_truncation"] += 1
                         continue
-                    kept.append((r["input_ids"][:max_length], r["loss_mask"][:max_length]))
+                    kept.append(_compact(r["input_ids"][:max_length], r["loss_mask"][:max_length]))
                 if kept:
                     groups.append(kept)
     return groups, problems, dropped, n_records
+
+
+def _compact(ids: list[int], mask: list[int]):
+    """A row as numpy arrays (12 bytes a token instead of ~44 as Python ints; the seed had 88M tokens).
+
+    The dtypes are the ones the saved dataset has anyway (``datasets`` stores ``input_ids`` as int32,
+    speculators writes ``loss_mask`` as int64), so the Arrow output is the same as from Python lists.
+    """
+    import numpy as np
+
+    wide = max(ids, default=0) >= 2**31
+    return np.asarray(ids, dtype=np.int64 if wide else np.int32), np.asarray(mask, dtype=np.int64)
 
 
 def _role(turn: dict) -> str:
