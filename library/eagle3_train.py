@@ -17,7 +17,7 @@ description:
     number of distinct tokens. Defaults are SGLang-servable (C(norm_before_residual=false), full attention).
   - Idempotent by the run directory. A trainer still running (PID alive, command line matching) or a run that
     finished gives C(changed=false). A killed or crashed run is relaunched, and speculators resumes from its last
-    checkpoint (an incomplete last checkpoint, cut by a kill during the save, is moved aside first): C(changed=true).
+    checkpoint (an incomplete last checkpoint, cut by a kill during the save, is moved aside first), with C(changed=true).
     A configuration that differs from the run's fails, unless O(restart_on_change).
   - On GPUs it runs C(torchrun --nproc_per_node=<visible GPUs>), after the C(gpu_free) check of eagle3ops.gpu. On a
     host without GPUs it trains on CPU (the shim in C(eagle3ops.speculators_shim), pinned to speculators 0.9.0).
@@ -112,8 +112,8 @@ options:
     type: int
   extra_config:
     description:
-      - Other speculators settings as C({group: {key: value}}) (groups verifier, draft, data, loss, optimizer,
-        scheduler, trainer). Keys the module manages are refused.
+      - Other speculators settings as a mapping of group to a mapping of speculators keys and values (groups
+        verifier, draft, data, loss, optimizer, scheduler, trainer). Keys the module manages are refused.
     type: dict
     default: {}
   env:
