@@ -190,6 +190,7 @@ def train_stage(name: str, data: Path, verifier: Path, work: Path, args, extra_a
         "--wait",
         "--timeout",
         str(args.stage_timeout),
+        *(("--draft-attn-impl", args.draft_attn_impl) if args.draft_attn_impl else ()),
         *extra_args,
     ]
     rc, res, dt = cli(*argv, timeout=args.stage_timeout + 600)
