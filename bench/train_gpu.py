@@ -286,6 +286,11 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=120)
     ap.add_argument("--stage-timeout", type=float, default=1500)
     ap.add_argument(
+        "--draft-attn-impl",
+        choices=["simple_flex_attention", "sdpa", "eager"],
+        help="default: speculators' flex attention on GPU (torch.compile); sdpa if that cannot compile there",
+    )
+    ap.add_argument(
         "--device", choices=["gpu", "cpu"], default="gpu", help="cpu: a smoke test of this script"
     )
     args = ap.parse_args()
