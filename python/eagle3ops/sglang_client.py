@@ -134,6 +134,14 @@ class _Runner:
         self.gen_url = cfg.url.rstrip("/") + "/generate"
         self.errors_path = store.dir / sglang_hook.ERRORS_NAME
         self._stop = threading.Event()
+        self._health_lock = threading.Lock()
+        self.health_waits = 0
+
+    def _wait_until_healthy(self) -> None:
+        """The server is down (restarting?): one thread polls /health, the others queue behind it."""
+        with self._health_lock:
+            self.health_waits += 1
+            wait_health(self.cfg.url, self.cfg.health_timeout, sleep=self.cfg.sleep, poll=1.0)
 
     def _server_error_for(self, index: int, since: float) -> str | None:
         if not self.errors_path.exists():
@@ -195,7 +203,12 @@ class _Runner:
             try:
                 code, raw = _request(self.gen_url, body, cfg.request_timeout)
             except (TimeoutError, OSError, urllib.error.URLError) as e:
-                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+                reason = getattr(e, "reason", e)
+                last = f"{type(e).__name__}: {reason}"
+                if isinstance(reason, ConnectionRefusedError) or isinstance(e, ConnectionRefusedError):
+                    # nothing listens: the server is (re)starting. Waiting for /health costs no attempt budget
+                    # beyond this one; a server that never comes back ends the run with a clear error.
+                    self._wait_until_healthy()
                 continue
             if code in RETRY_STATUS:
                 last = f"HTTP {code}: {raw[:300].decode(errors='replace')}"
@@ -298,7 +311,17 @@ def run_sglang_extraction(
             result["health_wait_seconds"] = round(
                 wait_health(cfg.url, cfg.health_timeout, sleep=cfg.sleep), 3
             )
-            _drive(cfg, store, seq_lens, num_states, hidden, plan.remaining, result, on_progress)
+            if on_progress is None and cfg.progress:
+                from eagle3ops.extract import _progress_reporter
+
+                on_progress, close = _progress_reporter(len(plan.remaining), plan.tokens_remaining, True)
+            else:
+                close = None
+            try:
+                _drive(cfg, store, seq_lens, num_states, hidden, plan.remaining, result, on_progress)
+            finally:
+                if close:
+                    close()
     finally:
         if started and cfg.stop_server:
             _systemctl("stop", cfg.server_unit)
@@ -338,25 +361,30 @@ def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progr
                 if len(result["errors"]) < 50:
                     result["errors"].append({"index": o.index, "error": o.error})
 
-    with ThreadPoolExecutor(max_workers=conc, thread_name_prefix="e3o-sglang") as pool:
-        try:
-            for i in todo:
-                while len(pending) >= conc:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    collect(done)
-                ids = [int(x) for x in ds[int(i)]["input_ids"]]
-                if len(ids) != seq_lens[i]:
-                    raise SGLangClientError(
-                        f"{cfg.data_dir}: row {i} has {len(ids)} input_ids but seq_len "
-                        f"{seq_lens[i]}; re-run prepare"
-                    )
-                pending.add(pool.submit(runner.one, int(i), ids))
-            while pending:
+    pool = ThreadPoolExecutor(max_workers=conc, thread_name_prefix="e3o-sglang")
+    aborted = False
+    try:
+        for i in todo:
+            while len(pending) >= conc:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 collect(done)
-        except BaseException:
-            runner._stop.set()
-            raise
+            ids = [int(x) for x in ds[int(i)]["input_ids"]]
+            if len(ids) != seq_lens[i]:
+                raise SGLangClientError(
+                    f"{cfg.data_dir}: row {i} has {len(ids)} input_ids but seq_len {seq_lens[i]}; re-run prepare"
+                )
+            pending.add(pool.submit(runner.one, int(i), ids))
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            collect(done)
+    except BaseException:
+        aborted = True
+        runner._stop.set()
+        raise
+    finally:
+        # on an abort, do not wait for requests in flight (the server still finishes and writes them)
+        pool.shutdown(wait=not aborted, cancel_futures=True)
+        result["health_waits"] = runner.health_waits
 
 
 def server_args(

@@ -12,8 +12,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -125,12 +127,10 @@ def test_full_run_bounded_concurrency_then_nothing_left(tmp_path, data_dir, tiny
 def test_5xx_and_timeouts_are_retried_with_backoff(tmp_path, data_dir, tiny_target, reference):
     sleeps = []
     with standin_server(
-        tmp_path, data_dir, tiny_target, "--fail-first", "4", "--hang-rows", "2,7", "--hang-seconds", "4"
+        tmp_path, data_dir, tiny_target, "--fail-first", "4", "--hang-rows", "2,7", "--hang-seconds", "30"
     ) as url:
-        res = run_sglang_extraction(
-            _cfg(data_dir, tiny_target, url, request_timeout=1.5, sleep=sleeps.append)
-        )
-    assert res["written"] == len(LENGTHS) and res["failed"] == 0
+        res = run_sglang_extraction(_cfg(data_dir, tiny_target, url, request_timeout=8, sleep=sleeps.append))
+    assert res["written"] == len(LENGTHS) and res["failed"] == 0, res["errors"]
     assert res["retries"] >= 6 and res["requests"] >= len(LENGTHS) + 6
     assert sleeps and all(0 < s <= 60 for s in sleeps)
     _assert_equal_to_reference(data_dir, reference)
@@ -180,6 +180,55 @@ def test_kill_9_of_the_client_mid_run_then_resume(tmp_path, data_dir, tiny_targe
     assert res["done_before"] + res["adopted"] >= done_at_kill
     assert res["done_before"] + res["adopted"] + res["written"] == len(LENGTHS) and res["failed"] == 0
     _assert_equal_to_reference(data_dir, reference)
+
+
+def test_the_server_restarting_mid_run_is_waited_for(tmp_path, data_dir, tiny_target, reference):
+    """kill -9 of the SERVER mid-run, a new one on the same port: the client waits for /health and finishes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    args = ("--port", port, "--batch-delay", "0.3", "--max-batch", "1")
+    box = {}
+    with standin_server(tmp_path, data_dir, tiny_target, *args) as url:
+        cfg = _cfg(data_dir, tiny_target, url, concurrency=2, retries=3, request_timeout=20)
+        t = threading.Thread(target=lambda: box.update(res=run_sglang_extraction(cfg)))
+        t.start()
+        store = HiddenStateStore(data_dir)
+        t0 = time.monotonic()
+        while len(store.scan_manifest().entries) < 3:
+            assert t.is_alive() and time.monotonic() - t0 < 120
+            time.sleep(0.05)
+    assert t.is_alive()  # the server is gone, the client is waiting
+    with standin_server(tmp_path, data_dir, tiny_target, *args):
+        t.join(timeout=300)
+    res = box["res"]
+    assert res["failed"] == 0 and res["health_waits"] >= 1, res["errors"]
+    assert res["written"] == len(LENGTHS)
+    _assert_equal_to_reference(data_dir, reference)
+
+
+def test_plan_contacts_no_server(data_dir, tiny_target):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eagle3ops",
+            "sglang-extract",
+            "--data",
+            str(data_dir),
+            "--model",
+            str(tiny_target),
+            "--url",
+            "http://127.0.0.1:9",
+            "--plan",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0 and out["to_extract"] == len(LENGTHS) and out["changed"] is True
+    assert not (data_dir / "hidden_states" / "extract_meta.json").exists()
 
 
 def test_unreachable_server_is_reported(tmp_path, data_dir, tiny_target):

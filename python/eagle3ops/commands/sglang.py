@@ -54,6 +54,9 @@ def register(sub) -> None:
     e.add_argument("--restore-patch-always", action="store_true", help="restore even when rows failed")
     e.add_argument("--margin", type=float, default=0.05)
     e.add_argument("--no-progress", action="store_true")
+    e.add_argument(
+        "--plan", action="store_true", help="report what would be sent; contact no server, write nothing"
+    )
     e.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     e.set_defaults(func=cmd_extract)
 
@@ -80,7 +83,7 @@ def cmd_patch(args) -> int:
 
 
 def cmd_extract(args) -> int:
-    from eagle3ops.extract import ExtractError, _progress_reporter
+    from eagle3ops.extract import ExtractError
     from eagle3ops.sglang_client import SGLangClientError, SGLangExtractConfig, run_sglang_extraction
     from eagle3ops.sglang_patch import PatchError
     from eagle3ops.store import StoreError
@@ -107,18 +110,34 @@ def cmd_extract(args) -> int:
         restore_patch_always=args.restore_patch_always,
         progress=not args.no_progress,
     )
-    advance, close = (lambda n, t: None), (lambda: None)
     try:
-        if cfg.progress:
-            from eagle3ops.extract import load_seq_lens
+        if args.plan:
+            from eagle3ops.extract import ExtractConfig, plan_extraction
 
-            n = len(load_seq_lens(cfg.data_dir))
-            advance, close = _progress_reporter(n if cfg.limit is None else min(n, cfg.limit), 0, True)
-        res = run_sglang_extraction(cfg, on_progress=advance)
+            res = plan_extraction(
+                ExtractConfig(
+                    data_dir=args.data,
+                    model_path=args.model,
+                    layer_ids=args.layer_ids,
+                    layer_convention=args.layer_convention,
+                    dtype=args.dtype,
+                    limit=args.limit,
+                    margin_frac=args.margin,
+                )
+            )
+            res.update(
+                backend="sglang", check_mode=True, changed=bool(res["to_extract"]), written=0, failed=0
+            )
+            emit(
+                args,
+                res,
+                f"sglang extract would send {res['to_extract']} of {res['total']} rows "
+                f"({res['bytes_needed']} bytes to write, {res['free_bytes']} free)",
+            )
+            return 0
+        res = run_sglang_extraction(cfg)
     except (SGLangClientError, ExtractError, StoreError, PatchError) as e:
         raise CommandError(str(e)) from None
-    finally:
-        close()
     res["changed"] = res["written"] > 0 or bool(res.get("patch", {}).get("changed"))
     human = (
         f"sglang extract: {res['written']} written, {res['done_before']} already done, {res['failed']} failed "
