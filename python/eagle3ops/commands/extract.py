@@ -89,6 +89,7 @@ def _config(args):
         world_size=args.world_size or 1,
         rank=args.rank or 0,
         fsync=not args.no_fsync,
+        writer_threads=args.writer_threads,
         margin_frac=args.margin,
         limit=args.limit,
         progress=not args.no_progress,
