@@ -245,3 +245,76 @@ def test_restore_patch_at_the_end(tmp_path, data_dir, tiny_target):
         res = run_sglang_extraction(_cfg(data_dir, tiny_target, url, limit=3, restore_patch=str(target)))
     assert res["written"] == 3 and res["patch"]["changed"] is True
     assert sglang_patch.sha256_file(target) == sglang_patch.SPECS["0.5.23"].pristine_sha256
+
+
+def test_the_ansible_module_check_run_idempotent(tmp_path, data_dir, tiny_target, reference):
+    """library/sglang_extract.py through ansible-playbook: check mode predicts, a run writes, a re-run is changed=0."""
+    repo = Path(__file__).resolve().parents[2]
+    bindir = Path(sys.executable).parent
+    out = tmp_path / "results"
+    out.mkdir()
+    with standin_server(tmp_path, data_dir, tiny_target) as url:
+        play = tmp_path / "play.yml"
+        play.write_text(
+            json.dumps(
+                [
+                    {
+                        "hosts": "localhost",
+                        "gather_facts": False,
+                        "tasks": [
+                            {
+                                "name": "extract",
+                                "sglang_extract": {
+                                    "data_dir": str(data_dir),
+                                    "model": str(tiny_target),
+                                    "url": url,
+                                    "concurrency": 2,
+                                    "health_timeout": 60,
+                                },
+                                "register": "r",
+                            },
+                            {
+                                "name": "keep",
+                                "ansible.builtin.copy": {
+                                    "content": "{{ r | to_json }}",
+                                    "dest": str(out) + "/{{ run }}.json",
+                                },
+                                "check_mode": False,
+                            },
+                        ],
+                    }
+                ]
+            )
+        )
+        env = {
+            **os.environ,
+            "ANSIBLE_CONFIG": str(repo / "ansible.cfg"),
+            "PATH": f"{bindir}:{os.environ['PATH']}",
+        }
+
+        def run(name, *extra):
+            cmd = [
+                str(bindir / "ansible-playbook"),
+                "-i",
+                "localhost,",
+                "-c",
+                "local",
+                "-e",
+                f"ansible_python_interpreter={sys.executable}",
+                "-e",
+                f"run={name}",
+                str(play),
+                *extra,
+            ]
+            r = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, env=env, timeout=600)
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+            return json.loads((out / f"{name}.json").read_text())
+
+        check = run("check", "--check")
+        assert check["changed"] is True and check["to_extract"] == len(LENGTHS)
+        assert not HiddenStateStore(data_dir).meta_path.exists()
+        first = run("first")
+        assert first["changed"] is True and first["written"] == len(LENGTHS) and first["failed"] == 0
+        second = run("second")
+        assert second["changed"] is False and second["done_before"] == len(LENGTHS)
+    _assert_equal_to_reference(data_dir, reference)
