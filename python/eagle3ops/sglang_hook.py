@@ -297,8 +297,9 @@ class DumpHook:
         self._last = None
         if last is None or last[0] is not forward_batch:
             raise HookError(
-                "the final-norm capture did not run for this batch: the capture patch is incomplete "
-                "or the server runs with pipeline parallelism (the dump needs pp_size 1)"
+                "the final-norm capture did not run for this batch: the prefill was replayed from a CUDA graph "
+                "(start the server with --disable-prefill-cuda-graph), the server runs with pipeline parallelism "
+                "(the dump needs pp_size 1), or the capture patch is incomplete (eagle3ops sglang-patch status)"
             )
         last = last[1]
         if not self._checked_model:

@@ -169,3 +169,12 @@ def test_missing_store_meta_is_refused(tmp_path, tiny_target, states):
         run_patched_calls(
             DumpHook(d, LAYERS), StandInModel(LAYERS), *sglang_like_forward([_req(rows, 0)], states)
         )
+
+
+def test_a_prefill_that_skipped_the_final_norm_capture_is_refused(tmp_path, tiny_target, states):
+    """As when a prefill CUDA graph replays the model without calling Python: on_forward alone is an error."""
+    d = _fresh_store(tmp_path, tiny_target)
+    rows = _rows(d)
+    fb, aux, _last = sglang_like_forward([_req(rows, 0)], states)
+    with pytest.raises(HookError, match="--disable-prefill-cuda-graph"):
+        DumpHook(d, LAYERS).on_forward(StandInModel(LAYERS), fb, aux)
