@@ -144,7 +144,8 @@ def test_services_mask_idempotent_check_testinfra_restore(make_host, run_playboo
 def test_services_premasked_and_linked_units(make_host, run_playbook):
     """A unit masked before the phase stays masked after `restored`; a `systemctl link`ed unit (a symlink
     in /etc/systemd/system to a file elsewhere) is moved aside as a symlink and comes back as one; a name
-    with no unit installed is masked (a later install cannot start it) and unmasked again."""
+    with no unit installed is masked (a later install cannot start it) and unmasked again; the masked
+    units stay off across a restart of the host."""
     h = make_host(
         host_vars={"services_units": ["vllm.service", "sglang-old.service", "ghost"]}, groups=("gpu_hosts",)
     )
@@ -162,6 +163,9 @@ def test_services_premasked_and_linked_units(make_host, run_playbook):
         assert _state(h, unit)[0] == "masked", unit
     assert _state(h, "vllm.service") == ("masked", "inactive")
     assert h.ssh(f"readlink {BACKUP}/vllm.service.unit").stdout.strip() == "/opt/vllm/vllm.service"
+    # a reboot (container restart) does not bring the seed's auto-start back
+    h.restart()
+    assert _state(h, "vllm.service") == ("masked", "inactive")
     assert run_playbook(PLAYBOOK, h.inventory).host(h.name)["changed"] == 0
 
     rs = run_playbook(PLAYBOOK, h.inventory, extravars={"services_state": "restored"})
