@@ -222,27 +222,41 @@ def _reap_stale_claim(claim: Path) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _claim_owner(claim: Path) -> int:
+    try:
+        return int(dict(x.split("=", 1) for x in claim.read_text().splitlines() if "=" in x)["owner"])
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
+def reap_stale_claims() -> list[int]:
+    """Reap every claim whose owner process is gone (a session killed without finalizers); return them.
+    Call with the allocation lock held."""
+    reaped = []
+    claims = RUN_DIR / "net"
+    for claim in sorted(claims.glob("[0-9]*")) if claims.is_dir() else []:
+        owner = _claim_owner(claim)
+        if owner and _pid_alive(owner):
+            continue
+        with contextlib.suppress(Exception):
+            _reap_stale_claim(claim)
+        claim.unlink(missing_ok=True)
+        reaped.append(int(claim.name))
+    return reaped
+
+
 def allocate_subnet() -> int:
     """Claim a free /30 index for this process (``release_subnet`` gives it back)."""
     claims = RUN_DIR / "net"
     claims.mkdir(parents=True, exist_ok=True)
     with _flock(RUN_DIR / "net.lock"):
-        # Start after the highest live claim: fewer chances to meet a leftover of a crashed run.
+        reap_stale_claims()
         for idx in range(1, MAX_SUBNETS + 1):
-            claim = claims / str(idx)
-            if claim.exists():
-                owner = 0
-                with contextlib.suppress(Exception):
-                    owner = int(
-                        dict(x.split("=", 1) for x in claim.read_text().splitlines() if "=" in x)["owner"]
-                    )
-                if owner and _pid_alive(owner):
-                    continue
-                _reap_stale_claim(claim)
-                claim.unlink(missing_ok=True)
+            if (claims / str(idx)).exists():
+                continue
             if Path(f"/sys/class/net/ve-{host_name(idx)}").exists():
                 continue  # somebody else's interface by that name: leave it alone
-            claim.write_text(f"owner={os.getpid()}\nname={host_name(idx)}\n")
+            (claims / str(idx)).write_text(f"owner={os.getpid()}\nname={host_name(idx)}\n")
             return idx
     raise HostError(f"no free /30 left under {NET_PREFIX}: clean stale claims in {claims}")
 
@@ -255,7 +269,10 @@ def _update_claim(idx: int, **info) -> None:
 
 
 def release_subnet(idx: int) -> None:
-    (RUN_DIR / "net" / str(idx)).unlink(missing_ok=True)
+    """Drop this process's claim on ``idx`` (never another session's)."""
+    claim = RUN_DIR / "net" / str(idx)
+    if _claim_owner(claim) == os.getpid():
+        claim.unlink(missing_ok=True)
 
 
 def _terminate(pid: int, timeout: float = 20.0) -> None:

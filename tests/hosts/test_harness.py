@@ -81,3 +81,24 @@ def test_loop_device_detached_after_use(make_loop_device):
     loop.detach()
     out = subprocess.run(["losetup", "-j", str(loop.backing)], capture_output=True, text=True).stdout
     assert dev not in out
+
+
+def test_claims_of_a_dead_session_are_reaped(make_host):
+    """A pytest session killed without finalizers leaves a running host behind; the next allocation
+    finds its claim (owner PID dead), stops that host by its PID and removes its mount, veth and files."""
+    h = make_host()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    claim = nspawn.RUN_DIR / "net" / str(h.idx)
+    text = claim.read_text()
+    claim.write_text(text.replace(f"owner={os.getpid()}", f"owner={dead.pid}"))
+    pid, merged, workdir = h.pid, h.merged, h.workdir
+    idx = nspawn.allocate_subnet()
+    try:
+        assert not (nspawn.RUN_DIR / "net" / str(h.idx)).exists() or h.idx == idx
+        assert not os.path.exists(f"/proc/{pid}") or nspawn._is_zombie(pid)
+        assert not Path(f"/sys/class/net/ve-{h.name}").exists()
+        assert not os.path.ismount(merged) and not workdir.exists()
+    finally:
+        nspawn.release_subnet(idx)
+        h.pid = 0  # already gone; the fixture's teardown then has nothing left to stop
