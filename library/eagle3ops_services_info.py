@@ -14,6 +14,8 @@ description:
     so the role moves it aside first (M(eagle3ops_unit_backup)).
   - Also returns the units recorded in O(backup_dir) (what O(services_state=restored) acts on) and the
     other processes that hold C(/dev/nvidia*) open, read from C(/proc/*/fd).
+  - On a host where systemd is not the init system (no C(/run/systemd/system)) nothing can start a unit:
+    RV(systemd_running) is false and no unit is returned.
   - Read-only; never changes anything.
 options:
   units:
@@ -40,6 +42,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+systemd_running:
+  description: Whether systemd is the init system of the host.
+  returned: always
+  type: bool
 units:
   description: One entry per unit matched by O(units).
   returned: always
@@ -81,8 +87,6 @@ def main():
         ),
         supports_check_mode=True,
     )
-    if not module.get_bin_path("systemctl"):
-        module.fail_json(msg="systemctl not found: the services phase needs a host that runs systemd")
     p = module.params
     try:
         result = gather(p["units"], p["backup_dir"], holders=p["holders"])

@@ -49,6 +49,11 @@ def _systemctl(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def systemd_running(run_dir: str = "/run/systemd/system") -> bool:
+    """Whether systemd is the init system here (sd_booted(3): the directory exists)."""
+    return os.path.isdir(run_dir)
+
+
 def is_pattern(name: str) -> bool:
     return bool(_GLOB.search(name))
 
@@ -383,13 +388,27 @@ def nvidia_holders(proc: str = "/proc", dev_prefix: str = "/dev/nvidia", exclude
 
 
 def gather(patterns: list[str], backup_dir: str = DEFAULT_BACKUP_DIR, *, holders: bool = True,
-           etc_dir: str = SYSTEMD_ETC, proc: str = "/proc", systemctl=_systemctl) -> dict:  # fmt: skip
+           etc_dir: str = SYSTEMD_ETC, proc: str = "/proc", systemctl=_systemctl,
+           run_dir: str = "/run/systemd/system") -> dict:  # fmt: skip
     """Everything the role decides on: the units, their records, and other NVIDIA holders."""
+    if not systemd_running(run_dir):
+        # nothing can start a unit here (a CI box, a container without systemd): nothing to mask
+        result = {
+            "systemd_running": False,
+            "units": [],
+            "records": [],
+            "unit_names": [],
+            "recorded_names": [],
+        }
+        if holders:
+            result["holders"] = nvidia_holders(proc, exclude_units=[])
+        return result
     names = expand_units(patterns, systemctl)
     recorded = list_records(backup_dir)
     units = [unit_info(n, backup_dir, etc_dir, systemctl) for n in names]
     records = [unit_info(n, backup_dir, etc_dir, systemctl) for n in recorded]
-    result = {"units": units, "records": records, "unit_names": names, "recorded_names": recorded}
+    result = {"systemd_running": True, "units": units, "records": records, "unit_names": names,
+              "recorded_names": recorded}  # fmt: skip
     if holders:
         result["holders"] = nvidia_holders(proc, exclude_units=names)
     return result

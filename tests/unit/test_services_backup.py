@@ -151,8 +151,18 @@ def test_gather_reports_records_and_etc_entries(tmp_path):
         {"vllm.service": {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled"}}
     )
     s.record("vllm.service", backup, systemctl=fake, etc_dir=etc)
-    g = s.gather(["vllm"], backup, etc_dir=etc, proc=str(tmp_path), systemctl=fake)
+    g = s.gather(["vllm"], backup, etc_dir=etc, proc=str(tmp_path), systemctl=fake, run_dir=str(tmp_path))
+    assert g["systemd_running"] is True
     (u,) = g["units"]
     assert u["etc_entry"] == "file" and u["running"] and not u["masked"] and u["record"]["was_enabled"]
     assert g["recorded_names"] == ["vllm.service"] and g["holders"] == []
     assert json.loads(json.dumps(g)) == g  # module results must be JSON-serialisable
+
+
+def test_gather_without_systemd_returns_no_units(tmp_path):
+    """A host whose init is not systemd (this CI box, the local default): nothing can start a unit."""
+    fake = FakeSystemctl({"vllm.service": {"LoadState": "loaded", "ActiveState": "active"}})
+    g = s.gather(
+        ["vllm"], str(tmp_path / "b"), proc=str(tmp_path), systemctl=fake, run_dir=str(tmp_path / "no")
+    )
+    assert g["systemd_running"] is False and g["units"] == [] and g["holders"] == []
