@@ -135,6 +135,10 @@ def _sha(p):
 @pytest.mark.slow
 def test_install_patch_idempotent_check_mode_restore_refuse(setup):
     base = setup[0]
+    r, changed, failed = _play(setup, "--check")  # a fresh host: predicts the install, touches nothing
+    assert failed == 0 and changed > 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "SGLang is not installed" in r.stdout and not (base / "sglang-venv" / "bin" / "python").exists()
+
     r, changed, failed = _play(setup)
     assert failed == 0 and changed > 0, r.stdout[-4000:] + r.stderr[-2000:]
     target = _target(setup)
