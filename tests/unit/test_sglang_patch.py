@@ -158,3 +158,35 @@ def test_cli_status_apply_restore(target):
     target.write_text(target.read_text() + "\n# local edit\n")
     rc, out = cli("apply")
     assert rc == 2 and out["failed"] is True and out["expected_sha256"] == SPEC.pristine_sha256
+
+
+def test_the_server_flags_exist_in_sglang_0_5_23():
+    """Every flag of the dump server (client helper and the role's unit template) is a CLI field of the real
+    0.5.23 ServerArgs (``sglang/srt/arg_groups/fields/*.py``: ``--x-y`` is field ``x_y``, not ``no_cli``)."""
+    import re
+    import zipfile
+
+    from eagle3ops.sglang_client import server_args
+    from sglang_standin import _find_wheel
+
+    with zipfile.ZipFile(_find_wheel()) as z:
+        fields = "\n".join(
+            z.read(n).decode()
+            for n in z.namelist()
+            if n.startswith("sglang/srt/arg_groups/fields/") and n.endswith(".py")
+        )
+    template = (
+        Path(__file__).resolve().parents[2] / "roles/sglang/templates/eagle3ops-sglang-extract.service.j2"
+    ).read_text()
+    flags = {a for a in server_args(model_path="m", layer_ids=[2, 4, 5]) if a.startswith("--")}
+    flags |= set(re.findall(r"(--[a-z][a-z0-9-]+)", template.split("ExecStart=", 1)[1]))
+    assert {
+        "--disable-radix-cache",
+        "--disable-prefill-cuda-graph",
+        "--return-aux-hidden-state-layer-ids",
+    } <= flags
+    for flag in sorted(flags):
+        name = flag[2:].replace("-", "_")
+        m = re.search(rf"^    {name}: A\[(.*?)\n    \] = |^    {name}: A\[[^\n]*\] = ", fields, re.M | re.S)
+        assert m, f"{flag}: no field {name} in sglang 0.5.23's ServerArgs"
+        assert "no_cli=True" not in m.group(0), f"{flag} is not a command-line option in 0.5.23"

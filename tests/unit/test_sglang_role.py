@@ -163,6 +163,13 @@ def test_install_patch_idempotent_check_mode_restore_refuse(setup):
         "--tp-size 1",
     ):
         assert flag in unit, flag
+    if shutil.which("systemd-analyze"):  # systemd's own parser accepts the unit
+        v = subprocess.run(
+            ["systemd-analyze", "verify", str(base / "units" / "eagle3ops-sglang-extract.service")],
+            capture_output=True,
+            text=True,
+        )
+        assert v.returncode == 0, v.stderr
 
     r, changed, failed = _play(setup)
     assert (changed, failed) == (0, 0), r.stdout[-4000:]
