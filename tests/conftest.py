@@ -81,7 +81,9 @@ def pytest_sessionfinish(session, exitstatus):
         empty = []
         for root, dirs, _files in os.walk(base):
             # never descend into a kept host (its merged root is a live overlay mount)
-            dirs[:] = [d for d in dirs if not (Path(root, d, ".e3t-host").exists() or os.path.ismount(Path(root, d)))]
+            dirs[:] = [
+                d for d in dirs if not (Path(root, d, ".e3t-host").exists() or os.path.ismount(Path(root, d)))
+            ]
             empty.extend(Path(root, d) for d in dirs)
         for d in sorted(empty, key=lambda p: -len(p.parts)):
             with contextlib.suppress(OSError):
