@@ -80,7 +80,7 @@ def make_verifier(out: Path, hidden: int, vocab: int, layers: int) -> Path:
         pad_token_id=0,
     )
     cfg.save_pretrained(out)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = "cpu"  # never hold GPU memory in this process: the train phase checks the GPUs are free
     g = torch.Generator(device=dev).manual_seed(0)
     w = {
         "model.embed_tokens.weight": (torch.randn(vocab, hidden, generator=g, device=dev) * 0.02)
@@ -107,7 +107,7 @@ def make_synth_store(
     t0 = time.time()
     vcfg = json.loads((verifier / "config.json").read_text())
     hidden, vocab = vcfg["hidden_size"], vcfg["vocab_size"]
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = "cpu"  # never hold GPU memory in this process: the train phase checks the GPUs are free
     g = torch.Generator().manual_seed(1)
     lens = torch.randint(min_len, max_len + 1, (k,), generator=g).tolist()
     ids = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
