@@ -856,7 +856,7 @@ def rsync_command(src: str, dst: str, *, mode: str, extra: list[str] | tuple[str
     """``mode``: copy (resumable), verify (checksums, dry-run), quick (size+mtime, dry-run), preview."""
     cmd = ["rsync", *RSYNC_BASE, "--delete", *RSYNC_EXCLUDES, ITEMIZE_FORMAT]
     if mode == "copy":
-        cmd += ["--partial"]
+        cmd += ["--partial", "--sparse"]  # sparse files stay sparse: the size check counts allocated bytes
     elif mode == "verify":
         cmd += ["--checksum", "--dry-run"]
     elif mode in ("quick", "preview"):
@@ -959,11 +959,12 @@ def sync(
             return out
         need = tree_size(src)
         st = os.statvfs(dst)
-        have = st.f_blocks * st.f_frsize
+        # usable = free now + what an earlier (interrupted) copy already put there
+        have = st.f_bavail * st.f_frsize + tree_size(dst)
         if need > have:
             raise StorageError(
-                f"the new filesystem ({dst}, {have} bytes) is smaller than the data in {src} ({need} bytes "
-                f"allocated); use a bigger disk. Nothing was copied.",
+                f"the new filesystem ({dst}, {have} bytes usable) is smaller than the data in {src} ({need} "
+                f"bytes allocated); use a bigger disk. Nothing was copied.",
                 need=need,
                 have=have,
             )

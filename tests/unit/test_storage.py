@@ -235,6 +235,21 @@ def test_rsync_copy_then_verify_catches_a_same_size_same_mtime_change(tmp_path):
     assert any(line.endswith("a.bin") for line in diff), diff
 
 
+def test_rsync_copy_keeps_sparse_files_sparse(tmp_path):
+    """The size check counts allocated bytes, so the copy must not inflate sparse files."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    with open(src / "sparse.img", "wb") as f:
+        f.truncate(64 << 20)
+        f.write(b"head")
+    res = storage.run_rsync(storage.rsync_command(str(src), str(dst), mode="copy"))
+    assert res["rc"] == 0, res["stderr"]
+    st = (dst / "sparse.img").stat()
+    assert st.st_size == 64 << 20 and st.st_blocks * 512 < 1 << 20, st
+    assert storage.tree_size(str(dst)) < 1 << 20
+
+
 def test_rsync_failures_say_what_to_do(tmp_path):
     killed = storage.rsync_failure({"rc": -9, "stderr": ""}, ["rsync"], src="/data", dst="/mnt/s")
     assert "killed by signal 9" in str(killed) and "re-run" in str(killed)
