@@ -8,7 +8,7 @@ short_description: Copy, verify or quick-check the old /data against the new fil
 description:
   - Reads the paths from the migration state file and runs rsync from the data directory to the staging
     mount of the new filesystem.
-  - O(mode=copy) runs C(rsync -aHAX --numeric-ids --partial --delete); it is resumable (re-run = rsync
+  - O(mode=copy) runs C(rsync -aHAX --numeric-ids --partial --sparse --delete); it is resumable (re-run = rsync
     again) and moves the state to C(copied). O(mode=verify) is a checksum dry-run (C(rsync -c -n -i)) that
     must find no difference; it moves the state to C(verified). O(mode=quick) is the size+mtime dry-run
     done right before the cut-over.
