@@ -986,6 +986,13 @@ def sync(
         )
         return out
     if mode in ("verify", "quick"):
+        needs = "copied" if mode == "verify" else "verified"
+        if check_mode and step_index(state["step"]) < step_index(needs):
+            # the pass before it was only predicted in this check run: comparing now would report its work
+            out.update(
+                changed=True, predicted=True, msg=f"check mode: {mode} follows a copy that would run first"
+            )
+            return out
         cmd = rsync_command(src, dst, mode=mode, extra=[e for e in extra if not e.startswith("--bwlimit")])
         res = run_rsync(cmd)
         if res["rc"] != 0:

@@ -291,6 +291,13 @@ def test_rsync_killed_mid_copy_resumes_and_verifies(env, run_playbook):
     n_copied = len(list((env.staging / "hidden_states").glob("hs_*")))
     assert 3 <= n_copied < 30 or snapshot(env.staging) != before, "the copy should be partial"
     assert mounted_source(env.data) is None, "nothing may be cut over after a killed copy"
+    fstab = env.fstab.read_text()
+
+    # --check in the middle of a migration: predicts the copy, verification and cut-over, changes nothing
+    r = run(run_playbook, env, check=True)
+    assert r.rc == 0 and r.host("localhost")["changed"] > 0, r.summary()
+    assert json.loads(env.state.read_text())["step"] == "copying" and env.fstab.read_text() == fstab
+    assert not env.old.exists() and len(list((env.staging / "hidden_states").glob("hs_*"))) == n_copied
 
     r = run(run_playbook, env)
     assert r.rc == 0, r.summary()
