@@ -339,13 +339,11 @@ def probe_disk(disk: str, *, mounts: list[dict] | None = None, sys_root: str = "
         info["probe_error"] = str(e)
     info["partition_fs"] = {}
     for p in parts:
-        node = find_node(_majmin(p["devnum"]))
-        if node:
-            probe = blkid_probe(node)
-            if probe.get("TYPE"):
-                info["partition_fs"][p["kname"]] = {
-                    k: probe.get(k) for k in ("TYPE", "UUID", "LABEL") if probe.get(k)
-                }
+        probe = probe_devnum(_majmin(p["devnum"]))
+        if probe and probe.get("TYPE"):
+            info["partition_fs"][p["kname"]] = {
+                k: probe.get(k) for k in ("TYPE", "UUID", "LABEL") if probe.get(k)
+            }
     return info
 
 

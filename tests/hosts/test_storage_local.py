@@ -230,9 +230,19 @@ def test_refuses_a_disk_with_a_filesystem_and_force_wipes_it(env, run_playbook):
     assert "storage_force" in msg
     assert fs_uuid(env.disk) == uuid and not env.state.exists(), "a refused disk must be left untouched"
 
+    # a partition table with a filesystem on a partition: named too (partition, type, UUID)
+    sh("wipefs", "-q", "--all", env.disk)
+    sh("parted", "-s", env.disk, "mklabel", "gpt", "mkpart", "old", "1MiB", "100%")
+    sh("mkfs.xfs", "-q", f"{env.disk}p1")
+    part_uuid = fs_uuid(f"{env.disk}p1")
+    r = run(run_playbook, env)
+    assert r.rc != 0
+    assert "partition table gpt" in r.stdout and f"p1 (xfs UUID={part_uuid})" in r.stdout, r.stdout[-3000:]
+    assert fs_uuid(f"{env.disk}p1") == part_uuid and not env.state.exists()
+
     r = run(run_playbook, env, storage_force=True)
     assert r.rc == 0, r.summary()
-    assert fs_uuid(env.disk) != uuid and mounted_source(env.data) == f"{env.disk}p1"
+    assert fs_uuid(f"{env.disk}p1") not in ("", part_uuid) and mounted_source(env.data) == f"{env.disk}p1"
 
 
 def _rsync_pids(marker: str) -> list[int]:
