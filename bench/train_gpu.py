@@ -194,6 +194,8 @@ def train_stage(name: str, data: Path, verifier: Path, work: Path, args, extra_a
         # this bench process itself has the GPU's device files open (CUDA initialised to read the GPU's
         # name), which the gpu_free check rightly reports; that check is proven by bench/gpu_free_release.py
         "--no-gpu-free-check",
+        "--loss-implementation",
+        args.loss_implementation,
         *extra_args,
     ]
     rc, res, dt = cli(*argv, timeout=args.stage_timeout + 600)
@@ -287,6 +289,11 @@ def main() -> int:
     ap.add_argument("--max-len", type=int, default=2048)
     ap.add_argument("--total-seq-len", type=int, default=8192)
     ap.add_argument("--max-steps", type=int, default=120)
+    ap.add_argument(
+        "--loss-implementation",
+        default="eager",
+        help="eager: speculators 0.9.0's fused KL loss failed under torch 2.11 dynamo on the H200 (2026-11-29)",
+    )
     ap.add_argument("--stage-timeout", type=float, default=1500)
     ap.add_argument(
         "--draft-attn-impl",
