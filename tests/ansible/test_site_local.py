@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hosts"))
-from runner import run_playbook  # noqa: E402
+from runner import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 INVENTORY = REPO / "inventory" / "local"
