@@ -36,7 +36,8 @@ HS_DIR = "hidden_states"
 META_NAME = "extract_meta.json"
 MANIFEST_GLOB = "manifest-rank*.jsonl"
 _FILE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
-_TMP_RE = re.compile(r"^\.hs_\d+\.safetensors\..*\.tmp$")
+# temp files of atomic_write_bytes in hidden_states/: ".{final name}.{pid}.{thread}.tmp"
+_TMP_RE = re.compile(r"^\.(?:hs_\d+\.safetensors|extract_meta\.json)\.(?:(\d+)\.)?.*\.tmp$")
 
 # bytes per element for the dtypes we write
 DTYPE_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -63,6 +64,18 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own leftovers cannot be in flight: we clean before we write
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def atomic_write_bytes(path: str | os.PathLike, data, *, fsync: bool = True) -> int:
@@ -260,13 +273,16 @@ class HiddenStateStore:
         return ManifestEntry(index, seq_len, nbytes, crc, self.rank)
 
     def clean_temp_files(self) -> list[str]:
-        """Remove temp files left by a killed writer (never a final-name file)."""
+        """Remove temp files left by a killed writer (never a final-name file, never the temp file of a
+        writer process that is still alive, e.g. another rank's)."""
         removed = []
         if self.dir.exists():
             for name in os.listdir(self.dir):
-                if _TMP_RE.match(name):
-                    (self.dir / name).unlink(missing_ok=True)
-                    removed.append(name)
+                m = _TMP_RE.match(name)
+                if not m or (m.group(1) and _pid_alive(int(m.group(1)))):
+                    continue
+                (self.dir / name).unlink(missing_ok=True)
+                removed.append(name)
         return removed
 
     # ---------- resume ----------
