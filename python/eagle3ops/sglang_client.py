@@ -66,7 +66,7 @@ class SGLangExtractConfig:
     restore_patch: str | None = None  # deepseek_v2.py to restore when every row is done
     restore_patch_always: bool = False  # restore even when rows failed
     progress: bool = True
-    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)  # retry backoff (tests record it)
 
 
 # -------------------------------------------------------------------------------------------------- HTTP
@@ -141,7 +141,7 @@ class _Runner:
         """The server is down (restarting?): one thread polls /health, the others queue behind it."""
         with self._health_lock:
             self.health_waits += 1
-            wait_health(self.cfg.url, self.cfg.health_timeout, sleep=self.cfg.sleep, poll=1.0)
+            wait_health(self.cfg.url, self.cfg.health_timeout, poll=0.5)
 
     def _server_error_for(self, index: int, since: float) -> str | None:
         if not self.errors_path.exists():
@@ -308,9 +308,7 @@ def run_sglang_extraction(
                 store.clean_temp_files()  # no server of ours is running yet: temp files are leftovers
                 _systemctl("start", cfg.server_unit)
                 started = True
-            result["health_wait_seconds"] = round(
-                wait_health(cfg.url, cfg.health_timeout, sleep=cfg.sleep), 3
-            )
+            result["health_wait_seconds"] = round(wait_health(cfg.url, cfg.health_timeout, poll=0.5), 3)
             if on_progress is None and cfg.progress:
                 from eagle3ops.extract import _progress_reporter
 

@@ -207,7 +207,6 @@ class DumpHook:
         self._progress: dict[int, int] = {}  # forward thread: index -> tokens seen of a chunked prefill
         self._serialize = None
         self.stats = HookStats()
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ set-up (lazy: first real batch)
     @classmethod

@@ -127,7 +127,7 @@ def test_full_run_bounded_concurrency_then_nothing_left(tmp_path, data_dir, tiny
 def test_5xx_and_timeouts_are_retried_with_backoff(tmp_path, data_dir, tiny_target, reference):
     sleeps = []
     with standin_server(
-        tmp_path, data_dir, tiny_target, "--fail-first", "4", "--hang-rows", "2,7", "--hang-seconds", "30"
+        tmp_path, data_dir, tiny_target, "--fail-first", "4", "--hang-rows", "7,9", "--hang-seconds", "30"
     ) as url:
         res = run_sglang_extraction(_cfg(data_dir, tiny_target, url, request_timeout=8, sleep=sleeps.append))
     assert res["written"] == len(LENGTHS) and res["failed"] == 0, res["errors"]
