@@ -87,7 +87,7 @@ def standin_server(tmp_path, data_dir, model, *args):
 
 def _cfg(data_dir, model, url, **kw):
     kw.setdefault("concurrency", 3)
-    kw.setdefault("health_timeout", 60)
+    kw.setdefault("health_timeout", 180)
     kw.setdefault("confirm_timeout", 30)
     kw.setdefault("backoff", 0.05)
     return SGLangExtractConfig(data_dir=str(data_dir), model_path=str(model), url=url, progress=False, **kw)
@@ -269,7 +269,7 @@ def test_the_ansible_module_check_run_idempotent(tmp_path, data_dir, tiny_target
                                     "model": str(tiny_target),
                                     "url": url,
                                     "concurrency": 2,
-                                    "health_timeout": 60,
+                                    "health_timeout": 180,
                                 },
                                 "register": "r",
                             },
