@@ -1,0 +1,61 @@
+"""``eagle3ops convert``: a speculators EAGLE-3 checkpoint -> the draft directory SGLang 0.5.23 serves."""
+
+from __future__ import annotations
+
+import sys
+
+from eagle3ops.cli import CommandError, add_json_flag, emit
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "convert",
+        help="convert a speculators eagle3 checkpoint for SGLang 0.5.23 (LlamaForCausalLMEagle3)",
+        description="Refuses drafts SGLang cannot serve as trained (norm_before_residual, a sliding window "
+        "the server would not match, trained embeddings...). Idempotent: an up-to-date output is left alone.",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a checkpoint dir, a speculators save path (checkpoint_best / newest epoch) or a train run dir",
+    )
+    p.add_argument("--out", required=True, help="output directory (--speculative-draft-model-path)")
+    p.add_argument(
+        "--serve-window",
+        type=int,
+        help="the --speculative-draft-window-size the server will use (needed for a sliding-window draft)",
+    )
+    p.add_argument("--target-arch", help="the target's architecture (default: the checkpoint's verifier's)")
+    p.add_argument(
+        "--sglang-layer-ids",
+        type=int,
+        nargs="+",
+        help="write these ids into eagle_config as is (for a target outside eagle3ops' convention table)",
+    )
+    p.add_argument("--check", action="store_true", help="check and predict; write nothing")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_convert)
+
+
+def cmd_convert(args) -> int:
+    from eagle3ops import convert as cv
+
+    try:
+        res = cv.convert(
+            args.checkpoint,
+            args.out,
+            serve_window=args.serve_window,
+            target_arch=args.target_arch,
+            sglang_ids=args.sglang_layer_ids,
+            check=args.check,
+        )
+    except cv.ConvertError as e:
+        raise CommandError(str(e), **e.details) from None
+    verb = ("would write" if args.check else "wrote") if res["changed"] else "up to date:"
+    print(
+        f"convert: {verb} {res['out']} from {res['checkpoint']} (target {res['target_arch']}, layer ids "
+        f"{res['layer_ids']} -> SGLang {res['sglang_layer_ids']})",
+        file=sys.stderr,
+    )
+    emit(args, res, f"{res['out']}: serve with {' '.join(res['serve_args'])}")
+    return 0
