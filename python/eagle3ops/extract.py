@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import queue
+import shutil
 import sys
 import threading
 import time
@@ -715,6 +716,13 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         try:
             writer.finish()
         except BaseException as werr:  # the writer's own error is the more useful one
+            if isinstance(werr, DiskSpaceError):  # say how much the rest of the run still needs
+                left = max(0, plan.bytes_needed - writer.stats.bytes)
+                free = shutil.disk_usage(store.dir).free
+                werr = DiskSpaceError(
+                    f"{werr} {human_bytes(left)} of hidden states still to write in {store.dir}, "
+                    f"{human_bytes(free)} free there now."
+                )
             raise werr from None
         raise
     finally:

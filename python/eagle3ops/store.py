@@ -406,7 +406,9 @@ def preflight_disk(
     if bytes_needed > 0 and needed > usage.free:
         raise DiskSpaceError(
             f"not enough space on the filesystem of {path}: {_human(bytes_needed)} of hidden states still to "
-            f"write ({_human(needed)} with the {margin_frac:.0%} margin), {_human(usage.free)} free. Free "
+            f"write ({_human(needed)} with the {margin_frac:.0%}"
+            + (f" + {_human(margin_bytes)}" if margin_bytes else "")
+            + f" margin), {_human(usage.free)} free. Free "
             f"{_human(needed - usage.free)} or point the data directory at a larger disk (the storage phase); "
             "nothing was written."
         )
