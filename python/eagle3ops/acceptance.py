@@ -118,13 +118,15 @@ class Eagle3Drafter:
         cfg = json.loads((ckpt / "config.json").read_text())
         cfg.pop("auto_map", None)
         config = Eagle3SpeculatorConfig(**cfg)
-        config.transformer_layer_config._attn_implementation = "sdpa"  # noqa: SLF001 - CPU-friendly
+        config.transformer_layer_config._attn_implementation = "sdpa"
         model = Eagle3DraftModel(config)
         state = load_file(str(ckpt / "model.safetensors"))
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [m for m in missing if not m.startswith("verifier_")]
         if missing or unexpected:
-            raise AcceptanceError(f"{ckpt}: checkpoint does not match its config (missing {missing}, unexpected {unexpected})")
+            raise AcceptanceError(
+                f"{ckpt}: checkpoint does not match its config (missing {missing}, unexpected {unexpected})"
+            )
         self.model = model.to(getattr(torch, dtype)).eval()
         self.dtype = getattr(torch, dtype)
         self.checkpoint = str(ckpt)
@@ -178,7 +180,9 @@ class Eagle3Drafter:
         if m.fc_norm is not None:
             import torch
 
-            aux = torch.cat([n(c) for n, c in zip(m.fc_norm, aux.chunk(len(m.fc_norm), dim=-1), strict=True)], -1)
+            aux = torch.cat(
+                [n(c) for n, c in zip(m.fc_norm, aux.chunk(len(m.fc_norm), dim=-1), strict=True)], -1
+            )
         return m.fc(aux)
 
     def propose(self, ids: list[int], aux, k: int) -> list[int]:
@@ -246,7 +250,7 @@ def measure(target: Target, drafter, prompts: list[dict], *, k: int = 3, max_new
         ids = target.encode(p)
         prompt_len = len(ids)
         choice, aux = target.forward(ids)
-        ids = ids + [int(choice[-1])]
+        ids = [*ids, int(choice[-1])]
         steps = 0
         acc_sum = 0
         while len(ids) - prompt_len < max_new_tokens and ids[-1] != target.eos:
@@ -256,7 +260,7 @@ def measure(target: Target, drafter, prompts: list[dict], *, k: int = 3, max_new
             a = 0
             while a < k and drafts[a] == int(choice[n + a]):
                 a += 1
-            new = drafts[:a] + [int(choice[n + a])]
+            new = [*drafts[:a], int(choice[n + a])]
             if target.eos in new:
                 new = new[: new.index(target.eos) + 1]
             ids = ids + new
@@ -266,7 +270,11 @@ def measure(target: Target, drafter, prompts: list[dict], *, k: int = 3, max_new
             acc_sum += a + 1
         total_new += len(ids) - prompt_len
         per_prompt.append(
-            {"id": p["id"], "verify_steps": steps, "acceptance_length": round(acc_sum / steps, 4) if steps else None}
+            {
+                "id": p["id"],
+                "verify_steps": steps,
+                "acceptance_length": round(acc_sum / steps, 4) if steps else None,
+            }
         )
     steps = sum(accepted_hist)
     if not steps:

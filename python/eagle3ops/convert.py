@@ -195,7 +195,8 @@ def check_servable(cfg: dict, serve_window: int | None = None) -> dict:
         )
     if problems:
         raise ConvertError(
-            f"{where}: SGLang {SGLANG_VERSION} cannot serve this draft as trained:\n- " + "\n- ".join(problems),
+            f"{where}: SGLang {SGLANG_VERSION} cannot serve this draft as trained:\n- "
+            + "\n- ".join(problems),
             problems=problems,
         )
     return {"window": window}
@@ -292,15 +293,22 @@ def plan(
     arch = target_arch or (verifier.get("architectures") or [None])[0]
     ids = cfg.get("eagle_aux_hidden_state_layer_ids")
     if not ids:
-        raise ConvertError(f"{cfg['_path']}: eagle_aux_hidden_state_layer_ids is empty; retrain with explicit ids")
+        raise ConvertError(
+            f"{cfg['_path']}: eagle_aux_hidden_state_layer_ids is empty; retrain with explicit ids"
+        )
     if sglang_ids:
         out_ids, rule = [int(i) for i in sglang_ids], "given"
         if len(out_ids) != len(ids):
-            raise ConvertError(f"--sglang-layer-ids {out_ids} has not the {len(ids)} ids the draft was trained on")
+            raise ConvertError(
+                f"--sglang-layer-ids {out_ids} has not the {len(ids)} ids the draft was trained on"
+            )
     else:
         out_ids, rule = sglang_layer_ids(ids, arch)
     scfg = sglang_config(cfg, out_ids)
-    src = {"config.json": _sha256(ckpt / "config.json"), "model.safetensors": _sha256(ckpt / "model.safetensors")}
+    src = {
+        "config.json": _sha256(ckpt / "config.json"),
+        "model.safetensors": _sha256(ckpt / "model.safetensors"),
+    }
     serve_args = [
         "--speculative-algorithm",
         "EAGLE3",
@@ -319,8 +327,13 @@ def plan(
         "config": scfg,
         "source_sha256": src,
         "serve_args": serve_args,
-        "stamp": {"converter_version": CONVERTER_VERSION, "sglang_version": SGLANG_VERSION, "source": src,
-                  "sglang_layer_ids": out_ids, "draft_window_size": facts["window"]},
+        "stamp": {
+            "converter_version": CONVERTER_VERSION,
+            "sglang_version": SGLANG_VERSION,
+            "source": src,
+            "sglang_layer_ids": out_ids,
+            "draft_window_size": facts["window"],
+        },
     }
 
 
@@ -363,8 +376,13 @@ def convert(
             tensors[dst] = t.contiguous()
     for need in ("fc.weight", "lm_head.weight", "norm.weight", "d2t", "layers.0.hidden_norm.weight"):
         if need not in tensors:
-            raise ConvertError(f"{ckpt / 'model.safetensors'}: no {need!r}; not a complete speculators eagle3 draft")
-    if tuple(tensors["lm_head.weight"].shape) != (p["config"]["draft_vocab_size"], p["config"]["hidden_size"]):
+            raise ConvertError(
+                f"{ckpt / 'model.safetensors'}: no {need!r}; not a complete speculators eagle3 draft"
+            )
+    if tuple(tensors["lm_head.weight"].shape) != (
+        p["config"]["draft_vocab_size"],
+        p["config"]["hidden_size"],
+    ):
         raise ConvertError(
             f"lm_head.weight {tuple(tensors['lm_head.weight'].shape)} does not match draft_vocab_size x hidden"
         )

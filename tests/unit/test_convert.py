@@ -1,0 +1,301 @@
+"""The converter's output checked against the REAL SGLang 0.5.23 source (read from the wheel, never imported:
+its runtime needs CUDA kernels).
+
+- ``LlamaForCausalLMEagle3.load_weights`` is taken from ``sglang/srt/models/llama_eagle3.py`` with ``ast`` and
+  executed as is on the converted weights. STAND-IN: the module it loads into. Its parameter names and shapes
+  are written here from the source's module tree at tensor-parallel size 1 (each attribute name is asserted
+  to be in the source), and the sharded weight loaders of ``QKVParallelLinear`` / ``MergedColumnParallelLinear``
+  are replaced by slice copies (q|k|v rows, gate|up rows: their TP=1 behaviour).
+- The config keys SGLang reads, the architecture name (``EntryClass``) and the layer-id convention of each
+  target model file (``set_eagle3_layers_to_capture``) are read from the source too.
+- The checkpoints are made by speculators' own code (``eagle3_draft_fixture``: the trainer's construction and
+  ``save_pretrained``) with random decoder weights.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+import typing
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eagle3_draft_fixture import edit_config, make_draft_checkpoint
+from eagle3ops import convert as cv
+from eagle3ops.train_fixtures import make_tiny_verifier
+
+
+def _sglang_source(member: str) -> str:
+    from sglang_standin import _find_wheel, pristine_deepseek_v2
+
+    whl = _find_wheel()
+    if whl is None:
+        pristine_deepseek_v2()  # downloads the wheel when no copy is cached
+        whl = _find_wheel()
+    with zipfile.ZipFile(whl) as z:
+        return z.read(member).decode()
+
+
+@pytest.fixture(scope="module")
+def eagle3_src():
+    return _sglang_source("sglang/srt/models/llama_eagle3.py")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    root = tmp_path_factory.mktemp("convert")
+    verifier = make_tiny_verifier(root / "verifier", vocab_size=512)
+    return {
+        "root": root,
+        "verifier": verifier,
+        "ckpt1": make_draft_checkpoint(root / "ckpt1", verifier, num_layers=1),
+        "ckpt2": make_draft_checkpoint(root / "ckpt2", verifier, num_layers=2, norm_before_fc=False, seed=1),
+    }
+
+
+def _load_weights_fn(src: str):
+    """The real LlamaForCausalLMEagle3.load_weights, compiled from the 0.5.23 source."""
+    tree = ast.parse(src)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "LlamaForCausalLMEagle3")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "load_weights")
+    import torch
+
+    ns = {"torch": torch, "Iterable": typing.Iterable, "Tuple": typing.Tuple, "default_weight_loader": _copy}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "llama_eagle3.py", "exec"), ns)  # noqa: S102
+    return ns["load_weights"]
+
+
+def _copy(param, w):
+    assert tuple(param.shape) == tuple(w.shape), (tuple(param.shape), tuple(w.shape))
+    param.data.copy_(w)
+
+
+def _stacked_loader(offsets):
+    def loader(param, w, shard_id):
+        lo, hi = offsets[shard_id]
+        assert tuple(w.shape) == (hi - lo, param.shape[1]), (shard_id, tuple(w.shape), tuple(param.shape))
+        param.data[lo:hi].copy_(w)
+
+    return loader
+
+
+def sglang_params(cfg: dict) -> dict:
+    """STAND-IN for ``dict(LlamaForCausalLMEagle3(config).named_parameters())`` at TP=1 (see module doc)."""
+    import torch
+
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    hin = cfg.get("target_hidden_size") or h
+    naux = len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    shapes = {
+        "model.embed_tokens.weight": (cfg["vocab_size"], h),
+        "model.fc.weight": (h, hin * naux),
+        "model.norm.weight": (h,),
+        "lm_head.weight": (cfg["draft_vocab_size"], h),
+    }
+    if cfg["eagle_config"].get("norm_before_fc", cfg.get("norm_before_fc")):
+        shapes["model.input_norm.weight"] = (hin * naux,)
+    loaders = {}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        qkv_in = 2 * h if i == 0 else h
+        shapes[p + "self_attn.qkv_proj.weight"] = ((nh + 2 * nkv) * hd, qkv_in)
+        loaders[p + "self_attn.qkv_proj.weight"] = _stacked_loader(
+            {"q": (0, nh * hd), "k": (nh * hd, (nh + nkv) * hd), "v": ((nh + nkv) * hd, (nh + 2 * nkv) * hd)}
+        )
+        shapes[p + "self_attn.o_proj.weight"] = (h, nh * hd)
+        shapes[p + "mlp.gate_up_proj.weight"] = (2 * inter, h)
+        loaders[p + "mlp.gate_up_proj.weight"] = _stacked_loader({0: (0, inter), 1: (inter, 2 * inter)})
+        shapes[p + "mlp.down_proj.weight"] = (h, inter)
+        for norm in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
+            shapes[p + norm + ".weight"] = (h,)
+    params = {}
+    for name, shape in shapes.items():
+        t = torch.nn.Parameter(torch.full(shape, float("nan")), requires_grad=False)
+        if name in loaders:
+            t.weight_loader = loaders[name]
+        params[name] = t
+    return params
+
+
+def test_the_stand_in_module_tree_uses_the_sources_names(eagle3_src):
+    """Each attribute the stand-in's parameter names use is one the real source defines."""
+    llama = _sglang_source("sglang/srt/models/llama.py")
+    for attr in ("embed_tokens", "fc", "layers", "norm", "input_norm", "hidden_norm", "lm_head"):
+        assert re.search(rf"self\.{attr} = ", eagle3_src), attr
+    assert "self.self_attn.qkv_proj = QKVParallelLinear(" in eagle3_src
+    assert "hidden_size = 2 * self.hidden_size if self.is_input_layer else self.hidden_size" in eagle3_src
+    # layers >= 1 use hidden_norm (fused with the residual) as their pre-attention norm
+    assert "hidden_states, residual = self.hidden_norm(hidden_states, residual)" in eagle3_src
+    for attr in ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm"):
+        assert re.search(rf"self\.{attr} = ", llama), attr
+    for attr in ("gate_up_proj", "down_proj", "o_proj"):
+        assert re.search(rf"self\.{attr} = \w+", llama), attr
+    assert re.search(r'prefix=add_prefix\("model", prefix\)', eagle3_src)
+
+
+@pytest.mark.parametrize("which", ["ckpt1", "ckpt2"])
+def test_converted_draft_loads_completely_through_the_real_load_weights(base, eagle3_src, tmp_path, which):
+    import torch
+    from safetensors.torch import load_file
+
+    res = cv.convert(base[which], tmp_path / "draft")
+    cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert res["changed"] and cfg == res["config"]
+    weights = load_file(str(tmp_path / "draft" / "model.safetensors"))
+    src = load_file(str(Path(base[which]) / "model.safetensors"))
+
+    params = sglang_params(cfg)
+    model = SimpleNamespace(named_parameters=lambda: list(params.items()), hot_token_id=None)
+    _load_weights_fn(eagle3_src)(model, list(weights.items()))
+
+    # every parameter SGLang's forward uses was loaded (layers >= 1 never call their input_layernorm)
+    unused = {f"model.layers.{i}.input_layernorm.weight" for i in range(1, cfg["num_hidden_layers"])}
+    for name, p in params.items():
+        if name not in unused:
+            assert not torch.isnan(p).any(), f"{name} was not loaded: a converted name was silently ignored"
+    # ... with the right values
+    assert torch.equal(params["lm_head.weight"], src["lm_head.weight"].float())
+    assert torch.equal(params["model.fc.weight"], src["fc.weight"].float())
+    qkv = params["model.layers.0.self_attn.qkv_proj.weight"]
+    q, k, v = (src[f"layers.0.self_attn.{n}_proj.weight"].float() for n in "qkv")
+    assert torch.equal(qkv, torch.cat([q, k, v]))
+    gu = params["model.layers.0.mlp.gate_up_proj.weight"]
+    assert torch.equal(
+        gu, torch.cat([src["layers.0.mlp.gate_proj.weight"], src["layers.0.mlp.up_proj.weight"]]).float()
+    )
+    if cfg["num_hidden_layers"] > 1:
+        assert torch.equal(
+            params["model.layers.1.hidden_norm.weight"], src["layers.1.input_layernorm.weight"].float()
+        )
+    # d2t becomes the hot token ids: draft id i -> target id i + d2t[i]
+    hot = model.hot_token_id
+    assert hot is not None and torch.equal(hot, src["d2t"] + torch.arange(src["d2t"].shape[0]))
+    t2d = src["t2d"]
+    assert torch.equal(torch.nonzero(t2d).flatten(), hot)  # the same tokens speculators kept
+    assert not any(n.startswith("verifier_") for n in weights)
+
+
+def test_config_has_what_sglang_reads(base, eagle3_src, tmp_path):
+    res = cv.convert(base["ckpt1"], tmp_path / "draft")
+    cfg = res["config"]
+    entry = re.search(r"^EntryClass = \[(.*)\]", eagle3_src, re.M).group(1)
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and "LlamaForCausalLMEagle3" in entry
+    # keys the 0.5.23 draft model reads
+    assert "config.draft_vocab_size" in eagle3_src and cfg["draft_vocab_size"] == 200
+    assert 'eagle_config.get("eagle_aux_hidden_state_layer_ids")' in eagle3_src
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert 'eagle_config.get("norm_before_fc"' in eagle3_src and cfg["eagle_config"]["norm_before_fc"] is True
+    assert 'getattr(config, "norm_output", False)' in eagle3_src and cfg["norm_output"] is True
+    assert "self.config.tie_word_embeddings" in eagle3_src and cfg["tie_word_embeddings"] is False
+    assert cfg["vocab_size"] == 512 and cfg["model_type"] == "llama"
+    # the worker reads the ids from eagle_config too (which layers the target captures)
+    aux = _sglang_source("sglang/srt/model_executor/model_runner_components/spec_aux_hidden_state.py")
+    assert 'eagle_config[\n                "eagle_aux_hidden_state_layer_ids"\n            ]' in aux
+
+
+def _rule_in_source(src: str, cls_name: str) -> str:
+    tree = ast.parse(src)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "set_eagle3_layers_to_capture":
+                    text = ast.unparse(fn)
+                    if "layer_ids[0] == 1" in text and "list(layer_ids)" in text:
+                        return "as_is_unless_first_is_1"
+                    if "[val + 1 for val in layer_ids]" in text:
+                        return "plus_one"
+                    return "other"
+    return "missing"
+
+
+def test_layer_id_rules_match_the_real_model_files():
+    """eagle3ops' table of SGLang's layer-id conventions is what each 0.5.23 model file does."""
+    checked = 0
+    for arch, (fname, rule) in cv.LAYER_ID_RULES.items():
+        if arch == "KimiK25ForConditionalGeneration":
+            src = _sglang_source("sglang/srt/models/kimi_k25.py")
+            assert "DeepseekV3ForCausalLM" in src  # the wrapper holds the DeepSeek language model
+            continue
+        src = _sglang_source(f"sglang/srt/models/{fname}")
+        # DeepseekV3ForCausalLM subclasses DeepseekV2ForCausalLM without overriding the method
+        cls = "DeepseekV2ForCausalLM" if arch == "DeepseekV3ForCausalLM" else arch
+        assert re.search(rf"^class {arch}\(", src, re.M), f"{arch} not in {fname}"
+        assert _rule_in_source(src, cls) == rule, f"{arch} ({fname})"
+        checked += 1
+    assert checked >= 6
+
+
+def test_layer_ids_per_target_convention():
+    assert cv.sglang_layer_ids([2, 4, 5], "DeepseekV3ForCausalLM") == ([2, 4, 5], "as_is_unless_first_is_1")
+    assert cv.sglang_layer_ids([2, 30, 58], "LlamaForCausalLM")[0] == [1, 29, 57]
+    with pytest.raises(cv.ConvertError, match="shifts ids that start with 1"):
+        cv.sglang_layer_ids([1, 4, 5], "DeepseekV3ForCausalLM")
+    with pytest.raises(cv.ConvertError, match="layer id 0"):
+        cv.sglang_layer_ids([0, 4, 5], "Qwen3ForCausalLM")
+    with pytest.raises(cv.ConvertError, match="--sglang-layer-ids"):
+        cv.sglang_layer_ids([2, 4, 5], "MysteryForCausalLM")
+
+
+def test_unservable_checkpoints_are_refused_with_what_to_do(base, tmp_path):
+    ck = base["ckpt1"]
+    cases = {
+        "nbr": ({"norm_before_residual": True}, "norm_before_residual false"),
+        "emb": ({"embed_requires_grad": True}, "replaces the draft's embedding"),
+        "mix": (
+            {"tl_layer_types": ["full_attention", "sliding_attention"], "tl_num_hidden_layers": 2},
+            "mix full",
+        ),
+        "swa": (
+            {"tl_layer_types": ["sliding_attention"], "tl_sliding_window": 512},
+            "--speculative-draft-window-size 512",
+        ),
+        "qwen": ({"tl_model_type": "qwen3"}, "Llama layer"),
+    }
+    for name, (changes, needle) in cases.items():
+        bad = edit_config(ck, tmp_path / name, **changes)
+        with pytest.raises(cv.ConvertError) as e:
+            cv.convert(bad, tmp_path / f"{name}-out")
+        assert needle in str(e.value) and str(bad) in str(e.value), (name, str(e.value))
+        assert not (tmp_path / f"{name}-out").exists()
+    # a sliding-window draft is servable with the matching window, and says how
+    swa = tmp_path / "swa"
+    with pytest.raises(cv.ConvertError, match="serve window 256 != the trained sliding window 512"):
+        cv.convert(swa, tmp_path / "swa-out", serve_window=256)
+    res = cv.convert(swa, tmp_path / "swa-out", serve_window=512)
+    assert res["serve_args"][-2:] == ["--speculative-draft-window-size", "512"]
+
+
+def test_idempotent_check_mode_and_cli(base, tmp_path, capsys):
+    from eagle3ops.cli import main
+
+    out = tmp_path / "draft"
+    argv = ["convert", "--checkpoint", str(base["ckpt1"].parent / "ckpt1"), "--out", str(out), "--json"]
+    assert main([*argv, "--check"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["changed"] is True and not out.exists()
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["changed"] is True and (out / "model.safetensors").is_file()
+    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["changed"] is False and (out / "model.safetensors").stat().st_mtime_ns == mtime
+    assert res["serve_args"] == [
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(out),
+    ]
+    # a refused checkpoint: exit 2, JSON with the message
+    bad = edit_config(base["ckpt1"], tmp_path / "bad", norm_before_residual=True)
+    assert main(["convert", "--checkpoint", str(bad), "--out", str(tmp_path / "o"), "--json"]) == 2
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["failed"] and "norm_before_residual" in res["msg"]
