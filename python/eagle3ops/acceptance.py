@@ -185,8 +185,12 @@ class Eagle3Drafter:
             )
         return m.fc(aux)
 
-    def propose(self, ids: list[int], aux, k: int) -> list[int]:
-        """k greedy draft tokens after ``ids`` (x_0..x_n), from the target's aux states of x_0..x_{n-1}."""
+    def propose(self, ids: list[int], aux, k: int, feed: list[int] | None = None) -> list[int]:
+        """k greedy draft tokens after ``ids`` (x_0..x_n), from the target's aux states of x_0..x_{n-1}.
+
+        ``feed`` (tests only): tokens fed to steps 2..k instead of the draft's own choices (teacher forcing, as
+        speculators' training forward does), to compare with it step by step.
+        """
         import torch
         from transformers import DynamicCache
 
@@ -203,8 +207,9 @@ class Eagle3Drafter:
                 out.append(int(d))
                 if s == k - 1:
                     break
+                nxt = int(d) if feed is None else int(feed[s])
                 logits, hid = self._step(
-                    hid[:, -1:], torch.tensor([[int(d)]]), torch.tensor([[n + 1 + s]]), cache
+                    hid[:, -1:], torch.tensor([[nxt]]), torch.tensor([[n + 1 + s]]), cache
                 )
         return out
 

@@ -67,8 +67,8 @@ def _load_weights_fn(src: str):
     fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "load_weights")
     import torch
 
-    ns = {"torch": torch, "Iterable": typing.Iterable, "Tuple": typing.Tuple, "default_weight_loader": _copy}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), "llama_eagle3.py", "exec"), ns)  # noqa: S102
+    ns = {"torch": torch, "Iterable": typing.Iterable, "Tuple": tuple, "default_weight_loader": _copy}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "llama_eagle3.py", "exec"), ns)
     return ns["load_weights"]
 
 

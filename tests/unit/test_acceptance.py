@@ -1,0 +1,323 @@
+"""Offline acceptance measurement, the report, and the SGLang-side command lines (rendering only).
+
+Real: the target is a transformers DeepseekV3ForCausalLM (tiny, random init: ``train_fixtures``), the draft a
+speculators 0.9.0 checkpoint made by speculators' own code (``eagle3_draft_fixture``: random decoder weights)
+and run through speculators' modules; the chain is compared with speculators' own training forward.
+Constructed drafts (the proof the issue asks for): an oracle that proposes the target's own greedy choice
+must reach the maximum acceptance length k+1; uniformly random tokens must stay near 1.
+The SGLang server cannot run here (CUDA): its unit file and bench command are rendered and their flags checked
+against the real 0.5.23 source (ServerArgs fields; the bench's argparse).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eagle3_draft_fixture import make_draft_checkpoint
+from eagle3ops import acceptance as acc
+from eagle3ops import report as rp
+from eagle3ops.train_fixtures import make_tiny_verifier
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import torch
+
+    torch.set_num_threads(1)  # far faster than 2 contended threads on the shared CI machine
+    root = tmp_path_factory.mktemp("acceptance")
+    verifier = make_tiny_verifier(root / "verifier", vocab_size=512)
+    ckpt = make_draft_checkpoint(root / "ckpt", verifier)
+    drafter = acc.Eagle3Drafter(ckpt)
+    target = acc.Target(verifier, drafter.layer_ids)
+    g = torch.Generator().manual_seed(3)
+    prompts = [
+        {"id": f"p{i}", "input_ids": torch.randint(3, 500, (12,), generator=g).tolist()} for i in range(3)
+    ]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    return {
+        "root": root,
+        "verifier": verifier,
+        "ckpt": ckpt,
+        "drafter": drafter,
+        "target": target,
+        "prompts": prompts,
+    }
+
+
+def test_draft_chain_equals_speculators_own_forward(setup):
+    """Step 0 at every position and the k-step chain at the last one match Eagle3DraftModel.forward (which
+    feeds shifted ground-truth tokens, 0 past the end: the chain is fed the same here)."""
+    import torch
+
+    d, t = setup["drafter"], setup["target"]
+    ids = list(range(5, 45))
+    _, aux = t.forward(ids)
+    with torch.no_grad():
+        theirs = d.model(
+            hidden_states=aux[:-1][None],
+            input_ids=torch.tensor([ids[1:]]),
+            document_ids=torch.zeros(1, len(ids) - 1, dtype=torch.long),
+            ttt_steps=3,
+        )
+    assert torch.equal(d.prefix_predictions(aux, ids), d.to_target(theirs[0][0]))
+    chain = d.propose(ids, aux[:-1], 3, feed=[0, 0])
+    assert chain == [int(d.to_target(theirs[s][0, -1])) for s in range(3)]
+    assert d.propose(ids, aux[:-1], 3)[0] == chain[0]  # its own chain starts from the same first draft
+
+
+def test_oracle_draft_reaches_k_plus_1_and_random_stays_near_1(setup):
+    t, prompts = setup["target"], setup["prompts"]
+    k = 3
+    oracle = acc.measure(t, acc.OracleDrafter(t), prompts, k=k, max_new_tokens=12)
+    assert oracle["acceptance_length"] == k + 1 == oracle["max_acceptance_length"]
+    assert oracle["per_position"] == [1.0] * k and oracle["accepted_histogram"][:k] == [0] * k
+    rnd = acc.measure(t, acc.RandomDrafter(512, seed=1), prompts, k=k, max_new_tokens=12)
+    assert 1.0 <= rnd["acceptance_length"] < 1.1
+    assert rnd["verify_steps"] >= 3 * rnd["prompts"]
+
+    # a draft right at exactly one position: acceptance exactly 2 per step
+    class FirstOnly(acc.OracleDrafter):
+        def propose(self, ids, aux, k):
+            good = super().propose(ids, aux, 1)
+            return good + [(good[0] + 1) % 512] * (k - 1) if k > 1 else good
+
+    one = acc.measure(t, FirstOnly(t), prompts, k=k, max_new_tokens=12)
+    # (the wrong 2nd token can still equal the target's choice by chance; never below 2)
+    assert 2.0 <= one["acceptance_length"] < 2.5 and one["per_position"][0] == 1.0
+
+
+def test_cli_measures_once_and_then_is_up_to_date(setup, capsys):
+    from eagle3ops.cli import main
+
+    out = setup["root"] / "acceptance.json"
+    argv = [
+        "benchmark-acceptance",
+        "--checkpoint",
+        str(setup["ckpt"]),
+        "--target",
+        str(setup["verifier"]),
+        "--prompts",
+        str(setup["root"] / "prompts.jsonl"),
+        "--out",
+        str(out),
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--json",
+    ]
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["changed"] is True and out.is_file()
+    r = res["result"]
+    assert r["draft"]["k"] == 2 and len(r["draft"]["per_position"]) == 2 and r["layer_ids"] == [2, 4, 5]
+    assert 1.0 <= r["random_draft"]["acceptance_length"] <= 3.0
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is False
+    assert main([*argv[:-1], "--k", "3", "--json", "--check"]) == 0  # other settings: would measure again
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is True
+    # the report from it: written once, then left alone
+    rep_dir = setup["root"] / "report"
+    argv = ["benchmark-report", "--out-dir", str(rep_dir), "--acceptance", str(out), "--json"]
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["changed"] and (rep_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (rep_dir / "report.md").read_text()
+    assert "| trained |" in md and "| random tokens |" in md and "pos 2" in md
+    assert "not run (no SGLang server" in md
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is False
+
+
+def _wheel_member(name: str) -> str:
+    from sglang_standin import _find_wheel, pristine_deepseek_v2
+
+    if _find_wheel() is None:
+        pristine_deepseek_v2()
+    with zipfile.ZipFile(_find_wheel()) as z:
+        return z.read(name).decode()
+
+
+def test_report_with_sglang_results(tmp_path):
+    """SGLang's bench JSONL (keys of 0.5.23's result record) side by side; speed-up; plot with both panels."""
+    src = _wheel_member("sglang/benchmark/serving.py")
+    for key in rp.SGLANG_KEYS:
+        assert f'"{key}":' in src, f"{key} is not in sglang 0.5.23's bench result record"
+    acceptance = {
+        "checkpoint": "c",
+        "target": "t",
+        "prompts_file": "p",
+        "layer_ids": [2, 4, 5],
+        "draft": {
+            "k": 3,
+            "prompts": 2,
+            "verify_steps": 10,
+            "acceptance_length": 2.5,
+            "max_acceptance_length": 4,
+            "per_position": [0.8, 0.5, 0.2],
+            "per_position_conditional": [0.8, 0.625, 0.4],
+        },
+    }
+    w, wo = tmp_path / "with.jsonl", tmp_path / "without.jsonl"
+    w.write_text(
+        json.dumps({"output_throughput": 1.0})
+        + "\n"
+        + json.dumps(
+            {
+                "output_throughput": 300.0,
+                "median_e2e_latency_ms": 900.0,
+                "accept_length": 2.9,
+                "completed": 32,
+            }
+        )
+        + "\n"
+    )
+    wo.write_text(
+        json.dumps({"output_throughput": 120.0, "median_e2e_latency_ms": 2000.0, "completed": 32}) + "\n"
+    )
+    res = rp.write(tmp_path / "r", acceptance, rp.read_sglang_bench(w), rp.read_sglang_bench(wo))
+    s = res["report"]["sglang"]
+    assert s["speedup"] == 2.5 and s["with_draft"]["accept_length"] == 2.9  # the last record of the file
+    assert "| with draft (EAGLE3) | 300.00 | 900.00 |" in res["markdown"]
+    assert "| without draft | 120.00 | 2000.00 |" in res["markdown"]
+    assert (
+        rp.write(tmp_path / "r", acceptance, rp.read_sglang_bench(w), rp.read_sglang_bench(wo))["changed"]
+        is False
+    )
+    acceptance["draft"]["acceptance_length"] = 2.6
+    assert rp.write(tmp_path / "r", acceptance, None, None, check=True)["changed"] is True
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(rp.ReportError, match="empty SGLang benchmark output"):
+        rp.read_sglang_bench(tmp_path / "empty.jsonl")
+
+
+def _render(template: Path, **variables) -> str:
+    """Render a role template as Ansible's template module does (Jinja2, trim_blocks). STAND-IN: jinja2 directly
+    instead of a playbook run (the server units are only installed on hosts with SGLang and systemd)."""
+    import jinja2
+
+    env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    return env.from_string(template.read_text()).render(ansible_managed="Ansible managed", **variables)
+
+
+def _serve_vars(**over):
+    import yaml
+
+    d = yaml.safe_load((REPO / "roles/serve/defaults/main.yml").read_text())
+    d.update(
+        serve_sglang_version="0.5.23",
+        serve_sglang_venv_dir="/opt/sgl",
+        serve_model_path="/data/models/K",
+        serve_tp_size=8,
+        serve_draft_dir="/data/eagle3/serve/draft",
+        serve_unit_port=30000,
+        serve_unit_speculative=True,
+    )
+    d.update(over)
+    return d
+
+
+def test_serve_unit_renders_valid_sglang_flags(tmp_path):
+    import shutil
+    import subprocess
+
+    tpl = REPO / "roles/serve/templates/eagle3ops-sglang-serve.service.j2"
+    unit = _render(tpl, **_serve_vars(serve_draft_window_size=2048, serve_mem_fraction_static=0.85))
+    exec_start = unit.split("ExecStart=", 1)[1].split("\n\n")[0].replace("\\\n", " ")
+    args = exec_start.split()
+    assert args[:3] == ["/opt/sgl/bin/python", "-m", "sglang.launch_server"]
+    joined = " ".join(args)
+    for flag in (
+        "--speculative-algorithm EAGLE3",
+        "--speculative-draft-model-path /data/eagle3/serve/draft",
+        "--speculative-num-steps 3",
+        "--speculative-eagle-topk 1",
+        "--speculative-num-draft-tokens 4",
+        "--speculative-draft-window-size 2048",
+        "--tp-size 8",
+        "--port 30000",
+        "--mem-fraction-static 0.85",
+    ):
+        assert flag in joined, flag
+    fields = "\n".join(
+        _wheel_member(n)
+        for n in _wheel_names()
+        if n.startswith("sglang/srt/arg_groups/fields/") and n.endswith(".py")
+    )
+    flags = {a for a in args if a.startswith("--")}
+    for flag in sorted(flags):
+        name = flag[2:].replace("-", "_")
+        m = re.search(rf"^    {name}: A\[(.*?)\n    \] = |^    {name}: A\[[^\n]*\] = ", fields, re.M | re.S)
+        assert m and "no_cli=True" not in m.group(0), f"{flag}: not a CLI field of sglang 0.5.23's ServerArgs"
+    base = _render(tpl, **_serve_vars(serve_unit_speculative=False, serve_unit_port=30002))
+    assert "--speculative" not in base and "--port 30002" in base and "--model-path /data/models/K" in base
+    if shutil.which("systemd-analyze"):
+        p = tmp_path / "eagle3ops-sglang-serve.service"
+        p.write_text(unit.replace("/opt/sgl/bin/python", shutil.which("true")))
+        v = subprocess.run(["systemd-analyze", "verify", str(p)], capture_output=True, text=True)
+        assert v.returncode == 0, v.stderr
+
+
+def _wheel_names():
+    from sglang_standin import _find_wheel
+
+    with zipfile.ZipFile(_find_wheel()) as z:
+        return z.namelist()
+
+
+def test_bench_command_uses_real_bench_options():
+    """The benchmark role's SGLang bench argv: every option exists in 0.5.23's sglang.benchmark.serving."""
+    import yaml
+
+    text = (REPO / "roles/benchmark/vars/main.yml").read_text()
+    argv_tpl = yaml.safe_load(text)["benchmark_bench_argv"]
+    opts = set(re.findall(r"'(--[a-z][a-z0-9-]+)'", argv_tpl))
+    opts |= set(
+        re.findall(r"'(--[a-z][a-z0-9-]+)'", (REPO / "roles/benchmark/tasks/sglang_run.yml").read_text())
+    )
+    assert {"--backend", "--dataset-name", "--dataset-path", "--output-file", "--base-url"} <= opts
+    src = _wheel_member("sglang/benchmark/serving.py")
+    for o in sorted(opts):
+        assert re.search(rf'"{o}"', src), f"{o} is not an option of sglang 0.5.23's benchmark.serving"
+    assert '"custom",' in src and "sglang.benchmark.serving" in argv_tpl
+    custom = _wheel_member("sglang/benchmark/datasets/custom.py")
+    assert (
+        "fixed_output_len=args.sharegpt_output_len" in custom
+    )  # --sharegpt-output-len sets the custom length
+
+
+def test_bench_dataset_from_heldout_prompts(tmp_path, capsys):
+    from eagle3ops.cli import main
+
+    src = tmp_path / "heldout.jsonl"
+    src.write_text(
+        json.dumps(
+            {
+                "id": "h0",
+                "prompt": "Compute 1 + 2.",
+                "reference": "3.",
+                "conversations": [{"from": "human", "value": "Compute 1 + 2."}],
+            }
+        )
+        + "\n"
+    )
+    out = tmp_path / "bench.jsonl"
+    assert main(["benchmark-dataset", "--prompts", str(src), "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is True
+    row = json.loads(out.read_text())
+    assert row["conversations"] == [
+        {"role": "user", "content": "Compute 1 + 2."},
+        {"role": "assistant", "content": "3."},
+    ]
+    assert main(["benchmark-dataset", "--prompts", str(src), "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is False
