@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from eagle3ops.fsutil import fsync_tree, swap_dir_into_place
+
 DEMO_VERSION = 1
 DEMO_JSON = "demo.json"
 MODEL_DIR = "model"
@@ -575,8 +577,8 @@ def build_demo(
         meta["fingerprint"] = hashlib.sha256(json.dumps(meta["files"], sort_keys=True).encode()).hexdigest()
         meta["build_seconds"] = round(time.monotonic() - t0, 1)
         (tmp / DEMO_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        _fsync_tree(tmp)
-        _swap_into_place(tmp, root)
+        fsync_tree(tmp)
+        swap_dir_into_place(tmp, root, "demo-old")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -588,34 +590,3 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     with open(path, "w") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _swap_into_place(tmp: Path, root: Path) -> None:
-    """Rename ``tmp`` to ``root``; an existing (old or empty) ``root`` is moved aside first, then removed."""
-    old = None
-    if root.exists():
-        old = root.parent / f".{root.name}.demo-old-{os.getpid()}"
-        os.replace(root, old)
-    os.replace(tmp, root)
-    fd = os.open(root.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

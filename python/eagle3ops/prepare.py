@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
+from eagle3ops.fsutil import fsync_tree, swap_dir_into_place
+
 SPECULATORS_VERSION = "0.9.0"
 PREPARE_FORMAT = 1
 META_NAME = "prepare_meta.json"
@@ -545,14 +547,14 @@ def prepare(
             "files": files,
         }
         (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         if repair:
             log(f"prepare: {data_dir} has the same fingerprint but missing or changed files: repairing")
             _repair_in_place(tmp, data_dir)
         else:
             if data_dir.exists():
                 removed_hs = _hidden_state_files(data_dir)
-            _swap_into_place(tmp, data_dir)
+            swap_dir_into_place(tmp, data_dir, "prepare-old")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -725,32 +727,6 @@ def _result(data_dir: Path, meta: dict, changed: bool) -> dict:
         "fingerprint": meta["fingerprint"],
         "token_freq": str(data_dir / TOKEN_FREQ),
     }
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _dirs, files in os.walk(root):
-        for name in [*files, "."]:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-def _swap_into_place(tmp: Path, data_dir: Path) -> None:
-    """``tmp`` becomes ``data_dir``; the old one is moved aside first and removed after the rename."""
-    old = None
-    if data_dir.exists():
-        old = data_dir.parent / f".{data_dir.name}.prepare-old-{os.getpid()}"
-        os.replace(data_dir, old)
-    os.replace(tmp, data_dir)
-    fd = os.open(data_dir.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _repair_in_place(tmp: Path, data_dir: Path) -> None:
