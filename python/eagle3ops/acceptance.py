@@ -185,8 +185,12 @@ class Eagle3Drafter:
             )
         return m.fc(aux)
 
-    def propose(self, ids: list[int], aux, k: int, feed: list[int] | None = None) -> list[int]:
-        """k greedy draft tokens after ``ids`` (x_0..x_n), from the target's aux states of x_0..x_{n-1}.
+    def propose(self, ids: list[int], aux, k: int) -> list[int]:
+        """k greedy draft tokens after ``ids`` (x_0..x_n), from the target's aux states of x_0..x_{n-1}."""
+        return self.chain(ids, aux, k)[0]
+
+    def chain(self, ids: list[int], aux, k: int, feed: list[int] | None = None):
+        """(k draft tokens, the draft-vocab logits of each step).
 
         ``feed`` (tests only): tokens fed to steps 2..k instead of the draft's own choices (teacher forcing, as
         speculators' training forward does), to compare with it step by step.
@@ -195,7 +199,7 @@ class Eagle3Drafter:
         from transformers import DynamicCache
 
         n = len(ids) - 1
-        out = []
+        out, all_logits = [], []
         with torch.no_grad():
             cache = DynamicCache()
             h = self._fc(aux[:n].to(self.dtype))[None]
@@ -203,6 +207,7 @@ class Eagle3Drafter:
             pos = torch.arange(1, n + 1)[None]
             logits, hid = self._step(h, tok, pos, cache)
             for s in range(k):
+                all_logits.append(logits[0, -1])
                 d = self.to_target(logits[0, -1].argmax(-1))
                 out.append(int(d))
                 if s == k - 1:
@@ -211,7 +216,7 @@ class Eagle3Drafter:
                 logits, hid = self._step(
                     hid[:, -1:], torch.tensor([[nxt]]), torch.tensor([[n + 1 + s]]), cache
                 )
-        return out
+        return out, all_logits
 
 
 class OracleDrafter:

@@ -62,17 +62,24 @@ def test_draft_chain_equals_speculators_own_forward(setup):
     d, t = setup["drafter"], setup["target"]
     ids = list(range(5, 45))
     _, aux = t.forward(ids)
-    with torch.no_grad():
-        theirs = d.model(
-            hidden_states=aux[:-1][None],
-            input_ids=torch.tensor([ids[1:]]),
-            document_ids=torch.zeros(1, len(ids) - 1, dtype=torch.long),
-            ttt_steps=3,
-        )
+    captured = []
+    hook = d.model.lm_head.register_forward_hook(lambda _m, _a, out: captured.append(out[0, -1].clone()))
+    try:
+        with torch.no_grad():
+            theirs = d.model(
+                hidden_states=aux[:-1][None],
+                input_ids=torch.tensor([ids[1:]]),
+                document_ids=torch.zeros(1, len(ids) - 1, dtype=torch.long),
+                ttt_steps=3,
+            )
+    finally:
+        hook.remove()
     assert torch.equal(d.prefix_predictions(aux, ids), d.to_target(theirs[0][0]))
-    chain = d.propose(ids, aux[:-1], 3, feed=[0, 0])
-    assert chain == [int(d.to_target(theirs[s][0, -1])) for s in range(3)]
-    assert d.propose(ids, aux[:-1], 3)[0] == chain[0]  # its own chain starts from the same first draft
+    tokens, logits = d.chain(ids, aux[:-1], 3, feed=[0, 0])
+    assert tokens == [int(d.to_target(theirs[s][0, -1])) for s in range(3)]
+    for s in range(3):  # the same numbers, not only the same argmax (positions, cache, hidden feedback)
+        assert torch.allclose(logits[s], captured[len(captured) - 3 + s], atol=1e-5), s
+    assert d.propose(ids, aux[:-1], 3)[0] == tokens[0]  # its own chain starts from the same first draft
 
 
 def test_oracle_draft_reaches_k_plus_1_and_random_stays_near_1(setup):
