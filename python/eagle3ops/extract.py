@@ -30,6 +30,7 @@ from eagle3ops.store import (
     DiskSpaceError,
     HiddenStateStore,
     StoreError,
+    fsync_dir,
     human_bytes,
     preflight_disk,
 )
@@ -79,8 +80,35 @@ def resolve_layer_ids(
 # ----------------------------------------------------------------------------------------------------------
 # dataset + model facts (cheap: no weights loaded)
 # ----------------------------------------------------------------------------------------------------------
+def _seq_lens_from_arrow(data_dir: Path) -> list[int] | None:
+    """``seq_len`` straight from the Arrow files that ``datasets.save_to_disk`` wrote (``state.json`` lists
+    them; each is an IPC stream, memory-mapped: no token data is read). ``None`` when the layout is not the
+    plain one, so the caller falls back to ``datasets``. Importing ``datasets`` costs 1-3 s per process,
+    which dominated resume planning (docs/performance.md, "Resume")."""
+    try:
+        state = json.loads((data_dir / "state.json").read_text())
+        files = [data_dir / f["filename"] for f in state["_data_files"]]
+        if not files or state.get("_indices_data_files"):
+            return None
+        import pyarrow as pa
+
+        out: list[int] = []
+        for f in files:
+            with pa.memory_map(str(f)) as src:
+                table = pa.ipc.open_stream(src).read_all()
+            if "seq_len" not in table.column_names:
+                return None
+            out.extend(int(x) for x in table.column("seq_len").to_pylist())
+        return out
+    except (OSError, ValueError, KeyError, TypeError, ImportError):
+        return None
+
+
 def load_seq_lens(data_dir: str | os.PathLike) -> list[int]:
     """The ``seq_len`` column of the prepared Arrow dataset (no token data read)."""
+    fast = _seq_lens_from_arrow(Path(data_dir))
+    if fast is not None:
+        return fast
     from datasets import load_from_disk
 
     try:
@@ -98,20 +126,27 @@ def load_seq_lens(data_dir: str | os.PathLike) -> list[int]:
 
 
 def model_facts(model_path: str | os.PathLike) -> dict:
-    """num_layers, hidden_size and a fingerprint of the target, from its config alone."""
-    from transformers import AutoConfig
+    """num_layers, hidden_size and a fingerprint of the target, from its config alone.
 
+    Plain ``config.json`` files (top-level or ``text_config`` keys ``num_hidden_layers`` and ``hidden_size``)
+    are read as JSON; anything else goes through ``transformers.AutoConfig`` (importing transformers costs
+    3-9 s per process on the 2-core box, which dominated ``extract --plan``)."""
     p = Path(model_path)
     if not p.exists():
         raise ExtractError(
             f"target model path {model_path} does not exist. Set extract_model_path (or --model) to a local "
             "model directory; hubs are not reachable from here (HF_HUB_OFFLINE=1)."
         )
-    try:
-        cfg = AutoConfig.from_pretrained(str(p))
-    except (OSError, ValueError) as e:
-        raise ExtractError(f"{model_path}: cannot read the model config ({e})") from e
-    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    facts = _facts_from_config_json(p / "config.json")
+    if facts is None:
+        from transformers import AutoConfig
+
+        try:
+            cfg = AutoConfig.from_pretrained(str(p))
+        except (OSError, ValueError) as e:
+            raise ExtractError(f"{model_path}: cannot read the model config ({e})") from e
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        facts = (int(text_cfg.num_hidden_layers), int(text_cfg.hidden_size), getattr(cfg, "model_type", None))
     h = hashlib.sha256()
     cfg_file = p / "config.json"
     if cfg_file.exists():
@@ -119,11 +154,26 @@ def model_facts(model_path: str | os.PathLike) -> dict:
     for f in sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin")):
         h.update(f"{f.name}:{f.stat().st_size}".encode())
     return {
-        "num_layers": int(text_cfg.num_hidden_layers),
-        "hidden_size": int(text_cfg.hidden_size),
-        "model_type": getattr(cfg, "model_type", None),
+        "num_layers": facts[0],
+        "hidden_size": facts[1],
+        "model_type": facts[2],
         "model_fingerprint": h.hexdigest()[:16],
     }
+
+
+def _facts_from_config_json(path: Path) -> tuple[int, int, str | None] | None:
+    """(num_layers, hidden_size, model_type) from a config.json without transformers, or None to fall back."""
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict) or any(k in cfg for k in ("text_encoder", "decoder", "generator")):
+        return None  # sub-configs transformers' get_text_config() would pick: let it
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    try:
+        return int(text["num_hidden_layers"]), int(text["hidden_size"]), cfg.get("model_type")
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def dataset_fingerprint(data_dir: str | os.PathLike) -> str | None:
@@ -152,11 +202,35 @@ _ST_NAMES = {
 }
 
 
-def sample_parts(token_ids, hidden_states) -> list:
-    """One sample as safetensors, without copying the tensors: [header, token_ids bytes, hidden_states bytes].
+FP8_DTYPE = "float8_e4m3fn"
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+# the key hs_connectors 0.9.0 (speculators' loader, `hidden_states_backend: fp8`) dequantises with
+FP8_SCALES_KEY = "hidden_states_scales"
 
-    ``token_ids`` [T] int64 first (8-byte aligned), then ``hidden_states`` [T, K+1, H]; the header JSON is padded
-    with spaces to a multiple of 8, as the safetensors format asks. Any safetensors reader loads it.
+
+def quantize_fp8(states):
+    """``states`` [..., K+1, H] (any float dtype, any device) -> (float8_e4m3fn [..., K+1, H], float32 scale
+    [..., K+1, 1]) with one scale per row (one token's one state): ``scale = amax(|row|) / 448``.
+
+    Stored as ``hidden_states`` + ``hidden_states_scales``: exactly what ``hs_connectors.FP8Transfer`` (selected in
+    speculators 0.9.0 by ``data.hidden_states_backend: fp8``) reads and dequantises as ``fp8.to(bf16) * scale``
+    (its own writer uses one scale per token, shape [T, 1, 1]; a [T, K+1, 1] scale broadcasts the same way and
+    keeps early layers, far smaller than the last one, from losing their precision). A non-finite row gives a
+    non-finite scale, so checking the scales checks the states."""
+    import torch
+
+    x = states.float()
+    scale = (x.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
+    return (x / scale).to(torch.float8_e4m3fn), scale
+
+
+def sample_parts(token_ids, hidden_states, scales=None) -> list:
+    """One sample as safetensors, without copying the tensors: [header, token_ids bytes, (scales bytes,)
+    hidden_states bytes].
+
+    ``token_ids`` [T] int64 first (8-byte aligned), then for fp8 ``hidden_states_scales`` [T, K+1, 1] float32,
+    then ``hidden_states`` [T, K+1, H]; the header JSON is padded with spaces to a multiple of 8, as the
+    safetensors format asks. Any safetensors reader loads it.
     """
     import torch
 
@@ -169,29 +243,36 @@ def sample_parts(token_ids, hidden_states) -> list:
     tok = token_ids.contiguous().view(torch.uint8).numpy()
     hs = hidden_states.contiguous().view(torch.uint8).numpy()
     n_tok, n_hs = tok.nbytes, hs.nbytes
-    header = {
-        "token_ids": {"dtype": "I64", "shape": list(token_ids.shape), "data_offsets": [0, n_tok]},
-        "hidden_states": {
-            "dtype": _ST_NAMES[str(hidden_states.dtype).removeprefix("torch.")],
-            "shape": list(hidden_states.shape),
-            "data_offsets": [n_tok, n_tok + n_hs],
-        },
+    header = {"token_ids": {"dtype": "I64", "shape": list(token_ids.shape), "data_offsets": [0, n_tok]}}
+    bufs = [memoryview(tok).cast("B")]
+    off = n_tok
+    if scales is not None:
+        sc = scales.to(torch.float32).contiguous().view(torch.uint8).numpy()
+        header[FP8_SCALES_KEY] = {
+            "dtype": "F32",
+            "shape": list(scales.shape),
+            "data_offsets": [off, off + sc.nbytes],
+        }
+        bufs.append(memoryview(sc.reshape(-1)).cast("B"))
+        off += sc.nbytes
+    header["hidden_states"] = {
+        "dtype": _ST_NAMES[str(hidden_states.dtype).removeprefix("torch.")],
+        "shape": list(hidden_states.shape),
+        "data_offsets": [off, off + n_hs],
     }
+    bufs.append(memoryview(hs.reshape(-1)).cast("B"))
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    return [
-        len(text).to_bytes(8, "little") + text,
-        memoryview(tok).cast("B"),
-        memoryview(hs.reshape(-1)).cast("B"),
-    ]
+    return [len(text).to_bytes(8, "little") + text, *bufs]
 
 
-def serialize_sample(token_ids, hidden_states) -> bytes:
-    """safetensors bytes of one sample (``token_ids`` [T] int64, ``hidden_states`` [T, K+1, H]).
+def serialize_sample(token_ids, hidden_states, scales=None) -> bytes:
+    """safetensors bytes of one sample (``token_ids`` [T] int64, ``hidden_states`` [T, K+1, H], for fp8 also
+    ``hidden_states_scales`` [T, K+1, 1]).
 
     The same bytes every backend writes (transformers here, the SGLang hook): see :func:`sample_parts`.
     """
-    return b"".join(bytes(p) for p in sample_parts(token_ids, hidden_states))
+    return b"".join(bytes(p) for p in sample_parts(token_ids, hidden_states, scales))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -261,6 +342,15 @@ class StateCapture:
         self._handles = []
 
 
+def target_limits(model) -> dict:
+    """The loaded target's vocabulary size and position limit (None: no limit in its config)."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return {
+        "vocab": int(model.get_input_embeddings().num_embeddings),
+        "max_positions": getattr(cfg, "max_position_embeddings", None),
+    }
+
+
 def load_model(model_path: str, device: str, compute_dtype: str):
     import torch
     from transformers import AutoModelForCausalLM
@@ -294,6 +384,7 @@ class _Job:
     states: list  # CPU tensors [T, K+1, H] (views of one pinned block)
     event: object | None  # CUDA event to wait on before reading
     release: Callable | None = None  # returns the pinned buffer to its pool once written
+    scales: list | None = None  # fp8 only: CPU float32 [T, K+1, 1] per sample
 
 
 @dataclass
@@ -330,6 +421,11 @@ class PinnedPool:
         self.free.put(buf)
 
 
+def _give_both(pool, buf, scale_pool, sbuf) -> None:
+    pool.give(buf)
+    scale_pool.give(sbuf)
+
+
 class SampleWriter:
     """Writer threads: each takes a batch, waits for its GPU→CPU copy, writes every sample atomically, then
     appends the batch's manifest lines. Disk writes and fsync release the GIL, so threads overlap I/O."""
@@ -343,9 +439,11 @@ class SampleWriter:
         depth: int = 3,
         checksum: bool = False,
         on_written: Callable | None = None,
+        batch_dir_sync: bool = True,
     ):
         self.store = store
         self.fsync = fsync
+        self.batch_dir_sync = batch_dir_sync  # one directory fsync per batch, not per file
         self.checksum = checksum
         self.q: queue.Queue[_Job | None] = queue.Queue(maxsize=depth)
         self.stats = _WriterStats()
@@ -391,13 +489,19 @@ class SampleWriter:
         entries = []
         nbytes = ntok = 0
         t_ser = t_write = 0.0
-        for idx, tok, hs in zip(job.indices, job.token_ids, job.states, strict=True):
+        scales = job.scales or [None] * len(job.indices)
+        for idx, tok, hs, sc in zip(job.indices, job.token_ids, job.states, scales, strict=True):
             t0 = time.perf_counter()
-            parts = sample_parts(tok, hs)
+            parts = sample_parts(tok, hs, sc)
             t1 = time.perf_counter()
             try:
                 entry = self.store.write_sample(
-                    idx, parts, int(tok.shape[0]), fsync=self.fsync, checksum=self.checksum
+                    idx,
+                    parts,
+                    int(tok.shape[0]),
+                    fsync=self.fsync,
+                    checksum=self.checksum,
+                    sync_dir=self.fsync and not self.batch_dir_sync,
                 )
             except OSError as e:
                 if e.errno == 28:  # ENOSPC
@@ -413,7 +517,12 @@ class SampleWriter:
             t_write += time.perf_counter() - t1
             nbytes += entry.nbytes
             ntok += entry.seq_len
-        # manifest lines only after every file of the batch is renamed into place
+        # manifest lines only after every file of the batch is renamed into place (and, with fsync, after one
+        # directory fsync makes all of the batch's renames durable)
+        if self.fsync and self.batch_dir_sync and entries:
+            t1 = time.perf_counter()
+            fsync_dir(self.store.dir)
+            t_write += time.perf_counter() - t1
         self.store.append_manifest(entries)
         with self._lock:
             st = self.stats
@@ -443,7 +552,7 @@ class ExtractConfig:
     model_path: str
     layer_ids: list[int] | None = None
     layer_convention: str = "input"
-    dtype: str = "bfloat16"  # stored dtype
+    dtype: str = "bfloat16"  # stored dtype; float8_e4m3fn = e4m3 + a float32 scale per row (see quantize_fp8)
     compute_dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
     device: str = "auto"
     max_batch_tokens: int = 16384
@@ -523,7 +632,8 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
     free = preflight_disk(store.dir, 0)["free_bytes"]
     return {
         "total": len(indices),
-        "done_before": plan.done + plan.adopted,
+        "done_before": plan.done,  # plan.done already counts adopted files
+        "adoptable": plan.adopted,
         "to_extract": len(plan.remaining),
         "tokens_to_extract": plan.tokens_remaining,
         "bytes_needed": plan.bytes_needed,
@@ -593,10 +703,11 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     facts = model_facts(cfg.model_path)
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
     num_states, hidden = len(layer_ids) + 1, facts["hidden_size"]
-    if cfg.dtype not in DTYPE_SIZES or cfg.dtype == "float8_e4m3fn":
+    if cfg.dtype not in DTYPE_SIZES:
         raise ExtractError(
-            f"store dtype {cfg.dtype!r} is not supported here; use bfloat16, float16 or float32"
+            f"store dtype {cfg.dtype!r} is not supported here; use bfloat16, float16, float32 or {FP8_DTYPE}"
         )
+    fp8 = cfg.dtype == FP8_DTYPE
 
     store = HiddenStateStore(cfg.data_dir, rank=cfg.rank)
     store.ensure_meta(build_meta(cfg, facts, layer_ids, len(seq_lens)))
@@ -640,6 +751,17 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         else ("bfloat16" if device.startswith("cuda") else "float32")
     )
     model = load_model(cfg.model_path, device, compute_dtype)
+    limits = target_limits(model)
+    too_long = [
+        i for i in plan.remaining if limits["max_positions"] and seq_lens[i] > limits["max_positions"]
+    ]
+    if too_long:
+        raise ExtractError(
+            f"{cfg.data_dir}: {len(too_long)} rows are longer than the target's max_position_embeddings "
+            f"{limits['max_positions']} (rows {too_long[:20]}, up to {max(seq_lens[i] for i in too_long)} "
+            f"tokens): past its context length the target gives states it was never trained for. Re-run prepare with --max-length "
+            f"{limits['max_positions']} or less (prepare_max_length). Nothing was extracted for them."
+        )
     capture = StateCapture(model, layer_ids)
     store_dtype = getattr(torch, cfg.dtype)
     cuda = device.startswith("cuda")
@@ -651,10 +773,12 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         store, fsync=cfg.fsync, threads=cfg.writer_threads, checksum=cfg.checksum, on_written=advance
     )
     depth = 3
-    pool = None
+    pool = scale_pool = None
     if cuda:
         max_block = max(len(b) * max(seq_lens[i] for i in b) for b in batches) * num_states * hidden
         pool = PinnedPool(depth + cfg.writer_threads + 1, max_block, store_dtype)
+        if fp8:
+            scale_pool = PinnedPool(depth + cfg.writer_threads + 1, max_block // hidden, torch.float32)
     writer.start()
     t_compute = 0.0
     t_loop = time.perf_counter()
@@ -668,6 +792,16 @@ def run_extraction(cfg: ExtractConfig) -> dict:
                         raise ExtractError(
                             f"{cfg.data_dir}: row {i} has {len(r)} input_ids but seq_len {n}; re-run prepare"
                         )
+                oov = [
+                    (i, int(r.max())) for i, r in zip(batch, rows, strict=True) if r.max() >= limits["vocab"]
+                ]
+                if oov:
+                    raise ExtractError(
+                        f"{cfg.data_dir}: rows {[i for i, _ in oov][:20]} hold token ids up to {max(t for _, t in oov)}"
+                        f" but the target {cfg.model_path} has a vocabulary of {limits['vocab']}: the data was "
+                        "prepared with another tokenizer. Re-run prepare with this model (prepare_model_path = "
+                        "extract_model_path). Rows finished before are kept."
+                    )
                 longest = max(lens)
                 ids = torch.zeros((len(batch), longest), dtype=torch.long)
                 mask = torch.zeros((len(batch), longest), dtype=torch.long)
@@ -680,12 +814,17 @@ def run_extraction(cfg: ExtractConfig) -> dict:
                     attention_mask=mask.to(device, non_blocking=True),
                     use_cache=False,
                 )
-                block = capture.stacked().to(store_dtype)  # [B, L, K+1, H] on device
+                scales = None
+                if fp8:  # [B, L, K+1, H] e4m3 + [B, L, K+1, 1] float32, on device
+                    block, scales = quantize_fp8(capture.stacked())
+                else:
+                    block = capture.stacked().to(store_dtype)  # [B, L, K+1, H] on device
                 if cfg.check_finite:
+                    probe = scales if fp8 else block  # a row's scale is finite iff the row is
                     finite = (
-                        torch.isfinite(block).flatten(1).all(dim=1)
+                        torch.isfinite(probe).flatten(1).all(dim=1)
                         if len(batch) > 1
-                        else torch.isfinite(block).all().reshape(1)
+                        else torch.isfinite(probe).all().reshape(1)
                     )
                     # padding positions are finite too (masked attention still yields numbers)
                     if not bool(finite.all()):
@@ -695,21 +834,30 @@ def run_extraction(cfg: ExtractConfig) -> dict:
                             "nothing was written for them. Check the model dtype/weights."
                         )
                 event = release = None
+                host_scales = scales
                 if cuda:
                     buf, host = pool.take(tuple(block.shape))
+                    if fp8:
+                        sbuf, host_scales = scale_pool.take(tuple(scales.shape))
                     copy_stream.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(copy_stream):
                         host.copy_(block, non_blocking=True)
+                        if fp8:
+                            host_scales.copy_(scales, non_blocking=True)
                         event = torch.cuda.Event()
                         event.record(copy_stream)
                     block.record_stream(copy_stream)
                     release = functools.partial(pool.give, buf)
+                    if fp8:
+                        scales.record_stream(copy_stream)
+                        release = functools.partial(_give_both, pool, buf, scale_pool, sbuf)
                 else:
                     host = block
                 t_compute += time.perf_counter() - t0
                 states = [host[b, :n] for b, n in enumerate(lens)]
                 toks = [ids[b, :n] for b, n in enumerate(lens)]
-                writer.submit(_Job(list(batch), toks, states, event, release))
+                sc = [host_scales[b, :n] for b, n in enumerate(lens)] if fp8 else None
+                writer.submit(_Job(list(batch), toks, states, event, release, sc))
         writer.finish()
     except BaseException:
         # stop the writer after what it already has; finished samples stay valid and recorded

@@ -73,7 +73,14 @@ MANAGED_KEYS = {
         "mask_token_id",
         "token_freq_path",
     },
-    "data": {"data_path", "total_seq_len", "train_data_ratio", "hidden_states_dtype", "num_workers"},
+    "data": {
+        "data_path",
+        "total_seq_len",
+        "train_data_ratio",
+        "hidden_states_dtype",
+        "num_workers",
+        "hidden_states_backend",
+    },
     "loss": {"loss_implementation", "ttt_steps"},
     "optimizer": {"lr"},
     "scheduler": set(),
@@ -426,6 +433,9 @@ def plan(spec: TrainSpec) -> Plan:
         "max_steps": spec.max_steps,
         "log_dir": str(run_dir / "logs"),
         "extra": spec.extra or {},
+        # fp8 stores (extract dtype float8_e4m3fn: e4m3 + hidden_states_scales) are read by hs_connectors'
+        # FP8Transfer; the default file backend would hand the trainer unscaled e4m3 values
+        "hidden_states_backend": "fp8" if meta.get("dtype") == "float8_e4m3fn" else "file",
     }
     text = render_config(values)
     return Plan(

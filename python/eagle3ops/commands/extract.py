@@ -35,7 +35,10 @@ def register(sub) -> None:
         help="input: id i = input of layer i (SGLang/vLLM/speculators); output: SpecForge/ModelOpt",
     )
     p.add_argument(
-        "--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="stored dtype"
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float16", "float32", "float8_e4m3fn"],
+        help="stored dtype (float8_e4m3fn: e4m3 + a float32 scale per token and state; half the bytes)",
     )
     p.add_argument(
         "--compute-dtype", default="auto", help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)"

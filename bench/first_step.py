@@ -1,0 +1,135 @@
+"""Time to the first training step at 1k vs 20k samples (issue #9, target 3), CPU, real speculators 0.9.0.
+
+Runs the real ``eagle3ops train`` (the train phase's CLI: renders the speculators config, launches the detached
+trainer through ``eagle3ops.speculators_shim``, waits) on two synthetic stores that differ only in row count.
+STAND-IN data (as in bench/train_gpu.py, whose ``make_synth_store`` this reuses): K distinct random samples, row
+i = sample i % K, its ``hs_i.safetensors`` a hard link to that sample's file; the verifier is the tiny
+DeepSeek-V3 of ``eagle3ops.train_fixtures`` (hidden 64), so the draft is tiny and what is timed is the
+trainer's start-up path (imports, dataset + lengths, batch packing, vocab mapping, first batch), which is
+what could grow with the number of samples.
+
+time to first step = launch of the detached trainer -> its first metric record (``train-status``'s
+``metrics.attempts[-1].time_to_first_step_s``). Also recorded: wall time of the whole CLI call. Runs are
+interleaved (1k, 20k, 1k, 20k, ...) because the box is shared; medians are compared. Goal: 20k / 1k <= 1.2.
+
+Usage: .venv/bin/python bench/first_step.py [--reps 2] [--sizes 1000,20000] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "bench"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000,20000")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--distinct", type=int, default=50)
+    ap.add_argument("--min-len", type=int, default=64)
+    ap.add_argument("--max-len", type=int, default=256)
+    ap.add_argument("--max-steps", type=int, default=2)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir, removed after)")
+    args = ap.parse_args()
+
+    import train_gpu  # bench/train_gpu.py: make_synth_store, train_stage (the same code as the GPU proof)
+    from eagle3ops.train_fixtures import make_tiny_verifier
+
+    sizes = [int(x) for x in args.sizes.split(",")]
+    result: dict = {
+        "bench": "first_step",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "loadavg_start": os.getloadavg(),
+        "runs": [],
+    }
+    tmp = tempfile.mkdtemp(prefix="first-step-", dir=args.work)
+    try:
+        work = Path(tmp)
+        verifier = make_tiny_verifier(work / "verifier")
+        stores = {}
+        for n in sizes:
+            stores[n] = train_gpu.make_synth_store(
+                work / f"synth-{n}", verifier, n, args.distinct, args.min_len, args.max_len, [2, 4, 5]
+            )
+        result["stores"] = {str(n): s for n, s in stores.items()}
+        targs = argparse.Namespace(
+            device="cpu",
+            total_seq_len=512,
+            stage_timeout=900,
+            draft_attn_impl="sdpa",
+            loss_implementation="eager",
+        )
+        for rep in range(args.reps):
+            for n in sizes:
+                name = f"{n}-rep{rep}"
+                shutil.rmtree(work / f"run-{name}", ignore_errors=True)
+                r = train_gpu.train_stage(
+                    name,
+                    work / f"synth-{n}",
+                    verifier,
+                    work,
+                    targs,
+                    ("--max-steps", str(args.max_steps), "--log-freq", "1", "--train-data-ratio", "0.98"),
+                )
+                row = {
+                    "rows": n,
+                    "rep": rep,
+                    "time_to_first_step_s": r.get("time_to_first_step_s"),
+                    "cli_wall_s": r.get("wall_s"),
+                    "status": r.get("status"),
+                    "rc": r.get("rc"),
+                    "loadavg": os.getloadavg()[0],
+                }
+                if r.get("rc") != 0:
+                    row["msg"] = r.get("msg")
+                    row["log_tail"] = r.get("log_tail", "")[-1500:]
+                result["runs"].append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                shutil.rmtree(work / f"run-{name}", ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = {}
+    for n in sizes:
+        vals = [
+            r["time_to_first_step_s"] for r in result["runs"] if r["rows"] == n and r["time_to_first_step_s"]
+        ]
+        med[str(n)] = round(statistics.median(vals), 2) if vals else None
+    result["median_time_to_first_step_s"] = med
+    a, b = med.get(str(sizes[0])), med.get(str(sizes[-1]))
+    result["ratio_largest_over_smallest"] = round(b / a, 3) if a and b else None
+    result["goal_le_1_2"] = bool(
+        result["ratio_largest_over_smallest"] and result["ratio_largest_over_smallest"] <= 1.2
+    )
+    result["loadavg_end"] = os.getloadavg()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "first_step.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in ("median_time_to_first_step_s", "ratio_largest_over_smallest", "goal_le_1_2")
+            }
+        )
+    )
+    return 0 if result["goal_le_1_2"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
