@@ -1,0 +1,154 @@
+"""Issue #10.2: extraction onto a small REAL filesystem (a tmpfs with ``size=``) that fills up mid-run.
+
+Real parts: the tmpfs, the ``eagle3ops`` entry point as a user runs it (a plain subprocess), the real
+ENOSPC from the kernel, the real preflight (statvfs of the mount). Test-only: faulthook/sitecustomize.py
+pauses the run at its 6th ``os.replace`` (after the preflight passed and 4 samples are on disk) while the
+test fills the filesystem from the outside, as another writer would. The resume runs through the zygote
+(see conftest.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files, leftovers
+from eagle3ops.store import HiddenStateStore
+from safetensors.torch import load_file
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root; CI runs as root"),
+]
+EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    mounts = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"fs{len(mounts)}"
+        mnt.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+        mounts.append(mnt)
+        return mnt
+
+    yield mount
+    for m in mounts:
+        subprocess.run(["umount", str(m)], check=False)
+
+
+def _fill(path: Path) -> int:
+    """Write zeros until the filesystem is full (ENOSPC); returns the bytes written."""
+    n = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        chunk = b"\0" * (1 << 20)
+        while True:
+            try:
+                n += os.write(fd, chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                if len(chunk) == 4096:
+                    return n
+                chunk = chunk[: len(chunk) // 2]
+    finally:
+        os.close(fd)
+
+
+def test_disk_fills_mid_run_fails_clearly_keeps_every_file_and_resumes(
+    small_fs, zygote, tiny_model, prepared, reference, figures, tmp_path
+):
+    # big enough for the preflight (the need + 5% + the 64 MiB default margin), filled from outside later
+    mnt = small_fs("72m")
+    data = fresh_data(prepared, mnt / "data")
+    go = tmp_path / "go"
+    env = {
+        **os.environ,
+        **ENV,
+        "PYTHONPATH": str(HERE / "faulthook"),
+        "E3_FAULT": "pause:replace:6",
+        "E3_FAULT_GO": str(go),
+    }
+    proc = subprocess.Popen(
+        [EAGLE3OPS, "extract", "--data", str(data), "--model", str(tiny_model), *EXTRACT_ARGS],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not Path(f"{go}.paused").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run never reached its 6th rename"
+            time.sleep(0.05)
+        filler = mnt / "filler"
+        assert _fill(filler) > 0
+        assert shutil.disk_usage(mnt).free < 4096 * 4
+        go.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 2, out + err[-3000:]
+    res = json.loads(out.strip().splitlines()[-1])
+    msg = res["msg"]
+    # names the file, the size, what happened and what to do
+    assert res["failed"] is True
+    assert "disk full while writing" in msg and str(data / "hidden_states" / "hs_") in msg, msg
+    assert "free space" in msg and "re-run" in msg and "KiB" in msg, msg
+    assert "still to write" in msg, msg  # the space the rest of the run needs
+    assert "Traceback" not in err, err[-3000:]
+
+    # nothing corrupt: every file under its final name loads and is byte-identical to the reference;
+    # the manifest names only such files; no temp file is left
+    ref = hs_files(reference["data"])
+    got = hs_files(data)
+    assert 4 <= len(got) < len(LENGTHS), sorted(got)
+    for name, blob in got.items():
+        load_file(str(data / "hidden_states" / name))
+        assert blob == ref[name], name
+    store = HiddenStateStore(data)
+    for i, e in store.scan_manifest().entries.items():
+        assert store.path(i).stat().st_size == e.nbytes
+    assert leftovers(data) == [], "a temp file survived the failed write"
+
+    # space freed: the re-run completes, only the missing samples are written
+    filler.unlink()
+    r = zygote.run(["extract", "--data", data, "--model", tiny_model, *EXTRACT_ARGS])
+    assert r.rc == 0, r.stderr[-3000:]
+    done = r.json
+    assert done["done_before"] + done["adopted"] == len(got) and done["written"] == len(LENGTHS) - len(got)
+    final = hs_files(data)
+    assert final == ref
+    assert store.scan_manifest().entries == HiddenStateStore(reference["data"]).scan_manifest().entries
+    assert leftovers(data) == []
+    figures["faults_injected"] += 1
+    figures["runs_resumed"] += 1
+    figures["files_compared"] += len(final)
+    figures["bytes_compared"] += sum(len(b) for b in final.values())
+    figures["files_lost"] += len(set(ref) - set(final))
+
+
+def test_preflight_refuses_up_front_and_writes_no_sample(small_fs, zygote, tiny_model, prepared, figures):
+    mnt = small_fs("16m")  # the states fit, the default 64 MiB margin does not
+    data = fresh_data(prepared, mnt / "data")
+    r = zygote.run(["extract", "--data", data, "--model", tiny_model, *EXTRACT_ARGS])
+    assert r.rc == 2, r.stderr[-3000:]
+    msg = r.json["msg"]
+    assert f"not enough space on the filesystem of {data / 'hidden_states'}" in msg, msg
+    assert "still to" in msg and "free" in msg and "larger disk" in msg, msg
+    assert hs_files(data) == {} and leftovers(data) == []
+    assert not list((data / "hidden_states").glob("manifest-*"))
+    figures["bad_inputs_refused"] += 1
