@@ -1,6 +1,6 @@
 """Issue #10.5: bad inputs get an error that names the thing and what to do, and lose nothing.
 
-Every case runs the real CLI (``eagle3ops.cli.main`` in a process forked from the zygote, see conftest.py)
+Every case runs the real CLI (``eagle3ops.cli.main`` in a process forked from the zygote, see rel_common.py)
 against a data directory whose hidden states are already extracted, and asserts on the message text AND on
 every file of that directory being untouched (size, mtime, sha256). Covered elsewhere, not repeated here:
 malformed manifest lines (tests/unit/test_store.py), a changed layer set or model on resume
@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import EXTRACT_ARGS, fresh_data, hs_files
+from rel_common import EXTRACT_ARGS, fresh_data, hs_files
 from tinymodels import build_prepared_dataset
 
 

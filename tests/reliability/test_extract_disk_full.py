@@ -4,7 +4,7 @@ Real parts: the tmpfs, the ``eagle3ops`` entry point as a user runs it (a plain 
 ENOSPC from the kernel, the real preflight (statvfs of the mount). Test-only: faulthook/sitecustomize.py
 pauses the run at its 6th ``os.replace`` (after the preflight passed and 4 samples are on disk) while the
 test fills the filesystem from the outside, as another writer would. The resume runs through the zygote
-(see conftest.py).
+(see rel_common.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files, leftovers
 from eagle3ops.store import HiddenStateStore
+from rel_common import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files, leftovers
 from safetensors.torch import load_file
 
 pytestmark = [

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import random
 
-from conftest import EXTRACT_ARGS, LENGTHS, fresh_data, hs_files, leftovers
 from eagle3ops.store import HiddenStateStore, read_safetensors_header
+from rel_common import EXTRACT_ARGS, LENGTHS, fresh_data, hs_files, leftovers
 from safetensors.torch import load_file
 
 SEED = 10

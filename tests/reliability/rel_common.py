@@ -1,0 +1,186 @@
+"""Shared helpers and fixtures of the fault-injection suite (issue #10): a fork server for fast ``eagle3ops`` runs, a tiny
+deterministic target, a prepared dataset and its uninterrupted reference extraction, and the suite's figures.
+
+Set ``E3_RELIABILITY_REPORT=path.json`` to get the figures (faults injected, runs resumed, bytes compared,
+files lost) of a run as JSON: docs/reliability.md quotes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE / "faulthook"))
+sys.path.insert(0, str(REPO / "tests" / "unit"))  # tinymodels
+
+from tinymodels import build_prepared_dataset, build_tiny_target
+
+# 40 rows of 3..120 tokens, fixed by the seed
+LENGTHS = [random.Random(10).randint(3, 120) for _ in range(40)]
+# byte-identical output needs identical batch shapes on every run (see test_extract_killed.py)
+EXTRACT_ARGS = ["--max-batch-size", "1", "--json", "--no-progress"]
+ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+FIGURES: dict[str, int] = {
+    "faults_injected": 0,
+    "runs_resumed": 0,
+    "files_compared": 0,
+    "bytes_compared": 0,
+    "files_lost": 0,
+    "bad_inputs_refused": 0,
+}
+
+
+@pytest.fixture(scope="session")
+def figures():
+    yield FIGURES
+    out = os.environ.get("E3_RELIABILITY_REPORT")
+    if out:
+        Path(out).write_text(json.dumps(FIGURES, indent=2, sort_keys=True) + "\n")
+
+
+class RunResult:
+    def __init__(self, rc: int, stdout: str, stderr: str, counts: dict | None, pid: int):
+        self.rc, self.stdout, self.stderr, self.counts, self.pid = rc, stdout, stderr, counts, pid
+
+    @property
+    def json(self) -> dict:
+        lines = [ln for ln in self.stdout.strip().splitlines() if ln.startswith("{")]
+        assert lines, f"no JSON result (rc {self.rc}): {self.stdout[-2000:]}{self.stderr[-3000:]}"
+        return json.loads(lines[-1])
+
+    @property
+    def killed(self) -> bool:
+        return self.rc == -signal.SIGKILL
+
+
+class Zygote:
+    """Client of faulthook/zygote.py: ``run(argv, fault=..., kill_after=...)`` -> RunResult."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.n = 0
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "faulthook" / "zygote.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **ENV},
+        )
+        assert json.loads(self.proc.stdout.readline()) == {"ready": True}
+        self._lock = threading.Lock()
+
+    def run(
+        self, argv: list[str], *, fault: str = "", kill_after: float | None = None, env=None
+    ) -> RunResult:
+        with self._lock:
+            self.n += 1
+            base = self.workdir / f"run{self.n}"
+            req = {
+                "argv": [str(a) for a in argv],
+                "env": {**ENV, **(env or {})},
+                "fault": fault,
+                "stdout": f"{base}.out",
+                "stderr": f"{base}.err",
+                "counts": f"{base}.counts",
+            }
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            pid = json.loads(self.proc.stdout.readline())["pid"]
+            timer = None
+            if kill_after is not None:
+                timer = threading.Timer(kill_after, _kill_quietly, (pid,))
+                timer.start()
+            done = json.loads(self.proc.stdout.readline())
+            if timer:
+                timer.cancel()
+            assert done["pid"] == pid
+            counts = (
+                json.loads(Path(f"{base}.counts").read_text()) if Path(f"{base}.counts").exists() else None
+            )
+            return RunResult(
+                done["rc"], Path(f"{base}.out").read_text(), Path(f"{base}.err").read_text(), counts, pid
+            )
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def _kill_quietly(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)  # our own forked child, by pid
+
+
+@pytest.fixture(scope="session")
+def zygote(tmp_path_factory):
+    z = Zygote(tmp_path_factory.mktemp("zygote"))
+    yield z
+    z.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return build_tiny_target(tmp_path_factory.mktemp("rel-model") / "model")
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory):
+    """The prepared (Arrow) dataset, without hidden states: copy it before extracting into it."""
+    return build_prepared_dataset(tmp_path_factory.mktemp("rel-data") / "data", LENGTHS)
+
+
+def fresh_data(prepared: Path, dest: Path) -> Path:
+    shutil.copytree(prepared, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def reference(zygote, tiny_model, prepared, tmp_path_factory):
+    """One uninterrupted extraction: the bytes every interrupted run must end up with, and its call counts."""
+    data = fresh_data(prepared, tmp_path_factory.mktemp("rel-ref") / "data")
+    t0 = time.monotonic()
+    r = zygote.run(["extract", "--data", data, "--model", tiny_model, *EXTRACT_ARGS])
+    assert r.rc == 0, r.stderr[-3000:]
+    res = r.json
+    assert res["written"] == len(LENGTHS)
+    return {"data": data, "counts": r.counts, "seconds": time.monotonic() - t0, "result": res}
+
+
+def hs_files(data: Path) -> dict[str, bytes]:
+    d = data / "hidden_states"
+    return {p.name: p.read_bytes() for p in sorted(d.glob("hs_*.safetensors"))}
+
+
+def leftovers(data: Path) -> list[str]:
+    """Temp or partial files: anything in hidden_states/ that is not a final sample, a manifest or the meta."""
+    d = data / "hidden_states"
+    keep = ("extract_meta.json",)
+    return sorted(
+        p.name
+        for p in d.iterdir()
+        if not (
+            p.name in keep
+            or (p.name.startswith("hs_") and p.name.endswith(".safetensors"))
+            or (p.name.startswith("manifest-rank") and p.name.endswith(".jsonl"))
+        )
+    )
