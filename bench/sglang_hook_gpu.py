@@ -38,6 +38,9 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--tokens-per-batch", type=int, default=16384)
     ap.add_argument("--work-dir", default=None, help="where the files go (default: a temp dir on local disk)")
+    ap.add_argument(
+        "--writers", type=int, default=4, help="the hook's writer threads (EAGLE3OPS_SGLANG_WRITERS)"
+    )
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args()
     import torch
@@ -64,7 +67,7 @@ def main() -> int:
             "backend": "sglang",
         }
     )
-    hook = DumpHook(work, layers, fsync=False)
+    hook = DumpHook(work, layers, fsync=False, writers=args.writers)
     model = StandInModel(layers)
     g = torch.Generator(device="cpu").manual_seed(0)
 
@@ -138,6 +141,7 @@ def main() -> int:
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "hidden": h,
         "aux_layers": k,
+        "writers": hook.writers,
         "batches": len(plans),
         "samples": len(expected),
         "tokens": tokens,

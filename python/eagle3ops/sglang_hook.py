@@ -9,11 +9,12 @@ Inside the patched ``deepseek_v2.py`` (SGLang 0.5.23) two calls reach this modul
 
 For a batch carrying our requests (``rid`` = ``e3o-<row index>-<seq_len>[-<attempt>]``, see :func:`make_rid`)
 the hook packs ``[tokens, K+1, H]`` on the device in the store dtype, copies it GPU→CPU asynchronously on a side
-stream into a reused pinned buffer, and hands it to one background writer thread, which waits for the copy,
-splits the batch per request by ``extend_seq_lens``/``rids``, stitches chunked prefills, serialises each sample
-with :func:`eagle3ops.extract.serialize_sample` (the transformers backend's function: identical bytes) and
-writes through :class:`eagle3ops.store.HiddenStateStore` (temp file + fsync + ``os.replace``, then one manifest
-line per sample). The forward thread only blocks when ``max_pending`` batches are already queued.
+stream into a reused pinned buffer, and queues it. A dispatcher thread waits for the copy, splits the batch per
+request by ``extend_seq_lens``/``rids`` and stitches chunked prefills (in batch order); a pool of writer threads
+then writes whole batches in parallel: each sample as :func:`eagle3ops.extract.sample_parts` (the transformers
+backend's zero-copy safetensors layout: identical bytes) through :class:`eagle3ops.store.HiddenStateStore`
+(temp file + fdatasync + ``os.replace``, one directory fsync per batch, then the batch's manifest lines). The
+forward thread only blocks when ``max_pending`` batches are already queued.
 
 Configuration comes from the server's environment (the role's systemd unit sets it):
 
@@ -21,7 +22,8 @@ Configuration comes from the server's environment (the role's systemd unit sets 
   patch does nothing (``active_hook()`` returns None) and SGLang runs as shipped.
 - ``EAGLE3OPS_SGLANG_LAYER_IDS``: the aux layer ids (input-of-layer convention, e.g. ``2,30,58``). The hook
   refuses to dump when SGLang captures other layers (e.g. its +1 shift of ids starting at 1).
-- ``EAGLE3OPS_SGLANG_MAX_PENDING`` (default 4), ``EAGLE3OPS_SGLANG_FSYNC`` (default 1).
+- ``EAGLE3OPS_SGLANG_MAX_PENDING`` (default 4), ``EAGLE3OPS_SGLANG_WRITERS`` (writer threads, default 4),
+  ``EAGLE3OPS_SGLANG_FSYNC`` (default 1).
 
 Server flags it needs, and why (docs/sglang.md): ``--disable-radix-cache`` (a cached prefix is never computed,
 so its states would be missing: a first chunk with a prefix is refused), chunked prefill off
@@ -50,6 +52,7 @@ ENV_DUMP_DIR = "EAGLE3OPS_SGLANG_DUMP_DIR"
 ENV_LAYER_IDS = "EAGLE3OPS_SGLANG_LAYER_IDS"
 ENV_MAX_PENDING = "EAGLE3OPS_SGLANG_MAX_PENDING"
 ENV_FSYNC = "EAGLE3OPS_SGLANG_FSYNC"
+ENV_WRITERS = "EAGLE3OPS_SGLANG_WRITERS"
 ERRORS_NAME = "sglang_hook_errors.jsonl"
 RID_PREFIX = "e3o-"
 _RID_RE = re.compile(r"^e3o-(\d+)-(\d+)(?:-\d+)?$")
@@ -73,6 +76,13 @@ def parse_rid(rid) -> tuple[int, int] | None:
 
 
 def _serializer():
+    """The transformers backend's zero-copy safetensors parts (identical bytes), or a fallback for old packages."""
+    try:
+        from eagle3ops.extract import sample_parts
+
+        return sample_parts
+    except ImportError:
+        pass
     try:
         from eagle3ops.extract import serialize_sample
 
@@ -181,6 +191,7 @@ class DumpHook:
         *,
         max_pending: int = 4,
         fsync: bool = True,
+        writers: int = 4,
         rank_fn=_tp_rank,
     ):
         self.data_dir = Path(data_dir)
@@ -192,13 +203,18 @@ class DumpHook:
             )
         self.max_pending = max(1, int(max_pending))
         self.fsync = fsync
+        self.writers = max(1, int(writers))
         self._rank_fn = rank_fn
         self._rank: int | None = None
         self._store: HiddenStateStore | None = None
         self._meta: dict | None = None
         self._dtype = None
         self._queue: queue.Queue | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # the dispatcher: waits for copies, splits, stitches
+        self._units: queue.Queue | None = None  # dispatcher -> writer threads: (job, complete samples)
+        self._writer_threads: list[threading.Thread] = []
+        self._inflight = 0  # batches queued and not yet written
+        self._cond = threading.Condition()
         self._copy_stream = None
         self._pool: _PinnedPool | None = None
         self._last: tuple | None = None  # (forward_batch, device tensor [N, H] in store dtype)
@@ -229,6 +245,7 @@ class DumpHook:
             ids,
             max_pending=int(environ.get(ENV_MAX_PENDING, "4")),
             fsync=environ.get(ENV_FSYNC, "1") not in ("0", "false", "no"),
+            writers=int(environ.get(ENV_WRITERS, "4")),
         )
 
     def _writes(self) -> bool:
@@ -258,8 +275,15 @@ class DumpHook:
         self._pool = _PinnedPool(pin=cuda)
         self._copy_stream = torch.cuda.Stream() if cuda else None
         self._queue = queue.Queue(maxsize=self.max_pending)
-        self._thread = threading.Thread(target=self._run, name="eagle3ops-sglang-writer", daemon=True)
+        self._units = queue.Queue(maxsize=self.max_pending)
+        self._thread = threading.Thread(target=self._dispatch, name="eagle3ops-sglang-dispatch", daemon=True)
         self._thread.start()
+        self._writer_threads = [
+            threading.Thread(target=self._write_units, name=f"eagle3ops-sglang-writer-{i}", daemon=True)
+            for i in range(self.writers)
+        ]
+        for t in self._writer_threads:
+            t.start()
 
     # ------------------------------------------------------------------ called from the patched forward
     def _ours(self, forward_batch) -> bool:
@@ -342,6 +366,8 @@ class DumpHook:
             host_ids.copy_(ids)
         job = _Job(pieces, host, host_ids, event, buf)
         t0 = time.perf_counter()
+        with self._cond:
+            self._inflight += 1
         self._queue.put(job)  # blocks only when max_pending batches are still being written
         self.stats.wait_seconds += time.perf_counter() - t0
         self.stats.batches += 1
@@ -396,32 +422,42 @@ class DumpHook:
             offset += n
         return out
 
-    # ------------------------------------------------------------------ the writer thread
-    def _run(self) -> None:
+    # ------------------------------------------------------------------ the writer side
+    def _done(self) -> None:
+        with self._cond:
+            self._inflight -= 1
+            self._cond.notify_all()
+
+    def _dispatch(self) -> None:
+        """One thread, in batch order: wait for the copy, split per request, stitch chunks; the writer threads
+        then write whole batches in parallel (disk writes release the GIL)."""
         while True:
             job = self._queue.get()
             if job is None:
-                self._queue.task_done()
+                for _ in self._writer_threads:
+                    self._units.put(None)
                 return
             try:
-                self._write(job)
-            except BaseException as e:  # never kill the server: record, and the client reports the sample
+                samples = self._split(job)
+            except BaseException as e:  # never kill the server: record, and the client reports the rows
                 self._record_error([p.index for p in job.pieces], e)
-            finally:
                 self._pool.release(job.buffer)
-                self._queue.task_done()
+                self._done()
+                continue
+            self._units.put((job, samples))
 
-    def _write(self, job: _Job) -> None:
+    def _split(self, job: _Job) -> list:
+        """[(index, seq_len, token_ids, states)] of the requests this batch completes."""
         import torch
 
         if job.event is not None:
             job.event.synchronize()
-        entries = []
+        out = []
         for pc in job.pieces:
             states = job.host[pc.offset : pc.offset + pc.length]
             tokens = job.token_ids[pc.offset : pc.offset + pc.length]
             if pc.prefix == 0 and pc.length == pc.seq_len:
-                full = (tokens, states)
+                tok, hs = tokens, states  # views of the pinned buffer, released after the write
             else:  # a chunk of a chunked prefill: keep an owned copy until the request is complete
                 parts = self._partial.setdefault(pc.index, [])
                 have = sum(int(t.shape[0]) for _, t, _ in parts)
@@ -435,24 +471,52 @@ class DumpHook:
                 if have + pc.length < pc.seq_len:
                     continue
                 self._partial.pop(pc.index)
-                full = (torch.cat([t for _, t, _ in parts]), torch.cat([s for _, _, s in parts]))
-            tok, hs = full
+                tok, hs = torch.cat([t for _, t, _ in parts]), torch.cat([s for _, _, s in parts])
             if int(tok.shape[0]) != pc.seq_len:
                 raise HookError(
                     f"row {pc.index}: the server computed {tok.shape[0]} tokens, the client sent {pc.seq_len}"
                 )
-            payload = self._serialize(tok, hs)
-            entries.append(self._store.write_sample(pc.index, payload, pc.seq_len, fsync=self.fsync))
-            self.stats.samples += 1
-            self.stats.tokens += pc.seq_len
-            self.stats.bytes += len(payload)
-        if entries:
-            self._store.append_manifest(entries, fsync=self.fsync)
+            out.append((pc.index, pc.seq_len, tok, hs))
         self.stats.partial = {i: sum(int(t.shape[0]) for _, t, _ in v) for i, v in self._partial.items()}
+        return out
+
+    def _write_units(self) -> None:
+        from eagle3ops.store import fsync_dir
+
+        while True:
+            item = self._units.get()
+            if item is None:
+                return
+            job, samples = item
+            try:
+                entries, nbytes, ntok = [], 0, 0
+                for index, seq_len, tok, hs in samples:
+                    payload = self._serialize(tok, hs)
+                    # same options as the transformers backend's writer: no checksum, one dir fsync per batch
+                    entry = self._store.write_sample(
+                        index, payload, seq_len, fsync=self.fsync, checksum=False, sync_dir=False
+                    )
+                    entries.append(entry)
+                    nbytes += entry.nbytes
+                    ntok += seq_len
+                if entries:
+                    if self.fsync:
+                        fsync_dir(self._store.dir)  # the renames are durable before the manifest names them
+                    self._store.append_manifest(entries, fsync=self.fsync)
+                with self._cond:
+                    self.stats.samples += len(entries)
+                    self.stats.tokens += ntok
+                    self.stats.bytes += nbytes
+            except BaseException as e:  # never kill the server: record, and the client reports the rows
+                self._record_error([s[0] for s in samples], e)
+            finally:
+                self._pool.release(job.buffer)
+                self._done()
 
     def _record_error(self, indices, exc) -> None:
-        self.stats.errors += 1
-        self.stats.last_error = f"{type(exc).__name__}: {exc}"
+        with self._cond:
+            self.stats.errors += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
         log.error("eagle3ops dump failed for rows %s: %s", indices, self.stats.last_error)
         try:
             line = json.dumps({"t": time.time(), "rows": indices, "error": self.stats.last_error}) + "\n"
@@ -463,18 +527,20 @@ class DumpHook:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued batch is written (tests; the server never needs to)."""
-        if self._queue is None:
-            return
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"{self._queue.unfinished_tasks} batches still being written")
-            time.sleep(0.01)
+        with self._cond:
+            while self._inflight:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"{self._inflight} batches still being written")
+                self._cond.wait(timeout=left)
 
     def close(self) -> None:
         if self._queue is not None:
             self._queue.put(None)
             self._thread.join()
+            for t in self._writer_threads:
+                t.join()
             self._queue = None
         if self._store is not None:
             self._store.close()
