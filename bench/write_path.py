@@ -3,8 +3,9 @@
 fdatasync, rename, manifest) fed with ready CPU batches, so only the write path is timed.
 
 Variants, interleaved (the box is shared), same bytes:
-  per_file_dir_fsync   the scheme measured on the H200 (fsync per file + a directory fsync per file)
-  batch_dir_fsync      fdatasync per file, ONE directory fsync per batch before its manifest lines (default now)
+  per_file_dir_fsync   the default (the scheme measured on the H200): fsync per file + a directory fsync per file
+  batch_dir_fsync      fsync per file, ONE directory fsync per batch before its manifest lines (opt-in:
+                       SampleWriter(batch_dir_sync=True); slower on this project's VM disk)
   no_fsync             page cache only (crash-safe, not power-safe): the ceiling
 Also the raw sequential write bandwidth of the same directory (one big file, fsync at the end), as
 bench/extract_throughput.py measures it, so each variant is a fraction of the disk bound.
@@ -113,11 +114,13 @@ def main() -> int:
         "raw_bandwidth_bytes_per_s": [],
     }
     try:
-        for _ in range(args.reps):
+        names = list(variants)
+        for rep in range(args.reps):
             result["raw_bandwidth_bytes_per_s"].append(
                 round(raw_bandwidth(root, args.files * result["bytes_per_file"]))
             )
-            for name, (fsync, bds) in variants.items():
+            for name in names[rep % 3 :] + names[: rep % 3]:  # rotated: the disk's cache state carries over
+                fsync, bds = variants[name]
                 r = run_variant(root / name, batches, fsync, bds, args.threads)
                 result["runs"][name].append(r)
                 print(

@@ -87,12 +87,12 @@ def atomic_write_bytes(
     """Write ``data`` (bytes, or a list of buffers written back to back without joining) to ``path`` so that
     ``path`` is either absent/old or complete. Returns bytes written.
 
-    ``fsync``: the file's data is on disk before the rename (fdatasync: data + the size/allocation needed to
-    read it back; timestamps are not worth a second journal write). ``sync_dir`` (default: ``fsync``): fsync the
-    directory after the rename, so the new name survives a power cut. A caller writing many files (the
-    extraction's writer) passes False and fsyncs the directory once for the batch, before it records the batch
-    in the manifest: the same guarantee (a manifest line only names a durable file) with one directory
-    journal commit per batch instead of one per file."""
+    ``fsync``: the file's data is on disk before the rename. ``sync_dir`` (default: ``fsync``): fsync the
+    directory after the rename, so the new name survives a power cut. A caller writing many files may pass
+    False and fsync the directory once for a batch before it records the batch in the manifest (the same
+    guarantee: a manifest line only names a durable file); measured on this project's VM disk that was
+    *slower* than a directory fsync per file (bench/write_path.py, docs/performance.md), so the extraction's
+    writer keeps one per file unless told otherwise."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     parts = data if isinstance(data, (list, tuple)) else [data]
@@ -106,7 +106,7 @@ def atomic_write_bytes(
                 n = os.write(fd, view)
                 view = view[n:]
         if fsync:
-            os.fdatasync(fd)
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
