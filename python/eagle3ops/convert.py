@@ -88,6 +88,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         "numbered epoch directory or in checkpoints/. Point --checkpoint at the train run's save path "
         "(eagle3ops train-status --run-dir RUN shows it) after a checkpoint was written.",
         path=str(p),
+        missing=True,
     )
 
 
@@ -392,6 +393,8 @@ def convert(
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(p["config"], indent=2, sort_keys=True) + "\n")
         (tmp / STAMP).write_text(json.dumps(p["stamp"], indent=2, sort_keys=True) + "\n")
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)  # the server may run as another user
         os.chmod(tmp, 0o755)
         old = None
         if out.exists():

@@ -50,6 +50,26 @@ def cmd_convert(args) -> int:
             check=args.check,
         )
     except cv.ConvertError as e:
+        if args.check and e.details.get("missing"):
+            # check mode before training wrote a checkpoint (e.g. a first --check run of the whole pipeline)
+            res = {
+                "changed": True,
+                "check_mode": True,
+                "out": args.out,
+                "checkpoint": args.checkpoint,
+                "would": "convert the checkpoint once training has written it",
+                "layer_ids": None,
+                "sglang_layer_ids": None,
+                "serve_args": [],
+                "draft_window_size": None,
+                "config": {},
+            }
+            print(
+                f"convert: {args.checkpoint} has no checkpoint yet; would convert it after training",
+                file=sys.stderr,
+            )
+            emit(args, res)
+            return 0
         raise CommandError(str(e), **e.details) from None
     verb = ("would write" if args.check else "wrote") if res["changed"] else "up to date:"
     print(
