@@ -135,8 +135,10 @@ def cmd_train(args) -> int:
     m = result.get("metrics", {})
     human = (
         f"train {result['status']} (changed={result['changed']}) run {result['run_dir']} PID {result.get('pid')}"
-        f"\n  layer ids {result['layer_ids']}, draft vocab {result['draft_vocab_size']}, device {result['device']}"
-        f" x{result['nproc']}\n  val loss {m.get('val_loss')}, val cond acc {m.get('val_cond_acc')}"
+        # check mode before extraction has run knows no layer ids/device yet: .get, not [...]
+        f"\n  layer ids {result.get('layer_ids')}, draft vocab {result.get('draft_vocab_size')}, "
+        f"device {result.get('device')} x{result.get('nproc')}"
+        f"\n  val loss {m.get('val_loss')}, val cond acc {m.get('val_cond_acc')}"
     )
     for w in result.get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
