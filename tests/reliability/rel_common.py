@@ -40,7 +40,7 @@ ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
-FIGURES: dict[str, int] = {
+FIGURES: dict = {
     "faults_injected": 0,
     "runs_resumed": 0,
     "files_compared": 0,

@@ -37,11 +37,14 @@ def snapshot(root: Path) -> dict:
 def demo_done(zygote, tmp_path_factory):
     """The demo target, its conversations prepared and extracted: a finished data directory."""
     base = tmp_path_factory.mktemp("bad-inputs")
-    r = zygote.run(["demo", "--out", base / "demo", "--num-conversations", "40", "--json"])
+    # the same path and parameters as tests/unit/test_prepare.py's demo: built once per pytest session
+    demo_dir = tmp_path_factory.getbasetemp() / "eagle3ops-demo"
+    r = zygote.run(["demo", "--out", demo_dir, "--json"])
     assert r.rc == 0, r.stderr[-3000:]
     demo = r.json
     model, convs = demo["model_path"], demo["conversations_path"]
-    r = zygote.run(["prepare", "--model", model, "--input", convs, "--out", base / "data", "--json"])
+    argv = ["prepare", "--model", model, "--input", convs, "--out", base / "data", "--max-samples", "24"]
+    r = zygote.run([*argv, "--json"])
     assert r.rc == 0, r.stderr[-3000:]
     r = zygote.run(["extract", "--data", base / "data", "--model", model, "--json", "--no-progress"])
     assert r.rc == 0, r.stderr[-3000:]
@@ -58,7 +61,7 @@ def _refused(r, figures) -> str:
     return res["msg"]
 
 
-@pytest.mark.slow  # builds and trains the demo target (minutes on 2 busy cores)
+@pytest.mark.slow  # builds the demo target (shared with tests/unit/test_prepare.py in a full run)
 def test_bad_jsonl_rows_into_a_finished_dataset_lose_nothing(zygote, demo_done, figures, tmp_path):
     data = demo_done["data"]
     before = snapshot(data)

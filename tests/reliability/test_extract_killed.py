@@ -129,4 +129,6 @@ def test_killed_anywhere_resumes_to_byte_identical_output(
     figures["files_compared"] += len(want)
     figures["bytes_compared"] += sum(len(b) for b in want.values())
     figures["files_lost"] += len(set(want) - set(got)) + len(differing)
-    print(f"\nkill schedule (point, call, rc, rows left): {log}")
+    figures["kill_schedule"] = [
+        {"point": p, "call": n, "rc": rc, "rows_left": left} for p, n, rc, left in log
+    ]
