@@ -352,6 +352,38 @@ def tokenizer_fingerprint(model: str | os.PathLike, tokenizer) -> str:
     return h.hexdigest()
 
 
+def _fast_tokenizer_fingerprint(model: str | os.PathLike) -> str | None:
+    """:func:`tokenizer_fingerprint` without loading the tokenizer (transformers + speculators imports cost
+    10-40 s per process on the loaded 2-core box, most of a converged re-run's prepare task): the same file
+    hash, with the chat template read the way transformers finds it (chat_template.jinja, else
+    tokenizer_config.json's string). Only used to recognise an unchanged dataset: a value that does not match
+    the stored fingerprint falls back to the full path, so a wrong guess costs time, never correctness."""
+    p = Path(model)
+    if not p.is_dir():
+        return None
+    jinja = p / "chat_template.jinja"
+    try:
+        if jinja.is_file():
+            tmpl = jinja.read_text()
+        else:
+            tmpl = json.loads((p / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(tmpl, str):
+        return None
+    h = hashlib.sha256()
+    for f in sorted(p.iterdir()):
+        if (
+            f.is_file()
+            and f.name not in _TOKENIZER_SKIP_NAMES
+            and not f.name.endswith(_TOKENIZER_SKIP_SUFFIXES)
+            and f.stat().st_size < 64 << 20
+        ):
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(tmpl.encode())
+    return h.hexdigest()
+
+
 def _fingerprint(sources: list[Source], tok_fp: str, params: dict) -> str:
     doc = {
         "format": PREPARE_FORMAT,
@@ -451,11 +483,22 @@ def prepare(
         raise PrepareError(f"max_length {max_length} is too small")
     if max_samples is not None and max_samples < 1:
         raise PrepareError(f"max_samples {max_samples} must be at least 1")
-    pp = speculators_preprocessing()
     data_dir = Path(out).absolute()
     sources = resolve_sources(inputs)
-    tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code)
     params = {"max_length": max_length, "max_samples": max_samples, "seed": seed}
+    # 0. already done? (cheap: no tokenizer, no speculators import)
+    meta = read_meta(data_dir)
+    fast_fp = _fast_tokenizer_fingerprint(model) if meta else None
+    if (
+        fast_fp
+        and meta.get("fingerprint") == _fingerprint(sources, fast_fp, params)
+        and _is_complete(data_dir, meta)
+    ):
+        if meta.get("skipped") and on_error == "fail":
+            raise _failure(meta["skipped"])
+        return {**_result(data_dir, meta, changed=False), "seconds": round(time.monotonic() - t0, 2)}
+    pp = speculators_preprocessing()
+    tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code)
     fingerprint = _fingerprint(sources, tokenizer_fingerprint(model, tokenizer), params)
 
     # 1. already done?

@@ -21,7 +21,6 @@ Guarantees:
 from __future__ import annotations
 
 import functools
-import glob
 import json
 import os
 import re
@@ -271,10 +270,19 @@ class HiddenStateStore:
             )
 
     # ---------- manifest ----------
-    def scan_manifest(self) -> ManifestScan:
+    def _listdir(self) -> list[str]:
+        try:
+            return os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+
+    def scan_manifest(self, names: list[str] | None = None) -> ManifestScan:
+        """Parse every ``manifest-rank*.jsonl`` (``names``: a listing of :attr:`dir` the caller already has;
+        a 100k-file directory costs 0.1-0.2 s to list and glob.glob walked it in Python, 0.3-0.6 s more)."""
         scan = ManifestScan()
-        for p in sorted(glob.glob(str(self.dir / MANIFEST_GLOB))):
-            _parse_manifest_file(Path(p), scan)
+        names = self._listdir() if names is None else names
+        for n in sorted(n for n in names if n.startswith("manifest-rank") and n.endswith(".jsonl")):
+            _parse_manifest_file(self.dir / n, scan)
         return scan
 
     def open_manifest(self) -> None:
@@ -393,14 +401,17 @@ class HiddenStateStore:
         adopt: bool = True,
     ) -> ResumePlan:
         """Work out what is left to do from the manifest (+ header check of unlisted files)."""
-        scan = self.scan_manifest()
+        names = self._listdir()  # listed once: manifests and unlisted sample files come from it
+        scan = self.scan_manifest(names)
         done = scan.indices()
         wanted = range(len(seq_lens)) if indices is None else indices
         wanted_set = set(wanted)
         adopted: list[ManifestEntry] = []
         invalid: dict[int, str] = {}
-        for i in self.existing_files():
-            if i in done or i not in wanted_set:
+        missing = wanted_set - done
+        present = set(names) if missing else set()
+        for i in sorted(missing):  # a file under its final name but not in a manifest: check its header
+            if f"hs_{i}.safetensors" not in present:
                 continue
             reason = self.validate_header(i, seq_lens[i], num_states, hidden_size, dtype)
             if reason is None:

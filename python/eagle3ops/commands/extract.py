@@ -187,7 +187,7 @@ def cmd_extract(args) -> int:
     try:
         if args.plan:
             res = plan_extraction(_config(args))
-            res["changed"] = res["to_extract"] > 0
+            res["changed"] = res["to_extract"] > 0 or res.get("adoptable", 0) > 0  # what a run would report
             emit(
                 args,
                 res,
