@@ -50,6 +50,11 @@ options:
     description: Also measure a random-token draft (the floor, about 1).
     type: bool
     default: true
+  max_target_gb:
+    description:
+      - Skip the offline measurement (C(too_large) in the result, not a failure) when the target's weights exceed
+        this many GiB; it runs the target in float32. C(acceptance) only.
+    type: float
   acceptance:
     description: The acceptance result JSON; C(report) only.
     type: path
@@ -85,6 +90,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+too_large:
+  description: True when the offline measurement was skipped for the target's size (see I(max_target_gb)); I(msg) says why.
+  returned: when skipped for size
+  type: bool
 result:
   description: The acceptance result (C(acceptance), when measured or up to date).
   returned: when action is acceptance and not predicted in check mode
@@ -119,6 +128,7 @@ def main():
             "max_new_tokens": {"type": "int", "default": 64},
             "limit": {"type": "int"},
             "baseline": {"type": "bool", "default": True},
+            "max_target_gb": {"type": "float"},
             "acceptance": {"type": "path"},
             "sglang_with": {"type": "path"},
             "sglang_without": {"type": "path"},
@@ -148,6 +158,8 @@ def main():
             argv += ["--limit", str(p["limit"])]
         if not p["baseline"]:
             argv.append("--no-baseline")
+        if p["max_target_gb"]:
+            argv += ["--max-target-gb", str(p["max_target_gb"])]
     else:
         argv = ["benchmark-report", "--out-dir", p["out"]]
         for opt in ("acceptance", "sglang_with", "sglang_without"):

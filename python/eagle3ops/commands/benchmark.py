@@ -32,6 +32,11 @@ def register(sub) -> None:
     a.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a busy machine)"
     )
+    a.add_argument(
+        "--max-target-gb",
+        type=float,
+        help="skip (not fail) when the target's weights exceed this size: the target runs in float32 here",
+    )
     a.add_argument("--check", action="store_true", help="only say whether it would run")
     add_json_flag(a)
     a.set_defaults(func=cmd_acceptance)
@@ -98,6 +103,17 @@ def acceptance_inputs(args) -> dict:
 def cmd_acceptance(args) -> int:
     from eagle3ops import acceptance as acc
 
+    if args.max_target_gb:
+        size = sum(p.stat().st_size for p in Path(args.target).glob("*.safetensors"))
+        if size > args.max_target_gb * 2**30:
+            msg = (
+                f"offline acceptance skipped: {args.target} holds {size / 2**30:.1f} GiB of weights (> "
+                f"{args.max_target_gb:g}); it runs the target with transformers in float32. Measure on the SGLang "
+                "server instead, or raise the limit (benchmark_offline_max_target_gb)."
+            )
+            print(msg, file=sys.stderr)
+            emit(args, {"changed": False, "too_large": True, "msg": msg, "out": args.out})
+            return 0
     try:
         inputs = acceptance_inputs(args)
     except CommandError:
