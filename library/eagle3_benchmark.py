@@ -64,6 +64,9 @@ options:
   sglang_without:
     description: SGLang bench JSONL of the server without the draft; C(report) only.
     type: path
+  spec_probe:
+    description: C(eagle3ops benchmark-spec-probe) result (completion tokens / spec_verify_ct); C(report) only.
+    type: path
   executable:
     description: The C(eagle3ops) command (default next to the module's Python, then on E(PATH)).
     type: path
@@ -132,6 +135,7 @@ def main():
             "acceptance": {"type": "path"},
             "sglang_with": {"type": "path"},
             "sglang_without": {"type": "path"},
+            "spec_probe": {"type": "path"},
             "executable": {"type": "path"},
         },
         required_if=[("action", "acceptance", ("checkpoint", "target", "prompts"))],
@@ -162,7 +166,7 @@ def main():
             argv += ["--max-target-gb", str(p["max_target_gb"])]
     else:
         argv = ["benchmark-report", "--out-dir", p["out"]]
-        for opt in ("acceptance", "sglang_with", "sglang_without"):
+        for opt in ("acceptance", "sglang_with", "sglang_without", "spec_probe"):
             if p[opt]:
                 argv += [f"--{opt.replace('_', '-')}", p[opt]]
         if not (p["acceptance"] or p["sglang_with"] or p["sglang_without"]):

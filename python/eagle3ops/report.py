@@ -69,6 +69,8 @@ def build(
         }
     if sglang_with or sglang_without:
         s: dict = {"with_draft": sglang_with, "without_draft": sglang_without}
+        probe = (sglang_with or {}).get("spec_probe")
+        s["acceptance_length_spec_verify"] = probe.get("acceptance_length") if probe else None
         tw = (sglang_with or {}).get("output_throughput")
         to = (sglang_without or {}).get("output_throughput")
         s["speedup"] = round(tw / to, 3) if tw and to else None
@@ -132,7 +134,13 @@ def markdown(rep: dict) -> str:
                 f"| {name} | {_fmt(r.get('output_throughput'))} | {_fmt(r.get('median_e2e_latency_ms'))} | "
                 f"{_fmt(r.get('median_itl_ms'))} | {_fmt(r.get('median_ttft_ms'))} | {_fmt(r.get('accept_length'))} |"
             )
-        out += ["", f"Speed-up (output tok/s): {_fmt(s.get('speedup'), 3)}", ""]
+        out += ["", f"Speed-up (output tok/s): {_fmt(s.get('speedup'), 3)}"]
+        if s.get("acceptance_length_spec_verify") is not None:
+            out.append(
+                "Acceptance length, completion tokens / spec_verify_ct (greedy /generate probe): "
+                + _fmt(s["acceptance_length_spec_verify"], 3)
+            )
+        out.append("")
     else:
         out += ["SGLang serving benchmark: not run (no SGLang server on this host).", ""]
     return "\n".join(out)
@@ -219,4 +227,36 @@ def write(
         "paths": {k: str(v) for k, v in paths.items()},
         "report": rep,
         "markdown": md,
+    }
+
+
+def spec_probe(url: str, prompts: list[str], *, max_new_tokens: int = 128, timeout: float = 600) -> dict:
+    """Acceptance length as SGLang counts it: completion tokens / ``spec_verify_ct`` (``/generate`` meta_info),
+    greedy, one request at a time, summed over the prompts."""
+    import urllib.request
+
+    completion = verify = 0
+    for text in prompts:
+        body = {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}}
+        req = urllib.request.Request(
+            url.rstrip("/") + "/generate",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            meta = json.loads(r.read())["meta_info"]
+        if "spec_verify_ct" not in meta:
+            raise ReportError(
+                f"{url}/generate returned no spec_verify_ct: the server runs without a draft "
+                "(--speculative-algorithm unset?)"
+            )
+        completion += int(meta["completion_tokens"])
+        verify += int(meta["spec_verify_ct"])
+    if not verify:
+        raise ReportError(f"{url}: spec_verify_ct is 0 over {len(prompts)} prompts; nothing was verified")
+    return {
+        "prompts": len(prompts),
+        "completion_tokens": completion,
+        "spec_verify_ct": verify,
+        "acceptance_length": round(completion / verify, 4),
     }

@@ -192,6 +192,11 @@ def test_report_with_sglang_results(tmp_path):
     wo.write_text(
         json.dumps({"output_throughput": 120.0, "median_e2e_latency_ms": 2000.0, "completed": 32}) + "\n"
     )
+    with_rec = rp.read_sglang_bench(w)
+    with_rec["spec_probe"] = {"completion_tokens": 30, "spec_verify_ct": 12, "acceptance_length": 2.5}
+    res = rp.write(tmp_path / "r", acceptance, with_rec, rp.read_sglang_bench(wo))
+    assert "completion tokens / spec_verify_ct (greedy /generate probe): 2.500" in res["markdown"]
+    assert res["report"]["sglang"]["acceptance_length_spec_verify"] == 2.5
     res = rp.write(tmp_path / "r", acceptance, rp.read_sglang_bench(w), rp.read_sglang_bench(wo))
     s = res["report"]["sglang"]
     assert s["speedup"] == 2.5 and s["with_draft"]["accept_length"] == 2.9  # the last record of the file
@@ -328,3 +333,58 @@ def test_bench_dataset_from_heldout_prompts(tmp_path, capsys):
     ]
     assert main(["benchmark-dataset", "--prompts", str(src), "--out", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is False
+
+
+def test_spec_probe_counts_completion_tokens_over_verify_steps(tmp_path, capsys):
+    """STAND-IN server: a local HTTP /generate answering with the meta_info keys SGLang 0.5.23 sets
+    (``completion_tokens``, ``spec_verify_ct``: asserted in its tokenizer_manager.py)."""
+    import http.server
+    import threading
+
+    from eagle3ops.cli import main
+
+    src = _wheel_member("sglang/srt/managers/tokenizer_manager.py")
+    assert 'meta_info["spec_verify_ct"]' in src and '"completion_tokens":' in src
+    seen = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            n = len(seen)
+            meta = {"completion_tokens": 10 * n, "spec_verify_ct": 4 * n} if body["text"] != "plain" else {}
+            data = json.dumps({"text": "x", "meta_info": meta}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        prompts = tmp_path / "p.jsonl"
+        prompts.write_text("".join(json.dumps({"id": i, "prompt": f"q{i}"}) + "\n" for i in range(2)))
+        argv = [
+            "benchmark-spec-probe",
+            "--url",
+            url,
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(tmp_path / "o.json"),
+        ]
+        assert main([*argv, "--max-new-tokens", "7", "--json"]) == 0
+        res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert (res["completion_tokens"], res["spec_verify_ct"], res["acceptance_length"]) == (30, 12, 2.5)
+        assert (
+            seen[0]["sampling_params"] == {"temperature": 0, "max_new_tokens": 7} and seen[1]["text"] == "q1"
+        )
+        prompts.write_text(json.dumps({"id": 0, "prompt": "plain"}) + "\n")  # a server without a draft
+        assert main([*argv, "--json"]) == 2
+        assert "without a draft" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
+    finally:
+        srv.shutdown()

@@ -46,9 +46,24 @@ def register(sub) -> None:
     r.add_argument("--acceptance", help="benchmark-acceptance result JSON")
     r.add_argument("--sglang-with", help="SGLang bench JSONL of the server with the draft")
     r.add_argument("--sglang-without", help="SGLang bench JSONL of the server without the draft")
+    r.add_argument(
+        "--spec-probe", help="benchmark-spec-probe result JSON (completion tokens / spec_verify_ct)"
+    )
     r.add_argument("--check", action="store_true")
     add_json_flag(r)
     r.set_defaults(func=cmd_report)
+
+    q = sub.add_parser(
+        "benchmark-spec-probe",
+        help="acceptance length of a running SGLang EAGLE3 server: completion tokens / spec_verify_ct",
+    )
+    q.add_argument("--url", required=True, help="the server's base URL")
+    q.add_argument("--prompts", required=True, help="held-out prompts JSONL")
+    q.add_argument("--out", required=True, help="result JSON")
+    q.add_argument("--max-new-tokens", type=int, default=128)
+    q.add_argument("--limit", type=int)
+    add_json_flag(q)
+    q.set_defaults(func=cmd_spec_probe)
 
     d = sub.add_parser(
         "benchmark-dataset", help="held-out prompts -> the JSONL SGLang's bench reads (--dataset-name custom)"
@@ -188,6 +203,8 @@ def cmd_report(args) -> int:
         acceptance = json.loads(Path(args.acceptance).read_text()) if args.acceptance else None
         w = rp.read_sglang_bench(args.sglang_with) if args.sglang_with else None
         wo = rp.read_sglang_bench(args.sglang_without) if args.sglang_without else None
+        if w is not None and args.spec_probe:
+            w["spec_probe"] = json.loads(Path(args.spec_probe).read_text())
         res = rp.write(args.out_dir, acceptance, w, wo, check=args.check)
     except (OSError, ValueError, rp.ReportError) as e:
         raise CommandError(str(e)) from None
@@ -231,4 +248,27 @@ def cmd_dataset(args) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     emit(args, {"changed": changed, "out": str(out), "rows": len(lines)})
+    return 0
+
+
+def cmd_spec_probe(args) -> int:
+    from eagle3ops import report as rp
+    from eagle3ops.acceptance import AcceptanceError, load_prompts
+
+    try:
+        rows = load_prompts(args.prompts, args.limit)
+        texts = [
+            "\n".join(m["content"] for m in r["messages"] if m["role"] == "user")
+            for r in rows
+            if "messages" in r
+        ]
+        if not texts:
+            raise CommandError(f"{args.prompts}: no text prompts (SGLang's /generate needs text)")
+        res = rp.spec_probe(args.url, texts, max_new_tokens=args.max_new_tokens)
+    except (AcceptanceError, rp.ReportError, OSError) as e:
+        raise CommandError(str(e)) from None
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    emit(args, {"changed": True, "out": str(out), **res})
     return 0
