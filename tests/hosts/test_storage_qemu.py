@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -104,7 +105,9 @@ class VM:
         self.inventory.write_text(
             f"[vms]\ne3vm ansible_host=127.0.0.1 ansible_port={self.port} ansible_user=root ansible_ssh_private_key_file={key} "
             "ansible_python_interpreter=/usr/bin/python3 ansible_ssh_common_args='-o StrictHostKeyChecking=no "
-            f"-o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o LogLevel=ERROR' storage_disk={DISK}\n"
+            f"-o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o LogLevel=ERROR' storage_disk={DISK} "
+            # TCG runs ~20x slower than hardware: udev may need more than the default 30 s at boot
+            "storage_mount_opts=defaults,noatime,nofail,x-systemd.device-timeout=180s\n"
         )
 
     def start(self, timeout=180) -> None:
@@ -172,13 +175,16 @@ class VM:
 
 
 @pytest.fixture
-def vm(tmp_path, nspawn_ready):
+def vm(nspawn_ready):
     if not QEMU:
         pytest.skip("qemu-system-x86_64 is missing (apt-get install qemu-system-x86)")
     _, key = nspawn_ready
-    v = VM(tmp_path, _vm_rootfs(), key)
+    # not pytest's tmp_path (shared /tmp/pytest-of-root rotation); failures quote the console themselves
+    workdir = Path(tempfile.mkdtemp(prefix="e3s-vm-", dir="/var/tmp"))
+    v = VM(workdir, _vm_rootfs(), key)
     yield v
     v.kill()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _infra(v: VM) -> subprocess.CompletedProcess:
@@ -189,13 +195,19 @@ def _infra(v: VM) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_hotplugged_disk_is_migrated_and_data_survives_reboot(vm, run_playbook, tmp_path):
+def _why_not_mounted(v: VM) -> str:
+    out = v.ssh("systemctl status --no-pager data.mount; journalctl -b --no-pager -u data.mount | tail -20; "
+                "ls -l /dev/disk/by-uuid; grep /data /etc/fstab", check=False)  # fmt: skip
+    return out.stdout[-4000:] + "\n--- console ---\n" + v.console.read_text(errors="replace")[-3000:]
+
+
+def test_hotplugged_disk_is_migrated_and_data_survives_reboot(vm, run_playbook):
     vm.start()
     vm.ssh(
         "mkdir -p /data/hidden_states && for i in 0 1 2 3; do head -c 400000 /dev/urandom > /data/hidden_states/hs_$i.safetensors; "
         "done && ln -s hidden_states/hs_0.safetensors /data/latest && cd /data && find . -type f | sort | xargs sha256sum > /root/before.sha"
     )
-    new = tmp_path / "new-nvme.img"
+    new = vm.dir / "new-nvme.img"
     _sh("truncate", "-s", "1G", new)
     out = vm.monitor(f"drive_add 0 if=none,id=newdisk,file={new},format=raw")
     assert "rror" not in out, out
@@ -223,8 +235,9 @@ def test_hotplugged_disk_is_migrated_and_data_survives_reboot(vm, run_playbook, 
     assert t.returncode == 0 and "4 passed" in t.stdout, t.stdout[-3000:]
 
     vm.reboot()  # fstab by UUID at boot: /data comes back from the new disk
-    src = vm.ssh("findmnt -n -o SOURCE --mountpoint /data").stdout.strip()
-    assert src and vm.ssh(f"blkid -p -o value -s UUID {src}").stdout.strip() == uuid
+    src = vm.ssh("findmnt -n -o SOURCE --mountpoint /data", check=False).stdout.strip()
+    assert src, "/data did not mount at boot:\n" + _why_not_mounted(vm)
+    assert vm.ssh(f"blkid -p -o value -s UUID {src}").stdout.strip() == uuid
     assert vm.ssh("cd /data && sha256sum -c --quiet /root/before.sha && echo same").stdout.strip() == "same"
     r = run_playbook("playbooks/storage.yml", vm.inventory)
     assert r.rc == 0 and r.host("e3vm")["changed"] == 0, r.changed_tasks()
