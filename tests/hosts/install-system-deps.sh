@@ -2,7 +2,7 @@
 # System packages the host-level tests need (systemd-nspawn hosts, loop disks, mkfs, rsync).
 # Installs only what is missing, only as root; elsewhere it says what the tests will skip.
 set -euo pipefail
-pkgs=(debootstrap systemd-container xfsprogs e2fsprogs rsync iproute2 openssh-client gdisk parted util-linux kmod qemu-system-x86 patch)
+pkgs=(debootstrap systemd-container xfsprogs e2fsprogs rsync iproute2 openssh-client gdisk parted util-linux kmod qemu-system-x86 qemu-utils patch)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
