@@ -90,8 +90,10 @@ class Zygote:
         self._lock = threading.Lock()
 
     def run(
-        self, argv: list[str], *, fault: str = "", kill_after: float | None = None, env=None
+        self, argv: list[str], *, fault: str = "", kill_after: float | None = None, killer=None, env=None
     ) -> RunResult:
+        """``kill_after``: SIGKILL the run that many seconds after the fork; ``killer(pid)``: a function run
+        in a thread once the pid is known (it decides when to kill)."""
         with self._lock:
             self.n += 1
             base = self.workdir / f"run{self.n}"
@@ -108,8 +110,10 @@ class Zygote:
             pid = json.loads(self.proc.stdout.readline())["pid"]
             timer = None
             if kill_after is not None:
-                timer = threading.Timer(kill_after, _kill_quietly, (pid,))
+                timer = threading.Timer(kill_after, kill_quietly, (pid,))
                 timer.start()
+            if killer is not None:
+                threading.Thread(target=killer, args=(pid,), daemon=True).start()
             done = json.loads(self.proc.stdout.readline())
             if timer:
                 timer.cancel()
@@ -126,7 +130,7 @@ class Zygote:
         self.proc.wait(timeout=30)
 
 
-def _kill_quietly(pid: int) -> None:
+def kill_quietly(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)  # our own forked child, by pid
 

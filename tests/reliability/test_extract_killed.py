@@ -9,7 +9,7 @@ parts: faulthook/faults.py wraps ``os.write``/``os.replace`` and two methods to 
 are forked from faulthook/zygote.py (imports done once; each run is its own process running
 ``eagle3ops.cli.main``). Every run uses ``--max-batch-size 1``: byte identity needs the same batch shapes
 on every run — CPU GEMMs and the MoE's per-expert grouping round differently when a resumed run batches
-different rows together (measured: 7 of 32 files differ in the last bf16 bits); tests/unit/test_extract.py
+different rows together (measured on 32 rows: 2 files differ between a resumed and an uninterrupted batch-4 run); tests/unit/test_extract.py
 covers batched == unbatched within tolerance.
 
 What an interrupted run may leave, and the next run must cope with, is checked after EVERY kill: each file
@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 from eagle3ops.store import HiddenStateStore, read_safetensors_header
-from rel_common import EXTRACT_ARGS, LENGTHS, fresh_data, hs_files, leftovers
+from rel_common import EXTRACT_ARGS, LENGTHS, fresh_data, hs_files, kill_quietly, leftovers
 from safetensors.torch import load_file
 
 SEED = 10
-# every targeted point twice, in a seeded order, then seeded wall-clock kills
+# every targeted point twice and four wall-clock kills, in a seeded order
 POINTS = ["compute", "write", "replace", "renamed", "manifest"] * 2
 WALL_CLOCK_KILLS = 4
 WINDOW_ROWS = 4  # a kill lands within the next few rows' calls, so the runs keep making progress
@@ -61,16 +62,32 @@ def _check_debris(data) -> None:
         assert store.path(i).stat().st_size == e.nbytes, f"manifest line for {i} names a different file"
 
 
+def _kill_after_first_new_file(data, delay: float):
+    start = set(hs_files(data))
+
+    def killer(pid: int) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            names = {p.name for p in (data / "hidden_states").glob("hs_*.safetensors")}
+            if names - start:
+                time.sleep(delay)
+                kill_quietly(pid)
+                return
+            time.sleep(0.01)
+
+    return killer
+
+
 def test_killed_anywhere_resumes_to_byte_identical_output(
     zygote, tiny_model, prepared, reference, figures, tmp_path
 ):
     data = fresh_data(prepared, tmp_path / "data")
     argv = ["extract", "--data", data, "--model", tiny_model, *EXTRACT_ARGS]
     rng = random.Random(SEED)
-    plan_points = POINTS[:]
+    plan_points = POINTS + ["wall"] * WALL_CLOCK_KILLS
     rng.shuffle(plan_points)
     # the first kill tears the very first write: extract_meta.json's temp file
-    schedule = [("write", 1)] + [(p, None) for p in plan_points] + [("wall", None)] * WALL_CLOCK_KILLS
+    schedule = [("write", 1)] + [(p, None) for p in plan_points]
     seen_points, injected, resumed = [], 0, 0
     log = []
     for point, nth in schedule:
@@ -78,9 +95,11 @@ def test_killed_anywhere_resumes_to_byte_identical_output(
         if not plan.remaining:
             break
         if point == "wall":
-            # a moment between start-up and the reference run's end, scaled to the work left
-            frac = len(plan.remaining) / len(LENGTHS)
-            r = zygote.run(argv, kill_after=rng.uniform(0.05, max(0.2, reference["seconds"] * frac)))
+            # a moment inside the extraction loop: once this run has renamed its first file, a seeded
+            # delay up to half the reference run's loop time for the rows left, then SIGKILL by pid
+            loop = reference["result"]["loop_seconds"] * len(plan.remaining) / len(LENGTHS)
+            nth = round(rng.uniform(0.0, loop / 2), 3)
+            r = zygote.run(argv, killer=_kill_after_first_new_file(data, nth))
         else:
             left = _calls_left(point, len(plan.remaining), plan.adopted, meta_pending)
             per_row = left // max(1, len(plan.remaining))
@@ -130,5 +149,5 @@ def test_killed_anywhere_resumes_to_byte_identical_output(
     figures["bytes_compared"] += sum(len(b) for b in want.values())
     figures["files_lost"] += len(set(want) - set(got)) + len(differing)
     figures["kill_schedule"] = [
-        {"point": p, "call": n, "rc": rc, "rows_left": left} for p, n, rc, left in log
+        {"point": p, "call_or_seconds": n, "rc": rc, "rows_left": left} for p, n, rc, left in log
     ]
