@@ -33,6 +33,20 @@ sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "bench"))
 
 
+def first_train_record_time(path: Path) -> float | None:
+    """Wall-clock time of the first training-step record the shim wrote (metrics.jsonl, kind "train")."""
+    if not path.exists():
+        return None
+    for raw in path.read_text().splitlines():
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        if rec.get("kind") == "train":
+            return float(rec["time"])
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,20000")
@@ -79,6 +93,7 @@ def main() -> int:
             for n in sizes:
                 name = f"{n}-rep{rep}"
                 shutil.rmtree(work / f"run-{name}", ignore_errors=True)
+                t_cli = time.time()
                 r = train_gpu.train_stage(
                     name,
                     work / f"synth-{n}",
@@ -87,10 +102,12 @@ def main() -> int:
                     targs,
                     ("--max-steps", str(args.max_steps), "--log-freq", "1", "--train-data-ratio", "0.98"),
                 )
+                first = first_train_record_time(work / f"run-{name}" / "metrics.jsonl")
                 row = {
                     "rows": n,
                     "rep": rep,
                     "time_to_first_step_s": r.get("time_to_first_step_s"),
+                    "cli_launch_to_first_step_s": round(first - t_cli, 3) if first else None,
                     "cli_wall_s": r.get("wall_s"),
                     "status": r.get("status"),
                     "rc": r.get("rc"),
@@ -104,30 +121,21 @@ def main() -> int:
                 shutil.rmtree(work / f"run-{name}", ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    med = {}
-    for n in sizes:
-        vals = [
-            r["time_to_first_step_s"] for r in result["runs"] if r["rows"] == n and r["time_to_first_step_s"]
-        ]
-        med[str(n)] = round(statistics.median(vals), 2) if vals else None
-    result["median_time_to_first_step_s"] = med
-    a, b = med.get(str(sizes[0])), med.get(str(sizes[-1]))
-    result["ratio_largest_over_smallest"] = round(b / a, 3) if a and b else None
-    result["goal_le_1_2"] = bool(
-        result["ratio_largest_over_smallest"] and result["ratio_largest_over_smallest"] <= 1.2
-    )
+    for key in ("time_to_first_step_s", "cli_launch_to_first_step_s"):
+        med = {}
+        for n in sizes:
+            vals = [r[key] for r in result["runs"] if r["rows"] == n and r[key]]
+            med[str(n)] = round(statistics.median(vals), 2) if vals else None
+        result[f"median_{key}"] = med
+        a, b = med.get(str(sizes[0])), med.get(str(sizes[-1]))
+        result[f"ratio_{key}"] = round(b / a, 3) if a and b else None
+    ratios = [result["ratio_time_to_first_step_s"], result["ratio_cli_launch_to_first_step_s"]]
+    result["goal_le_1_2"] = all(r is not None and r <= 1.2 for r in ratios)
     result["loadavg_end"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "first_step.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        json.dumps(
-            {
-                k: result[k]
-                for k in ("median_time_to_first_step_s", "ratio_largest_over_smallest", "goal_le_1_2")
-            }
-        )
-    )
+    print(json.dumps({k: v for k, v in result.items() if k.startswith(("median_", "ratio_", "goal_"))}))
     return 0 if result["goal_le_1_2"] else 1
 
 
