@@ -1,6 +1,7 @@
 """site.yml on the embedded local default, for real, through ansible-runner (the user's `make run`):
-demo → prepare → extract on CPU; a second run reports changed=0; --check on a fresh work dir writes nothing;
-and the real consumer, speculators 0.9.0 `train`, reads every row the pipeline produced."""
+demo → prepare → extract → train (speculators 0.9.0 on CPU, `--on-missing raise`) ; a second run reports
+changed=0; --check on a fresh work dir writes nothing; and speculators' own loader reads every row the pipeline
+produced (none dropped for a token-id mismatch or a missing file)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,17 @@ from runner import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 INVENTORY = REPO / "inventory" / "local"
-TAGS = "runtime,prepare,extract"
+TAGS = "runtime,prepare,extract,gpu_free,train"
 
 
 def _vars(workdir: Path) -> dict:
     # a smaller demo than `make run` (same code path), to keep the suite fast on 2 cores
-    return {"eagle3ops_workdir": str(workdir), "prepare_demo_conversations": 60}
+    return {
+        "eagle3ops_workdir": str(workdir),
+        "prepare_demo_conversations": 60,
+        "train_epochs": 1,
+        "train_max_steps": 6,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -33,21 +39,40 @@ def pipeline(tmp_path_factory):
 
 
 def _files(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+    """mtime of every file except lock files (the train phase takes its run dir's lock on every run)."""
+    return {
+        str(p.relative_to(root)): p.stat().st_mtime_ns
+        for p in root.rglob("*")
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 def test_first_run_builds_everything(pipeline):
     work, first = pipeline
     s = first.host("localhost")
     assert first.rc == 0 and s["failed"] == 0, first.summary()
-    assert s["changed"] == 3, first.changed_tasks()  # demo, prepare, extract
-    (res,) = [r for r in first.task_results("Extract target hidden states for every prepared row") if r.get("written")]
+    assert s["changed"] == 4, first.changed_tasks()  # demo, prepare, extract, train
+    (res,) = [
+        r
+        for r in first.task_results("Extract target hidden states for every prepared row")
+        if r.get("written")
+    ]
     rows = json.loads((work / "data" / "prepare_meta.json").read_text())["num_rows"]
     assert res["written"] == res["total"] == rows > 0
     assert res["layer_ids"] == [2, 4, 5]
-    st = json.loads(subprocess.run([sys.executable, "-m", "eagle3ops", "status", "--data", str(work / "data"), "--json"],
-                                   capture_output=True, text=True, check=True).stdout)
+    st = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "eagle3ops", "status", "--data", str(work / "data"), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert st["done"] == st["rows"] == rows and st["remaining"] == 0
+    # the real consumer trained on it: speculators ran to the end with the layer ids extract recorded
+    (tr,) = [r for r in first.task_results("Train the EAGLE-3 draft (idempotent, detached, resumable)") if r]
+    assert tr["changed"] is True and tr.get("status") == "finished", tr
+    assert tr.get("layer_ids") == [2, 4, 5], tr
 
 
 def test_second_run_changes_nothing(pipeline):
