@@ -8,10 +8,10 @@ DOCUMENTATION = r"""
 module: dataset_prepare
 short_description: Tokenise conversations into speculators' offline training rows (input_ids, loss_mask, seq_len)
 description:
-  - Runs C(eagle3ops prepare) on the target host: conversations (JSONL files, a directory of them, or a local
+  - Runs C(eagle3ops prepare) on the target host. Conversations (JSONL files, a directory of them, or a local
     HF dataset directory) are rendered with the target's chat template into one row per assistant turn with a
     loss mask over that turn, saved as an Arrow dataset in O(out) with C(token_freq.pt) and C(prepare_meta.json).
-  - Idempotent by fingerprint (inputs, tokenizer, parameters): the same fingerprint already in O(out) means
+  - Idempotent by fingerprint (inputs, tokenizer, parameters) - the same fingerprint already in O(out) means
     C(changed=false) and nothing is rewritten. Built in a temp directory and renamed into place.
   - Refuses to replace a dataset whose rows already have extracted hidden states (they would no longer match)
     unless O(force=true).
@@ -52,6 +52,10 @@ options:
     description: Replace a dataset even when hidden states were extracted for it.
     type: bool
     default: false
+  trust_remote_code:
+    description: Let the tokenizer run its own code (Kimi-K2.5's tokenizer needs it). Only for trusted model directories.
+    type: bool
+    default: false
   executable:
     description:
       - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
@@ -83,7 +87,7 @@ num_tokens:
   returned: success
   type: int
 skipped:
-  description: Skipped input rows as C(file:line: reason) (C(on_error=skip)).
+  description: Skipped input rows as C(file:line - reason) (C(on_error=skip)).
   returned: success
   type: list
   elements: str
@@ -104,19 +108,33 @@ def main():
             "max_samples": {"type": "int"},
             "seed": {"type": "int", "default": 0},
             "force": {"type": "bool", "default": False},
+            "trust_remote_code": {"type": "bool", "default": False},
             "executable": {"type": "path"},
         },
         supports_check_mode=True,
     )
     p = module.params
-    argv = ["prepare", "--model", p["model"], "--out", p["out"], "--max-length", str(p["max_length"]),
-            "--on-error", p["on_error"], "--seed", str(p["seed"])]
+    argv = [
+        "prepare",
+        "--model",
+        p["model"],
+        "--out",
+        p["out"],
+        "--max-length",
+        str(p["max_length"]),
+        "--on-error",
+        p["on_error"],
+        "--seed",
+        str(p["seed"]),
+    ]
     for src in p["inputs"]:
         argv += ["--input", src]
     if p["max_samples"] is not None:
         argv += ["--max-samples", str(p["max_samples"])]
     if p["force"]:
         argv.append("--force")
+    if p["trust_remote_code"]:
+        argv.append("--trust-remote-code")
     if module.check_mode:
         argv.append("--check")
     module.exit_json(**run_cli(module, p["executable"], argv))

@@ -10,11 +10,11 @@ description:
     without a glob are kept even when no such unit is installed (masking them keeps a later install from
     starting).
   - For each unit returns its systemd states and what occupies C(/etc/systemd/system/<unit>)
-    (C(absent), C(mask), C(file), C(link)): C(systemctl mask) fails when a unit file or link is there,
+    (C(absent), C(mask), C(file), C(link)); C(systemctl mask) fails when a unit file or link is there,
     so the role moves it aside first (M(eagle3ops_unit_backup)).
   - Also returns the units recorded in O(backup_dir) (what O(services_state=restored) acts on) and the
     other processes that hold C(/dev/nvidia*) open, read from C(/proc/*/fd).
-  - On a host where systemd is not the init system (no C(/run/systemd/system)) nothing can start a unit:
+  - On a host where systemd is not the init system (no C(/run/systemd/system)) nothing can start a unit, so
     RV(systemd_running) is false and no unit is returned.
   - Read-only; never changes anything.
 options:

@@ -9,7 +9,7 @@ module: hidden_states_extract
 short_description: Extract an EAGLE-3 target's hidden states for every prepared row (resumable, crash-safe)
 description:
   - Runs C(eagle3ops extract) on the target host. For every row of the prepared Arrow dataset in O(data_dir)
-    it writes C(hidden_states/hs_{i}.safetensors) (C(token_ids) [T] and C(hidden_states) [T, K+1, H]: the K aux
+    it writes C(hidden_states/hs_{i}.safetensors) (C(token_ids) [T] and C(hidden_states) [T, K+1, H] - the K aux
     layers, input-of-layer convention, then the pre-norm last layer), the speculators 0.9.0 offline format.
   - Files are written to a temp name, fsynced and renamed; an append-only manifest records finished rows, so a
     re-run after a crash extracts only what is missing. All rows present and valid means C(changed=false).
@@ -156,8 +156,11 @@ def main():
             "model": {"type": "path", "required": True},
             "layer_ids": {"type": "list", "elements": "int"},
             "layer_convention": {"type": "str", "choices": ["input", "output"], "default": "input"},
-            "dtype": {"type": "str", "choices": ["bfloat16", "float16", "float32", "float8_e4m3fn"],
-                      "default": "bfloat16"},
+            "dtype": {
+                "type": "str",
+                "choices": ["bfloat16", "float16", "float32", "float8_e4m3fn"],
+                "default": "bfloat16",
+            },
             "device": {"type": "str", "default": "auto"},
             "workers": {"type": "str", "default": "1"},
             "max_batch_tokens": {"type": "int", "default": 16384},
@@ -169,9 +172,26 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    argv = ["extract", "--data", p["data_dir"], "--model", p["model"], "--layer-convention", p["layer_convention"],
-            "--dtype", p["dtype"], "--device", p["device"], "--workers", p["workers"],
-            "--max-batch-tokens", str(p["max_batch_tokens"]), "--margin", str(p["margin"]), "--no-progress"]
+    argv = [
+        "extract",
+        "--data",
+        p["data_dir"],
+        "--model",
+        p["model"],
+        "--layer-convention",
+        p["layer_convention"],
+        "--dtype",
+        p["dtype"],
+        "--device",
+        p["device"],
+        "--workers",
+        p["workers"],
+        "--max-batch-tokens",
+        str(p["max_batch_tokens"]),
+        "--margin",
+        str(p["margin"]),
+        "--no-progress",
+    ]
     if p["layer_ids"]:
         argv += ["--layer-ids", *[str(i) for i in p["layer_ids"]]]
     if not p["fsync"]:
@@ -185,9 +205,11 @@ def main():
         result.setdefault("written", 0)
         result.setdefault("failed", 0)
         if result.get("to_extract") and not result.get("fits"):
-            module.fail_json(msg=f"{p['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "
-                                 f"{result['free_bytes']:,} free; free space or move the data directory",
-                             **result)
+            module.fail_json(
+                msg=f"{p['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "
+                f"{result['free_bytes']:,} free; free space or move the data directory",
+                **result,
+            )
     module.exit_json(**result)
 
 

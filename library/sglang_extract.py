@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: sglang_extract
 short_description: Extract EAGLE-3 hidden states through a patched SGLang server (resumable, crash-safe)
 description:
-  - Runs C(eagle3ops sglang-extract) on the target: the SGLang backend of the extract phase. The server, started
+  - Runs C(eagle3ops sglang-extract) on the target - the SGLang backend of the extract phase. The server, started
     from its systemd unit (I(server_unit)) or already running at I(url), carries the eagle3ops capture patch
     (module C(sglang_capture_patch), role C(sglang)); it writes C(hidden_states/hs_{i}.safetensors) through the
     same store as the transformers backend, byte-for-byte the same format.
