@@ -299,28 +299,3 @@ def test_idempotent_check_mode_and_cli(base, tmp_path, capsys):
     assert main(["convert", "--checkpoint", str(bad), "--out", str(tmp_path / "o"), "--json"]) == 2
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["failed"] and "norm_before_residual" in res["msg"]
-
-
-@pytest.mark.parametrize("module", ["eagle3_convert", "eagle3_benchmark"])
-def test_module_documentation_parses_and_matches_its_argument_spec(module):
-    import yaml
-
-    src = (Path(__file__).resolve().parents[2] / "library" / f"{module}.py").read_text()
-    consts = {
-        n.targets[0].id: n.value.value
-        for n in ast.parse(src).body
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
-    }
-    doc = yaml.safe_load(consts["DOCUMENTATION"])
-    yaml.safe_load(consts["RETURN"])
-    assert isinstance(yaml.safe_load(consts["EXAMPLES"]), list)
-    spec = {k: ast.literal_eval(v) for k, v in re.findall(r'^\s+"(\w+)": (\{.*\}),$', src, re.M)}
-    assert set(spec) == set(doc["options"])
-    for name, s in spec.items():
-        d = doc["options"][name]
-        assert (s.get("type"), s.get("default"), s.get("choices"), bool(s.get("required"))) == (
-            d.get("type"),
-            d.get("default"),
-            d.get("choices"),
-            bool(d.get("required")),
-        ), name

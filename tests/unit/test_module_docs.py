@@ -1,5 +1,6 @@
 """Every module in library/ documents itself: ansible-doc parses DOCUMENTATION/EXAMPLES/RETURN, the documented
-options are exactly the argument_spec's, and check mode is declared."""
+options are exactly the argument_spec's with the same type, default, choices and required flag, and check mode
+is declared."""
 
 from __future__ import annotations
 
@@ -16,12 +17,21 @@ REPO = Path(__file__).resolve().parents[2]
 MODULES = sorted(p.stem for p in (REPO / "library").glob("*.py"))
 
 
-def _spec_keys(path: Path) -> set[str]:
-    """Option names of the module's AnsibleModule(argument_spec={...}) (a literal dict or a module-level name)."""
+def _literal(node):
+    """A spec value: a literal, or dict(...) with literal keyword arguments (both spellings are in use)."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict" and not node.args:
+        return {kw.arg: _literal(kw.value) for kw in node.keywords}
+    if isinstance(node, ast.Dict):
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True)}
+    return ast.literal_eval(node)
+
+
+def _argument_spec(path: Path) -> dict:
+    """The module's AnsibleModule(argument_spec=...) (inline, or a module-level name), evaluated from the AST."""
     tree = ast.parse(path.read_text())
     names = {
         t.id: n.value
-        for n in tree.body
+        for n in ast.walk(tree)
         if isinstance(n, ast.Assign)
         for t in n.targets
         if isinstance(t, ast.Name)
@@ -30,12 +40,9 @@ def _spec_keys(path: Path) -> set[str]:
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "AnsibleModule":
             for kw in node.keywords:
                 if kw.arg == "argument_spec":
-                    v = kw.value
-                    if isinstance(v, ast.Name):
-                        v = names.get(v.id, v)
-                    if isinstance(v, ast.Dict):
-                        return {k.value for k in v.keys if isinstance(k, ast.Constant)}
-    return set()
+                    v = names.get(kw.value.id, kw.value) if isinstance(kw.value, ast.Name) else kw.value
+                    return _literal(v)
+    raise AssertionError(f"{path}: no AnsibleModule(argument_spec=...) found")
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -50,8 +57,12 @@ def test_ansible_doc_parses_and_options_match(name):
     doc = json.loads(p.stdout)[name]
     assert doc["doc"]["short_description"] and doc["examples"] and doc["return"] is not None
     yaml.safe_load(doc["examples"])
-    documented = set((doc["doc"].get("options") or {}).keys())
-    spec = _spec_keys(REPO / "library" / f"{name}.py")
-    if spec:  # modules that build their spec dynamically are covered by ansible-doc parsing alone
-        assert documented == spec, f"documented {sorted(documented)} vs argument_spec {sorted(spec)}"
+    options = doc["doc"].get("options") or {}
+    spec = _argument_spec(REPO / "library" / f"{name}.py")
+    assert set(options) == set(spec), f"documented {sorted(options)} vs argument_spec {sorted(spec)}"
+    for opt, s in spec.items():
+        d = options[opt]
+        want = (s.get("type", "str"), s.get("default"), s.get("choices"), bool(s.get("required")))
+        got = (d.get("type", "str"), d.get("default"), d.get("choices"), bool(d.get("required")))
+        assert want == got, f"{name}.{opt}: argument_spec {want} vs DOCUMENTATION {got}"
     assert "supports_check_mode=True" in (REPO / "library" / f"{name}.py").read_text()

@@ -350,28 +350,3 @@ def test_a_trainer_known_only_from_the_pid_file_is_never_doubled(inputs, tmp_pat
     finally:
         fake.kill()
         fake.wait()
-
-
-def test_module_documentation_parses_and_matches_its_argument_spec():
-    import ast
-    import re
-
-    src = (ROOT / "library" / "eagle3_train.py").read_text()
-    consts = {
-        n.targets[0].id: n.value.value
-        for n in ast.parse(src).body
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
-    }
-    doc = yaml.safe_load(consts["DOCUMENTATION"])
-    yaml.safe_load(consts["RETURN"])
-    assert isinstance(yaml.safe_load(consts["EXAMPLES"]), list)
-    spec = {k: ast.literal_eval(v) for k, v in re.findall(r'^\s+"(\w+)": (\{.*\}),$', src, re.M)}
-    assert set(spec) == set(doc["options"])
-    for name, s in spec.items():
-        d = doc["options"][name]
-        assert (s.get("type"), s.get("default"), s.get("choices"), bool(s.get("required"))) == (
-            d.get("type"),
-            d.get("default"),
-            d.get("choices"),
-            bool(d.get("required")),
-        ), name
