@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 def setup(tmp_path_factory):
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # far faster than 2 contended threads on the shared CI machine
     root = tmp_path_factory.mktemp("acceptance")
     verifier = make_tiny_verifier(root / "verifier", vocab_size=512)
@@ -44,7 +45,7 @@ def setup(tmp_path_factory):
         {"id": f"p{i}", "input_ids": torch.randint(3, 500, (12,), generator=g).tolist()} for i in range(3)
     ]
     (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    return {
+    yield {
         "root": root,
         "verifier": verifier,
         "ckpt": ckpt,
@@ -52,6 +53,8 @@ def setup(tmp_path_factory):
         "target": target,
         "prompts": prompts,
     }
+    # a process-wide setting: later tests in this process compare bytes with subprocesses using the default
+    torch.set_num_threads(threads)
 
 
 def test_draft_chain_equals_speculators_own_forward(setup):
