@@ -6,14 +6,6 @@ import json
 import os
 import shutil
 
-EXECUTABLE_DOC = """
-  executable:
-    description:
-      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
-      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
-    type: path
-"""
-
 
 def find_executable(module, executable=None):
     if executable and "/" not in executable:
