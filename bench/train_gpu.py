@@ -196,9 +196,14 @@ def train_stage(name: str, data: Path, verifier: Path, work: Path, args, extra_a
         "--no-gpu-free-check",
         "--loss-implementation",
         args.loss_implementation,
+        *(("--env", args.env) if args.env else ()),
         *extra_args,
     ]
     rc, res, dt = cli(*argv, timeout=args.stage_timeout + 600)
+    if res.get("status") not in ("finished", "done"):
+        # never leave a detached trainer behind to compete with the next stage for the GPU
+        src, sres, _ = cli("train-stop", "--run-dir", str(run_dir), "--grace", "20", timeout=120)
+        log(f"stopped {name} after status={res.get('status')}: rc={src} {sres.get('status') or sres.get('msg')}")
     out = {
         "rc": rc,
         "wall_s": round(dt, 1),
@@ -229,6 +234,8 @@ def train_stage(name: str, data: Path, verifier: Path, work: Path, args, extra_a
         out["log_tail"] = (run_dir / "train.log").read_text()[-4000:]
     # second invocation: must be a no-op
     rc2, res2, dt2 = cli(*[a for a in argv if a != "--wait"], timeout=600)
+    if res.get("status") not in ("finished", "done"):
+        return out  # a second launch would just relaunch a failed run
     out["second_run"] = {
         "rc": rc2,
         "changed": res2.get("changed"),
@@ -279,6 +286,9 @@ def main() -> int:
     ap.add_argument("--stages", default="pipeline,synth-1000,synth-20000")
     ap.add_argument("--work", default=os.environ.get("TRAIN_GPU_WORK", "/tmp/eagle3ops-train-gpu"))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument(
+        "--data-root", help="where the synthetic verifier and stores live (default --work); share it between runs"
+    )
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--vocab", type=int, default=163840)
     ap.add_argument("--layers", type=int, default=61)
@@ -295,6 +305,7 @@ def main() -> int:
         help="eager: speculators 0.9.0's fused KL loss failed under torch 2.11 dynamo on the H200 (2026-11-29)",
     )
     ap.add_argument("--stage-timeout", type=float, default=1500)
+    ap.add_argument("--env", default="", help='JSON, passed to `eagle3ops train --env` (e.g. {"TORCH_COMPILE_DISABLE": "1"})')
     ap.add_argument(
         "--draft-attn-impl",
         choices=["simple_flex_attention", "sdpa", "eager"],
@@ -332,9 +343,10 @@ def main() -> int:
                 result["stages"][stage] = pipeline_stage(work, args)
             elif stage.startswith("synth-"):
                 n = int(stage.split("-", 1)[1])
-                verifier = make_verifier(work / "kimi-shaped-verifier", args.hidden, args.vocab, args.layers)
+                droot = Path(args.data_root) if args.data_root else work
+                verifier = make_verifier(droot / "kimi-shaped-verifier", args.hidden, args.vocab, args.layers)
                 ids = [2, args.layers // 2, args.layers - 3]
-                data = work / f"synth-{n}"
+                data = droot / f"synth-{n}"
                 info = make_synth_store(data, verifier, n, args.distinct, args.min_len, args.max_len, ids)
                 r = train_stage(
                     stage,

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# One call on the lent GPU box (device tool), many benches: installs the carried wheels (.whl/), then runs
+# named lanes in parallel, each lane a sequence of steps on its own GPU(s), all inside one deadline so the
+# results come back even when a step overruns. Every step's stdout/stderr goes to LOGS/<step>.log, its JSON
+# to RES/<step>/; both are packed into $OUT/batch.tar.gz at the end and each JSON's summary is printed.
+#
+# usage: bench/gpu_batch.sh 'LANE' ['LANE' ...]   LANE = "GPUS:step,step,..."  (GPUS e.g. 0 or 1 or 0,1)
+#        GPU_BATCH_BUDGET_S (default 540) bounds the whole call; the device tool's own limit is 600 s.
+#        BENCH_TINY=1 adds --tiny to extract/hook/fp8 and TRAIN_ARGS goes to train_gpu.py (a CPU smoke run).
+# steps: train1k train20k train_pipeline extract extract_w2 hook fp8 writepath gpufree
+set -u
+: "${OUT:=/tmp/gpu-batch-out}"
+BUDGET=${GPU_BATCH_BUDGET_S:-540}
+DEADLINE=$(($(date +%s) + BUDGET))
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+LOGS=/tmp/gpu-batch/logs
+RES=/tmp/gpu-batch/res
+mkdir -p "$OUT" "$LOGS" "$RES"
+cd "$ROOT" || exit 1
+
+if [ -d .whl ] && [ ! -d /tmp/site/speculators ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >"$LOGS/pip.log" 2>&1 || { echo "wheel install failed"; tail "$LOGS/pip.log"; }
+fi
+export PYTHONPATH="/tmp/site:$ROOT/python" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
+
+left() { echo $((DEADLINE - $(date +%s))); }
+
+run_step() { # gpus step
+  local gpus=$1 step=$2 t
+  t=$(left)
+  if [ "$t" -lt 25 ]; then
+    echo "[$step] skipped: ${t}s left"
+    return
+  fi
+  local r="$RES/$step"
+  mkdir -p "$r"
+  echo "[$step] start on GPU $gpus, ${t}s left ($(date +%T))"
+  local cmd
+  case $step in
+    train1k) cmd=(python3 bench/train_gpu.py --stages synth-1000 --max-steps "${TRAIN_STEPS:-40}"
+      --stage-timeout $((t - 40)) --work /tmp/tg-$gpus --data-root /tmp/tg-data --out "$r" ${TRAIN_ARGS:-}) ;;
+    train20k) cmd=(python3 bench/train_gpu.py --stages synth-1000,synth-20000 --max-steps "${TRAIN_STEPS:-40}"
+      --stage-timeout $(((t - 60) / 2)) --work /tmp/tg-$gpus --data-root /tmp/tg-data --out "$r" ${TRAIN_ARGS:-}) ;;
+    train_pipeline) cmd=(python3 bench/train_gpu.py --stages pipeline --stage-timeout $((t - 60))
+      --work /tmp/tp-$gpus --out "$r" ${TRAIN_ARGS:-}) ;;
+    extract) cmd=(python3 bench/extract_throughput.py --out "$r" --rows "${EXTRACT_ROWS:-320}" --workers 1) ;;
+    extract_w2) cmd=(python3 bench/extract_throughput.py --out "$r" --rows "${EXTRACT_ROWS:-320}" --workers 2) ;;
+    hook) cmd=(python3 bench/sglang_hook_gpu.py --out "$r") ;;
+    fp8) cmd=(python3 bench/fp8_gpu.py --out "$r") ;;
+    writepath) cmd=(python3 bench/write_path.py --out "$r") ;;
+    gpufree) cmd=(env OUT="$r" python3 bench/gpu_free_release.py) ;;
+    *)
+      echo "[$step] unknown step"
+      return
+      ;;
+  esac
+  case $step in extract* | hook | fp8) [ -n "${BENCH_TINY:-}" ] && cmd+=(--tiny) ;; esac
+  CUDA_VISIBLE_DEVICES=$gpus timeout --kill-after=15 "$((t - 5))" "${cmd[@]}" >"$LOGS/$step.log" 2>&1
+  echo "[$step] rc=$? ($(date +%T), $(left)s left)"
+}
+
+lane() { # "GPUS:step,step"
+  local gpus=${1%%:*} steps=${1#*:} s
+  IFS=, read -ra list <<<"$steps"
+  for s in "${list[@]}"; do run_step "$gpus" "$s"; done
+}
+
+for l in "$@"; do lane "$l" & done
+wait
+
+for f in "$RES"/*/*.json; do
+  [ -e "$f" ] || continue
+  echo "== $f"
+  python3 - "$f" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+def flat(x, p=""):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from flat(v, f"{p}{k}.")
+    elif not isinstance(x, list) or len(x) < 8:
+        yield p[:-1], x
+for k, v in flat(d):
+    if "log_tail" in k:
+        continue
+    s = str(v)
+    print(f"  {k} = {s[:300]}")
+EOF
+done
+for f in "$LOGS"/*.log; do
+  echo "== tail $f"
+  tail -n 6 "$f" | cut -c1-400
+done
+tar -czf "$OUT/batch.tar.gz" -C /tmp/gpu-batch logs res 2>/dev/null
+ls -la "$OUT"
