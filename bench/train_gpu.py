@@ -203,7 +203,9 @@ def train_stage(name: str, data: Path, verifier: Path, work: Path, args, extra_a
     if res.get("status") not in ("finished", "done"):
         # never leave a detached trainer behind to compete with the next stage for the GPU
         src, sres, _ = cli("train-stop", "--run-dir", str(run_dir), "--grace", "20", timeout=120)
-        log(f"stopped {name} after status={res.get('status')}: rc={src} {sres.get('status') or sres.get('msg')}")
+        log(
+            f"stopped {name} after status={res.get('status')}: rc={src} {sres.get('status') or sres.get('msg')}"
+        )
     out = {
         "rc": rc,
         "wall_s": round(dt, 1),
@@ -287,7 +289,8 @@ def main() -> int:
     ap.add_argument("--work", default=os.environ.get("TRAIN_GPU_WORK", "/tmp/eagle3ops-train-gpu"))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument(
-        "--data-root", help="where the synthetic verifier and stores live (default --work); share it between runs"
+        "--data-root",
+        help="where the synthetic verifier and stores live (default --work); share it between runs",
     )
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--vocab", type=int, default=163840)
@@ -305,7 +308,11 @@ def main() -> int:
         help="eager: speculators 0.9.0's fused KL loss failed under torch 2.11 dynamo on the H200 (2026-11-29)",
     )
     ap.add_argument("--stage-timeout", type=float, default=1500)
-    ap.add_argument("--env", default="", help='JSON, passed to `eagle3ops train --env` (e.g. {"TORCH_COMPILE_DISABLE": "1"})')
+    ap.add_argument(
+        "--env",
+        default="",
+        help='JSON, passed to `eagle3ops train --env` (e.g. {"TORCH_COMPILE_DISABLE": "1"})',
+    )
     ap.add_argument(
         "--draft-attn-impl",
         choices=["simple_flex_attention", "sdpa", "eager"],
