@@ -7,7 +7,6 @@ cannot run on this CPU-only machine. The client, the hook and the store are the 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from eagle3ops import sglang_hook, sglang_patch
+from eagle3ops import sglang_patch
 from eagle3ops.extract import ExtractConfig, run_extraction
 from eagle3ops.sglang_client import SGLangClientError, SGLangExtractConfig, _request, run_sglang_extraction
 from eagle3ops.store import HiddenStateStore
@@ -29,6 +28,7 @@ from tinymodels import build_prepared_dataset
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 from sglang_standin import pristine_deepseek_v2
+from sglang_standin import standin_server as _standin_server
 
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 40, 7, 26, 3, 15]
 LAYERS = [2, 4, 5]
@@ -48,41 +48,8 @@ def data_dir(tmp_path):
     return build_prepared_dataset(tmp_path / "data", LENGTHS)
 
 
-@contextlib.contextmanager
 def standin_server(tmp_path, data_dir, model, *args):
-    port_file = tmp_path / f"port-{time.monotonic_ns()}"
-    env = {
-        **os.environ,
-        sglang_hook.ENV_DUMP_DIR: str(data_dir),
-        sglang_hook.ENV_LAYER_IDS: ",".join(map(str, LAYERS)),
-        "PYTHONPATH": os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]),
-    }
-    log = open(tmp_path / "standin.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(FIXTURES / "sglang_standin_server.py"),
-            "--model",
-            str(model),
-            "--port-file",
-            str(port_file),
-            *args,
-        ],
-        env=env,
-        stdout=log,
-        stderr=log,
-    )
-    try:
-        t0 = time.monotonic()
-        while not port_file.exists():
-            assert proc.poll() is None, (tmp_path / "standin.log").read_text()
-            assert time.monotonic() - t0 < 60, "stand-in server did not start"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port_file.read_text()}"
-    finally:
-        proc.kill()
-        proc.wait()
-        log.close()
+    return _standin_server(tmp_path, data_dir, model, LAYERS, *args)
 
 
 def _cfg(data_dir, model, url, **kw):
