@@ -87,6 +87,9 @@ def setup(tmp_path_factory, tiny_target):
         "sglang_model_path": str(tiny_target),
         "sglang_tp_size": 1,
         "sglang_dump_data_dir": str(base / "data"),
+        # capture patch state auto: applied because extraction goes through SGLang and base/data is not
+        # prepared yet (every row is left); tests/ansible/test_extract_sglang.py covers "nothing left"
+        "sglang_extract_backend": "sglang",
     }
     (base / "units").mkdir()
     return base, inv, vars_
