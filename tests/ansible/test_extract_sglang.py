@@ -1,0 +1,232 @@
+"""The extract phase's SGLang backend and the sglang phase's patch rule, through site.yml (ansible-runner) on
+this machine (connection local), with ``extract_backend: sglang``.
+
+Real: both roles, every module (``sglang_capture_patch``, ``sglang_extract``), the ``eagle3ops`` CLI, the
+extraction plan, the client, the in-server hook and the store; SGLang 0.5.23's own ``deepseek_v2.py`` (the real
+wheel, installed ``--no-deps`` by the sglang role from an offline wheelhouse, as tests/unit/test_sglang_role.py
+does), patched and restored by the roles and compared by sha256 and bytes with the upstream file.
+
+STAND-IN: the server. SGLang's runtime needs CUDA, so ``tests/fixtures/sglang_standin_server.py`` plays the
+patched server on loopback (``/health`` + ``/generate``, a batching scheduler) and runs the REAL hook, configured
+from the environment the systemd unit sets, over a tiny transformers DeepSeek-V3 target
+(``tests/fixtures/sglang_standin.py`` says what is stood in). The extract role attaches to it
+(``extract_sglang_server_unit: ""``: no systemd here); its unit is only rendered into a test directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from eagle3ops import sglang_patch
+from eagle3ops.store import HiddenStateStore
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO / "tests" / "hosts"))
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+from runner import run_playbook
+from sglang_standin import _find_wheel, pristine_deepseek_v2, standin_server
+from tinymodels import build_prepared_dataset, build_tiny_target
+
+SPEC = sglang_patch.SPECS["0.5.23"]
+LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7]
+LAYERS = [2, 4, 5]  # [2, N//2, N-3] of the 8-layer tiny target: what both roles resolve by default
+PATCH_TASK = "Capture patch in deepseek_v2.py"
+EXTRACT_TASK = "Extract target hidden states through the patched SGLang server"
+RESTORE_TASK = "Restore the capture patch byte-exact (SGLang as shipped; serving needs it)"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    if (
+        shutil.which("python3") is None
+        or subprocess.run(["python3", "-c", "import venv, ensurepip"]).returncode
+    ):
+        pytest.skip("the system python3 cannot create venvs (apt-get install python3-venv)")
+    base = tmp_path_factory.mktemp("extract-sglang")
+    pristine_deepseek_v2()  # makes sure the real wheel is cached (downloads it when needed)
+    wheelhouse = base / "wheelhouse"
+    wheelhouse.mkdir()
+    shutil.copy(_find_wheel(), wheelhouse)
+    e3o = base / "e3o-wheels"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(e3o),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (base / "units").mkdir()
+    inv = base / "hosts.yml"
+    inv.write_text(
+        json.dumps(
+            {
+                "all": {
+                    "children": {
+                        "gpu_hosts": {
+                            "hosts": {
+                                "localhost": {
+                                    "ansible_connection": "local",
+                                    "ansible_python_interpreter": sys.executable,
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        )
+    )
+    model = build_tiny_target(base / "model")
+    xv = {
+        "runtime_eagle3ops_bin": str(BIN / "eagle3ops"),
+        # sglang phase: the real wheel into a fresh venv, offline, --no-deps (its CUDA deps cannot install here)
+        "sglang_enabled": True,
+        "sglang_venv_dir": str(base / "sglang-venv"),
+        "sglang_wheelhouse": str(wheelhouse),
+        "sglang_remote_wheelhouse": str(base / "remote-wheelhouse"),
+        "sglang_pip_extra_args": "--no-deps",
+        "sglang_eagle3ops_wheel_dir": str(e3o),
+        "sglang_unit_dir": str(base / "units"),
+        "sglang_systemd_reload": False,
+        "sglang_model_path": str(model),
+        "sglang_tp_size": 1,
+        # extract phase: the SGLang backend, attached to the stand-in (no unit to start)
+        "extract_backend": "sglang",
+        "extract_model_path": str(model),
+        "extract_sglang_server_unit": "",
+        "extract_sglang_concurrency": 3,
+        "extract_sglang_health_timeout": 120,
+        "extract_poll_interval": 1,
+    }
+    return base, inv, model, xv
+
+
+def _data(env, name):
+    base, _, _, xv = env
+    d = build_prepared_dataset(base / name, LENGTHS)
+    return d, {**xv, "sglang_dump_data_dir": str(d), "extract_data_dir": str(d)}
+
+
+def _target(env):
+    (p,) = (env[0] / "sglang-venv").glob("lib/python3*/site-packages/" + sglang_patch.TARGET_RELPATH)
+    return p
+
+
+def _sha(p):
+    return hashlib.sha256(Path(p).read_bytes()).hexdigest()
+
+
+def _one(r, task):
+    (res,) = [x for x in r.task_results(task) if x]
+    return res
+
+
+def _patch_fact(res):
+    """The patch state a sglang_capture_patch task reports (its fact: Ansible overwrites a result's top-level
+    ``state`` with file info whenever the result has a ``path``)."""
+    return res["ansible_facts"]["eagle3ops_sglang_patch"]
+
+
+def _calls(url):
+    with urllib.request.urlopen(url + "/standin/stats", timeout=5) as f:
+        return json.loads(f.read())["calls"]
+
+
+def _reference(env, tmp_path):
+    """The same rows through the transformers backend (what the hook must reproduce byte for byte)."""
+    from eagle3ops.extract import ExtractConfig, run_extraction
+
+    ref = build_prepared_dataset(tmp_path / "ref", LENGTHS)
+    run_extraction(ExtractConfig(data_dir=str(ref), model_path=str(env[2]), progress=False, max_batch_size=1))
+    return HiddenStateStore(ref)
+
+
+def test_sglang_backend_extracts_restores_and_a_rerun_changes_nothing(env, tmp_path):
+    _, inv, model, _ = env
+    data, xv = _data(env, "data")
+    with standin_server(tmp_path, data, model, LAYERS) as url:
+        xv["extract_sglang_url"] = url
+        first = run_playbook(REPO / "site.yml", inv, extravars=xv, tags="sglang,extract")
+        s = first.host("localhost")
+        assert first.rc == 0 and s["failed"] == 0, first.summary()
+        changed = first.changed_tasks()
+        for task in (PATCH_TASK, EXTRACT_TASK, RESTORE_TASK):
+            assert f"localhost: {task}" in changed, changed
+        patch = _one(first, PATCH_TASK)
+        assert _patch_fact(patch)["state"] == "applied" and patch["sha256"] == SPEC.patched_sha256
+        assert f"{len(LENGTHS)} of {len(LENGTHS)} rows are left to extract through SGLang" in first.stdout
+        res = _one(first, EXTRACT_TASK)
+        assert res["written"] == len(LENGTHS) and res["errors"] == [] and res["done_before"] == 0, res
+        assert res["layer_ids"] == LAYERS
+        restored = _one(first, RESTORE_TASK)
+        assert restored["changed"] is True and _patch_fact(restored)["state"] == "pristine"
+
+        # the files landed, every one byte-equal to the transformers backend's; the manifest lists them all
+        got, ref = HiddenStateStore(data), _reference(env, tmp_path)
+        assert sorted(got.scan_manifest().entries) == list(range(len(LENGTHS)))
+        for i in range(len(LENGTHS)):
+            assert got.path(i).read_bytes() == ref.path(i).read_bytes(), f"row {i} differs"
+        assert json.loads(got.meta_path.read_text())["backend"] == "sglang"
+        # SGLang is back as shipped: sha256 and bytes of the upstream file
+        target = _target(env)
+        assert _sha(target) == SPEC.pristine_sha256 == _sha(pristine_deepseek_v2())
+        assert target.read_bytes() == pristine_deepseek_v2().read_bytes()
+        calls, mtime = _calls(url), target.stat().st_mtime_ns
+
+        second = run_playbook(REPO / "site.yml", inv, extravars=xv, tags="sglang,extract")
+        assert second.rc == 0 and second.host("localhost")["failed"] == 0, second.summary()
+        assert second.host("localhost")["changed"] == 0, second.changed_tasks()
+        patch = _one(second, PATCH_TASK)  # asked, not applied: nothing is left for SGLang
+        assert patch["invocation"]["module_args"]["state"] == "query" and patch["changed"] is False
+        assert _patch_fact(patch)["state"] == "pristine"
+        assert f"all {len(LENGTHS)} rows are extracted: nothing for the patch to do" in second.stdout
+        assert not [r for r in second.task_results(EXTRACT_TASK) if r.get("written") is not None]
+        assert (
+            f"nothing to extract: {len(LENGTHS)} of {len(LENGTHS)} rows already in the manifests"
+            in second.stdout
+        )
+        assert _one(second, RESTORE_TASK)["changed"] is False
+        assert _calls(url) == calls  # no request reached the server
+        assert _sha(target) == SPEC.pristine_sha256 and target.stat().st_mtime_ns == mtime
+
+        check = run_playbook(REPO / "site.yml", inv, extravars=xv, tags="sglang,extract", check=True)
+        assert check.rc == 0 and check.host("localhost")["changed"] == 0, check.changed_tasks()
+
+
+def test_other_backend_leaves_the_patch_alone_and_sglang_refuses_an_unpatched_server(env, tmp_path):
+    """Rows are left, but the extract phase uses transformers: the sglang phase does not patch. The sglang
+    backend then refuses to send rows to a server without the patch, before contacting it."""
+    _, inv, model, _ = env
+    data, xv = _data(env, "data-other")
+    r = run_playbook(
+        REPO / "site.yml", inv, extravars={**xv, "extract_backend": "transformers"}, tags="sglang"
+    )
+    assert r.rc == 0 and r.host("localhost")["failed"] == 0, r.summary()
+    patch = _one(r, PATCH_TASK)
+    assert patch["invocation"]["module_args"]["state"] == "query" and patch["changed"] is False
+    assert "the extract phase uses the transformers backend" in r.stdout
+    assert _sha(_target(env)) == SPEC.pristine_sha256
+
+    with standin_server(tmp_path, data, model, LAYERS) as url:
+        r = run_playbook(REPO / "site.yml", inv, extravars={**xv, "extract_sglang_url": url}, tags="extract")
+        assert r.rc != 0 and r.host("localhost")["failed"] == 1
+        assert "is pristine, not patched" in r.stdout and "--tags sglang,extract" in r.stdout, r.summary()
+        assert _calls(url) == 0
+    assert not HiddenStateStore(data).meta_path.exists()
