@@ -53,8 +53,11 @@ attributes:
   diff_mode:
     support: full
 notes:
-  - The C(extract) phase restores the file when extraction finishes (C(eagle3ops sglang-extract --restore-patch));
-    serving a draft needs the pristine file.
+  - The C(extract) phase (C(extract_backend=sglang)) restores the file with this module (C(state=absent)) when
+    extraction finishes; the C(sglang) phase applies it only while extraction has rows left. Serving a draft needs
+    the pristine file.
+  - Ansible overwrites a top-level C(state) with file information whenever a result has C(path); read the patch
+    state from the fact C(eagle3ops_sglang_patch.state).
 """
 
 EXAMPLES = r"""
@@ -80,7 +83,10 @@ path:
   returned: always
   type: str
 state:
-  description: C(pristine), C(applied) or C(unknown) after the task (predicted in check mode).
+  description:
+    - Ansible's file information for I(path) (C(file)), which AnsibleModule writes over the patch state; the patch
+      state (C(pristine), C(applied) or C(unknown) after the task, predicted in check mode) is
+      C(ansible_facts.eagle3ops_sglang_patch.state).
   returned: always
   type: str
 sha256:

@@ -16,7 +16,7 @@ description:
     I(concurrency) at a time, retries 5xx and timeouts with backoff, waits for C(/health) when the server is
     down, and confirms each row's file (header and token ids). All rows present means C(changed=false).
   - At the end it stops the unit it started and, with I(restore_patch), restores the pristine SGLang file
-    byte-exact when no row failed (the extract phase's automatic restore).
+    byte-exact when no row failed (the extract role does the same with its own C(sglang_capture_patch) task).
   - Check mode contacts no server and writes nothing; it reports how many rows would be sent and the bytes needed.
 version_added: "0.1.0"
 author: eagle3ops contributors
