@@ -102,18 +102,29 @@ def forward_only(model_path: Path, seq_len: int, vocab: int, batches=(1, 4, 8), 
     return out
 
 
-def disk_bandwidth(directory: Path, total_bytes: int) -> float:
-    block = os.urandom(64 * 1024 * 1024)
-    p = directory / "ddtest.bin"
-    t0 = time.perf_counter()
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def _write_stream(path: Path, nbytes: int, block: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     written = 0
-    while written < total_bytes:
-        written += os.write(fd, block)
-    os.fsync(fd)
-    os.close(fd)
-    bw = written / (time.perf_counter() - t0)
-    p.unlink()
+    try:
+        while written < nbytes:
+            written += os.write(fd, block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def disk_bandwidth(directory: Path, total_bytes: int, streams: int = 1) -> float:
+    """Sequential write bandwidth: ``streams`` files written in parallel threads (64 MiB writes, fsync each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    block = os.urandom(64 * 1024 * 1024)
+    paths = [directory / f"ddtest{i}.bin" for i in range(streams)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(streams) as ex:
+        list(ex.map(lambda p: _write_stream(p, total_bytes // streams, block), paths))
+    bw = total_bytes / (time.perf_counter() - t0)
+    for p in paths:
+        p.unlink()
     return bw
 
 
@@ -211,7 +222,12 @@ def main():
     fo = forward_only(work / "model", args.seq_len, cfg.vocab_size)
     res["a_forward_only_tok_s"] = {str(k): round(v) for k, v in fo.items()}
     a = max(fo.values())
-    b = disk_bandwidth(work, 4 * 1024**3 if not args.tiny else 64 * 1024**2)
+    # the disk's best: one stream (dd-like) and the 2 and 4 parallel streams our writer pool uses; a
+    # single-stream figure alone underestimates an NVMe disk and would flatter the ratio below
+    size = 8 * 1024**3 if not args.tiny else 64 * 1024**2
+    by_streams = {n: disk_bandwidth(work, size, n) for n in (1, 2, 4)}
+    res["b_disk_bytes_s_by_streams"] = {str(k): round(v) for k, v in by_streams.items()}
+    b = max(by_streams.values())
     res["b_disk_bytes_s"] = round(b)
     res["b_disk_tok_s"] = round(b / bpt)
     bound = min(a, b / bpt)

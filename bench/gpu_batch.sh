@@ -26,6 +26,12 @@ export PYTHONPATH="/tmp/site:$ROOT/python" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
 
+# a trainer detached by an earlier call on this box (train_gpu.py's stage ran out of time) would share the GPU
+# with this call's measurements: stop them first (this box is ours alone)
+pkill -f eagle3ops.speculators_shim && sleep 5
+pkill -9 -f eagle3ops.speculators_shim
+rm -rf /tmp/tg-[0-9]* /tmp/tp-[0-9]*
+
 left() { echo $((DEADLINE - $(date +%s))); }
 
 run_step() { # gpus step

@@ -364,8 +364,8 @@ def main() -> int:
                     (
                         "--max-steps",
                         str(args.max_steps),
-                        "--train-data-ratio",
-                        "0.98",
+                        "--train-data-ratio",  # the same 20 validation rows at every N
+                        str(1 - 20 / n),
                         "--log-freq",
                         "5",
                         "--draft-vocab-size",
