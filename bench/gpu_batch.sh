@@ -52,7 +52,8 @@ run_step() { # gpus step
       --stage-timeout $(((t - 60) / 2)) --work /tmp/tg-$gpus --data-root /tmp/tg-data --out "$r" ${TRAIN_ARGS:-}) ;;
     train_pipeline) cmd=(python3 bench/train_gpu.py --stages pipeline --stage-timeout $((t - 60))
       --work /tmp/tp-$gpus --out "$r" ${TRAIN_ARGS:-}) ;;
-    extract) cmd=(python3 bench/extract_throughput.py --out "$r" --rows "${EXTRACT_ROWS:-320}" --workers 1) ;;
+    extract) cmd=(python3 bench/extract_throughput.py --out "$r" --rows "${EXTRACT_ROWS:-320}" --workers 1
+      ${EXTRACT_ARGS:-}) ;;
     extract_w2) cmd=(python3 bench/extract_throughput.py --out "$r" --rows "${EXTRACT_ROWS:-320}" --workers 2) ;;
     hook) cmd=(python3 bench/sglang_hook_gpu.py --out "$r") ;;
     fp8) cmd=(python3 bench/fp8_gpu.py --out "$r") ;;
