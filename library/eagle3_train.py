@@ -99,6 +99,18 @@ options:
     type: str
     choices: [raise, skip, warn]
     default: raise
+  loss_implementation:
+    description:
+      - speculators' loss kernel. C(eager) by default on every device - speculators 0.9.0's C(fused) KL loss
+        failed under torch 2.11's dynamo on an H200 (C(ListVariable ... is already tracked for mutation)); choose
+        C(fused) only on a torch where it is known to compile.
+    type: str
+    choices: [eager, fused]
+    default: eager
+  draft_attn_impl:
+    description: Draft attention; default C(simple_flex_attention) (torch.compile) on GPUs, C(sdpa) on CPU.
+    type: str
+    choices: [simple_flex_attention, sdpa, eager]
   device:
     description: C(auto) (GPUs when visible), C(cpu) or C(gpu).
     type: str
@@ -255,6 +267,8 @@ def main():
             "attention": {"type": "str", "choices": ["full", "sliding"], "default": "full"},
             "sliding_window": {"type": "int", "default": 2048},
             "on_missing": {"type": "str", "choices": ["raise", "skip", "warn"], "default": "raise"},
+            "loss_implementation": {"type": "str", "choices": ["eager", "fused"], "default": "eager"},
+            "draft_attn_impl": {"type": "str", "choices": ["simple_flex_attention", "sdpa", "eager"]},
             "device": {"type": "str", "choices": ["auto", "cpu", "gpu"], "default": "auto"},
             "nproc": {"type": "int"},
             "num_workers": {"type": "int"},
@@ -299,6 +313,8 @@ def main():
         p["on_missing"],
         "--device",
         p["device"],
+        "--loss-implementation",
+        p["loss_implementation"],
         "--launcher",
         p["launcher"],
         "--timeout",
@@ -316,6 +332,7 @@ def main():
         ("nproc", "--nproc"),
         ("num_workers", "--num-workers"),
         ("unit_name", "--unit-name"),
+        ("draft_attn_impl", "--draft-attn-impl"),
     ):
         if p[opt] is not None:
             argv += [flag, str(p[opt])]

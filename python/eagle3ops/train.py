@@ -423,7 +423,8 @@ def plan(spec: TrainSpec) -> Plan:
         else meta["dtype"],
         "num_workers": num_workers,
         "on_missing": spec.on_missing,
-        "loss_implementation": spec.loss_implementation or ("eager" if cpu else "fused"),
+        # eager everywhere by default: speculators 0.9.0's fused KL loss failed under torch 2.11's dynamo on an H200
+        "loss_implementation": spec.loss_implementation or "eager",
         "ttt_steps": spec.ttt_steps,
         "lr": spec.lr,
         "epochs": spec.epochs,

@@ -350,3 +350,18 @@ def test_a_trainer_known_only_from_the_pid_file_is_never_doubled(inputs, tmp_pat
     finally:
         fake.kill()
         fake.wait()
+
+
+def test_gpu_config_defaults_to_eager_loss_and_flex_attention(inputs, tmp_path, monkeypatch):
+    """GPU branch of the rendering on this GPU-less machine: only the device resolution is faked (2 GPUs);
+    the GPU run itself is proven by bench/train_gpu.py (docs/performance.md, Training)."""
+    monkeypatch.setattr(train, "resolve_device", lambda spec: ("gpu", 2))
+    p = train.plan(spec(inputs, tmp_path))
+    cfg = yaml.safe_load(p.config_text)["train"]
+    assert p.device == "gpu"
+    # speculators 0.9.0's fused KL loss failed under torch 2.11 dynamo on the H200: never the silent default
+    assert cfg["loss"]["loss_implementation"] == "eager"
+    assert cfg["draft"]["draft_attn_impl"] == "simple_flex_attention"
+    chosen = train.plan(spec(inputs, tmp_path, loss_implementation="fused", draft_attn_impl="sdpa"))
+    chosen_cfg = yaml.safe_load(chosen.config_text)["train"]
+    assert chosen_cfg["loss"]["loss_implementation"] == "fused" and chosen_cfg["draft"]["draft_attn_impl"] == "sdpa"

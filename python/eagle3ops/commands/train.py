@@ -45,7 +45,11 @@ def register(sub) -> None:
     p.add_argument("--nproc", type=int, help="trainer processes on GPUs (default: every visible GPU)")
     p.add_argument("--num-workers", type=int, help="loader workers per process (default 0 on CPU)")
     p.add_argument("--draft-attn-impl", choices=["simple_flex_attention", "sdpa", "eager"])
-    p.add_argument("--loss-implementation", choices=["fused", "eager"])
+    p.add_argument(
+        "--loss-implementation",
+        choices=["fused", "eager"],
+        help="default eager (speculators 0.9.0's fused loss failed under torch 2.11 dynamo on an H200)",
+    )
     p.add_argument("--extra", default="{}", help="JSON: {group: {speculators key: value}} for other settings")
     p.add_argument("--env", default="{}", help="JSON: extra environment variables for the trainer")
     p.add_argument("--restart-on-change", action="store_true")
