@@ -364,4 +364,7 @@ def test_gpu_config_defaults_to_eager_loss_and_flex_attention(inputs, tmp_path, 
     assert cfg["draft"]["draft_attn_impl"] == "simple_flex_attention"
     chosen = train.plan(spec(inputs, tmp_path, loss_implementation="fused", draft_attn_impl="sdpa"))
     chosen_cfg = yaml.safe_load(chosen.config_text)["train"]
-    assert chosen_cfg["loss"]["loss_implementation"] == "fused" and chosen_cfg["draft"]["draft_attn_impl"] == "sdpa"
+    assert (
+        chosen_cfg["loss"]["loss_implementation"] == "fused"
+        and chosen_cfg["draft"]["draft_attn_impl"] == "sdpa"
+    )
