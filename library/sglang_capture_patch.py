@@ -57,7 +57,7 @@ notes:
     extraction finishes; the C(sglang) phase applies it only while extraction has rows left. Serving a draft needs
     the pristine file.
   - Ansible overwrites a top-level C(state) with file information whenever a result has C(path); read the patch
-    state from the fact C(eagle3ops_sglang_patch.state).
+    state from I(patch_state) or the fact C(eagle3ops_sglang_patch.state).
 """
 
 EXAMPLES = r"""
@@ -86,9 +86,18 @@ state:
   description:
     - Ansible's file information for I(path) (C(file)), which AnsibleModule writes over the patch state; the patch
       state (C(pristine), C(applied) or C(unknown) after the task, predicted in check mode) is
-      C(ansible_facts.eagle3ops_sglang_patch.state).
+      I(patch_state) (and C(ansible_facts.eagle3ops_sglang_patch.state)).
   returned: always
   type: str
+patch_state:
+  description: The patch state after the task (predicted in check mode) - C(pristine), C(applied) or C(unknown).
+  returned: always
+  type: str
+  sample: applied
+applied:
+  description: Whether the capture patch is in the file after the task (predicted in check mode).
+  returned: always
+  type: bool
 sha256:
   description: The file's sha256 after the task (in check mode, its current sha256).
   returned: always
@@ -156,6 +165,9 @@ def main():
         "changed": changed,
         "ansible_facts": {"eagle3ops_sglang_patch": fact},
         **{k: v for k, v in result.items() if k not in ("check_mode", "action")},
+        # `state` itself is overwritten by AnsibleModule's file info (the result has `path`)
+        "patch_state": result["state"],
+        "applied": fact["applied"],
     }
     if changed and diff_text:
         out["diff"] = {"prepared": diff_text}

@@ -190,3 +190,41 @@ def test_the_server_flags_exist_in_sglang_0_5_23():
         m = re.search(rf"^    {name}: A\[(.*?)\n    \] = |^    {name}: A\[[^\n]*\] = ", fields, re.M | re.S)
         assert m, f"{flag}: no field {name} in sglang 0.5.23's ServerArgs"
         assert "no_cli=True" not in m.group(0), f"{flag} is not a command-line option in 0.5.23"
+
+
+def test_module_returns_the_patch_state_beside_ansibles_file_state(tmp_path):
+    """library/sglang_capture_patch.py through the real `ansible` ad-hoc runner on a copy of the real 0.5.23 file:
+    AnsibleModule writes file info (`state: file`) over a result's `state` when it has `path`, so the patch state
+    must come back as `patch_state`/`applied` (and the fact), never only as `state`."""
+    import os
+
+    target = tmp_path / "deepseek_v2.py"
+    shutil.copy2(pristine_deepseek_v2(), target)
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(repo / "ansible.cfg"),
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+    )
+
+    def adhoc(state: str, *extra: str) -> dict:
+        args = f"path={target} state={state} executable={Path(sys.executable).parent / 'eagle3ops'}"
+        r = subprocess.run(
+            [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-m", "sglang_capture_patch",
+             "-a", args, "-e", f"ansible_python_interpreter={sys.executable}", *extra],
+            capture_output=True, text=True, cwd=repo, env=env, timeout=300,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return json.loads(r.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+    predicted = adhoc("present", "--check")
+    assert predicted["changed"] and predicted["patch_state"] == "applied" and predicted["applied"] is True
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == SPEC.pristine_sha256  # check mode wrote nothing
+    applied = adhoc("present")
+    assert applied["changed"] and applied["patch_state"] == "applied" and applied["applied"] is True
+    assert applied["ansible_facts"]["eagle3ops_sglang_patch"]["state"] == "applied"
+    assert applied["state"] == "file"  # Ansible's, documented in RETURN
+    restored = adhoc("absent")
+    assert restored["changed"] and restored["patch_state"] == "pristine" and restored["applied"] is False
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == SPEC.pristine_sha256
