@@ -20,12 +20,14 @@ Guarantees:
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
 import re
 import shutil
 import struct
+import sys
 import threading
 import zlib
 from collections.abc import Iterable, Iterator
@@ -80,6 +82,114 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# ---------- durable-write options ----------
+# Module-level so bench/write_path.py can A/B them in one process; the environment variables set them for a run.
+# None of them changes the guarantee: with ``fsync`` a file's bytes are durable before its rename, and the rename
+# is durable (directory fsync) before atomic_write_bytes returns. All are off by default (no CPU-measurable win
+# on this project's VM disk: bench/write_path.py); they exist to be measured on the GPU box's disk.
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+#: Streaming writeback: write the payload in chunks of this many bytes and start each chunk's writeback
+#: (``sync_file_range(SYNC_FILE_RANGE_WRITE)``) as soon as it is in the page cache, so the final fsync finds
+#: little left to flush. 0 = off (one pass of writes, then fsync). Linux only; a no-op elsewhere.
+WRITEBACK_CHUNK = _env_int("EAGLE3OPS_WRITEBACK_MIB", 0) << 20
+#: With WRITEBACK_CHUNK: before starting a chunk's writeback, wait for the previous chunk's to finish (at most
+#: two chunks of a file dirty or in flight per writer thread).
+WRITEBACK_WAIT = os.environ.get("EAGLE3OPS_WRITEBACK_WAIT", "") == "1"
+#: Allocate the file's final size (fallocate(2), mode 0) before writing it. Linux only; skipped where the file
+#: system does not support it (never glibc's posix_fallocate emulation, which would write every block twice).
+PREALLOCATE = os.environ.get("EAGLE3OPS_PREALLOCATE", "") == "1"
+#: fdatasync instead of fsync for the data file. Correct for a new file on Linux: fdatasync flushes the
+#: metadata needed to read the data back (size, block allocation); only timestamps may be lost, and the
+#: rename + directory fsync still make the name durable.
+DATASYNC = os.environ.get("EAGLE3OPS_FDATASYNC", "") == "1"
+
+_SYNC_FILE_RANGE_WAIT_BEFORE = 1
+_SYNC_FILE_RANGE_WRITE = 2
+_SYNC_FILE_RANGE_WAIT_AFTER = 4
+_SYNC_FILE_RANGE_WAIT_ALL = (
+    _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE | _SYNC_FILE_RANGE_WAIT_AFTER
+)
+# errnos meaning "this call is not supported here" (a hint we can skip), never an I/O error
+_UNSUPPORTED = {errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ESPIPE}
+
+
+@functools.cache
+def _libc_fn(name: str, *argtypes):
+    """``name`` from the C library as ``f(*args) -> None`` raising OSError, or None where it does not exist (not
+    Linux, no such symbol). ctypes.CDLL releases the GIL around the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [getattr(ctypes, t) for t in argtypes]
+    fn.restype = ctypes.c_int
+
+    def call(*args) -> None:
+        if fn(*args) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+
+    return call
+
+
+def _sync_file_range():
+    """``f(fd, offset, nbytes, flags)``, or None off Linux (CPython 3.10-3.13 has no os.sync_file_range)."""
+    fn = getattr(os, "sync_file_range", None)
+    # int sync_file_range(int fd, off64_t offset, off64_t nbytes, unsigned int flags)
+    return fn if fn is not None else _libc_fn("sync_file_range", "c_int", "c_int64", "c_int64", "c_uint")
+
+
+def _preallocate(fd: int, size: int) -> None:
+    # int fallocate(int fd, int mode, off_t offset, off_t len): glibc's is the 64-bit one on LP64 Linux
+    fallocate = _libc_fn("fallocate", "c_int", "c_int", "c_int64", "c_int64")
+    if fallocate is None or size <= 0:
+        return
+    try:
+        fallocate(fd, 0, 0, size)  # mode 0: allocate the blocks and extend the size
+    except OSError as e:
+        if e.errno not in _UNSUPPORTED:
+            raise  # ENOSPC included: the caller reports a full disk before any byte is written
+
+
+def _write_views(fd: int, views: list[memoryview], chunk: int, wait_prev: bool) -> None:
+    """Write ``views`` back to back; with ``chunk``, start the writeback of every ``chunk`` bytes as soon as they
+    are written (and optionally wait for the previous chunk's). Errors of a call that waited are raised, never
+    swallowed: a waited-on writeback error is consumed for this file and a later fsync would no longer see it."""
+    sfr = _sync_file_range() if chunk > 0 else None
+    if sfr is None:
+        chunk = 0
+    off = started = 0  # bytes written; bytes whose writeback was started
+    prev = None  # (offset, length) of the last range whose writeback was started
+    for view in views:
+        while view:
+            n = os.write(fd, view if not chunk else view[: chunk - (off - started)])
+            view = view[n:]
+            off += n
+            if chunk and off - started >= chunk:
+                try:
+                    if wait_prev and prev is not None:
+                        sfr(fd, prev[0], prev[1], _SYNC_FILE_RANGE_WAIT_ALL)
+                    sfr(fd, started, off - started, _SYNC_FILE_RANGE_WRITE)
+                except OSError as e:
+                    if e.errno not in _UNSUPPORTED:
+                        raise
+                    chunk = 0  # not supported on this file system: plain writes from here on
+                prev = (started, off - started)
+                started = off
+
+
 def atomic_write_bytes(
     path: str | os.PathLike, data, *, fsync: bool = True, sync_dir: bool | None = None
 ) -> int:
@@ -91,21 +201,20 @@ def atomic_write_bytes(
     False and fsync the directory once for a batch before it records the batch in the manifest (the same
     guarantee: a manifest line only names a durable file); measured on this project's VM disk that was
     *slower* than a directory fsync per file (bench/write_path.py, docs/performance.md), so the extraction's
-    writer keeps one per file unless told otherwise."""
+    writer keeps one per file unless told otherwise. With ``fsync``, the module options WRITEBACK_CHUNK,
+    WRITEBACK_WAIT, PREALLOCATE and DATASYNC change how the bytes get to disk, not the guarantee."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     parts = data if isinstance(data, (list, tuple)) else [data]
-    total = 0
+    views = [memoryview(part).cast("B") for part in parts]
+    total = sum(len(v) for v in views)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        for part in parts:
-            view = memoryview(part).cast("B")
-            total += len(view)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
+        if fsync and PREALLOCATE:
+            _preallocate(fd, total)
+        _write_views(fd, views, WRITEBACK_CHUNK if fsync else 0, WRITEBACK_WAIT)
         if fsync:
-            os.fsync(fd)
+            (os.fdatasync if DATASYNC and hasattr(os, "fdatasync") else os.fsync)(fd)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
