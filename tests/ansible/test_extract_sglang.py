@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -33,7 +31,7 @@ sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from runner import run_playbook
-from sglang_standin import _find_wheel, pristine_deepseek_v2, standin_server
+from sglang_standin import offline_role_inputs, pristine_deepseek_v2, standin_server
 from tinymodels import build_prepared_dataset, build_tiny_target
 
 SPEC = sglang_patch.SPECS["0.5.23"]
@@ -46,53 +44,9 @@ RESTORE_TASK = "Restore the capture patch byte-exact (SGLang as shipped; serving
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    if (
-        shutil.which("python3") is None
-        or subprocess.run(["python3", "-c", "import venv, ensurepip"]).returncode
-    ):
-        pytest.skip("the system python3 cannot create venvs (apt-get install python3-venv)")
     base = tmp_path_factory.mktemp("extract-sglang")
-    pristine_deepseek_v2()  # makes sure the real wheel is cached (downloads it when needed)
-    wheelhouse = base / "wheelhouse"
-    wheelhouse.mkdir()
-    shutil.copy(_find_wheel(), wheelhouse)
-    e3o = base / "e3o-wheels"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(e3o),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    wheelhouse, e3o, inv = offline_role_inputs(base)
     (base / "units").mkdir()
-    inv = base / "hosts.yml"
-    inv.write_text(
-        json.dumps(
-            {
-                "all": {
-                    "children": {
-                        "gpu_hosts": {
-                            "hosts": {
-                                "localhost": {
-                                    "ansible_connection": "local",
-                                    "ansible_python_interpreter": sys.executable,
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        )
-    )
     model = build_tiny_target(base / "model")
     xv = {
         "runtime_eagle3ops_bin": str(BIN / "eagle3ops"),

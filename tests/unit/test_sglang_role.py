@@ -19,7 +19,7 @@ import pytest
 from eagle3ops import sglang_patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from sglang_standin import _find_wheel, pristine_deepseek_v2
+from sglang_standin import offline_role_inputs, pristine_deepseek_v2
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -28,52 +28,8 @@ SPEC = sglang_patch.SPECS["0.5.23"]
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_target):
-    if (
-        shutil.which("python3") is None
-        or subprocess.run(["python3", "-c", "import venv, ensurepip"]).returncode
-    ):
-        pytest.skip("the system python3 cannot create venvs (apt-get install python3-venv)")
     base = tmp_path_factory.mktemp("sglang-role")
-    pristine_deepseek_v2()  # makes sure a wheel is cached (downloads it when needed)
-    wheelhouse = base / "wheelhouse"
-    wheelhouse.mkdir()
-    shutil.copy(_find_wheel(), wheelhouse)
-    e3o = base / "e3o-wheels"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(e3o),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    inv = base / "hosts.yml"
-    inv.write_text(
-        json.dumps(
-            {
-                "all": {
-                    "children": {
-                        "gpu_hosts": {
-                            "hosts": {
-                                "localhost": {
-                                    "ansible_connection": "local",
-                                    "ansible_python_interpreter": sys.executable,
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        )
-    )
+    wheelhouse, e3o, inv = offline_role_inputs(base)
     vars_ = {
         "sglang_enabled": True,
         "sglang_venv_dir": str(base / "sglang-venv"),
