@@ -89,17 +89,18 @@ def _pid_alive(pid: int) -> bool:
 # on this project's VM disk: bench/write_path.py); they exist to be measured on the GPU box's disk.
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_mib(name: str) -> int:
+    """``$name`` in MiB (fractions allowed) as bytes; 0 when unset or not a number."""
     try:
-        return int(os.environ.get(name, "") or default)
+        return max(0, int(float(os.environ.get(name, "") or 0) * 2**20))
     except ValueError:
-        return default
+        return 0
 
 
 #: Streaming writeback: write the payload in chunks of this many bytes and start each chunk's writeback
 #: (``sync_file_range(SYNC_FILE_RANGE_WRITE)``) as soon as it is in the page cache, so the final fsync finds
 #: little left to flush. 0 = off (one pass of writes, then fsync). Linux only; a no-op elsewhere.
-WRITEBACK_CHUNK = _env_int("EAGLE3OPS_WRITEBACK_MIB", 0) << 20
+WRITEBACK_CHUNK = _env_mib("EAGLE3OPS_WRITEBACK_MIB")
 #: With WRITEBACK_CHUNK: before starting a chunk's writeback, wait for the previous chunk's to finish (at most
 #: two chunks of a file dirty or in flight per writer thread).
 WRITEBACK_WAIT = os.environ.get("EAGLE3OPS_WRITEBACK_WAIT", "") == "1"
@@ -165,8 +166,8 @@ def _preallocate(fd: int, size: int) -> None:
 
 def _write_views(fd: int, views: list[memoryview], chunk: int, wait_prev: bool) -> None:
     """Write ``views`` back to back; with ``chunk``, start the writeback of every ``chunk`` bytes as soon as they
-    are written (and optionally wait for the previous chunk's). Errors of a call that waited are raised, never
-    swallowed: a waited-on writeback error is consumed for this file and a later fsync would no longer see it."""
+    are written (and optionally wait for the previous chunk's). I/O errors are raised, never swallowed: a
+    sync_file_range that waited consumes the file's writeback error, and the final fsync would no longer see it."""
     sfr = _sync_file_range() if chunk > 0 else None
     if sfr is None:
         chunk = 0
@@ -183,7 +184,9 @@ def _write_views(fd: int, views: list[memoryview], chunk: int, wait_prev: bool) 
                         sfr(fd, prev[0], prev[1], _SYNC_FILE_RANGE_WAIT_ALL)
                     sfr(fd, started, off - started, _SYNC_FILE_RANGE_WRITE)
                 except OSError as e:
-                    if e.errno not in _UNSUPPORTED:
+                    # Only the file's first call (a plain WRITE, nothing waited on) may say "not supported here";
+                    # any later error is raised whatever its errno, as a waited-on error is gone for the fsync.
+                    if prev is not None or e.errno not in _UNSUPPORTED:
                         raise
                     chunk = 0  # not supported on this file system: plain writes from here on
                 prev = (started, off - started)

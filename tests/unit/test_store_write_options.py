@@ -91,6 +91,27 @@ def test_writeback_unsupported_falls_back_to_plain_writes(tmp_path, monkeypatch)
     assert (tmp_path / "f").read_bytes() == b"".join(PAYLOAD)
 
 
+def test_writeback_einval_after_the_first_call_is_raised(tmp_path, monkeypatch):
+    real = store._sync_file_range()
+    if real is None:
+        pytest.skip("no sync_file_range on this platform")
+    calls = []
+
+    def second_fails(fd, off, n, flags):
+        calls.append(flags)
+        if len(calls) > 1:  # the first wait: an errno that would mean "unsupported" on a first call
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(fd, off, n, flags)
+
+    monkeypatch.setattr(store, "_sync_file_range", lambda: second_fails)
+    monkeypatch.setattr(store, "WRITEBACK_CHUNK", 1 << 20)
+    monkeypatch.setattr(store, "WRITEBACK_WAIT", True)
+    with pytest.raises(OSError):
+        store.atomic_write_bytes(tmp_path / "f", PAYLOAD)
+    assert calls == [store._SYNC_FILE_RANGE_WRITE, store._SYNC_FILE_RANGE_WAIT_ALL]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_writeback_missing_is_a_no_op(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "_sync_file_range", lambda: None)  # not Linux
     monkeypatch.setattr(store, "WRITEBACK_CHUNK", 1 << 20)
