@@ -238,7 +238,7 @@ def main():
     bound = min(a, b / bpt)
     res["bound_tok_s"] = round(bound)
     res["c_naive_tok_s"] = round(
-        naive_loop(work / "model", work / "data", work / "naive", args.naive_rows, layer_ids)
+        naive_loop(work / "model", work / "data", work / "naive", min(args.naive_rows, args.rows), layer_ids)
     )
     shutil.rmtree(work / "naive", ignore_errors=True)
     runs = {}

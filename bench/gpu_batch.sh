@@ -7,7 +7,8 @@
 # usage: bench/gpu_batch.sh 'LANE' ['LANE' ...]   LANE = "GPUS:step,step,..."  (GPUS e.g. 0 or 1 or 0,1)
 #        GPU_BATCH_BUDGET_S (default 540) bounds the whole call; the device tool's own limit is 600 s.
 #        BENCH_TINY=1 adds --tiny to extract/hook/fp8 and TRAIN_ARGS goes to train_gpu.py (a CPU smoke run).
-# steps: train1k train20k train_pipeline extract extract_w2 hook fp8 writepath gpufree
+# steps: train1k train20k train_pipeline extract extract_w2 extract_wb2 extract_shm extract_w2_shm hook fp8
+#        writepath gpufree
 set -u
 : "${OUT:=/tmp/gpu-batch-out}"
 BUDGET=${GPU_BATCH_BUDGET_S:-540}
@@ -57,7 +58,16 @@ run_step() { # gpus step
     extract_w2) cmd=(python3 bench/extract_throughput.py --out "$r" --rows "${EXTRACT_ROWS:-320}" --workers 2) ;;
     hook) cmd=(python3 bench/sglang_hook_gpu.py --out "$r") ;;
     fp8) cmd=(python3 bench/fp8_gpu.py --out "$r") ;;
-    writepath) cmd=(python3 bench/write_path.py --out "$r") ;;
+    # durable-write variants on this box's disk, then the end-to-end effect of the best CPU candidate
+    writepath) cmd=(python3 bench/write_path.py --dir /tmp/e3o-writepath --reps "${WRITEPATH_REPS:-6}"
+      --writeback-mib 2 --out "$r" --name write_path_variants_wb2.json) ;;
+    extract_wb2) cmd=(env EAGLE3OPS_WRITEBACK_MIB=2 python3 bench/extract_throughput.py --out "$r"
+      --rows "${EXTRACT_ROWS:-640}" --workers 1 --modes fsync_4threads ${EXTRACT_ARGS:-}) ;;
+    # worker scaling where the disk is not the limit: the output in RAM (/dev/shm), 1 then 2 workers
+    extract_shm) cmd=(python3 bench/extract_throughput.py --out "$r" --work /dev/shm/e3o-x1
+      --rows "${EXTRACT_ROWS:-320}" --workers 1 --modes fsync_4threads) ;;
+    extract_w2_shm) cmd=(python3 bench/extract_throughput.py --out "$r" --work /dev/shm/e3o-x2
+      --rows "${EXTRACT_ROWS:-320}" --workers 2 --modes fsync_4threads) ;;
     gpufree) cmd=(env OUT="$r" python3 bench/gpu_free_release.py) ;;
     *)
       echo "[$step] unknown step"
@@ -65,6 +75,7 @@ run_step() { # gpus step
       ;;
   esac
   case $step in extract* | hook | fp8) [ -n "${BENCH_TINY:-}" ] && cmd+=(--tiny) ;; esac
+  case $step in writepath) [ -n "${BENCH_TINY:-}" ] && cmd+=(--run-mib 64 --mib 8 --threads 2 --reps 1) ;; esac
   CUDA_VISIBLE_DEVICES=$gpus timeout --kill-after=15 "$((t - 5))" "${cmd[@]}" >"$LOGS/$step.log" 2>&1
   echo "[$step] rc=$? ($(date +%T), $(left)s left)"
 }

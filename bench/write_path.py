@@ -159,6 +159,8 @@ def main() -> int:
     mibs = [float(x) for x in args.mib.split(",") if x]
     threads = _ints(args.threads)
 
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="write-path-", dir=args.dir))
     configs = []
     for mib in mibs:

@@ -783,6 +783,7 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     writer.start()
     t_compute = 0.0
     t_loop = time.perf_counter()
+    loop_started_at = time.time()  # wall clock: workers' loops are merged into one span
     try:
         with torch.inference_mode():
             for batch in batches:
@@ -889,6 +890,8 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         tokens_per_second=round(st.tokens / secs, 1) if secs else None,
         loop_seconds=round(loop_secs, 3),
         loop_tokens_per_second=round(st.tokens / loop_secs, 1) if loop_secs else None,
+        loop_started_at=loop_started_at,
+        loop_finished_at=time.time(),
         compute_seconds=round(t_compute, 3),
         write_seconds=round(st.write_seconds, 3),
         serialize_seconds=round(st.serialize_seconds, 3),

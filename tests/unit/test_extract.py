@@ -138,6 +138,11 @@ def test_cli_json_and_two_workers(data_dir, tiny_target):
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     res = json.loads(out)
     assert res["written"] == len(LENGTHS) and res["changed"] is True and res["world_size"] == 2
+    # the workers' loops as one wall-clock span: from the first loop start to the last loop end
+    ranks = res["workers"]
+    span = max(r["loop_finished_at"] for r in ranks) - min(r["loop_started_at"] for r in ranks)
+    assert res["loop_seconds"] == round(span, 3) >= max(r["loop_seconds"] for r in ranks) - 0.01
+    assert res["loop_tokens_per_second"] == round(res["tokens"] / span, 1)
     manifests = sorted(p.name for p in (data_dir / "hidden_states").glob("manifest-rank*.jsonl"))
     assert manifests == ["manifest-rank0.jsonl", "manifest-rank1.jsonl"]
     again = json.loads(

@@ -122,6 +122,19 @@ def _num_workers(spec: str) -> int:
     return n
 
 
+def _loop_span(results: list[dict], tokens: int) -> dict:
+    """The workers' extraction loops as one span: first loop start to last loop end (wall clock), so the
+    throughput excludes each worker's start-up as a single worker's ``loop_tokens_per_second`` does."""
+    spans = [(r["loop_started_at"], r["loop_finished_at"]) for r in results if r.get("loop_started_at")]
+    if not spans:
+        return {}
+    secs = max(e for _, e in spans) - min(b for b, _ in spans)
+    return {
+        "loop_seconds": round(secs, 3),
+        "loop_tokens_per_second": round(tokens / secs, 1) if secs > 0 else None,
+    }
+
+
 def _spawn_workers(args, n: int) -> dict:
     """One process per GPU, each with CUDA_VISIBLE_DEVICES set to its device and a disjoint shard."""
     from eagle3ops.cli import CommandError
@@ -176,6 +189,7 @@ def _spawn_workers(args, n: int) -> dict:
     merged.update(
         seconds=round(secs, 3),
         tokens_per_second=round(merged["tokens"] / secs, 1),
+        **_loop_span(results, merged["tokens"]),
         workers=results,
         layer_ids=results[0].get("layer_ids"),
         data_dir=args.data,
