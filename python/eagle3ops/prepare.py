@@ -333,18 +333,23 @@ def load_tokenizer(model: str | os.PathLike, *, trust_remote_code: bool = False)
     return tok
 
 
+def _hash_tokenizer_files(h, directory: Path) -> None:
+    """Feed ``h`` the name and bytes of every tokenizer-relevant file (not weights, not over 64 MiB), sorted."""
+    for f in sorted(directory.iterdir()):
+        if (
+            f.is_file()
+            and f.name not in _TOKENIZER_SKIP_NAMES
+            and not f.name.endswith(_TOKENIZER_SKIP_SUFFIXES)
+            and f.stat().st_size < 64 << 20
+        ):
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+
+
 def tokenizer_fingerprint(model: str | os.PathLike, tokenizer) -> str:
     h = hashlib.sha256()
     p = Path(model)
     if p.is_dir():
-        for f in sorted(p.iterdir()):
-            if (
-                f.is_file()
-                and f.name not in _TOKENIZER_SKIP_NAMES
-                and not f.name.endswith(_TOKENIZER_SKIP_SUFFIXES)
-                and f.stat().st_size < 64 << 20
-            ):
-                h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+        _hash_tokenizer_files(h, p)
     else:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         h.update((backend.to_str() if backend is not None else repr(tokenizer.get_vocab())).encode())
@@ -372,14 +377,7 @@ def _fast_tokenizer_fingerprint(model: str | os.PathLike) -> str | None:
     if not isinstance(tmpl, str):
         return None
     h = hashlib.sha256()
-    for f in sorted(p.iterdir()):
-        if (
-            f.is_file()
-            and f.name not in _TOKENIZER_SKIP_NAMES
-            and not f.name.endswith(_TOKENIZER_SKIP_SUFFIXES)
-            and f.stat().st_size < 64 << 20
-        ):
-            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    _hash_tokenizer_files(h, p)
     h.update(tmpl.encode())
     return h.hexdigest()
 
