@@ -45,20 +45,12 @@ RESTORE_TASK = "Restore the capture patch byte-exact (SGLang as shipped; serving
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     base = tmp_path_factory.mktemp("extract-sglang")
-    wheelhouse, e3o, inv = offline_role_inputs(base)
-    (base / "units").mkdir()
+    role_vars, inv = offline_role_inputs(base)
     model = build_tiny_target(base / "model")
     xv = {
         "runtime_eagle3ops_bin": str(BIN / "eagle3ops"),
         # sglang phase: the real wheel into a fresh venv, offline, --no-deps (its CUDA deps cannot install here)
-        "sglang_enabled": True,
-        "sglang_venv_dir": str(base / "sglang-venv"),
-        "sglang_wheelhouse": str(wheelhouse),
-        "sglang_remote_wheelhouse": str(base / "remote-wheelhouse"),
-        "sglang_pip_extra_args": "--no-deps",
-        "sglang_eagle3ops_wheel_dir": str(e3o),
-        "sglang_unit_dir": str(base / "units"),
-        "sglang_systemd_reload": False,
+        **role_vars,
         "sglang_model_path": str(model),
         "sglang_tp_size": 1,
         # extract phase: the SGLang backend, attached to the stand-in (no unit to start)

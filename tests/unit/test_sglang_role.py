@@ -29,17 +29,10 @@ SPEC = sglang_patch.SPECS["0.5.23"]
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_target):
     base = tmp_path_factory.mktemp("sglang-role")
-    wheelhouse, e3o, inv = offline_role_inputs(base)
+    role_vars, inv = offline_role_inputs(base)
     vars_ = {
-        "sglang_enabled": True,
-        "sglang_venv_dir": str(base / "sglang-venv"),
-        "sglang_wheelhouse": str(wheelhouse),
-        "sglang_remote_wheelhouse": str(base / "remote-wheelhouse"),
-        "sglang_pip_extra_args": "--no-deps",
-        "sglang_eagle3ops_wheel_dir": str(e3o),
+        **role_vars,
         "sglang_eagle3ops_bin": str(BIN / "eagle3ops"),
-        "sglang_unit_dir": str(base / "units"),
-        "sglang_systemd_reload": False,
         "sglang_model_path": str(tiny_target),
         "sglang_tp_size": 1,
         "sglang_dump_data_dir": str(base / "data"),
@@ -47,7 +40,6 @@ def setup(tmp_path_factory, tiny_target):
         # prepared yet (every row is left); tests/ansible/test_extract_sglang.py covers "nothing left"
         "sglang_extract_backend": "sglang",
     }
-    (base / "units").mkdir()
     return base, inv, vars_
 
 
