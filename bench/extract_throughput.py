@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -188,6 +189,18 @@ def ours(data_dir: Path, model_path: Path, workers: int, fsync: bool, batch_toke
     return res
 
 
+def parse_mode(name: str) -> tuple[bool, int]:
+    """``fsync`` -> (True, 2), ``fsync_<N>threads`` -> (True, N), ``no_fsync`` -> (False, 2)."""
+    if name == "fsync":
+        return True, 2
+    if name == "no_fsync":
+        return False, 2
+    m = re.fullmatch(r"fsync_(\d+)threads", name)
+    if not m or int(m.group(1)) < 1:
+        raise SystemExit(f"--modes: unknown mode {name!r}; use fsync, fsync_<N>threads (N >= 1) or no_fsync")
+    return True, int(m.group(1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -201,11 +214,12 @@ def main():
     ap.add_argument(
         "--modes",
         default="fsync,fsync_4threads,no_fsync",
-        help="which of ours to run: fsync (2 writer threads), fsync_4threads, no_fsync (2 threads)",
+        help="which of ours to run: fsync (2 writer threads), fsync_<N>threads (N writer threads), no_fsync (2 threads)",
     )
     args = ap.parse_args()
     import torch
 
+    modes = [(name, *parse_mode(name)) for name in args.modes.split(",")]
     work = Path(args.work or tempfile.mkdtemp(prefix="e3o-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     res = {
@@ -216,6 +230,8 @@ def main():
         "workers": args.workers,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "gpus": torch.cuda.device_count(),
+        # the store's durable-write options in force (eagle3ops.store; all off unless set)
+        "store_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("EAGLE3OPS_")},
     }
     params, cfg = build_model(work / "model", args.tiny)
     res["params"] = params
@@ -242,9 +258,7 @@ def main():
     )
     shutil.rmtree(work / "naive", ignore_errors=True)
     runs = {}
-    modes = {"fsync": (True, 2), "fsync_4threads": (True, 4), "no_fsync": (False, 2)}
-    for name in args.modes.split(","):
-        fsync, threads = modes[name]
+    for name, fsync, threads in modes:
         shutil.rmtree(work / "data" / "hidden_states", ignore_errors=True)
         r = ours(work / "data", work / "model", args.workers, fsync, args.batch_tokens, threads)
         runs[name] = {

@@ -6,8 +6,10 @@
 #
 # usage: bench/gpu_batch.sh 'LANE' ['LANE' ...]   LANE = "GPUS:step,step,..."  (GPUS e.g. 0 or 1 or 0,1)
 #        GPU_BATCH_BUDGET_S (default 540) bounds the whole call; the device tool's own limit is 600 s.
+#        EXTRACT_MODES / EXTRACT_WB_MODES: --modes of the extract / extract_wb2 steps (fsync, fsync_<N>threads,
+#        no_fsync); WRITEPATH_ARGS: more arguments of write_path.py (e.g. --threads 4,8).
 #        BENCH_TINY=1 adds --tiny to extract/hook/fp8 and TRAIN_ARGS goes to train_gpu.py (a CPU smoke run).
-# steps: train1k train20k train_pipeline extract extract_w2 extract_wb2 extract_shm extract_w2_shm hook fp8
+# steps: train1k train20k train_pipeline extract extract_w2 extract_wb2 extract_bs (EAGLE3OPS_BATCH_SYNC=1) extract_shm extract_w2_shm hook fp8
 #        writepath gpufree
 set -u
 : "${OUT:=/tmp/gpu-batch-out}"
@@ -25,6 +27,9 @@ if [ -d .whl ] && [ ! -d /tmp/site/speculators ]; then
 fi
 export PYTHONPATH="/tmp/site:$ROOT/python" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# what this call runs on (a wheel that did not install shows up here, not halfway through a step)
+python3 -c 'import torch, transformers, datasets, pyarrow; print("torch", torch.__version__, "transformers",
+transformers.__version__, "datasets", datasets.__version__, "pyarrow", pyarrow.__version__)' 2>&1 | tail -n 2
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
 
 # a trainer detached by an earlier call on this box (train_gpu.py's stage ran out of time) would share the GPU
@@ -54,15 +59,18 @@ run_step() { # gpus step
     train_pipeline) cmd=(python3 bench/train_gpu.py --stages pipeline --stage-timeout $((t - 60))
       --work /tmp/tp-$gpus --out "$r" ${TRAIN_ARGS:-}) ;;
     extract) cmd=(python3 bench/extract_throughput.py --out "$r" --rows "${EXTRACT_ROWS:-320}" --workers 1
-      ${EXTRACT_ARGS:-}) ;;
-    extract_w2) cmd=(python3 bench/extract_throughput.py --out "$r" --rows "${EXTRACT_ROWS:-320}" --workers 2) ;;
+      --modes "${EXTRACT_MODES:-fsync,fsync_4threads,no_fsync}" ${EXTRACT_ARGS:-}) ;;
+    extract_w2) cmd=(python3 bench/extract_throughput.py --out "$r" --rows "${EXTRACT_ROWS:-320}" --workers 2
+      --modes "${EXTRACT_MODES:-fsync,fsync_4threads,no_fsync}") ;;
     hook) cmd=(python3 bench/sglang_hook_gpu.py --out "$r") ;;
     fp8) cmd=(python3 bench/fp8_gpu.py --out "$r") ;;
     # durable-write variants on this box's disk, then the end-to-end effect of the best CPU candidate
     writepath) cmd=(python3 bench/write_path.py --dir /tmp/e3o-writepath --reps "${WRITEPATH_REPS:-6}"
-      --writeback-mib 2 --out "$r" --name write_path_variants_wb2.json) ;;
+      --writeback-mib 2 --out "$r" --name write_path_variants_wb2.json ${WRITEPATH_ARGS:-}) ;;
     extract_wb2) cmd=(env EAGLE3OPS_WRITEBACK_MIB=2 python3 bench/extract_throughput.py --out "$r"
-      --rows "${EXTRACT_ROWS:-640}" --workers 1 --modes fsync_4threads ${EXTRACT_ARGS:-}) ;;
+      --rows "${EXTRACT_ROWS:-640}" --workers 1 --modes "${EXTRACT_WB_MODES:-fsync_4threads}" ${EXTRACT_ARGS:-}) ;;
+    extract_bs) cmd=(env EAGLE3OPS_BATCH_SYNC=1 python3 bench/extract_throughput.py --out "$r"
+      --rows "${EXTRACT_ROWS:-640}" --workers 1 --modes "${EXTRACT_WB_MODES:-fsync_4threads}" ${EXTRACT_ARGS:-}) ;;
     # worker scaling where the disk is not the limit: the output in RAM (/dev/shm), 1 then 2 workers
     extract_shm) cmd=(python3 bench/extract_throughput.py --out "$r" --work /dev/shm/e3o-x1
       --rows "${EXTRACT_ROWS:-320}" --workers 1 --modes fsync_4threads) ;;

@@ -13,6 +13,8 @@ before its manifest line), set through the module options of eagle3ops.store (en
   writeback_all    writeback + fallocate + fdatasync
   batch_dir_fsync  fsync per file, ONE directory fsync per batch (SampleWriter(batch_dir_sync=True); an earlier
                    session measured it 0.72x the default on this project's VM disk; not run unless named)
+  batch_sync       a batch's files all written and their writeback started before the first fsync, one
+                   directory fsync per batch                              EAGLE3OPS_BATCH_SYNC=1
   no_fsync         page cache only (crash-safe, not power-safe): the ceiling
 Each configuration (file size x writer threads) is run ``--reps`` times; within a rep all variants run
 back to back in an order rotated every rep (ABC.., BC..A, ...: the disk's cache state carries over), after a
@@ -42,7 +44,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
-_OFF = {"WRITEBACK_CHUNK": 0, "WRITEBACK_WAIT": False, "PREALLOCATE": False, "DATASYNC": False}
+_OFF = {
+    "WRITEBACK_CHUNK": 0,
+    "WRITEBACK_WAIT": False,
+    "PREALLOCATE": False,
+    "DATASYNC": False,
+    "BATCH_SYNC": False,
+}
 # name -> (fsync, batch_dir_sync, store module options)
 VARIANTS: dict[str, tuple[bool, bool, dict]] = {
     "default": (True, False, {}),
@@ -52,10 +60,11 @@ VARIANTS: dict[str, tuple[bool, bool, dict]] = {
     "writeback_wait": (True, False, {"WRITEBACK_CHUNK": 8 << 20, "WRITEBACK_WAIT": True}),
     "writeback_all": (True, False, {"WRITEBACK_CHUNK": 8 << 20, "PREALLOCATE": True, "DATASYNC": True}),
     "batch_dir_fsync": (True, True, {}),
+    "batch_sync": (True, False, {"BATCH_SYNC": True}),
     "no_fsync": (False, False, {}),
 }
 WRITEBACK_MIB = 8  # --writeback-mib
-DEFAULT_VARIANTS = "default,fdatasync,fallocate,writeback,writeback_wait,writeback_all,no_fsync"
+DEFAULT_VARIANTS = "default,fdatasync,fallocate,writeback,writeback_wait,writeback_all,batch_sync,no_fsync"
 
 
 def _settle(path: Path | None = None) -> None:

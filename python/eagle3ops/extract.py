@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3ops import store as _store
 from eagle3ops.store import (
     DTYPE_SIZES,
     DiskSpaceError,
@@ -440,11 +441,15 @@ class SampleWriter:
         checksum: bool = False,
         on_written: Callable | None = None,
         batch_dir_sync: bool = False,
+        batch_sync: bool | None = None,
     ):
         self.store = store
         self.fsync = fsync
         # one directory fsync per batch instead of per file: opt-in, it measured slower on the VM disk here
         self.batch_dir_sync = batch_dir_sync
+        # all of a batch's files in flight before the first fsync (HiddenStateStore.write_samples); default:
+        # eagle3ops.store.BATCH_SYNC ($EAGLE3OPS_BATCH_SYNC)
+        self.batch_sync = _store.BATCH_SYNC if batch_sync is None else batch_sync
         self.checksum = checksum
         self.q: queue.Queue[_Job | None] = queue.Queue(maxsize=depth)
         self.stats = _WriterStats()
@@ -484,11 +489,41 @@ class SampleWriter:
                 if job.release is not None:
                     job.release()
 
+    def _disk_full(self, e: OSError, path, size: int) -> DiskSpaceError:
+        return DiskSpaceError(
+            f"disk full while writing {path} ({human_bytes(size)} sample): "
+            f"{e.strerror}. No partial file was left; free space or move the data directory, then "
+            "re-run: finished samples are kept and extraction resumes."
+        )
+
+    def _write_batch(self, job: _Job) -> tuple[list, float, float]:
+        """The batch-sync path: serialize all, then one HiddenStateStore.write_samples call."""
+        scales = job.scales or [None] * len(job.indices)
+        t0 = time.perf_counter()
+        samples = [
+            (idx, sample_parts(tok, hs, sc), int(tok.shape[0]))
+            for idx, tok, hs, sc in zip(job.indices, job.token_ids, job.states, scales, strict=True)
+        ]
+        t1 = time.perf_counter()
+        try:
+            entries = self.store.write_samples(
+                samples, fsync=self.fsync, checksum=self.checksum, sync_dir=self.fsync
+            )
+        except OSError as e:
+            if e.errno == 28:  # ENOSPC
+                size = max(sum(len(p) for p in parts) for _, parts, _ in samples)
+                raise self._disk_full(e, e.filename or self.store.dir, size) from e
+            raise
+        return entries, t1 - t0, time.perf_counter() - t1
+
     def _write(self, job: _Job) -> None:
         if job.event is not None:
             job.event.synchronize()
+        if self.batch_sync and self.fsync:
+            entries, t_ser, t_write = self._write_batch(job)
+            self._record(entries, t_ser, t_write)
+            return
         entries = []
-        nbytes = ntok = 0
         t_ser = t_write = 0.0
         scales = job.scales or [None] * len(job.indices)
         for idx, tok, hs, sc in zip(job.indices, job.token_ids, job.states, scales, strict=True):
@@ -506,25 +541,23 @@ class SampleWriter:
                 )
             except OSError as e:
                 if e.errno == 28:  # ENOSPC
-                    size = sum(len(p) for p in parts)
-                    raise DiskSpaceError(
-                        f"disk full while writing {self.store.path(idx)} ({human_bytes(size)} sample): "
-                        f"{e.strerror}. No partial file was left; free space or move the data directory, then "
-                        "re-run: finished samples are kept and extraction resumes."
-                    ) from e
+                    raise self._disk_full(e, self.store.path(idx), sum(len(p) for p in parts)) from e
                 raise
             entries.append(entry)
             t_ser += t1 - t0
             t_write += time.perf_counter() - t1
-            nbytes += entry.nbytes
-            ntok += entry.seq_len
         # manifest lines only after every file of the batch is renamed into place (and, with fsync, after one
         # directory fsync makes all of the batch's renames durable)
         if self.fsync and self.batch_dir_sync and entries:
             t1 = time.perf_counter()
             fsync_dir(self.store.dir)
             t_write += time.perf_counter() - t1
+        self._record(entries, t_ser, t_write)
+
+    def _record(self, entries: list, t_ser: float, t_write: float) -> None:
         self.store.append_manifest(entries)
+        nbytes = sum(e.nbytes for e in entries)
+        ntok = sum(e.seq_len for e in entries)
         with self._lock:
             st = self.stats
             st.written += len(entries)
