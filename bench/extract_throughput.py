@@ -276,8 +276,15 @@ def main():
                 "serialize_seconds",
                 "wall_with_startup",
                 "batches",
+                "sum_worker_loop_tokens_per_second",
+                "start_skew_seconds",
             )
         }
+        if r.get("workers"):
+            runs[name]["per_worker"] = [
+                {k: w.get(k) for k in ("rank", "tokens", "loop_seconds", "loop_tokens_per_second")}
+                for w in r["workers"]
+            ]
     res["d_ours"] = runs
     d = max(r["loop_tokens_per_second"] for k, r in runs.items() if k.startswith("fsync"))
     res["d_ours_tok_s"] = d

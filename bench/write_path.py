@@ -5,7 +5,8 @@ only the write path is timed.
 
 Variants (``--variants``; every one but no_fsync keeps the guarantee: a file's bytes and its rename are durable
 before its manifest line), set through the module options of eagle3ops.store (env vars for a real run):
-  default          fsync per file + a directory fsync per file (the scheme measured on the H200)
+  default          fsync per file + a directory fsync per file, one file in flight per thread (the extraction's
+                   default until batch_sync won on the H200 box, 2026-11-30; still the baseline here)
   fdatasync        fdatasync instead of fsync for the data file           EAGLE3OPS_FDATASYNC=1
   fallocate        fallocate(2) the final size before writing             EAGLE3OPS_PREALLOCATE=1
   writeback        8 MiB chunks (--writeback-mib), sync_file_range(WRITE) after each  EAGLE3OPS_WRITEBACK_MIB=8

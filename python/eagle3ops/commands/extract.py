@@ -124,14 +124,20 @@ def _num_workers(spec: str) -> int:
 
 def _loop_span(results: list[dict], tokens: int) -> dict:
     """The workers' extraction loops as one span: first loop start to last loop end (wall clock), so the
-    throughput excludes each worker's start-up as a single worker's ``loop_tokens_per_second`` does."""
+    throughput excludes each worker's start-up as a single worker's ``loop_tokens_per_second`` does. A late
+    start of one worker (model loading side by side) counts against the span; ``sum_worker_loop_tokens_per_second``
+    (each worker's own loop rate, summed) is the rate while all of them run, and ``start_skew_seconds`` says how
+    far apart the loops began."""
     spans = [(r["loop_started_at"], r["loop_finished_at"]) for r in results if r.get("loop_started_at")]
     if not spans:
         return {}
     secs = max(e for _, e in spans) - min(b for b, _ in spans)
+    rates = [r.get("loop_tokens_per_second") for r in results if r.get("loop_started_at")]
     return {
         "loop_seconds": round(secs, 3),
         "loop_tokens_per_second": round(tokens / secs, 1) if secs > 0 else None,
+        "sum_worker_loop_tokens_per_second": round(sum(rates), 1) if all(rates) else None,
+        "start_skew_seconds": round(max(b for b, _ in spans) - min(b for b, _ in spans), 3),
     }
 
 
