@@ -9,7 +9,8 @@
 #        EXTRACT_MODES / EXTRACT_WB_MODES: --modes of the extract / extract_wb2 steps (fsync, fsync_<N>threads,
 #        no_fsync); WRITEPATH_ARGS: more arguments of write_path.py (e.g. --threads 4,8).
 #        BENCH_TINY=1 adds --tiny to extract/hook/fp8 and TRAIN_ARGS goes to train_gpu.py (a CPU smoke run).
-# steps: train1k train20k train_pipeline extract extract_w2 extract_wb2 extract_bs (EAGLE3OPS_BATCH_SYNC=1) extract_shm extract_w2_shm hook fp8
+# steps: train1k train20k train_pipeline extract extract_w2 extract_wb2 extract_bs (EAGLE3OPS_BATCH_SYNC=1) extract_shm extract_w2_shm
+#        extract_wall extract_wall_shm (one worker per GPU of the lane) hook fp8
 #        writepath gpufree
 set -u
 : "${OUT:=/tmp/gpu-batch-out}"
@@ -74,6 +75,11 @@ run_step() { # gpus step
     # worker scaling where the disk is not the limit: the output in RAM (/dev/shm), 1 then 2 workers
     extract_shm) cmd=(python3 bench/extract_throughput.py --out "$r" --work /dev/shm/e3o-x1
       --rows "${EXTRACT_ROWS:-320}" --workers 1 --modes fsync_4threads) ;;
+    # one worker per GPU of the lane (e.g. "0,1,2,3,4,5,6,7:extract_wall,extract_wall_shm" on the 8-GPU kind)
+    extract_wall) cmd=(python3 bench/extract_throughput.py --out "$r" --rows "${EXTRACT_ROWS:-640}"
+      --workers "$(echo "$gpus" | tr ',' '\n' | grep -c .)" --modes "${EXTRACT_MODES:-fsync_4threads}") ;;
+    extract_wall_shm) cmd=(python3 bench/extract_throughput.py --out "$r" --work /dev/shm/e3o-xn
+      --rows "${EXTRACT_ROWS:-640}" --workers "$(echo "$gpus" | tr ',' '\n' | grep -c .)" --modes fsync_4threads) ;;
     extract_w2_shm) cmd=(python3 bench/extract_throughput.py --out "$r" --work /dev/shm/e3o-x2
       --rows "${EXTRACT_ROWS:-320}" --workers 2 --modes fsync_4threads) ;;
     gpufree) cmd=(env OUT="$r" python3 bench/gpu_free_release.py) ;;
