@@ -202,6 +202,21 @@ def _write_views(fd: int, views: list[memoryview], chunk: int, wait_prev: bool) 
                 started = off
 
 
+def _temp_and_views(path: Path, data) -> tuple[Path, list[memoryview], int]:
+    """The temp name beside ``path`` (unique per process and thread), ``data`` as byte views, their total size."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    parts = data if isinstance(data, (list, tuple)) else [data]
+    views = [memoryview(part).cast("B") for part in parts]
+    return tmp, views, sum(len(v) for v in views)
+
+
+def _crc32(payload) -> int:
+    crc = 0
+    for part in payload if isinstance(payload, (list, tuple)) else [payload]:
+        crc = zlib.crc32(part, crc)
+    return crc
+
+
 def atomic_write_bytes(
     path: str | os.PathLike, data, *, fsync: bool = True, sync_dir: bool | None = None
 ) -> int:
@@ -216,10 +231,7 @@ def atomic_write_bytes(
     writer keeps one per file unless told otherwise. With ``fsync``, the module options WRITEBACK_CHUNK,
     WRITEBACK_WAIT, PREALLOCATE and DATASYNC change how the bytes get to disk, not the guarantee."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    parts = data if isinstance(data, (list, tuple)) else [data]
-    views = [memoryview(part).cast("B") for part in parts]
-    total = sum(len(v) for v in views)
+    tmp, views, total = _temp_and_views(path, data)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         if fsync and PREALLOCATE:
@@ -252,10 +264,7 @@ def atomic_write_many(items, *, fsync: bool = True, sync_dir: bool | None = None
     try:
         for path, data in items:
             current = path = Path(path)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            parts = data if isinstance(data, (list, tuple)) else [data]
-            views = [memoryview(part).cast("B") for part in parts]
-            total = sum(len(v) for v in views)
+            tmp, views, total = _temp_and_views(path, data)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             pending.append([fd, tmp, path, total])
             if fsync and PREALLOCATE:
@@ -505,16 +514,14 @@ class HiddenStateStore:
         :func:`eagle3ops.extract.sample_parts`); returns its (not yet appended) manifest entry.
         ``sync_dir=False``: the caller fsyncs :attr:`dir` itself before appending the entry (see
         :func:`atomic_write_bytes`)."""
+        self._ensure_dir()
+        nbytes = atomic_write_bytes(self.path(index), payload, fsync=fsync, sync_dir=sync_dir)
+        return ManifestEntry(index, seq_len, nbytes, _crc32(payload) if checksum else None, self.rank)
+
+    def _ensure_dir(self) -> None:
         if not self._dir_ready:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._dir_ready = True
-        nbytes = atomic_write_bytes(self.path(index), payload, fsync=fsync, sync_dir=sync_dir)
-        crc = None
-        if checksum:
-            crc = 0
-            for part in payload if isinstance(payload, (list, tuple)) else [payload]:
-                crc = zlib.crc32(part, crc)
-        return ManifestEntry(index, seq_len, nbytes, crc, self.rank)
 
     def write_samples(
         self, samples, *, fsync: bool = True, checksum: bool = True, sync_dir: bool | None = None
@@ -523,21 +530,14 @@ class HiddenStateStore:
         at once, one directory fsync). ``samples``: ``(index, payload, seq_len)`` triples; returns their (not yet
         appended) manifest entries, in order."""
         samples = list(samples)
-        if not self._dir_ready:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self._dir_ready = True
+        self._ensure_dir()
         sizes = atomic_write_many(
             [(self.path(i), payload) for i, payload, _ in samples], fsync=fsync, sync_dir=sync_dir
         )
-        entries = []
-        for (index, payload, seq_len), nbytes in zip(samples, sizes, strict=True):
-            crc = None
-            if checksum:
-                crc = 0
-                for part in payload if isinstance(payload, (list, tuple)) else [payload]:
-                    crc = zlib.crc32(part, crc)
-            entries.append(ManifestEntry(index, seq_len, nbytes, crc, self.rank))
-        return entries
+        return [
+            ManifestEntry(index, seq_len, nbytes, _crc32(payload) if checksum else None, self.rank)
+            for (index, payload, seq_len), nbytes in zip(samples, sizes, strict=True)
+        ]
 
     def clean_temp_files(self) -> list[str]:
         """Remove temp files left by a killed writer (never a final-name file, never the temp file of a
