@@ -116,7 +116,8 @@ DATASYNC = os.environ.get("EAGLE3OPS_FDATASYNC", "") == "1"
 #: Batch sync: a writer thread writes all the files of its batch to the page cache and starts their writeback
 #: (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait) before it fsyncs the first, so the disk has
 #: the whole batch in flight instead of one file per thread (:func:`atomic_write_many`). Then each file is
-#: fsynced and renamed in order, and the batch's directory fsynced once.
+#: fsynced and renamed in order, and the batch's directory fsynced once. WRITEBACK_CHUNK does not apply there (each
+#: file's writeback is started whole, right after its last write).
 #: On by default: 1.42x the extraction throughput of one file in flight per thread on the H200 box's NVMe
 #: (docs/performance.md); ``EAGLE3OPS_BATCH_SYNC=0`` turns it off.
 BATCH_SYNC = os.environ.get("EAGLE3OPS_BATCH_SYNC", "1") != "0"
