@@ -5,7 +5,8 @@ linux-image-cloud-amd64, installed once into a cached copy). A new disk is **hot
 (``drive_add`` + ``device_add virtio-blk-pci,serial=E3NEWDISK``) and appears as
 ``/dev/disk/by-id/virtio-E3NEWDISK`` - the stable name the role requires by default. The role migrates
 /data onto it; after a real reboot /data comes back from fstab by UUID and a re-run changes nothing; with
-the disk removed, the VM still boots (``nofail``) and /data is simply not mounted.
+the disk removed, the VM still boots (``nofail``) and /data is simply not mounted. The second run (changed=0) and
+the testinfra checks run once, after the reboot.
 
 Stand-in: a virtio disk for the NVMe drive (same udev by-id path scheme, ``nvme-`` prefix instead of
 ``virtio-``). Slow (TCG boots in 20-60 s on this machine); marked ``qemu`` and ``slow``.
@@ -229,10 +230,9 @@ def test_hotplugged_disk_is_migrated_and_data_survives_reboot(vm, run_playbook):
     assert r.rc == 0, r.summary()
     uuid = json.loads(vm.ssh("cat /var/lib/eagle3ops/storage-state.json").stdout)["fs_uuid"]
     assert vm.ssh(f"test -e {DISK}-part1 && echo ok").stdout.strip() == "ok"  # udev's partition link was used
-    r = run_playbook("playbooks/storage.yml", vm.inventory)
-    assert r.rc == 0 and r.host("e3vm")["changed"] == 0, r.changed_tasks()
-    t = _infra(vm)
-    assert t.returncode == 0 and "4 passed" in t.stdout, t.stdout[-3000:]
+    # the second run and testinfra come after the reboot (below): changed=0 across a real reboot is the stronger
+    # claim, and a second run right after the first is what the nspawn storage tests already assert (each
+    # ansible run in this TCG VM costs about a minute and a half)
 
     vm.reboot()  # fstab by UUID at boot: /data comes back from the new disk
     src = vm.ssh("findmnt -n -o SOURCE --mountpoint /data", check=False).stdout.strip()
