@@ -510,9 +510,10 @@ class SampleWriter:
                 samples, fsync=self.fsync, checksum=self.checksum, sync_dir=self.fsync
             )
         except OSError as e:
-            if e.errno == 28:  # ENOSPC
-                size = max(sum(len(p) for p in parts) for _, parts, _ in samples)
-                raise self._disk_full(e, e.filename or self.store.dir, size) from e
+            if e.errno == 28:  # ENOSPC: name the file being written (atomic_write_many sets it) and its size
+                sizes = {str(self.store.path(i)): sum(len(p) for p in parts) for i, parts, _ in samples}
+                path = str(e.filename or self.store.dir)
+                raise self._disk_full(e, path, sizes.get(path, max(sizes.values()))) from e
             raise
         return entries, t1 - t0, time.perf_counter() - t1
 

@@ -112,9 +112,13 @@ def test_batch_sync_disk_full_leaves_no_temp_file_and_names_the_file(tmp_path, m
     w = SampleWriter(s, fsync=True, threads=1, batch_sync=True)
     w.start()
     w.submit(_Job([1, 2, 3], [torch.arange(5)] * 3, [states[i] for i in (1, 2, 3)], None))
-    with pytest.raises(store.DiskSpaceError, match=r"disk full while writing .*hs_2\.safetensors.*re-run"):
+    with pytest.raises(
+        store.DiskSpaceError, match=r"disk full while writing .*hs_2\.safetensors.*re-run"
+    ) as ei:
         w.finish()
     monkeypatch.undo()
+    # the failing file's own size (all samples here have the same shape as hs_0, which is on disk)
+    assert f"({store.human_bytes(s.path(0).stat().st_size)} sample)" in str(ei.value)
     s.close()
     assert sorted(p.name for p in s.dir.iterdir() if not p.name.startswith("manifest")) == [
         "hs_0.safetensors"
