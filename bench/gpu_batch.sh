@@ -51,7 +51,8 @@ run_step() { # gpus step
   local r="$RES/$step"
   mkdir -p "$r"
   echo "[$step] start on GPU $gpus, ${t}s left ($(date +%T))"
-  local cmd
+  local cmd ngpus
+  ngpus=$(echo "$gpus" | tr ',' '\n' | grep -c .)
   case $step in
     train1k) cmd=(python3 bench/train_gpu.py --stages synth-1000 --max-steps "${TRAIN_STEPS:-40}"
       --stage-timeout $((t - 40)) --work /tmp/tg-$gpus --data-root /tmp/tg-data --out "$r" ${TRAIN_ARGS:-}) ;;
@@ -77,9 +78,9 @@ run_step() { # gpus step
       --rows "${EXTRACT_ROWS:-320}" --workers 1 --modes fsync_4threads) ;;
     # one worker per GPU of the lane (e.g. "0,1,2,3,4,5,6,7:extract_wall,extract_wall_shm" on the 8-GPU kind)
     extract_wall) cmd=(python3 bench/extract_throughput.py --out "$r" --rows "${EXTRACT_ROWS:-640}"
-      --workers "$(echo "$gpus" | tr ',' '\n' | grep -c .)" --modes "${EXTRACT_MODES:-fsync_4threads}") ;;
+      --workers "$ngpus" --modes "${EXTRACT_MODES:-fsync_4threads}") ;;
     extract_wall_shm) cmd=(python3 bench/extract_throughput.py --out "$r" --work /dev/shm/e3o-xn
-      --rows "${EXTRACT_ROWS:-640}" --workers "$(echo "$gpus" | tr ',' '\n' | grep -c .)" --modes fsync_4threads) ;;
+      --rows "${EXTRACT_ROWS:-640}" --workers "$ngpus" --modes fsync_4threads) ;;
     extract_w2_shm) cmd=(python3 bench/extract_throughput.py --out "$r" --work /dev/shm/e3o-x2
       --rows "${EXTRACT_ROWS:-320}" --workers 2 --modes fsync_4threads) ;;
     gpufree) cmd=(env OUT="$r" python3 bench/gpu_free_release.py) ;;

@@ -497,7 +497,7 @@ class SampleWriter:
         )
 
     def _write_batch(self, job: _Job) -> tuple[list, float, float]:
-        """The batch-sync path: serialize all, then one HiddenStateStore.write_samples call."""
+        """The batch-sync path (only with fsync): serialize all, then one HiddenStateStore.write_samples call."""
         scales = job.scales or [None] * len(job.indices)
         t0 = time.perf_counter()
         samples = [
@@ -506,9 +506,7 @@ class SampleWriter:
         ]
         t1 = time.perf_counter()
         try:
-            entries = self.store.write_samples(
-                samples, fsync=self.fsync, checksum=self.checksum, sync_dir=self.fsync
-            )
+            entries = self.store.write_samples(samples, checksum=self.checksum)
         except OSError as e:
             if e.errno == 28:  # ENOSPC: name the file being written (atomic_write_many sets it) and its size
                 sizes = {str(self.store.path(i)): sum(len(p) for p in parts) for i, parts, _ in samples}

@@ -203,6 +203,11 @@ def _write_views(fd: int, views: list[memoryview], chunk: int, wait_prev: bool) 
                 started = off
 
 
+def _sync_data(fd: int) -> None:
+    """fsync the data file (fdatasync with the DATASYNC option, where the platform has it)."""
+    (os.fdatasync if DATASYNC and hasattr(os, "fdatasync") else os.fsync)(fd)
+
+
 def _temp_and_views(path: Path, data) -> tuple[Path, list[memoryview], int]:
     """The temp name beside ``path`` (unique per process and thread), ``data`` as byte views, their total size."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -239,7 +244,7 @@ def atomic_write_bytes(
             _preallocate(fd, total)
         _write_views(fd, views, WRITEBACK_CHUNK if fsync else 0, WRITEBACK_WAIT)
         if fsync:
-            (os.fdatasync if DATASYNC and hasattr(os, "fdatasync") else os.fsync)(fd)
+            _sync_data(fd)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
@@ -281,7 +286,7 @@ def atomic_write_many(items, *, fsync: bool = True, sync_dir: bool | None = None
         for entry in pending:
             fd, tmp, current, _ = entry
             if fsync:
-                (os.fdatasync if DATASYNC and hasattr(os, "fdatasync") else os.fsync)(fd)
+                _sync_data(fd)
             entry[0] = -1
             os.close(fd)
             os.replace(tmp, current)

@@ -1,6 +1,6 @@
-"""The extraction writer's sync schemes (bench/write_path.py times them): a directory fsync per file (the
-default), one per batch (opt-in), and batch sync (all of a batch's files written, their writeback started, then
-fsynced and renamed in order): all leave only complete files under final names and manifest lines for every file.
+"""The extraction writer's sync schemes (bench/write_path.py times them): a directory fsync per file, one per
+batch, and batch sync (the default: all of a batch's files written, their writeback started, then fsynced and
+renamed in order, one directory fsync): all leave only complete files under final names and manifest lines for every file.
 The fsyncs are counted by wrapping the real calls (they still run); the disk-full case is a real OSError(ENOSPC)
 raised by a wrapped ``os.write`` on the second file, as a full disk would."""
 
