@@ -98,13 +98,17 @@ def cli(*args: str, timeout: float = 3600, name: str | None = None, env: dict | 
     """eagle3ops ARGS --json -> its JSON (rc and the stderr tail added); the log kept under WORK/logs."""
     (W / "logs").mkdir(parents=True, exist_ok=True)
     t = time.time()
-    r = subprocess.run(
-        [PY, "-m", "eagle3ops", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    try:
+        r = subprocess.run(
+            [PY, "-m", "eagle3ops", *args, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
+    except subprocess.TimeoutExpired as e:
+        log(f"eagle3ops {args[0]}: no answer within {timeout:.0f} s (killed)")
+        return {"rc": None, "timed_out_s": timeout, "stderr_tail": str(e.stderr or "")[-2000:]}
     (W / "logs" / f"{name or args[0]}.log").write_text(r.stdout + "\n--- stderr\n" + r.stderr)
     res: dict = {}
     for line in reversed(r.stdout.strip().splitlines()):
