@@ -1,5 +1,10 @@
 #!/usr/bin/python
 # The logic lives in python/eagle3ops/services.py (shipped as module_utils/eagle3ops_services.py).
+# Why not ansible.builtin.service_facts / systemd_service without a state for the unit part: service_facts
+# lists loaded units only (a masked or not-found unit's UnitFileState and what occupies
+# /etc/systemd/system/<unit> — file, link, mask — are not there), and globbed allow-lists (vllm*.service) need
+# the unit files too; the role needs exactly that to decide whether mask would fail. The /proc scan for processes
+# holding /dev/nvidia* open has no collection counterpart at all.
 from __future__ import annotations
 
 DOCUMENTATION = r"""

@@ -1,5 +1,10 @@
 #!/usr/bin/python
 # Thin module: the logic is eagle3ops.pve (module_utils/eagle3ops_pve.py is a symlink to it).
+# Why not community.proxmox.proxmox for the container itself: it needs an API token on the controller, while
+# this phase runs `pct` on the PVE host over ssh (no API credentials to manage); and it cannot write raw `lxc.*`
+# lines (cgroup device rules, mount entries for /dev/nvidia*) at all. Device passthrough (`devN:`) arrived in
+# community.proxmox after 2.0.0 (PR #506): once a release with it is pinned in collections/requirements.yml, the
+# `devN` half can be handed to it; the raw lxc.* lines (nvidia-uvm majors read on the host) stay here.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
