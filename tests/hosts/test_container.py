@@ -303,6 +303,10 @@ def test_data_cutover_reaches_the_running_container(make_host, make_loop_device,
     assert h.ssh("test -e /data/eagle3/during-job.txt", check=False).returncode == 1
 
     h.ssh(f"kill {job_pid}")
+    r = run_playbook(PLAYBOOK, h.inventory, extravars={"proxmox_container_on_stale_mount": "fail"})
+    assert r.rc != 0 and "Restart the container when nothing runs inside (pct reboot 140)" in r.stdout, (
+        r.summary()
+    )
     r = run_playbook(PLAYBOOK, h.inventory)
     assert r.rc == 0, r.summary()
     res = module_result(r, h.name)
