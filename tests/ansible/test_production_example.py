@@ -112,3 +112,18 @@ def test_example_passes_every_roles_argument_specs(tmp_path):
         extravars={**LOCAL, "gpu_free_gpu_required": "maybe"},
     )  # fmt: skip
     assert bad.rc != 0 and "gpu_free_gpu_required" in bad.stdout, bad.summary()
+
+
+def test_each_phase_targets_its_group():
+    """The storage play runs on ``storage_hosts`` only (the disk's owner), not on the container as well; the
+    container play on the PVE host; the workload plays on ``gpu_hosts``."""
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INV), str(REPO / "site.yml"),
+         "--list-hosts"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+    ).stdout  # fmt: skip
+    plays = re.findall(r"play #\d+ \(([^)]*)\): ([^\t\n]+).*?hosts \(\d+\):\n((?:\s+\S+\n)+)", out, re.S)
+    hosts = {name.split(" - ")[0].strip(): sorted(h.split()) for _pattern, name, h in plays}
+    assert hosts["Storage"] == hosts["Container"] == ["pve1"], hosts
+    assert all(v == ["ct129"] for k, v in hosts.items() if k not in ("Storage", "Container")), hosts
