@@ -392,6 +392,22 @@ def test_missing_file_is_repaired_keeping_hidden_states(prepared, tmp_path, mode
     assert prepare(model, [demo["conversations_path"]], out, max_length=512, log=quiet)["changed"] is False
 
 
+def test_altered_shard_of_same_size_is_found_and_rebuilt(prepared, tmp_path, model, demo):
+    """Issue 16 §1: an arrow shard altered in place (same size, one byte flipped) was reported "already done"
+    before prepare_meta.json recorded the shards' checksums; now it is rebuilt (hidden states kept)."""
+    src, _ = prepared
+    out = tmp_path / "data"
+    shutil.copytree(src, out)
+    arrow = out / "data-00000-of-00001.arrow"
+    good = arrow.read_bytes()
+    pos = len(good) // 2
+    arrow.write_bytes(good[:pos] + bytes([good[pos] ^ 0x01]) + good[pos + 1 :])
+    res = prepare(model, [demo["conversations_path"]], out, max_length=512, log=quiet)
+    assert res["changed"] is True and res["damaged_files"] == ["data-00000-of-00001.arrow"], res
+    assert arrow.read_bytes() == good
+    assert prepare(model, [demo["conversations_path"]], out, max_length=512, log=quiet)["changed"] is False
+
+
 def test_refuses_to_replace_foreign_directory(tmp_path, model):
     out = tmp_path / "data"
     out.mkdir()
