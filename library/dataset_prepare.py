@@ -56,6 +56,12 @@ options:
     description: Let the tokenizer run its own code (Kimi-K2.5's tokenizer needs it). Only for trusted model directories.
     type: bool
     default: false
+  lock_wait:
+    description:
+      - Seconds to wait while another run (an interrupted playbook's prepare or extract) holds O(out); it then
+        re-plans, so a finished identical run gives C(changed=false). 0 fails at once, naming the holder.
+    type: float
+    default: 0
   executable:
     description:
       - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
@@ -109,6 +115,7 @@ def main():
             "seed": {"type": "int", "default": 0},
             "force": {"type": "bool", "default": False},
             "trust_remote_code": {"type": "bool", "default": False},
+            "lock_wait": {"type": "float", "default": 0},
             "executable": {"type": "path"},
         },
         supports_check_mode=True,
@@ -126,6 +133,8 @@ def main():
         p["on_error"],
         "--seed",
         str(p["seed"]),
+        "--lock-wait",
+        str(p["lock_wait"]),
     ]
     for src in p["inputs"]:
         argv += ["--input", src]
