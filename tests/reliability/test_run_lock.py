@@ -29,14 +29,18 @@ def _fault_env(tmp_path: Path, spec: str) -> tuple[dict, Path]:
         **os.environ,
         **ENV,
         # faulthook first, then whatever eagle3ops the test runs (PYTHONPATH of the worktree under test)
-        "PYTHONPATH": os.pathsep.join(p for p in (str(HERE / "faulthook"), os.environ.get("PYTHONPATH")) if p),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(HERE / "faulthook"), os.environ.get("PYTHONPATH")) if p
+        ),
         "E3_FAULT": spec,
         "E3_FAULT_GO": str(go),
     }
     return env, go
 
 
-def _start_paused(argv: list, tmp_path: Path, spec: str, timeout: float = 120) -> tuple[subprocess.Popen, Path]:
+def _start_paused(
+    argv: list, tmp_path: Path, spec: str, timeout: float = 120
+) -> tuple[subprocess.Popen, Path]:
     """Start ``eagle3ops ARGV`` and return once it is paused at the fault point (it holds its lock then)."""
     env, go = _fault_env(tmp_path, spec)
     proc = subprocess.Popen(
@@ -46,7 +50,9 @@ def _start_paused(argv: list, tmp_path: Path, spec: str, timeout: float = 120) -
     while not Path(f"{go}.paused").exists():
         if proc.poll() is not None:
             out, err = proc.communicate()
-            pytest.fail(f"the first run ended (rc {proc.returncode}) before its pause: {out[-2000:]}{err[-3000:]}")
+            pytest.fail(
+                f"the first run ended (rc {proc.returncode}) before its pause: {out[-2000:]}{err[-3000:]}"
+            )
         assert time.monotonic() < deadline, "the first run never reached its pause point"
         time.sleep(0.05)
     return proc, go
@@ -190,7 +196,17 @@ def demo(zygote, tmp_path_factory):
 def test_second_prepare_on_one_directory_fails_naming_the_first(zygote, demo, tmp_path):
     """Fails on the main of 2026-12-01: both prepares ran side by side (the second one's rc was 0)."""
     out = tmp_path / "data"
-    argv = ["prepare", "--model", demo["model"], "--input", demo["convs"], "--out", out, "--max-samples", "16"]
+    argv = [
+        "prepare",
+        "--model",
+        demo["model"],
+        "--input",
+        demo["convs"],
+        "--out",
+        out,
+        "--max-samples",
+        "16",
+    ]
     first, go = _start_paused([*argv, "--json"], tmp_path, "pause:replace:1")  # the swap into place waits
     try:
         check = zygote.run([*argv, "--check", "--json"])
@@ -208,7 +224,7 @@ def test_second_prepare_on_one_directory_fails_naming_the_first(zygote, demo, tm
     assert again.rc == 0 and again.json["changed"] is False, again.stderr[-2000:]
 
 
-def test_second_train_on_one_run_dir_fails_naming_the_first(tmp_path_factory, tmp_path):
+def test_second_train_on_one_run_dir_fails_naming_the_first(zygote, tmp_path_factory, tmp_path):
     """Two ``eagle3ops train`` deciding on one run directory at once: the second fails at once naming the first's
     PID and command line. Fails on the main of 2026-12-01 ("another eagle3ops train is deciding ...; retry",
     no PID). The first is paused inside its decision (before it launches anything) and killed there.
@@ -222,12 +238,11 @@ def test_second_train_on_one_run_dir_fails_naming_the_first(tmp_path_factory, tm
     run = tmp_path / "run"
     argv = ["train", "--data", data, "--verifier", verifier, "--run-dir", run, "--device", "cpu"]
     argv += ["--launcher", "setsid", "--no-gpu-free-check", "--max-steps", "1", "--json"]
-    first, go = _start_paused(argv, tmp_path, "pause:replace:1")
+    first, _ = _start_paused(argv, tmp_path, "pause:replace:1")
     try:
-        env = {**os.environ, **ENV}
-        second = subprocess.run([EAGLE3OPS, *map(str, argv)], env=env, capture_output=True, text=True, timeout=120)
-        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-3000:]
-        res = json.loads(second.stdout.strip().splitlines()[-1])
+        second = zygote.run(argv)
+        assert second.rc == 2, second.stdout[-2000:] + second.stderr[-3000:]
+        res = second.json
         assert f"{run} is in use by train PID {first.pid}" in res["msg"], res["msg"]
         assert "eagle3ops train --data" in res["msg"], res["msg"]
         assert "Traceback" not in second.stderr
@@ -257,7 +272,17 @@ def test_train_refuses_while_extract_holds_its_data_dir(tmp_path_factory, tmp_pa
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        argv = ["train", "--data", data, "--verifier", verifier, "--run-dir", tmp_path / "run", "--device", "cpu"]
+        argv = [
+            "train",
+            "--data",
+            data,
+            "--verifier",
+            verifier,
+            "--run-dir",
+            tmp_path / "run",
+            "--device",
+            "cpu",
+        ]
         r = subprocess.run(
             [EAGLE3OPS, *map(str, argv), "--no-gpu-free-check", "--json"],
             env={**os.environ, **ENV},
