@@ -97,6 +97,18 @@ skipped:
   returned: success
   type: list
   elements: str
+running:
+  description: Check mode only; another run (prepare or extract) holds O(out) now.
+  returned: check mode
+  type: bool
+holder:
+  description: That run's record (pid, cmdline, host, started_at, what), or null.
+  returned: check mode
+  type: dict
+stale_lock:
+  description: The record of a dead run whose lock this run took over, or null.
+  returned: success, not in check mode
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
