@@ -165,10 +165,10 @@ def test_workers_die_with_their_parent(tiny_model, prepared, tmp_path):
         time.sleep(1.5)
         assert sorted(p.name for p in (data / "hidden_states").iterdir()) == files
     finally:
-        _kill(parent)
-        for w in workers:
+        for w in workers:  # first: a surviving worker keeps the parent's stderr pipe open
             if _alive(w):
                 os.kill(w, signal.SIGKILL)  # a worker of this test's own extract run, by PID
+        _kill(parent)
     # the samples that were written are whole: a re-run resumes from them
     store = HiddenStateStore(data)
     for i, e in store.scan_manifest().entries.items():
