@@ -77,7 +77,7 @@ class LockHeld(CommandError):
 def lock_path(directory: str | os.PathLike) -> Path:
     """Where the lock of ``directory`` lives (see the module docstring)."""
     d = Path(os.path.abspath(directory))
-    parent = d.parent
+    parent = Path(os.path.realpath(d.parent))  # one lock whatever symlinked spelling of the parent is used
     beside = parent / f".{d.name}.lock"
     if beside.exists() or (parent.is_dir() and os.access(parent, os.W_OK)) or not parent.exists():
         return beside
