@@ -56,6 +56,12 @@ options:
     description: Let the tokenizer run its own code (Kimi-K2.5's tokenizer needs it). Only for trusted model directories.
     type: bool
     default: false
+  lock_wait:
+    description:
+      - Seconds to wait while another run (an interrupted playbook's prepare or extract) holds O(out); it then
+        re-plans, so a finished identical run gives C(changed=false). 0 fails at once, naming the holder.
+    type: float
+    default: 0
   executable:
     description:
       - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
@@ -93,6 +99,18 @@ skipped:
   returned: success
   type: list
   elements: str
+running:
+  description: Check mode only; another run (prepare or extract) holds O(out) now.
+  returned: check mode
+  type: bool
+holder:
+  description: That run's record (pid, cmdline, host, started_at, what), or null.
+  returned: check mode
+  type: dict
+stale_lock:
+  description: The record of a dead run whose lock this run took over, or null.
+  returned: success, not in check mode
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -111,6 +129,7 @@ def main():
             "seed": {"type": "int", "default": 0},
             "force": {"type": "bool", "default": False},
             "trust_remote_code": {"type": "bool", "default": False},
+            "lock_wait": {"type": "float", "default": 0},
             "executable": {"type": "path"},
         },
         supports_check_mode=True,
@@ -128,6 +147,8 @@ def main():
         p["on_error"],
         "--seed",
         str(p["seed"]),
+        "--lock-wait",
+        str(p["lock_wait"]),
     ]
     for src in p["inputs"]:
         argv += ["--input", src]

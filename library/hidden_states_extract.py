@@ -73,6 +73,11 @@ options:
     description: Free-space margin over the exact need, as a fraction.
     type: float
     default: 0.05
+  disk_margin_mib:
+    description:
+      - Free space kept on top of the exact need and O(margin), in MiB (the preflight refuses below it).
+    type: float
+    default: 64
   limit:
     description: Only the first N rows (smoke runs).
     type: int
@@ -140,6 +145,20 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+running:
+  description: Check mode only; another extraction holds this data directory now (its lock).
+  returned: check mode
+  type: bool
+holder:
+  description:
+    - The run that holds the data directory (pid, cmdline, host, started_at, what), or null; in check mode,
+      and on a failure because another run holds it.
+  returned: check mode or when running
+  type: dict
+stale_lock:
+  description: The record of a dead run whose lock this run took over, or null.
+  returned: success, not in check mode
+  type: dict
 total:
   description: Rows this run is responsible for.
   returned: always
@@ -217,6 +236,7 @@ def main():
             "writer_threads": {"type": "int", "default": 4},
             "fsync": {"type": "bool", "default": True},
             "margin": {"type": "float", "default": 0.05},
+            "disk_margin_mib": {"type": "float", "default": 64.0},
             "limit": {"type": "int"},
             "verify": {"type": "str", "choices": ["size", "checksum"], "default": "size"},
             "on_model_change": {
@@ -248,6 +268,8 @@ def main():
         str(p["max_batch_tokens"]),
         "--margin",
         str(p["margin"]),
+        "--disk-margin-mib",
+        str(p["disk_margin_mib"]),
         "--writer-threads",
         str(p["writer_threads"]),
         "--verify",

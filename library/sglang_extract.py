@@ -81,6 +81,11 @@ options:
     description: Free-space margin over the exact need, as a fraction.
     type: float
     default: 0.05
+  disk_margin_mib:
+    description:
+      - Free space kept on top of the exact need and O(margin), in MiB (the preflight refuses below it).
+    type: float
+    default: 64
   limit:
     description: Only the first N rows.
     type: int
@@ -110,6 +115,20 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+running:
+  description: Check mode only; another extraction holds this data directory now (its lock).
+  returned: check mode
+  type: bool
+holder:
+  description:
+    - The run that holds the data directory (pid, cmdline, host, started_at, what), or null; in check mode,
+      and on a failure because another run holds it.
+  returned: check mode or when running
+  type: dict
+stale_lock:
+  description: The record of a dead run whose lock this run took over, or null.
+  returned: success, not in check mode
+  type: dict
 total:
   description: Rows this run is responsible for.
   returned: always
@@ -184,6 +203,7 @@ def main():
             "restore_patch": {"type": "path"},
             "restore_patch_always": {"type": "bool", "default": False},
             "margin": {"type": "float", "default": 0.05},
+            "disk_margin_mib": {"type": "float", "default": 64.0},
             "limit": {"type": "int"},
             "executable": {"type": "path"},
         },
@@ -212,6 +232,8 @@ def main():
         str(p["health_timeout"]),
         "--margin",
         str(p["margin"]),
+        "--disk-margin-mib",
+        str(p["disk_margin_mib"]),
         "--no-progress",
     ]
     if p["layer_ids"]:

@@ -12,6 +12,7 @@ serialises and writes while the next batch computes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -510,6 +511,7 @@ class SampleWriter:
         self.stats = _WriterStats()
         self.on_written = on_written
         self._lock = threading.Lock()
+        self._finished = False
         self._threads = [
             threading.Thread(target=self._run, name=f"eagle3ops-writer-{i}", daemon=True)
             for i in range(threads)
@@ -623,10 +625,12 @@ class SampleWriter:
             self.on_written(len(entries), ntok)
 
     def finish(self) -> None:
-        for _ in self._threads:
-            self.q.put(None)
-        for t in self._threads:
-            t.join()
+        if not self._finished:  # a second call (the error path after a failed finish) only re-raises
+            self._finished = True
+            for _ in self._threads:
+                self.q.put(None)
+            for t in self._threads:
+                t.join()
         if self.stats.error is not None:
             raise self.stats.error
 
@@ -908,6 +912,7 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         if fp8:
             scale_pool = PinnedPool(depth + cfg.writer_threads + 1, max_block // hidden, torch.float32)
     writer.start()
+    ok = False  # the manifest is closed in `finally`; its error must not hide the one that got us there
     t_compute = 0.0
     t_loop = time.perf_counter()
     loop_started_at = time.time()  # wall clock: workers' loops are merged into one span
@@ -988,6 +993,7 @@ def run_extraction(cfg: ExtractConfig) -> dict:
                 sc = [host_scales[b, :n] for b, n in enumerate(lens)] if fp8 else None
                 writer.submit(_Job(list(batch), toks, states, event, release, sc))
         writer.finish()
+        ok = True
     except BaseException:
         # stop the writer after what it already has; finished samples stay valid and recorded
         try:
@@ -1005,7 +1011,11 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     finally:
         capture.remove()
         close_progress()
-        store.close()
+        if ok:
+            store.close()
+        else:
+            with contextlib.suppress(OSError):  # e.g. a second ENOSPC: the first one is the report
+                store.close()
     st = writer.stats
     now = time.perf_counter()
     secs, loop_secs = now - t_start, now - t_loop

@@ -165,7 +165,18 @@ def _line_of(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-def _iter_json_array(path: Path, text: str) -> Iterator[tuple[str, object]]:
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")  # what errors="surrogateescape" makes of a byte that is not UTF-8
+
+
+def _not_utf8(text: str, m: re.Match) -> str:
+    col = m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+    return (
+        f"not valid UTF-8 (byte 0x{ord(m.group()) - 0xDC00:02x} at column {col}); re-save the file as UTF-8 "
+        "(e.g. iconv -f LATIN1 -t UTF-8)"
+    )
+
+
+def _iter_json_array(path: Path, text: str, bad: bool = False) -> Iterator[tuple[str, object]]:
     dec = json.JSONDecoder()
     pos = text.index("[") + 1
     n = len(text)
@@ -179,7 +190,9 @@ def _iter_json_array(path: Path, text: str) -> Iterator[tuple[str, object]]:
         except json.JSONDecodeError as e:
             yield f"{path}:{e.lineno}", Problem(f"{path}:{e.lineno}", f"not valid JSON ({e.msg})")
             return
-        yield f"{path}:{_line_of(text, pos)}", obj
+        m = _NOT_UTF8.search(text, pos, end) if bad else None
+        line = _line_of(text, m.start() if m else pos)
+        yield f"{path}:{line}", (Problem(f"{path}:{line}", _not_utf8(text, m)) if m else obj)
         pos = end
         while pos < n and text[pos] in " \t\r\n":
             pos += 1
@@ -207,23 +220,34 @@ def iter_records(source: Source) -> Iterator[tuple[str, object]]:
         for i, row in enumerate(ds.with_format(None)):
             yield f"{path}:row {i}", row
         return
-    text = path.read_text(encoding="utf-8", errors="strict")
+    # bytes that are not UTF-8 become lone surrogates here, so the rows around them still parse and the bad
+    # ones are reported (and skipped with --on-error skip) by file:line, not as a UnicodeDecodeError
+    text = path.read_bytes().decode("utf-8", errors="surrogateescape")
+    bad = _NOT_UTF8.search(text) is not None
     if source.kind == "json":
         stripped = text.lstrip()
         if stripped.startswith("["):
-            yield from _iter_json_array(path, text)
+            yield from _iter_json_array(path, text, bad)
             return
         try:
             obj = json.loads(text)
         except json.JSONDecodeError:
             pass  # not one JSON document: read it as JSON lines
         else:
-            yield f"{path}:1", obj
+            m = _NOT_UTF8.search(text) if bad else None
+            yield (
+                f"{path}:1",
+                (Problem(f"{path}:{_line_of(text, m.start())}", _not_utf8(text, m)) if m else obj),
+            )
             return
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         loc = f"{path}:{lineno}"
+        m = _NOT_UTF8.search(line) if bad else None
+        if m:
+            yield loc, Problem(loc, _not_utf8(line, m))
+            continue
         try:
             yield loc, json.loads(line)
         except json.JSONDecodeError as e:

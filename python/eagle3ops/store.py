@@ -20,6 +20,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -292,16 +293,22 @@ def atomic_write_bytes(
     WRITEBACK_WAIT, PREALLOCATE and DATASYNC change how the bytes get to disk, not the guarantee."""
     path = Path(path)
     tmp, views, total = _temp_and_views(path, data)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError as e:
+        e.filename = str(path)  # the file the caller asked for, not our temp name
+        raise
     try:
         if fsync and PREALLOCATE:
             _preallocate(fd, total)
         _write_views(fd, views, WRITEBACK_CHUNK if fsync else 0, WRITEBACK_WAIT)
         if fsync:
             _sync_data(fd)
-    except BaseException:
+    except BaseException as e:
         os.close(fd)
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(path)  # os.write names no file: say which one (eagle3ops.cli prints it)
         raise
     os.close(fd)
     os.replace(tmp, path)
@@ -732,25 +739,42 @@ class HiddenStateStore:
                     data = path.read_bytes()
                     keep = data.rfind(b"\n") + 1
                     f.truncate(keep)
-        self._manifest_fh = open(path, "a")  # noqa: SIM115 - long-lived append handle
+        # unbuffered: a failed append leaves nothing in a buffer for close() to retry (and fail on) later
+        self._manifest_fh = open(path, "ab", buffering=0)  # noqa: SIM115 - long-lived append handle
 
     def append_manifest(self, entries: Iterable[ManifestEntry], *, fsync: bool = False) -> None:
-        """Append whole lines (one write per call, under a lock: safe from several writer threads)."""
+        """Append whole lines (one write per call, under a lock: safe from several writer threads). On an
+        I/O error (a full disk) the part of the lines that got out is cut off again, so no torn line is left,
+        and the error names the manifest."""
         with self._lock:
             if self._manifest_fh is None:
                 self.open_manifest()
             fh = self._manifest_fh
-            fh.write("".join(e.to_line() for e in entries))
-            fh.flush()
-            if fsync:
-                os.fsync(fh.fileno())
+            data = memoryview("".join(e.to_line() for e in entries).encode())
+            before = os.fstat(fh.fileno()).st_size
+            try:
+                while data:
+                    data = data[fh.write(data) :]
+                if fsync:
+                    os.fsync(fh.fileno())
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fh.fileno(), before)
+                if e.filename is None:
+                    e.filename = str(self.manifest_path())
+                raise
 
     def close(self) -> None:
         if self._manifest_fh is not None:
-            self._manifest_fh.flush()
-            os.fsync(self._manifest_fh.fileno())
-            self._manifest_fh.close()
-            self._manifest_fh = None
+            fh, self._manifest_fh = self._manifest_fh, None
+            try:
+                os.fsync(fh.fileno())
+            except OSError as e:
+                if e.filename is None:
+                    e.filename = str(self.manifest_path())
+                raise
+            finally:
+                fh.close()
 
     # ---------- writing samples ----------
     def write_sample(

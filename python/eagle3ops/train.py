@@ -14,7 +14,9 @@ One **run directory** holds everything about one training run::
                          directory, which goes stale when token_freq.pt changes: speculators#1081)
     RUN/checkpoints/     speculators' save_path (default): 0/, 1/, ... checkpoint_best
 
-**The state machine** (``ensure_run``), decided under a lock on ``RUN/.lock``:
+**The state machine** (``ensure_run``), decided under the run directory's lock (``eagle3ops.runlock``; a
+second ``train`` deciding at the same time fails naming the first), never while a prepare/extract run holds
+the data directory:
 
 - no state                                       -> launch                         (changed)
 - PID alive and its command line is our trainer  -> running, nothing to do         (not changed)
@@ -33,7 +35,6 @@ of distinct tokens: a draft vocab larger than that crashed SpecForge, #76).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -877,15 +878,36 @@ def log_tail(run_dir: Path, n: int = 40) -> str:
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path):
+    """One ``train`` deciding on a run directory at a time (:class:`eagle3ops.runlock.RunLock`: a second one
+    fails at once with ``LockHeld``, exit code 2, naming the first's PID and command line). The running
+    trainer itself is represented by ``train.pid`` (``run_status``): a later ``train`` adopts it."""
+    from eagle3ops.runlock import RunLock
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise TrainError(
-                f"another eagle3ops train is deciding on {run_dir} right now (lock {run_dir / '.lock'}); retry."
-            ) from None
+    with RunLock(run_dir, what="train"):
         yield
+
+
+def data_dir_writer(data_dir: str | os.PathLike) -> dict | None:
+    """The prepare/extract run that holds ``data_dir`` now (its lock record), or None."""
+    from eagle3ops.runlock import holder
+
+    return holder(data_dir)
+
+
+def _refuse_while_written(data_dir: str, check: bool, warnings: list) -> None:
+    h = data_dir_writer(data_dir)
+    if not h:
+        return
+    msg = (
+        f"{data_dir} is being written by {h.get('what', 'another run')} PID {h.get('pid')} since "
+        f"{h.get('started_at')} ({h.get('cmdline')}); training now would read a partial data set. Wait for it "
+        "to finish (the extract phase does), then re-run the train phase."
+    )
+    if check:
+        warnings.append(msg)
+        return
+    raise TrainError(msg, holder=h)
 
 
 def _config_diff(old: str, new: str) -> str:
@@ -918,6 +940,8 @@ def ensure_run(
     poll_s: float = 2.0,
     log=lambda s: print(s, file=sys.stderr),
 ) -> dict:
+    if not check:  # before the plan: a data directory being written looks incomplete, not "in use"
+        _refuse_while_written(spec.data_dir, check, [])
     try:
         p = plan(spec)
     except TrainError as e:
@@ -936,6 +960,8 @@ def ensure_run(
     cfg_path = run_dir / CONFIG
     if not check:
         run_dir.mkdir(parents=True, exist_ok=True)
+    if check:
+        _refuse_while_written(spec.data_dir, check, p.warnings)
     base = {
         "run_dir": str(run_dir),
         "config_path": str(cfg_path),

@@ -43,7 +43,7 @@ def _files(root: Path) -> dict[str, int]:
     return {
         str(p.relative_to(root)): p.stat().st_mtime_ns
         for p in root.rglob("*")
-        if p.is_file() and p.name != ".lock"
+        if p.is_file() and not p.name.endswith(".lock")
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -65,6 +66,12 @@ def register(sub) -> None:
     p.add_argument(
         "--margin", type=float, default=0.05, help="free-space margin over the exact need (fraction)"
     )
+    p.add_argument(
+        "--disk-margin-mib",
+        type=float,
+        default=64.0,
+        help="free space kept on top of the need and --margin, in MiB (default 64)",
+    )
     p.add_argument("--limit", type=int, default=None, help="only the first N rows")
     p.add_argument(
         "--verify",
@@ -86,7 +93,9 @@ def register(sub) -> None:
         help="compare the target by a hash of every weight byte (slow) instead of sizes, mtimes and headers",
     )
     p.add_argument(
-        "--plan", action="store_true", help="report what would be done; load no weights, write nothing"
+        "--plan",
+        action="store_true",
+        help="report what would be done (and a run holding the directory); load no weights, write nothing",
     )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_extract)
@@ -119,12 +128,22 @@ def _config(args):
         fsync=not args.no_fsync,
         writer_threads=args.writer_threads,
         margin_frac=args.margin,
+        margin_bytes=disk_margin_bytes(args.disk_margin_mib),
         limit=args.limit,
         progress=not args.no_progress,
         verify=args.verify,
         on_model_change=args.on_model_change,
         model_hash=args.model_hash,
     )
+
+
+def disk_margin_bytes(mib: float) -> int:
+    """``--disk-margin-mib`` as bytes (refused below 0)."""
+    from eagle3ops.cli import CommandError
+
+    if mib < 0:
+        raise CommandError(f"--disk-margin-mib {mib} must be 0 or more (MiB kept free on top of the need)")
+    return int(mib * 2**20)
 
 
 def _num_workers(spec: str) -> int:
@@ -163,8 +182,30 @@ def _loop_span(results: list[dict], tokens: int) -> dict:
     }
 
 
-def _spawn_workers(args, n: int) -> dict:
-    """One process per GPU, each with CUDA_VISIBLE_DEVICES set to its device and a disjoint shard."""
+class _Terminated(Exception):
+    """SIGTERM/SIGHUP of the parent while its workers run."""
+
+
+def _stop_workers(procs: list, grace: float = 5.0) -> None:
+    """Terminate the workers still running, then kill those that outlive ``grace``; reap them all."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _spawn_workers(args, n: int, lock) -> dict:
+    """One process per GPU, each with CUDA_VISIBLE_DEVICES set to its device and a disjoint shard.
+
+    The workers die with this process: each asks the kernel for SIGKILL when its parent ends
+    (``runlock.die_with_parent``, kill -9 of the parent included), and SIGINT/SIGTERM/SIGHUP here terminate
+    them before this process exits. They work under this process's lock (``lock.child_env()``)."""
     from eagle3ops.cli import CommandError
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -188,10 +229,37 @@ def _spawn_workers(args, n: int) -> dict:
 
     pre = repair_store(_config(args))
     clean += ["--verify", "size", "--on-model-change", "refuse"]  # the workers re-check cheaply only
-    procs = []
+    procs: list = []
     t0 = time.perf_counter()
+
+    def on_signal(signum, _frame):
+        raise _Terminated(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _run_workers(args, n, clean, devices, procs, t0, lock, CommandError, pre)
+    except (_Terminated, KeyboardInterrupt) as e:
+        _stop_workers(procs)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise CommandError(
+            f"extract on {args.data} stopped by {e}: its {n} workers were terminated; finished samples are "
+            "kept, re-run to resume"
+        ) from None
+    finally:
+        _stop_workers(procs)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _run_workers(args, n, clean, devices, procs, t0, lock, CommandError, pre) -> dict:
     for rank in range(n):
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=devices[rank % len(devices)])
+        env = dict(
+            os.environ,
+            CUDA_VISIBLE_DEVICES=devices[rank % len(devices)],
+            EAGLE3OPS_DIE_WITH_PARENT=str(os.getpid()),
+            **lock.child_env(),
+        )
         cmd = [
             sys.executable,
             "-m",
@@ -232,13 +300,25 @@ def _spawn_workers(args, n: int) -> dict:
     return merged
 
 
+def worker_start() -> None:
+    """In a worker spawned by ``extract --workers N``: end when the parent that owns the run ends."""
+    from eagle3ops.runlock import die_with_parent
+
+    parent = os.environ.get("EAGLE3OPS_DIE_WITH_PARENT", "")
+    if parent.isdigit():
+        die_with_parent(int(parent))
+
+
 def cmd_extract(args) -> int:
     from eagle3ops.cli import CommandError, emit
     from eagle3ops.extract import ExtractError, plan_extraction, run_extraction
+    from eagle3ops.runlock import RunLock, holder
     from eagle3ops.store import StoreError
 
+    worker_start()
     try:
         if args.plan:
+            running = holder(args.data)  # check mode takes no lock; it reports a run in progress
             res = plan_extraction(_config(args))
             # what a run would report
             res["changed"] = (
@@ -247,18 +327,28 @@ def cmd_extract(args) -> int:
                 or res.get("damaged", 0) > 0
                 or res.get("duplicate_manifest_lines", 0) > 0
             )
+            res.update(running=running is not None, holder=running)
             emit(
                 args,
                 res,
                 f"would extract {res['to_extract']} of {res['total']} rows "
                 f"({res['tokens_to_extract']} tokens, {res['bytes_needed']:,} bytes; "
-                f"{res['free_bytes']:,} bytes free)" + _damaged_line(res),
+                f"{res['free_bytes']:,} bytes free)"
+                + _damaged_line(res)
+                + (
+                    f"; a run holds {args.data} now: PID {running.get('pid')} ({running.get('cmdline')})"
+                    if running
+                    else ""
+                ),
             )
             return 0
         n = _num_workers(args.workers) if args.rank is None else 1
-        res = _spawn_workers(args, n) if n > 1 else run_extraction(_config(args))
-    except (ExtractError, StoreError, FileNotFoundError, ValueError) as e:
+        with RunLock(args.data, what="extract") as lock:
+            res = _spawn_workers(args, n, lock) if n > 1 else run_extraction(_config(args))
+            res.update(lock.result_fields())
+    except (ExtractError, StoreError, ValueError) as e:
         raise CommandError(str(e)) from e
+    # an OSError (full disk, read-only, missing path) goes to eagle3ops.cli.main: one line naming the path
     res["changed"] = (
         res["written"] > 0
         or res.get("adopted", 0) > 0
@@ -295,6 +385,7 @@ def cmd_status(args) -> int:
     from eagle3ops.cli import CommandError, emit
     from eagle3ops.extract import ExtractError, status
 
+    _require_data_dir(args.data)
     try:
         res = status(args.data)
     except ExtractError as e:
@@ -313,11 +404,40 @@ def cmd_status(args) -> int:
     return 0
 
 
-def cmd_lengths(args) -> int:
-    from eagle3ops.cli import emit
-    from eagle3ops.store import HiddenStateStore, atomic_write_json
+def _require_data_dir(path: str) -> None:
+    """A data directory that does not exist (or holds neither a dataset nor hidden states) is a wrong path,
+    not an empty result."""
+    from eagle3ops.cli import CommandError
 
-    lengths = HiddenStateStore(args.data).lengths()
+    d = Path(path)
+    if not d.is_dir():
+        raise CommandError(
+            f"{path}: no such data directory; pass the directory `eagle3ops prepare` wrote (extract_data_dir)",
+            data_dir=path,
+        )
+    if not any((d / n).exists() for n in ("hidden_states", "state.json", "prepare_meta.json")):
+        raise CommandError(
+            f"{path}: not a data directory (no hidden_states/, state.json or prepare_meta.json in it); pass the "
+            "directory `eagle3ops prepare` wrote (extract_data_dir)",
+            data_dir=path,
+        )
+
+
+def cmd_lengths(args) -> int:
+    from eagle3ops.cli import CommandError, emit
+    from eagle3ops.store import HiddenStateStore, StoreError, atomic_write_json
+
+    _require_data_dir(args.data)
+    if args.out and not Path(args.out).absolute().parent.is_dir():
+        raise CommandError(
+            f"--out {args.out}: its folder {Path(args.out).absolute().parent} does not exist; create it "
+            "(mkdir -p) or pass a path in an existing folder. Nothing was written.",
+            out=args.out,
+        )
+    try:
+        lengths = HiddenStateStore(args.data).lengths()
+    except StoreError as e:
+        raise CommandError(str(e)) from e
     if args.out:
         atomic_write_json(args.out, {str(k): v for k, v in sorted(lengths.items())})
     emit(

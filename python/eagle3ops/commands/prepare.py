@@ -40,14 +40,37 @@ def register(subparsers) -> None:
         "--force", action="store_true", help="replace a dataset whose hidden states were already extracted"
     )
     p.add_argument("--check", action="store_true", help="write nothing; report whether it would change")
+    p.add_argument(
+        "--lock-wait",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="while another run holds DATA_DIR, wait up to this long for it (default 0: fail at once)",
+    )
     p.add_argument("--trust-remote-code", action="store_true", help="allow the tokenizer's own code")
     add_json_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from eagle3ops.prepare import PrepareError, prepare
+    import contextlib
 
+    from eagle3ops.prepare import PrepareError, prepare
+    from eagle3ops.runlock import RunLock, holder
+
+    # one run per data directory; check mode takes no lock but says who holds it
+    running = holder(args.out) if args.check else None
+    lock = contextlib.nullcontext() if args.check else RunLock(args.out, what="prepare", wait=args.lock_wait)
+    with lock:
+        result = _prepare(args, prepare, PrepareError)
+        if not args.check:
+            result.update(lock.result_fields())
+    if args.check:
+        result.update(running=running is not None, holder=running)
+    return _emit(args, result)
+
+
+def _prepare(args, prepare, PrepareError) -> dict:
     try:
         result = prepare(
             args.model,
@@ -65,6 +88,10 @@ def run(args) -> int:
         )
     except PrepareError as e:
         raise CommandError(str(e), out=args.out, problems=e.problems) from e
+    return result
+
+
+def _emit(args, result) -> int:
     if args.check:
         human = f"prepare: {args.out} {'would change' if result['changed'] else 'is up to date'}"
     else:

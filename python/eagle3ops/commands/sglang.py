@@ -53,6 +53,9 @@ def register(sub) -> None:
     )
     e.add_argument("--restore-patch-always", action="store_true", help="restore even when rows failed")
     e.add_argument("--margin", type=float, default=0.05)
+    e.add_argument(
+        "--disk-margin-mib", type=float, default=64.0, help="free space kept on top of the need, in MiB"
+    )
     e.add_argument("--no-progress", action="store_true")
     e.add_argument(
         "--plan", action="store_true", help="report what would be sent; contact no server, write nothing"
@@ -83,7 +86,9 @@ def cmd_patch(args) -> int:
 
 
 def cmd_extract(args) -> int:
+    from eagle3ops.commands.extract import disk_margin_bytes
     from eagle3ops.extract import ExtractError
+    from eagle3ops.runlock import RunLock, holder
     from eagle3ops.sglang_client import SGLangClientError, SGLangExtractConfig, run_sglang_extraction
     from eagle3ops.sglang_patch import PatchError
     from eagle3ops.store import StoreError
@@ -104,6 +109,7 @@ def cmd_extract(args) -> int:
         confirm_timeout=args.confirm_timeout,
         limit=args.limit,
         margin_frac=args.margin,
+        margin_bytes=disk_margin_bytes(args.disk_margin_mib),
         server_unit=args.server_unit,
         stop_server=not args.keep_server,
         restore_patch=args.restore_patch,
@@ -114,6 +120,7 @@ def cmd_extract(args) -> int:
         if args.plan:
             from eagle3ops.extract import ExtractConfig, plan_extraction
 
+            running = holder(args.data)  # check mode takes no lock; it reports a run in progress
             res = plan_extraction(
                 ExtractConfig(
                     data_dir=args.data,
@@ -123,11 +130,13 @@ def cmd_extract(args) -> int:
                     dtype=args.dtype,
                     limit=args.limit,
                     margin_frac=args.margin,
+                    margin_bytes=cfg.margin_bytes,
                 )
             )
             res.update(
                 backend="sglang", check_mode=True, changed=bool(res["to_extract"]), written=0, failed=0
             )
+            res.update(running=running is not None, holder=running)
             emit(
                 args,
                 res,
@@ -135,7 +144,9 @@ def cmd_extract(args) -> int:
                 f"({res['bytes_needed']} bytes to write, {res['free_bytes']} free)",
             )
             return 0
-        res = run_sglang_extraction(cfg)
+        with RunLock(args.data, what="sglang-extract") as lock:
+            res = run_sglang_extraction(cfg)
+            res.update(lock.result_fields())
     except (SGLangClientError, ExtractError, StoreError, PatchError) as e:
         raise CommandError(str(e)) from None
     res["changed"] = res["written"] > 0 or bool(res.get("patch", {}).get("changed"))

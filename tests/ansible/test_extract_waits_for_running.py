@@ -1,0 +1,103 @@
+"""Issue #16.2: the extract phase re-run while an interrupted playbook's extraction is still running waits for it
+and plans again, instead of starting a second one.
+
+Real: the phase playbook (playbooks/extract.yml) through ansible-runner on this machine (inventory/local, the
+module, the CLI, the lock); the still-running extraction is a real ``eagle3ops extract`` process (what a Ctrl-C'd
+playbook leaves behind: its async job keeps running). Test-only: faulthook pauses that process at a rename
+(``E3_FAULT=pause:replace:4``) and lets it go on a few seconds after the playbook started, so it is provably
+running while the role plans. Fails on the main of 2026-12-01: the role started a second extraction that
+wrote every row again (no lock, no wait task).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO / "tests" / "hosts"))
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+from runner import run_playbook
+from tinymodels import build_prepared_dataset, build_tiny_target
+
+LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7]
+WAIT_TASK = "Wait for the extraction already running on this data directory (an interrupted playbook's)"
+EXTRACT_TASK = "Extract target hidden states for every prepared row"
+
+
+def test_rerun_waits_for_the_running_extraction_and_does_only_what_is_left(tmp_path):
+    model = build_tiny_target(tmp_path / "model")
+    data = build_prepared_dataset(tmp_path / "data", LENGTHS)
+    go = tmp_path / "go"
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO / "tests" / "reliability" / "faulthook"), os.environ.get("PYTHONPATH")) if p
+        ),
+        "E3_FAULT": "pause:replace:4",
+        "E3_FAULT_GO": str(go),
+    }
+    argv = [str(BIN / "eagle3ops"), "extract", "--data", str(data), "--model", str(model), "--device", "cpu"]
+    running = subprocess.Popen(
+        [*argv, "--writer-threads", "1", "--max-batch-size", "1", "--json", "--no-progress"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 600  # torch + the model load, on a loaded 2-core box
+        while not Path(f"{go}.paused").exists():
+            assert running.poll() is None, running.communicate()
+            assert time.monotonic() < deadline, "the running extraction never reached its pause"
+            time.sleep(0.05)
+        # let it go on once the playbook is under way (the role's plan sees it running, then waits for it)
+        threading.Timer(15, go.touch).start()
+        xv = {
+            "extract_model_path": str(model),
+            "extract_data_dir": str(data),
+            "extract_device": "cpu",
+            "extract_workers": "1",
+            "extract_poll_interval": 1,
+            "extract_executable": str(BIN / "eagle3ops"),
+        }
+        r = run_playbook(
+            REPO / "playbooks" / "extract.yml",
+            REPO / "inventory" / "local",
+            extravars=xv,
+            private_data_dir=tmp_path / "runner",
+        )
+        out, err = running.communicate(timeout=120)
+    finally:
+        go.touch()
+        if running.poll() is None:
+            running.kill()  # our own child
+            running.communicate()
+    assert r.rc == 0, r.summary()
+    assert running.returncode == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["written"] == len(LENGTHS)
+    (plan,) = r.task_results("Work out what is left to extract (reads the manifests only)")
+    assert plan["running"] is True and plan["holder"]["pid"] == running.pid, plan
+    (waited,) = r.task_results(WAIT_TASK)
+    assert not waited.get("skipped") and waited.get("elapsed", 0) >= 1, waited
+    (replan,) = r.task_results("Work out again what is left once that run has ended")
+    assert replan["to_extract"] == 0 and replan["running"] is False, replan
+    (extract,) = r.task_results(EXTRACT_TASK)
+    assert extract.get("skipped"), "a second extraction was started"
+    assert r.stats["localhost"]["changed"] == 0, r.summary()
+    lines = [
+        json.loads(ln)
+        for f in sorted((data / "hidden_states").glob("manifest-rank*.jsonl"))
+        for ln in f.read_text().splitlines()
+        if ln.strip()
+    ]
+    assert sorted(d["i"] for d in lines) == list(range(len(LENGTHS))), "rows written twice"

@@ -1,0 +1,134 @@
+"""eagle3ops.runlock: the one-run-per-directory lock, with real processes and the real kernel flock (no mocks).
+
+The CLI-level proofs (two extracts, prepares, trains; workers dying with their parent) are in
+tests/reliability/test_run_lock.py; these are the module's own rules, in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from eagle3ops.runlock import LockHeld, RunLock, holder, lock_path
+
+HOLD = (
+    "import sys, time\nfrom eagle3ops.runlock import RunLock\n"
+    "with RunLock(sys.argv[1], what='extract'):\n"
+    "    print('held', flush=True)\n    time.sleep(float(sys.argv[2]))\n"
+)
+
+
+def _hold(directory: Path, seconds: float = 60) -> subprocess.Popen:
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(directory), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def _end(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.kill()  # our own child
+    p.wait()
+
+
+def test_a_second_holder_fails_at_once_naming_the_first(tmp_path):
+    d = tmp_path / "data"
+    first = _hold(d)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(LockHeld) as e:
+            RunLock(d, what="prepare").acquire()
+        assert time.monotonic() - t0 < 1.0, "a live holder must fail the second run at once"
+        msg = str(e.value)
+        assert f"{d} is in use by extract PID {first.pid} on " in msg and " since 20" in msg, msg
+        assert "from eagle3ops.runlock import RunLock" in msg  # its command line
+        assert f"kill {first.pid}" in msg and "this prepare did nothing" in msg, msg
+        assert e.value.holder["pid"] == first.pid and e.value.details["running"] is True
+        rec = holder(d)  # check mode's view: no lock taken
+        assert rec["pid"] == first.pid and rec["what"] == "extract"
+        assert lock_path(d) == tmp_path / ".data.lock"
+    finally:
+        _end(first)
+    assert holder(d) is None  # the flock died with its holder
+
+
+def test_a_dead_holders_record_is_taken_over_and_reported(tmp_path, capsys):
+    d = tmp_path / "data"
+    first = _hold(d)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert json.loads(lock_path(d).read_text())["pid"] == first.pid  # a kill -9 leaves its record
+    assert holder(d) is None
+    with RunLock(d, what="extract") as lock:
+        assert lock.stale["pid"] == first.pid
+        assert lock.result_fields()["stale_lock"]["pid"] == first.pid
+        assert json.loads(lock_path(d).read_text())["pid"] == os.getpid()
+    assert f"taking over the stale lock {lock_path(d)} of extract PID {first.pid}" in capsys.readouterr().err
+    assert lock_path(d).read_text() == ""  # a clean release leaves no record
+    with RunLock(d, what="extract") as lock:
+        assert lock.stale is None
+
+
+def test_wait_takes_the_lock_once_the_holder_ends(tmp_path):
+    d = tmp_path / "data"
+    first = _hold(d, seconds=1.5)
+    try:
+        t0 = time.monotonic()
+        with RunLock(d, what="prepare", wait=30) as lock:
+            assert time.monotonic() - t0 >= 0.5 and lock.stale is None  # a clean end: nothing stale
+    finally:
+        _end(first)
+
+
+def test_a_child_works_under_its_parents_lock_and_dies_with_it(tmp_path):
+    """The parent (a python process holding the lock) starts a child with ``child_env()``: the child's RunLock
+    on the same directory is a no-op; SIGKILL of the parent ends the child (PR_SET_PDEATHSIG)."""
+    d = tmp_path / "data"
+    parent_code = (
+        "import os, subprocess, sys, time\nfrom eagle3ops.runlock import RunLock\n"
+        "with RunLock(sys.argv[1], what='extract') as lock:\n"
+        "    env = dict(os.environ, **lock.child_env())\n"
+        "    child = subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[1], str(os.getpid())], env=env)\n"
+        "    print(child.pid, flush=True)\n    time.sleep(60)\n"
+    )
+    child_code = (
+        "import sys, time\nfrom eagle3ops.runlock import RunLock, die_with_parent\n"
+        "die_with_parent(int(sys.argv[2]))\n"
+        "with RunLock(sys.argv[1], what='extract worker') as lock:\n"
+        "    assert lock.inherited\n    open(sys.argv[1] + '.child-ok', 'w').close()\n    time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code, str(d), child_code], stdout=subprocess.PIPE, text=True
+    )
+    child = int(parent.stdout.readline())
+    try:
+        deadline = time.monotonic() + 30
+        while not Path(f"{d}.child-ok").exists():
+            assert time.monotonic() < deadline, "the child never got past its RunLock"
+            time.sleep(0.05)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "the child outlived its parent"
+    finally:
+        _end(parent)
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)  # this test's own child, by PID
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its new parent to reap it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
