@@ -43,7 +43,10 @@ from pathlib import Path
 from eagle3ops import sglang_versions
 
 SGLANG_VERSION = sglang_versions.DEFAULT_VERSION
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: weights always written in DRAFT_DTYPE
+# SGLang serves target and draft in one dtype (serve passes --dtype bfloat16): the draft is written in bf16 whatever
+# speculators saved (float32 from a CPU run), and its config says so
+DRAFT_DTYPE = "bfloat16"
 STAMP = "eagle3ops_convert.json"
 
 # Target architecture -> how its model file's set_eagle3_layers_to_capture reads the ids, per SGLang version
@@ -235,7 +238,7 @@ def sglang_config(cfg: dict, layer_ids_sglang: list[int], sglang_version: str | 
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": False,
-        "torch_dtype": cfg.get("dtype") or tl.get("dtype") or "bfloat16",
+        "torch_dtype": DRAFT_DTYPE,  # the weights are written in it; serve with --dtype bfloat16 (target too)
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": list(layer_ids_sglang),
             "use_aux_hidden_state": True,
@@ -341,6 +344,7 @@ def plan(
         "serve_args": serve_args,
         "stamp": {
             "converter_version": CONVERTER_VERSION,
+            "dtype": DRAFT_DTYPE,
             "sglang_version": version,
             "source": src,
             "sglang_layer_ids": out_ids,
@@ -392,6 +396,8 @@ def convert(
             t = f.get_tensor(src)
             if src == "d2t":
                 t = t.to(torch.int64)
+            elif t.is_floating_point():
+                t = t.to(getattr(torch, DRAFT_DTYPE))
             tensors[dst] = t.contiguous()
     for need in ("fc.weight", "lm_head.weight", "norm.weight", "d2t", "layers.0.hidden_norm.weight"):
         if need not in tensors:

@@ -160,19 +160,25 @@ def test_converted_draft_loads_completely_through_the_real_load_weights(base, ea
     for name, p in params.items():
         if name not in unused:
             assert not torch.isnan(p).any(), f"{name} was not loaded: a converted name was silently ignored"
-    # ... with the right values
-    assert torch.equal(params["lm_head.weight"], src["lm_head.weight"].float())
-    assert torch.equal(params["model.fc.weight"], src["fc.weight"].float())
+    # ... with the right values, written in bf16 (one dtype with the target: serve passes --dtype bfloat16)
+    assert cfg["torch_dtype"] == "bfloat16" and res["stamp"]["dtype"] == "bfloat16"
+    assert {str(t.dtype) for n, t in weights.items() if n != "d2t"} == {"torch.bfloat16"}
+    assert torch.equal(params["lm_head.weight"], src["lm_head.weight"].bfloat16().float())
+    assert torch.equal(params["model.fc.weight"], src["fc.weight"].bfloat16().float())
     qkv = params["model.layers.0.self_attn.qkv_proj.weight"]
-    q, k, v = (src[f"layers.0.self_attn.{n}_proj.weight"].float() for n in "qkv")
-    assert torch.equal(qkv, torch.cat([q, k, v]))
+    q, k, v = (src[f"layers.0.self_attn.{n}_proj.weight"].bfloat16().float() for n in "qkv")
+    assert torch.equal(qkv, torch.cat([q, k, v]))  # q, k, v rounded to bf16 above
     gu = params["model.layers.0.mlp.gate_up_proj.weight"]
     assert torch.equal(
-        gu, torch.cat([src["layers.0.mlp.gate_proj.weight"], src["layers.0.mlp.up_proj.weight"]]).float()
+        gu,
+        torch.cat([src["layers.0.mlp.gate_proj.weight"], src["layers.0.mlp.up_proj.weight"]])
+        .bfloat16()
+        .float(),
     )
     if cfg["num_hidden_layers"] > 1:
         assert torch.equal(
-            params["model.layers.1.hidden_norm.weight"], src["layers.1.input_layernorm.weight"].float()
+            params["model.layers.1.hidden_norm.weight"],
+            src["layers.1.input_layernorm.weight"].bfloat16().float(),
         )
     # d2t becomes the hot token ids: draft id i -> target id i + d2t[i]
     hot = model.hot_token_id
