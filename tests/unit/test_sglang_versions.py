@@ -169,3 +169,41 @@ def test_the_roles_version_variables_equal_the_table():
         spec = yaml.safe_load((REPO / f"roles/{role}/meta/argument_specs.yml").read_text())
         opt = spec["argument_specs"]["main"]["options"][var]
         assert opt["choices"] == list(sglang_versions.KNOWN) and opt["default"] == "0.5.23", role
+
+
+def test_the_role_refuses_an_unknown_version_before_installing(tmp_path):
+    """playbooks/sglang.yml for real (ansible-playbook, connection local): sglang_version 0.5.99 fails the role's
+    argument validation, naming the known versions, and nothing is installed (the venv dir is never made)."""
+    import json
+    import os
+    import subprocess
+
+    bin_ = Path(sys.executable).parent
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(json.dumps({"gpu_hosts": {"hosts": {"localhost": {"ansible_connection": "local"}}}}))
+    venv = tmp_path / "sglang-venv"
+    ev = {
+        "sglang_version": "0.5.99",
+        "sglang_enabled": True,
+        "sglang_venv_dir": str(venv),
+        "ansible_python_interpreter": sys.executable,
+    }
+    r = subprocess.run(
+        [
+            str(bin_ / "ansible-playbook"),
+            "-i",
+            str(inv),
+            str(REPO / "playbooks/sglang.yml"),
+            "-e",
+            json.dumps(ev),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+        timeout=600,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "sglang_version" in out, out[-3000:]
+    assert "0.5.17, 0.5.23" in out and "0.5.99" in out, out[-3000:]
+    assert not venv.exists()
