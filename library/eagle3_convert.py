@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: eagle3_convert
-short_description: Convert a speculators EAGLE-3 draft checkpoint into the layout SGLang 0.5.23 serves
+short_description: Convert a speculators EAGLE-3 draft checkpoint into the layout SGLang serves (0.5.17, 0.5.23)
 description:
   - Writes C(config.json) (C(LlamaForCausalLMEagle3), C(draft_vocab_size), C(eagle_config.eagle_aux_hidden_state_layer_ids)
     in SGLang's convention for the target) and C(model.safetensors) (names SGLang's C(llama_eagle3.py) loads, C(d2t)
@@ -36,6 +36,12 @@ options:
     description: Ids to write as is into C(eagle_config) (targets outside eagle3ops' convention table).
     type: list
     elements: int
+  sglang_version:
+    description:
+      - The SGLang version that serves the draft (its layer-id rules and draft layout); one of the versions in
+        C(eagle3ops.sglang_versions) (0.5.17, 0.5.23); another is refused with that list.
+    type: str
+    default: "0.5.23"
   executable:
     description: The C(eagle3ops) command (default next to the module's Python, then on E(PATH)).
     type: path
@@ -98,12 +104,21 @@ def main():
             "serve_window": {"type": "int"},
             "target_arch": {"type": "str"},
             "sglang_layer_ids": {"type": "list", "elements": "int"},
+            "sglang_version": {"type": "str", "default": "0.5.23"},
             "executable": {"type": "path"},
         },
         supports_check_mode=True,
     )
     p = module.params
-    argv = ["convert", "--checkpoint", p["checkpoint"], "--out", p["out"]]
+    argv = [
+        "convert",
+        "--checkpoint",
+        p["checkpoint"],
+        "--out",
+        p["out"],
+        "--sglang-version",
+        p["sglang_version"],
+    ]
     if p["serve_window"]:
         argv += ["--serve-window", str(p["serve_window"])]
     if p["target_arch"]:

@@ -77,6 +77,12 @@ options:
     description: Restore even when rows failed.
     type: bool
     default: false
+  sglang_version:
+    description:
+      - The server's SGLang version; I(restore_patch) is checked against its capture patch.
+      - One of the versions in C(eagle3ops.sglang_versions) (0.5.17, 0.5.23); another is refused with that list.
+    type: str
+    default: "0.5.23"
   margin:
     description: Free-space margin over the exact need, as a fraction.
     type: float
@@ -202,6 +208,7 @@ def main():
             "health_timeout": {"type": "float", "default": 1800},
             "restore_patch": {"type": "path"},
             "restore_patch_always": {"type": "bool", "default": False},
+            "sglang_version": {"type": "str", "default": "0.5.23"},
             "margin": {"type": "float", "default": 0.05},
             "disk_margin_mib": {"type": "float", "default": 64.0},
             "limit": {"type": "int"},
@@ -234,6 +241,8 @@ def main():
         str(p["margin"]),
         "--disk-margin-mib",
         str(p["disk_margin_mib"]),
+        "--sglang-version",
+        p["sglang_version"],
         "--no-progress",
     ]
     if p["layer_ids"]:

@@ -1,4 +1,6 @@
-"""Convert a speculators 0.9.0 EAGLE-3 checkpoint into the draft layout SGLang 0.5.23 serves.
+"""Convert a speculators 0.9.0 EAGLE-3 checkpoint into the draft layout SGLang serves (0.5.17 and 0.5.23: the
+versions of :mod:`eagle3ops.sglang_versions`; ``llama_eagle3.py``'s config keys, weight loading and the layer-id
+rules are the same in both, each checked against its wheel by tests/unit/test_convert.py).
 
 What SGLang 0.5.23 expects (read from its source, ``sglang/srt/models/llama_eagle3.py`` and the EAGLE3 parts of
 ``speculative/eagle_worker_v2.py``, ``speculative/eagle_utils.py``,
@@ -38,25 +40,27 @@ import shutil
 import tempfile
 from pathlib import Path
 
-SGLANG_VERSION = "0.5.23"
-CONVERTER_VERSION = 1
+from eagle3ops import sglang_versions
+
+SGLANG_VERSION = sglang_versions.DEFAULT_VERSION
+CONVERTER_VERSION = 2  # 2: weights always written in DRAFT_DTYPE
+# SGLang serves target and draft in one dtype (serve passes --dtype bfloat16): the draft is written in bf16 whatever
+# speculators saved (float32 from a CPU run), and its config says so
+DRAFT_DTYPE = "bfloat16"
 STAMP = "eagle3ops_convert.json"
 
-# Target architecture -> how its SGLang 0.5.23 model file's set_eagle3_layers_to_capture reads the ids.
+# Target architecture -> how its model file's set_eagle3_layers_to_capture reads the ids, per SGLang version
+# (sglang_versions.VERSIONS[v].layer_id_rules; checked against each real wheel by tests/unit/test_convert.py).
 #   as_is_unless_first_is_1: layers_to_capture = ids, but [v+1 for v in ids] when ids[0] == 1
 #   plus_one:                layers_to_capture = [v+1 for v in ids]
-# (checked against the real source by tests/unit/test_convert.py)
-LAYER_ID_RULES: dict[str, tuple[str, str]] = {
-    "DeepseekV3ForCausalLM": ("deepseek_v2.py", "as_is_unless_first_is_1"),
-    "DeepseekV2ForCausalLM": ("deepseek_v2.py", "as_is_unless_first_is_1"),
-    "Glm4MoeLiteForCausalLM": ("glm4_moe_lite.py", "as_is_unless_first_is_1"),
-    "LlamaForCausalLM": ("llama.py", "plus_one"),
-    "Qwen2ForCausalLM": ("qwen2.py", "plus_one"),
-    "Qwen3ForCausalLM": ("qwen3.py", "plus_one"),
-    "Glm4MoeForCausalLM": ("glm4_moe.py", "plus_one"),
-}
-# Kimi-K2.5's wrapper delegates to DeepseekV2ForCausalLM's method (kimi_k25.py)
-LAYER_ID_RULES["KimiK25ForConditionalGeneration"] = LAYER_ID_RULES["DeepseekV3ForCausalLM"]
+LAYER_ID_RULES: dict[str, tuple[str, str]] = sglang_versions.get(SGLANG_VERSION).layer_id_rules
+
+
+def _version(sglang_version: str | None) -> sglang_versions.SGLangVersion:
+    try:
+        return sglang_versions.get(sglang_version)
+    except sglang_versions.UnknownVersion as e:
+        raise ConvertError(str(e), sglang_version=sglang_version, known=list(sglang_versions.KNOWN)) from None
 
 
 class ConvertError(Exception):
@@ -100,23 +104,31 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def sglang_layer_ids(layer_ids: list[int], target_arch: str | None, num_target_layers: int | None = None):
-    """eagle3ops' ids (input of layer i) -> the ids to write into eagle_config for SGLang 0.5.23."""
+def sglang_layer_ids(
+    layer_ids: list[int],
+    target_arch: str | None,
+    num_target_layers: int | None = None,
+    sglang_version: str | None = None,
+):
+    """eagle3ops' ids (input of layer i) -> the ids to write into eagle_config for SGLang ``sglang_version``."""
+    ver = _version(sglang_version)
+    sv = ver.version
+    rules = ver.layer_id_rules
     ids = [int(i) for i in layer_ids]
-    if target_arch not in LAYER_ID_RULES:
+    if target_arch not in rules:
         raise ConvertError(
-            f"the target architecture {target_arch!r} is not in eagle3ops' table of SGLang {SGLANG_VERSION} "
-            f"layer-id conventions ({', '.join(sorted(LAYER_ID_RULES))}); read that model's "
+            f"the target architecture {target_arch!r} is not in eagle3ops' table of SGLang {sv} "
+            f"layer-id conventions ({', '.join(sorted(rules))}); read that model's "
             "set_eagle3_layers_to_capture in sglang/srt/models/ and pass the ids SGLang must see with "
             "--sglang-layer-ids.",
             target_arch=target_arch,
         )
-    fname, rule = LAYER_ID_RULES[target_arch]
+    fname, rule = rules[target_arch]
     if rule == "plus_one":
         out = [i - 1 for i in ids]
         if min(out) < 0:
             raise ConvertError(
-                f"layer id 0 (the embeddings) cannot be captured by SGLang {SGLANG_VERSION}'s {fname}, which "
+                f"layer id 0 (the embeddings) cannot be captured by SGLang {sv}'s {fname}, which "
                 f"captures the output of layer id (input of id+1); retrain with ids >= 1 (ids {ids}).",
                 layer_ids=ids,
             )
@@ -124,7 +136,7 @@ def sglang_layer_ids(layer_ids: list[int], target_arch: str | None, num_target_l
         out = list(ids)
         if out and out[0] == 1:
             raise ConvertError(
-                f"SGLang {SGLANG_VERSION}'s {fname} shifts ids that start with 1 by +1, so the draft trained on "
+                f"SGLang {sv}'s {fname} shifts ids that start with 1 by +1, so the draft trained on "
                 f"the input of layers {ids} cannot be served as trained; retrain with a first id != 1.",
                 layer_ids=ids,
             )
@@ -135,8 +147,9 @@ def sglang_layer_ids(layer_ids: list[int], target_arch: str | None, num_target_l
     return out, rule
 
 
-def check_servable(cfg: dict, serve_window: int | None = None) -> dict:
-    """Refuse what SGLang 0.5.23's LlamaForCausalLMEagle3 cannot serve; return serve facts (window)."""
+def check_servable(cfg: dict, serve_window: int | None = None, sglang_version: str | None = None) -> dict:
+    """Refuse what SGLang's LlamaForCausalLMEagle3 cannot serve; return serve facts (window)."""
+    sv = _version(sglang_version).version
     where = cfg.get("_path", "config.json")
     tl = cfg.get("transformer_layer_config") or {}
     problems = []
@@ -196,20 +209,19 @@ def check_servable(cfg: dict, serve_window: int | None = None) -> dict:
         )
     if problems:
         raise ConvertError(
-            f"{where}: SGLang {SGLANG_VERSION} cannot serve this draft as trained:\n- "
-            + "\n- ".join(problems),
+            f"{where}: SGLang {sv} cannot serve this draft as trained:\n- " + "\n- ".join(problems),
             problems=problems,
         )
     return {"window": window}
 
 
-def sglang_config(cfg: dict, layer_ids_sglang: list[int]) -> dict:
-    """The config.json SGLang 0.5.23 loads for LlamaForCausalLMEagle3."""
+def sglang_config(cfg: dict, layer_ids_sglang: list[int], sglang_version: str | None = None) -> dict:
+    """The config.json SGLang loads for LlamaForCausalLMEagle3 (the same keys in 0.5.17 and 0.5.23)."""
     tl = dict(cfg["transformer_layer_config"])
     hidden = int(tl["hidden_size"])
     heads = int(tl["num_attention_heads"])
     out = {
-        "architectures": ["LlamaForCausalLMEagle3"],
+        "architectures": [_version(sglang_version).draft_architecture],
         "model_type": "llama",
         "vocab_size": int(tl["vocab_size"]),
         "draft_vocab_size": int(cfg["draft_vocab_size"]),
@@ -226,7 +238,7 @@ def sglang_config(cfg: dict, layer_ids_sglang: list[int]) -> dict:
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": False,
-        "torch_dtype": cfg.get("dtype") or tl.get("dtype") or "bfloat16",
+        "torch_dtype": DRAFT_DTYPE,  # the weights are written in it; serve with --dtype bfloat16 (target too)
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": list(layer_ids_sglang),
             "use_aux_hidden_state": True,
@@ -285,11 +297,13 @@ def plan(
     serve_window: int | None = None,
     target_arch: str | None = None,
     sglang_ids: list[int] | None = None,
+    sglang_version: str | None = None,
 ) -> dict:
     """Everything convert would write, checked, without writing (what --check reports)."""
+    version = _version(sglang_version).version
     ckpt = resolve_checkpoint(checkpoint)
     cfg = _read_config(ckpt)
-    facts = check_servable(cfg, serve_window)
+    facts = check_servable(cfg, serve_window, version)
     verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
     arch = target_arch or (verifier.get("architectures") or [None])[0]
     ids = cfg.get("eagle_aux_hidden_state_layer_ids")
@@ -304,8 +318,8 @@ def plan(
                 f"--sglang-layer-ids {out_ids} has not the {len(ids)} ids the draft was trained on"
             )
     else:
-        out_ids, rule = sglang_layer_ids(ids, arch)
-    scfg = sglang_config(cfg, out_ids)
+        out_ids, rule = sglang_layer_ids(ids, arch, sglang_version=version)
+    scfg = sglang_config(cfg, out_ids, version)
     src = {
         "config.json": _sha256(ckpt / "config.json"),
         "model.safetensors": _sha256(ckpt / "model.safetensors"),
@@ -330,7 +344,8 @@ def plan(
         "serve_args": serve_args,
         "stamp": {
             "converter_version": CONVERTER_VERSION,
-            "sglang_version": SGLANG_VERSION,
+            "dtype": DRAFT_DTYPE,
+            "sglang_version": version,
             "source": src,
             "sglang_layer_ids": out_ids,
             "draft_window_size": facts["window"],
@@ -346,13 +361,20 @@ def convert(
     target_arch: str | None = None,
     sglang_ids: list[int] | None = None,
     check: bool = False,
+    sglang_version: str | None = None,
 ) -> dict:
     """Write the SGLang draft directory (config.json, model.safetensors, stamp); idempotent, atomic."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    p = plan(checkpoint, serve_window=serve_window, target_arch=target_arch, sglang_ids=sglang_ids)
+    p = plan(
+        checkpoint,
+        serve_window=serve_window,
+        target_arch=target_arch,
+        sglang_ids=sglang_ids,
+        sglang_version=sglang_version,
+    )
     out = Path(out_dir)
     p["out"] = str(out)
     p["serve_args"] = [str(out) if a == "<out>" else a for a in p["serve_args"]]
@@ -374,6 +396,8 @@ def convert(
             t = f.get_tensor(src)
             if src == "d2t":
                 t = t.to(torch.int64)
+            elif t.is_floating_point():
+                t = t.to(getattr(torch, DRAFT_DTYPE))
             tensors[dst] = t.contiguous()
     for need in ("fc.weight", "lm_head.weight", "norm.weight", "d2t", "layers.0.hidden_norm.weight"):
         if need not in tensors:

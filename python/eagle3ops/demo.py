@@ -3,15 +3,18 @@
 Everything is generated locally from a seed (no downloads), deterministically, in a few tens of seconds
 on one CPU core::
 
-    DIR/model/               DeepseekV3ForCausalLM (8 layers, hidden 64, MLA, 4 routed + 1 shared expert,
-                             2 dense first layers), float32 safetensors, plus a byte-level BPE tokenizer
-                             (PreTrainedTokenizerFast, Jinja chat template, role special tokens)
+    DIR/model/               DeepseekV3ForCausalLM (8 layers, hidden 64, MLA with DeepSeek-V3's head dims, 4
+                             routed + 1 shared expert, 2 dense first layers), bf16 safetensors, a config.json
+                             with the fields real DeepSeek-V3/Kimi checkpoints carry (SGLang serves it: see
+                             eagle3ops.tinymodel), plus a byte-level BPE tokenizer (PreTrainedTokenizerFast,
+                             Jinja chat template, role special tokens)
     DIR/conversations.jsonl  synthetic multi-turn conversations, ShareGPT shape (from/value)
     DIR/heldout.jsonl        prompts not in the training conversations (for the benchmark phase)
     DIR/demo.json            parameters, sha256 of every file, training loss
 
 The target is briefly trained on the rendered conversations so that its next-token predictions are
-structured (a draft trained on its hidden states can then be accepted more than once per step).
+structured (a draft trained on its hidden states can then be accepted more than once per step): at compact MLA
+dims (cheap on a CPU core), then widened exactly to the servable dims (:func:`eagle3ops.tinymodel.widen_mla`).
 
 The build happens in a temporary directory beside DIR that is renamed into place at the end, so an
 interrupted build never leaves a partial demo under DIR. Re-running with the same parameters checks the
@@ -30,9 +33,10 @@ import sys
 import time
 from pathlib import Path
 
+from eagle3ops import tinymodel
 from eagle3ops.fsutil import fsync_tree, swap_dir_into_place
 
-DEMO_VERSION = 1
+DEMO_VERSION = 2  # 2: SGLang-servable target (checkpoint config fields, bf16, DeepSeek-V3's MLA dims)
 DEMO_JSON = "demo.json"
 MODEL_DIR = "model"
 CONVERSATIONS = "conversations.jsonl"
@@ -64,30 +68,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
-# model (DeepSeek-V3 shape, scaled down)
-MODEL_CONFIG = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "moe_intermediate_size": 32,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "n_routed_experts": 4,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 2,
-    "n_group": 1,
-    "topk_group": 1,
-    "first_k_dense_replace": 2,
-    "kv_lora_rank": 32,
-    "q_lora_rank": 48,
-    "qk_rope_head_dim": 16,
-    "qk_nope_head_dim": 16,
-    "v_head_dim": 16,
-    "head_dim": 16,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": False,
-    "num_nextn_predict_layers": 0,
-}
+# model (DeepSeek-V3 shape, scaled down; eagle3ops.tinymodel is the one builder): what is saved (servable MLA
+# dims, bf16) and what is trained (compact MLA dims, float32, widened exactly before saving)
+MODEL_CONFIG = tinymodel.model_config(tinymodel.SERVABLE_MLA)
+TRAIN_MLA = tinymodel.COMPACT_MLA
+MODEL_DTYPE = "bfloat16"
 TRAIN_STEPS = 120
 TRAIN_BATCH = 8
 TRAIN_MAX_TOKENS = 384
@@ -374,20 +359,19 @@ def _torch_single_thread():
 def build_model(tokenizer, texts: list[str], out_dir: Path, seed: int, log=None) -> dict:
     """Create the tiny DeepSeek-V3 target, train it briefly on ``texts``, save it. Returns train stats."""
     import torch
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
-    cfg = DeepseekV3Config(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **MODEL_CONFIG,
-    )
     seqs = [tokenizer.encode(t, add_special_tokens=False)[:TRAIN_MAX_TOKENS] for t in texts]
     stats: dict = {}
     with _torch_single_thread():
-        torch.manual_seed(seed)
-        model = DeepseekV3ForCausalLM(cfg)
+        model = tinymodel.build(
+            len(tokenizer),
+            mla=TRAIN_MLA,
+            seed=seed,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR, weight_decay=0.0)
         sched = torch.optim.lr_scheduler.LambdaLR(
@@ -429,8 +413,11 @@ def build_model(tokenizer, texts: list[str], out_dir: Path, seed: int, log=None)
             pad_token_id=tokenizer.pad_token_id,
             do_sample=False,
         )
-        model.save_pretrained(out_dir, safe_serialization=True)
+        stats["trained_mla"] = dict(TRAIN_MLA)
+        model = tinymodel.widen_mla(model, tinymodel.SERVABLE_MLA)
+        tinymodel.save(model, out_dir, dtype=MODEL_DTYPE)
     stats["num_parameters"] = sum(p.numel() for p in model.parameters())
+    stats["dtype"] = MODEL_DTYPE
     return stats
 
 

@@ -65,6 +65,7 @@ class SGLangExtractConfig:
     stop_server: bool = True  # stop ``server_unit`` at the end (only a unit this run started)
     restore_patch: str | None = None  # deepseek_v2.py to restore when every row is done
     restore_patch_always: bool = False  # restore even when rows failed
+    sglang_version: str = "0.5.23"  # the server's SGLang version (the patch restore_patch checks against)
     progress: bool = True
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)  # retry backoff (tests record it)
 
@@ -327,7 +328,7 @@ def run_sglang_extraction(
         if cfg.restore_patch and (result["failed"] == 0 or cfg.restore_patch_always):
             from eagle3ops import sglang_patch
 
-            result["patch"] = sglang_patch.restore(cfg.restore_patch)
+            result["patch"] = sglang_patch.restore(cfg.restore_patch, cfg.sglang_version)
     result["seconds"] = round(time.perf_counter() - t_start, 3)
     if result["tokens"] and result["seconds"]:
         result["tokens_per_second"] = round(result["tokens"] / result["seconds"], 1)
@@ -393,8 +394,13 @@ def server_args(
     host: str = "127.0.0.1",
     port: int = 30000,
     extra: list[str] | None = None,
+    sglang_version: str | None = None,
 ) -> list[str]:
-    """The SGLang 0.5.23 flags a dump server needs (see docs/sglang.md for why each one)."""
+    """The flags a dump server of SGLang ``sglang_version`` needs (see docs/sglang.md for why each one).
+
+    The aux-capture flags depend on the version (:func:`eagle3ops.sglang_versions.dump_capture_args`)."""
+    from eagle3ops.sglang_versions import dump_capture_args
+
     return [
         "--model-path",
         str(model_path),
@@ -408,10 +414,6 @@ def server_args(
         "--chunked-prefill-size",
         "-1",
         "--disable-prefill-cuda-graph",
-        "--enable-return-aux-hidden-states",
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--return-aux-hidden-state-layer-ids",
-        *[str(i) for i in layer_ids],
+        *dump_capture_args(sglang_version, layer_ids),
         *(extra or []),
     ]

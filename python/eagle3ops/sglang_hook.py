@@ -1,11 +1,17 @@
 """The in-server side of the SGLang extraction backend (called by the capture patch, see sglang_patch.py).
 
-Inside the patched ``deepseek_v2.py`` (SGLang 0.5.23) two calls reach this module on every forward:
+Inside the patched ``deepseek_v2.py`` two calls reach this module on every forward:
 
-1. ``DeepseekV2Model.forward`` passes ``capture=hook.capture_last(forward_batch)`` to the final norm: SGLang calls
-   it with the updated residual, i.e. the **pre-norm** output of the last decoder layer (borrowed storage).
+1. ``DeepseekV2Model.forward``: the final norm gets the callback ``hook.capture_last(forward_batch)`` and calls it
+   with the updated residual, i.e. the **pre-norm** output of the last decoder layer (borrowed storage). SGLang
+   0.5.23 passes it as the final norm's ``capture=``; 0.5.17 has no such argument, so its patch calls it with the
+   residual its ``self.norm(hidden_states, residual)`` returns (the same tensor).
 2. ``DeepseekV2ForCausalLM.forward`` calls ``hook.on_forward(model, forward_batch, aux_hidden_states)`` with the
    aux states SGLang packed for EAGLE-3 (``[tokens, K*H]``, layers in ascending order, input-of-layer ids).
+
+SGLang 0.5.17 has no flag that captures aux states without a draft, so its patch also calls
+``hook.enable_capture(model)`` from ``DeepseekV2ForCausalLM.__init__`` (what 0.5.23's
+``--enable-return-aux-hidden-states`` does, with the ids taken as given: no +1 shift).
 
 For a batch carrying our requests (``rid`` = ``e3o-<row index>-<seq_len>[-<attempt>]``, see :func:`make_rid`)
 the hook packs ``[tokens, K+1, H]`` on the device in the store dtype, copies it GPU→CPU asynchronously on a side
@@ -29,7 +35,8 @@ Server flags it needs, and why (docs/sglang.md): ``--disable-radix-cache`` (a ca
 so its states would be missing: a first chunk with a prefix is refused), chunked prefill off
 (``--chunked-prefill-size -1``) or chunks stitched here, ``--disable-prefill-cuda-graph`` (a captured graph
 would replay without calling Python), only TP rank 0 writes, ``max_new_tokens=1``, no DP attention,
-``--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids ...``.
+``--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids ...``
+(0.5.23; 0.5.17 needs none of the three: :mod:`eagle3ops.sglang_versions`).
 """
 
 from __future__ import annotations
@@ -310,6 +317,24 @@ class DumpHook:
 
         return capture
 
+    def enable_capture(self, model) -> None:
+        """Turn SGLang's aux-state capture on for :attr:`layer_ids` (0.5.17 patch, ``DeepseekV2ForCausalLM.__init__``).
+
+        The same two attributes ``set_eagle3_layers_to_capture`` sets, but the ids as given (input of layer i, no
+        +1 shift). Refuses ids past the model's layers, so the server fails at start, not at the first row.
+        """
+        pp = getattr(model, "pp_group", None)
+        if pp is not None and not getattr(pp, "is_last_rank", True):
+            return  # only the last pipeline rank captures (the dump needs pp_size 1 anyway: on_forward says so)
+        n_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+        if n_layers is not None and max(self.layer_ids) >= int(n_layers):
+            raise HookError(
+                f"{ENV_LAYER_IDS}={self.layer_ids} reaches past the model's {n_layers} layers; set ids below "
+                f"{n_layers} (input-of-layer convention, the store's extract_meta.json layer_ids)"
+            )
+        model.capture_aux_hidden_states = True
+        model.model.layers_to_capture = list(self.layer_ids)
+
     def on_forward(self, model, forward_batch, aux_hidden_states) -> None:
         """After the model forward: pack aux + last, start the async copy, queue the write."""
         if not _is_prefill(forward_batch) or not self._ours(forward_batch) or not self._writes():
@@ -379,13 +404,15 @@ class DumpHook:
             raise HookError(
                 "SGLang returned no aux hidden states: start the server with "
                 "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 "
-                f"--return-aux-hidden-state-layer-ids {' '.join(map(str, self.layer_ids))}"
+                f"--return-aux-hidden-state-layer-ids {' '.join(map(str, self.layer_ids))} (SGLang 0.5.23); "
+                "on 0.5.17 the capture patch turns the capture on itself: check it is complete "
+                "(eagle3ops sglang-patch status --sglang-version 0.5.17)"
             )
         if captured and captured != self.layer_ids:
             raise HookError(
                 f"SGLang captures layers {captured} but the dump needs {self.layer_ids} (input-of-layer). SGLang "
-                "0.5.23 adds 1 to every id when the first is 1 (set_eagle3_layers_to_capture); pass ids that do "
-                "not start at 1, or fix --return-aux-hidden-state-layer-ids"
+                "adds 1 to every id when the first is 1 (set_eagle3_layers_to_capture); pass ids that do not "
+                "start at 1, fix --return-aux-hidden-state-layer-ids (0.5.23), or do not load a draft (0.5.17)"
             )
         self._checked_model = True
 

@@ -11,8 +11,9 @@ Lifecycle, all byte-exact and refusing anything it was not written for:
 
 A file whose sha256 is neither the pristine one nor the patched one is refused with a message naming the file,
 the found and expected sha256 and what to do. The patch itself (the hunks) is the table below, one entry per
-SGLang version it was written for. Kimi-K2.5's wrapper (``kimi_k25.py``) delegates to this model class, so the
-same patch covers DeepSeek-V3/R1 and Kimi-K2/K2.5.
+SGLang version it was written for (what else differs per version: :mod:`eagle3ops.sglang_versions`).
+Kimi-K2.5's wrapper (``kimi_k25.py``) delegates to this model class, so the same patch covers DeepSeek-V3/R1
+and Kimi-K2/K2.5.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from eagle3ops import sglang_versions as _versions
 
 TARGET_RELPATH = "sglang/srt/models/deepseek_v2.py"
 BACKUP_SUFFIX = ".eagle3ops-pristine"
@@ -67,6 +70,59 @@ _HUNKS_0_5_23 = (
     ),
 )
 
+# SGLang 0.5.17: no residual_batch.final_norm (so no capture= callback) and no capture-only flag
+# (--enable-return-aux-hidden-states came later): the patch enables the aux capture itself (hook.enable_capture,
+# from EAGLE3OPS_SGLANG_LAYER_IDS) and hands the final norm's updated residual (the pre-norm last state) to the
+# same capture callback.
+_HUNKS_0_5_17 = (
+    (
+        "module scope, after the imports (line 244)",
+        "logger = logging.getLogger(__name__)\n",
+        "logger = logging.getLogger(__name__)\n"
+        "\n"
+        "# eagle3ops capture patch (sglang 0.5.17): hidden-state dump for EAGLE-3 training.\n"
+        "# All logic lives in eagle3ops.sglang_hook; _eagle3ops_hook is None unless\n"
+        "# EAGLE3OPS_SGLANG_DUMP_DIR is set. Remove with: eagle3ops sglang-patch restore\n"
+        "from eagle3ops.sglang_hook import active_hook as _eagle3ops_active_hook  # eagle3ops\n"
+        "\n"
+        "_eagle3ops_hook = _eagle3ops_active_hook()  # eagle3ops\n",
+    ),
+    (
+        "DeepseekV2Model.forward, final norm (line 2875): capture the pre-norm last state",
+        "            if not forward_batch.forward_mode.is_idle():\n"
+        "                if residual is None:\n"
+        "                    hidden_states = self.norm(hidden_states)\n"
+        "                else:\n"
+        "                    hidden_states, _ = self.norm(hidden_states, residual)\n",
+        "            if not forward_batch.forward_mode.is_idle():\n"
+        "                _eagle3ops_capture = _eagle3ops_hook.capture_last(forward_batch) if _eagle3ops_hook else None  # eagle3ops\n"
+        "                if residual is None:\n"
+        "                    if _eagle3ops_capture is not None:  # eagle3ops\n"
+        "                        _eagle3ops_capture(hidden_states)  # eagle3ops\n"
+        "                    hidden_states = self.norm(hidden_states)\n"
+        "                else:\n"
+        "                    hidden_states, _ = self.norm(hidden_states, residual)\n"
+        "                    if _eagle3ops_capture is not None:  # eagle3ops: _ is the updated residual (pre-norm)\n"
+        "                        _eagle3ops_capture(_)  # eagle3ops\n",
+    ),
+    (
+        "DeepseekV2ForCausalLM.__init__ (line 2955): turn the aux capture on for the dump (no draft needed)",
+        "        self.capture_aux_hidden_states = False\n",
+        "        self.capture_aux_hidden_states = False\n"
+        "        if _eagle3ops_hook is not None:  # eagle3ops\n"
+        "            _eagle3ops_hook.enable_capture(self)  # eagle3ops\n",
+    ),
+    (
+        "DeepseekV2ForCausalLM.forward, after the aux states are unpacked (line 3095)",
+        "        if self.capture_aux_hidden_states:\n"
+        "            hidden_states, aux_hidden_states = hidden_states\n",
+        "        if self.capture_aux_hidden_states:\n"
+        "            hidden_states, aux_hidden_states = hidden_states\n"
+        "        if _eagle3ops_hook is not None:  # eagle3ops\n"
+        "            _eagle3ops_hook.on_forward(self, forward_batch, aux_hidden_states)  # eagle3ops\n",
+    ),
+)
+
 
 @dataclass(frozen=True)
 class PatchSpec:
@@ -77,6 +133,12 @@ class PatchSpec:
 
 
 SPECS = {
+    "0.5.17": PatchSpec(
+        sglang_version="0.5.17",
+        pristine_sha256="e73c033416e8746bb435dd4e7d39ead521039c511182b5f8b536a40a3308d08a",
+        patched_sha256="5882916012b84618fd75bd36dd1063715b5b7d339104ed504f04fb27fb2c9b12",
+        hunks=_HUNKS_0_5_17,
+    ),
     "0.5.23": PatchSpec(
         sglang_version="0.5.23",
         pristine_sha256="f61f93019bf1e7680f45a1fe227244433e1b22021cb955e53d25b9cf900473f9",
@@ -84,7 +146,7 @@ SPECS = {
         hunks=_HUNKS_0_5_23,
     ),
 }
-DEFAULT_VERSION = "0.5.23"
+DEFAULT_VERSION = _versions.DEFAULT_VERSION
 
 
 class PatchError(RuntimeError):
@@ -108,8 +170,7 @@ def _spec(version: str) -> PatchSpec:
         return SPECS[version]
     except KeyError:
         raise PatchError(
-            f"no eagle3ops capture patch for sglang {version}; patches exist for {sorted(SPECS)}. "
-            f"Install one of those (role variable sglang_version) or write a patch entry in {__file__}."
+            _versions.unknown_message(version), sglang_version=version, known=list(_versions.KNOWN)
         ) from None
 
 

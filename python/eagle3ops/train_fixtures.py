@@ -28,44 +28,26 @@ def make_tiny_verifier(
     vocab_size: int = 512,
     seed: int = 0,
 ) -> Path:
-    """Save a random-init tiny DeepseekV3ForCausalLM (MLA + 4 routed experts) to ``out_dir``."""
-    import torch
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    """Save a random-init tiny DeepseekV3ForCausalLM (MLA + 4 routed experts) to ``out_dir`` (float32; built by
+    :mod:`eagle3ops.tinymodel`, compact MLA dims: only the trainer's inputs matter here, not SGLang)."""
+    from eagle3ops import tinymodel
 
-    out = Path(out_dir)
-    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
-        return out
-    torch.manual_seed(seed)
-    cfg = DeepseekV3Config(
+    return tinymodel.make_tiny_target(
+        out_dir,
         vocab_size=vocab_size,
+        mla={"kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16},
+        dtype="float32",
+        seed=seed,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         moe_intermediate_size=hidden_size,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
-        n_shared_experts=1,
         first_k_dense_replace=1,
         q_lora_rank=32,
-        kv_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=16,
-        head_dim=8,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
     )
-    model = DeepseekV3ForCausalLM(cfg).eval()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    return out
 
 
 def make_data_dir(

@@ -262,6 +262,7 @@ def test_serve_unit_renders_valid_sglang_flags(tmp_path):
         "--tp-size 8",
         "--port 30000",
         "--mem-fraction-static 0.85",
+        "--dtype bfloat16",  # one dtype for target and draft (the converter writes the draft in bf16)
     ):
         assert flag in joined, flag
     fields = "\n".join(
@@ -276,6 +277,7 @@ def test_serve_unit_renders_valid_sglang_flags(tmp_path):
         assert m and "no_cli=True" not in m.group(0), f"{flag}: not a CLI field of sglang 0.5.23's ServerArgs"
     base = _render(tpl, **_serve_vars(serve_unit_speculative=False, serve_unit_port=30002))
     assert "--speculative" not in base and "--port 30002" in base and "--model-path /data/models/K" in base
+    assert "--dtype bfloat16" in base
     if shutil.which("systemd-analyze"):
         p = tmp_path / "eagle3ops-sglang-serve.service"
         p.write_text(unit.replace("/opt/sgl/bin/python", shutil.which("true")))

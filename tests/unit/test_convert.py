@@ -1,5 +1,5 @@
-"""The converter's output checked against the REAL SGLang 0.5.23 source (read from the wheel, never imported:
-its runtime needs CUDA kernels).
+"""The converter's output checked against the REAL SGLang source of every version eagle3ops knows (0.5.17, 0.5.23;
+read from each wheel, never imported: its runtime needs CUDA kernels).
 
 - ``LlamaForCausalLMEagle3.load_weights`` is taken from ``sglang/srt/models/llama_eagle3.py`` with ``ast`` and
   executed as is on the converted weights. STAND-IN: the module it loads into. Its parameter names and shapes
@@ -19,7 +19,6 @@ import json
 import re
 import sys
 import typing
-import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,20 +31,20 @@ from eagle3ops import convert as cv
 from eagle3ops.train_fixtures import make_tiny_verifier
 
 
-def _sglang_source(member: str) -> str:
-    from sglang_standin import _find_wheel, pristine_deepseek_v2
+def _sglang_source(member: str, version: str = "0.5.23") -> str:
+    from sglang_standin import sglang_source
 
-    whl = _find_wheel()
-    if whl is None:
-        pristine_deepseek_v2()  # downloads the wheel when no copy is cached
-        whl = _find_wheel()
-    with zipfile.ZipFile(whl) as z:
-        return z.read(member).decode()
+    return sglang_source(member, version)
+
+
+@pytest.fixture(scope="module", params=["0.5.17", "0.5.23"])
+def sglang_version(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def eagle3_src():
-    return _sglang_source("sglang/srt/models/llama_eagle3.py")
+def eagle3_src(sglang_version):
+    return _sglang_source("sglang/srt/models/llama_eagle3.py", sglang_version)
 
 
 @pytest.fixture(scope="module")
@@ -125,9 +124,9 @@ def sglang_params(cfg: dict) -> dict:
     return params
 
 
-def test_the_stand_in_module_tree_uses_the_sources_names(eagle3_src):
+def test_the_stand_in_module_tree_uses_the_sources_names(eagle3_src, sglang_version):
     """Each attribute the stand-in's parameter names use is one the real source defines."""
-    llama = _sglang_source("sglang/srt/models/llama.py")
+    llama = _sglang_source("sglang/srt/models/llama.py", sglang_version)
     for attr in ("embed_tokens", "fc", "layers", "norm", "input_norm", "hidden_norm", "lm_head"):
         assert re.search(rf"self\.{attr} = ", eagle3_src), attr
     assert "self.self_attn.qkv_proj = QKVParallelLinear(" in eagle3_src
@@ -161,19 +160,25 @@ def test_converted_draft_loads_completely_through_the_real_load_weights(base, ea
     for name, p in params.items():
         if name not in unused:
             assert not torch.isnan(p).any(), f"{name} was not loaded: a converted name was silently ignored"
-    # ... with the right values
-    assert torch.equal(params["lm_head.weight"], src["lm_head.weight"].float())
-    assert torch.equal(params["model.fc.weight"], src["fc.weight"].float())
+    # ... with the right values, written in bf16 (one dtype with the target: serve passes --dtype bfloat16)
+    assert cfg["torch_dtype"] == "bfloat16" and res["stamp"]["dtype"] == "bfloat16"
+    assert {str(t.dtype) for n, t in weights.items() if n != "d2t"} == {"torch.bfloat16"}
+    assert torch.equal(params["lm_head.weight"], src["lm_head.weight"].bfloat16().float())
+    assert torch.equal(params["model.fc.weight"], src["fc.weight"].bfloat16().float())
     qkv = params["model.layers.0.self_attn.qkv_proj.weight"]
-    q, k, v = (src[f"layers.0.self_attn.{n}_proj.weight"].float() for n in "qkv")
-    assert torch.equal(qkv, torch.cat([q, k, v]))
+    q, k, v = (src[f"layers.0.self_attn.{n}_proj.weight"].bfloat16().float() for n in "qkv")
+    assert torch.equal(qkv, torch.cat([q, k, v]))  # q, k, v rounded to bf16 above
     gu = params["model.layers.0.mlp.gate_up_proj.weight"]
     assert torch.equal(
-        gu, torch.cat([src["layers.0.mlp.gate_proj.weight"], src["layers.0.mlp.up_proj.weight"]]).float()
+        gu,
+        torch.cat([src["layers.0.mlp.gate_proj.weight"], src["layers.0.mlp.up_proj.weight"]])
+        .bfloat16()
+        .float(),
     )
     if cfg["num_hidden_layers"] > 1:
         assert torch.equal(
-            params["model.layers.1.hidden_norm.weight"], src["layers.1.input_layernorm.weight"].float()
+            params["model.layers.1.hidden_norm.weight"],
+            src["layers.1.input_layernorm.weight"].bfloat16().float(),
         )
     # d2t becomes the hot token ids: draft id i -> target id i + d2t[i]
     hot = model.hot_token_id
@@ -183,8 +188,9 @@ def test_converted_draft_loads_completely_through_the_real_load_weights(base, ea
     assert not any(n.startswith("verifier_") for n in weights)
 
 
-def test_config_has_what_sglang_reads(base, eagle3_src, tmp_path):
-    res = cv.convert(base["ckpt1"], tmp_path / "draft")
+def test_config_has_what_sglang_reads(base, eagle3_src, tmp_path, sglang_version):
+    res = cv.convert(base["ckpt1"], tmp_path / "draft", sglang_version=sglang_version)
+    assert res["stamp"]["sglang_version"] == sglang_version
     cfg = res["config"]
     entry = re.search(r"^EntryClass = \[(.*)\]", eagle3_src, re.M).group(1)
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and "LlamaForCausalLMEagle3" in entry
@@ -197,8 +203,10 @@ def test_config_has_what_sglang_reads(base, eagle3_src, tmp_path):
     assert "self.config.tie_word_embeddings" in eagle3_src and cfg["tie_word_embeddings"] is False
     assert cfg["vocab_size"] == 512 and cfg["model_type"] == "llama"
     # the worker reads the ids from eagle_config too (which layers the target captures)
-    aux = _sglang_source("sglang/srt/model_executor/model_runner_components/spec_aux_hidden_state.py")
-    assert 'eagle_config[\n                "eagle_aux_hidden_state_layer_ids"\n            ]' in aux
+    aux = _sglang_source(
+        "sglang/srt/model_executor/model_runner_components/spec_aux_hidden_state.py", sglang_version
+    )
+    assert re.search(r'eagle_config\[\s*"eagle_aux_hidden_state_layer_ids"\s*\]', aux)
 
 
 def _rule_in_source(src: str, cls_name: str) -> str:
@@ -216,15 +224,17 @@ def _rule_in_source(src: str, cls_name: str) -> str:
     return "missing"
 
 
-def test_layer_id_rules_match_the_real_model_files():
-    """eagle3ops' table of SGLang's layer-id conventions is what each 0.5.23 model file does."""
+def test_layer_id_rules_match_the_real_model_files(sglang_version):
+    """eagle3ops' table of SGLang's layer-id conventions is what each model file of that version does."""
+    from eagle3ops import sglang_versions
+
     checked = 0
-    for arch, (fname, rule) in cv.LAYER_ID_RULES.items():
+    for arch, (fname, rule) in sglang_versions.get(sglang_version).layer_id_rules.items():
         if arch == "KimiK25ForConditionalGeneration":
-            src = _sglang_source("sglang/srt/models/kimi_k25.py")
+            src = _sglang_source("sglang/srt/models/kimi_k25.py", sglang_version)
             assert "DeepseekV3ForCausalLM" in src  # the wrapper holds the DeepSeek language model
             continue
-        src = _sglang_source(f"sglang/srt/models/{fname}")
+        src = _sglang_source(f"sglang/srt/models/{fname}", sglang_version)
         # DeepseekV3ForCausalLM subclasses DeepseekV2ForCausalLM without overriding the method
         cls = "DeepseekV2ForCausalLM" if arch == "DeepseekV3ForCausalLM" else arch
         assert re.search(rf"^class {arch}\(", src, re.M), f"{arch} not in {fname}"
@@ -242,6 +252,9 @@ def test_layer_ids_per_target_convention():
         cv.sglang_layer_ids([0, 4, 5], "Qwen3ForCausalLM")
     with pytest.raises(cv.ConvertError, match="--sglang-layer-ids"):
         cv.sglang_layer_ids([2, 4, 5], "MysteryForCausalLM")
+    assert cv.sglang_layer_ids([2, 4, 5], "DeepseekV3ForCausalLM", sglang_version="0.5.17")[0] == [2, 4, 5]
+    with pytest.raises(cv.ConvertError, match=r"known versions: 0\.5\.17, 0\.5\.23"):
+        cv.sglang_layer_ids([2, 4, 5], "DeepseekV3ForCausalLM", sglang_version="0.6.0")
 
 
 def test_unservable_checkpoints_are_refused_with_what_to_do(base, tmp_path):

@@ -4,33 +4,23 @@ from __future__ import annotations
 
 
 def build_tiny_target(path, *, num_layers: int = 8, vocab: int = 300, seed: int = 0):
-    """A random-init DeepseekV3ForCausalLM small enough for CPU tests (MLA + 4 routed experts)."""
-    import torch
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    """A random-init DeepseekV3ForCausalLM small enough for CPU tests (MLA + 4 routed experts), float32, built by
+    the one builder (eagle3ops.tinymodel) at compact MLA dims (the demo's servable dims cost more CPU per test)."""
+    from eagle3ops import tinymodel
 
-    torch.manual_seed(seed)
-    cfg = DeepseekV3Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        n_routed_experts=4,
-        n_shared_experts=1,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=1,
-        q_lora_rank=None,
-        kv_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=16,
-        max_position_embeddings=1024,
+    tinymodel.save(
+        tinymodel.build(
+            vocab,
+            mla={"kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16},
+            seed=seed,
+            num_hidden_layers=num_layers,
+            first_k_dense_replace=1,
+            q_lora_rank=None,
+            max_position_embeddings=1024,
+        ),
+        path,
+        dtype="float32",
     )
-    DeepseekV3ForCausalLM(cfg).save_pretrained(str(path))
     return path
 
 

@@ -1,16 +1,17 @@
-"""``eagle3ops convert``: a speculators EAGLE-3 checkpoint -> the draft directory SGLang 0.5.23 serves."""
+"""``eagle3ops convert``: a speculators EAGLE-3 checkpoint -> the draft directory SGLang serves."""
 
 from __future__ import annotations
 
 import sys
 
 from eagle3ops.cli import CommandError, add_json_flag, emit
+from eagle3ops.sglang_versions import DEFAULT_VERSION, KNOWN
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "convert",
-        help="convert a speculators eagle3 checkpoint for SGLang 0.5.23 (LlamaForCausalLMEagle3)",
+        help="convert a speculators eagle3 checkpoint for SGLang (LlamaForCausalLMEagle3)",
         description="Refuses drafts SGLang cannot serve as trained (norm_before_residual, a sliding window "
         "the server would not match, trained embeddings...). Idempotent: an up-to-date output is left alone.",
     )
@@ -32,6 +33,11 @@ def register(sub) -> None:
         nargs="+",
         help="write these ids into eagle_config as is (for a target outside eagle3ops' convention table)",
     )
+    p.add_argument(
+        "--sglang-version",
+        default=DEFAULT_VERSION,
+        help=f"the SGLang version that serves the draft, one of {', '.join(KNOWN)} (default {DEFAULT_VERSION})",
+    )
     p.add_argument("--check", action="store_true", help="check and predict; write nothing")
     add_json_flag(p)
     p.set_defaults(func=cmd_convert)
@@ -48,9 +54,10 @@ def cmd_convert(args) -> int:
             target_arch=args.target_arch,
             sglang_ids=args.sglang_layer_ids,
             check=args.check,
+            sglang_version=args.sglang_version,
         )
     except cv.ConvertError as e:
-        if args.check and e.details.get("missing"):
+        if args.check and e.details.get("missing") and args.sglang_version in KNOWN:
             # check mode before training wrote a checkpoint (e.g. a first --check run of the whole pipeline)
             res = {
                 "changed": True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from eagle3ops.cli import CommandError, emit
+from eagle3ops.sglang_versions import DEFAULT_VERSION, KNOWN, UnknownVersion, get
 
 
 def register(sub) -> None:
@@ -16,7 +17,11 @@ def register(sub) -> None:
         "--python", help="the SGLang venv's python (the file is found without importing sglang)"
     )
     where.add_argument("--site-packages", help="a directory holding sglang/")
-    p.add_argument("--sglang-version", default="0.5.23", help="the SGLang version the patch is for")
+    p.add_argument(
+        "--sglang-version",
+        default=DEFAULT_VERSION,
+        help=f"the installed SGLang version, one of {', '.join(KNOWN)} (default {DEFAULT_VERSION})",
+    )
     p.add_argument("--check", action="store_true", help="only report what would change")
     p.add_argument("--diff", action="store_true", help="include the unified diff of the change")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
@@ -52,6 +57,11 @@ def register(sub) -> None:
         help="deepseek_v2.py to restore byte-exact when every row is done",
     )
     e.add_argument("--restore-patch-always", action="store_true", help="restore even when rows failed")
+    e.add_argument(
+        "--sglang-version",
+        default=DEFAULT_VERSION,
+        help=f"the server's SGLang version (the patch --restore-patch checks), one of {', '.join(KNOWN)}",
+    )
     e.add_argument("--margin", type=float, default=0.05)
     e.add_argument(
         "--disk-margin-mib", type=float, default=64.0, help="free space kept on top of the need, in MiB"
@@ -64,9 +74,17 @@ def register(sub) -> None:
     e.set_defaults(func=cmd_extract)
 
 
+def _check_version(version: str) -> None:
+    try:
+        get(version)
+    except UnknownVersion as e:
+        raise CommandError(str(e), sglang_version=version, known=list(KNOWN)) from None
+
+
 def cmd_patch(args) -> int:
     from eagle3ops import sglang_patch as sp
 
+    _check_version(args.sglang_version)
     try:
         path = args.file or sp.locate(python=args.python, site_packages=args.site_packages)
         if args.action == "status":
@@ -93,6 +111,7 @@ def cmd_extract(args) -> int:
     from eagle3ops.sglang_patch import PatchError
     from eagle3ops.store import StoreError
 
+    _check_version(args.sglang_version)
     cfg = SGLangExtractConfig(
         data_dir=args.data,
         model_path=args.model,
@@ -114,6 +133,7 @@ def cmd_extract(args) -> int:
         stop_server=not args.keep_server,
         restore_patch=args.restore_patch,
         restore_patch_always=args.restore_patch_always,
+        sglang_version=args.sglang_version,
         progress=not args.no_progress,
     )
     try:
