@@ -882,8 +882,8 @@ def regenerate(cfg: RegenerateConfig) -> dict:
     base = {
         "out": str(out),
         "failures_file": str(failures_path),
-        "input": scan.n_input,
-        "input_total": scan.n_total,
+        "num_input": scan.n_input,
+        "num_input_total": scan.n_total,
         "fingerprint": fingerprint,
         "backend": cfg.backend,
     }
@@ -913,7 +913,7 @@ def regenerate(cfg: RegenerateConfig) -> dict:
             "done": len(scan.items) - len(left),
             "left": len(left),
             "turns_left": sum(it.turns for it in left),
-            "skipped": len(skipped),
+            "num_skipped": len(skipped),
             "discards": len(done.entries) if discard else 0,
             "failures": skipped,
         }
@@ -1012,7 +1012,7 @@ def regenerate(cfg: RegenerateConfig) -> dict:
             _atomic_write(meta_path, [(json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()])
             stats["changed"] = True
         log(
-            f"regenerate: {out}: {acct['written']} written, {acct['failed']} failed, {acct['skipped']} skipped "
+            f"regenerate: {out}: {acct['num_written']} written, {acct['num_failed']} failed, {acct['num_skipped']} skipped "
             f"of {scan.n_input}; {run['tokens']} tokens in {run['seconds']} s ({stats['tok_per_s']} tok/s)"
         )
         return {**base, **acct, **stats}
@@ -1138,7 +1138,7 @@ def _loc_key(loc: str):
 
 def _accounting(written: int, failed: int, skipped: list[dict], failed_list: list[dict]) -> dict:
     failures = sorted(skipped + failed_list, key=lambda f: _loc_key(f["loc"]))
-    return {"written": written, "failed": failed, "skipped": len(skipped), "failures": failures}
+    return {"num_written": written, "num_failed": failed, "num_skipped": len(skipped), "failures": failures}
 
 
 def _bad_rows(skipped: list[dict], base: dict) -> RegenerateError:
@@ -1148,9 +1148,9 @@ def _bad_rows(skipped: list[dict], base: dict) -> RegenerateError:
         f"{len(skipped)} input row(s) cannot be regenerated; nothing was generated. Fix them, or pass "
         f"--on-error skip to leave them out:\n  {shown}{more}",
         **base,
-        written=0,
-        failed=0,
-        skipped=len(skipped),
+        num_written=0,
+        num_failed=0,
+        num_skipped=len(skipped),
         failures=skipped,
     )
 

@@ -123,13 +123,13 @@ def run(args) -> int:
     if args.plan:
         human = (
             f"regenerate: {r['out']} {'would change' if r['changed'] else 'is up to date'}: {r['left']} of "
-            f"{r['selected']} conversations left ({r['turns_left']} answers), {r['skipped']} rows skipped"
+            f"{r['selected']} conversations left ({r['turns_left']} answers), {r['num_skipped']} rows skipped"
         )
     else:
         state = "written" if r["changed"] else "up to date"
         human = (
-            f"regenerate: {r['out']} {state}: {r['written']} written, {r['failed']} failed, {r['skipped']} skipped "
-            f"of {r['input']} rows; {r['output_tokens']} tokens in {r['wall_seconds']} s ({r['tok_per_s']} tok/s)"
+            f"regenerate: {r['out']} {state}: {r['num_written']} written, {r['num_failed']} failed, "
+            f"{r['num_skipped']} skipped of {r['num_input']} rows; {r['output_tokens']} tokens in {r['wall_seconds']} s ({r['tok_per_s']} tok/s)"
         )
         if r["failures"]:
             human += f"\n  not in the output (also in {r['failures_file']}):\n    " + "\n    ".join(
