@@ -122,6 +122,10 @@ options:
     type: str
     choices: [auto, float32, bfloat16, float16]
     default: auto
+  threads:
+    description: C(transformers) on the CPU - torch's intra-op threads (C(0) - torch's default; C(1) is fastest for tiny models on a shared box).
+    type: int
+    default: 0
   trust_remote_code:
     description: Let the model run its own code. Only for trusted model directories.
     type: bool
@@ -238,6 +242,7 @@ def main():
                 "choices": ["auto", "float32", "bfloat16", "float16"],
                 "default": "auto",
             },
+            "threads": {"type": "int", "default": 0},
             "trust_remote_code": {"type": "bool", "default": False},
             "executable": {"type": "path"},
         },
@@ -266,6 +271,7 @@ def main():
         "on_error",
         "device",
         "dtype",
+        "threads",
     ):
         argv += ["--" + opt.replace("_", "-"), str(p[opt])]
     if p["served_model_name"]:

@@ -114,6 +114,9 @@ class RegenerateConfig:
     plan: bool = False
     device: str = "auto"  # transformers: auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # transformers: auto | float32 | bfloat16 | float16
+    threads: int = (
+        0  # transformers: torch intra-op threads (0: torch's default; 1 is fastest for tiny models)
+    )
     trust_remote_code: bool = False
     progress: bool = False
     log: Callable[[str], None] | None = field(default=None, repr=False)
@@ -541,6 +544,8 @@ class TransformersBackend:
         from eagle3ops.prepare import load_tokenizer
 
         self.cfg = cfg
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
         try:
             self.tok = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
         except PrepareError as e:
@@ -749,7 +754,18 @@ class _Done:
 
 
 def _run_transformers(cfg: RegenerateConfig, items: list[Item], emit: Callable[[_Done], None], stop) -> None:
-    be = TransformersBackend(cfg)
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        _transformers_loop(cfg, TransformersBackend(cfg), items, emit, stop)
+    finally:
+        torch.set_num_threads(threads)  # --threads is this run's, not the calling process's
+
+
+def _transformers_loop(
+    cfg: RegenerateConfig, be, items: list[Item], emit: Callable[[_Done], None], stop
+) -> None:
     queue = iter(items)
     active: list[tuple[Item, object, list[int]]] = []  # (item, generator, the pending prompt's token ids)
 
@@ -1110,6 +1126,7 @@ def _validate(cfg: RegenerateConfig) -> None:
         (0 < cfg.top_p <= 1, f"top_p {cfg.top_p} must be in (0, 1]"),
         (cfg.limit is None or cfg.limit >= 1, f"limit {cfg.limit} must be at least 1"),
         (cfg.request_timeout > 0, f"request_timeout {cfg.request_timeout} must be positive"),
+        (cfg.threads >= 0, f"threads {cfg.threads} must be 0 (torch's default) or more"),
     ]
     for ok, msg in checks:
         if not ok:

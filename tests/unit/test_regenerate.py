@@ -438,23 +438,24 @@ def test_kill9_anywhere_then_resume_gives_the_uninterrupted_output(server, tmp_p
     src = _write(tmp_path / "in.jsonl", rows)
     ref = tmp_path / "ref" / "out.jsonl"
     regenerate(_cfg(server, [src], ref, concurrency=4))
-    server.delay = 0.05  # ~80 requests, 4 in flight: a whole run takes about a second of requests
+    server.delay = 0.1  # ~80 requests, 4 in flight: a whole run takes about 2 s of requests
     out = tmp_path / "run" / "out.jsonl"
     done_path = paths_for(out)[4]
     rng = random.Random(18)
     kills = 0
     progress: list[int] = []  # conversations done after each killed run
-    for _ in range(6):
+    for k in range(6):
         before = len(read_done(done_path).entries) if done_path.exists() else 0
         p = _run_cli(server, src, out)
         t0 = time.monotonic()
-        # wait until this run has started writing (or a seeded moment before it), then SIGKILL
-        while time.monotonic() - t0 < 15 and p.poll() is None:
-            n = len(read_done(done_path).entries) if done_path.exists() else 0
-            if n > before or rng.random() < 0.02:
-                break
-            time.sleep(0.01)
-        time.sleep(rng.uniform(0, 0.15))
+        if k == 0:  # anywhere in the first second: start-up, the meta write, the first requests
+            time.sleep(rng.uniform(0, 1.0))
+        else:  # once this run has appended its first conversation, after a seeded delay
+            while time.monotonic() - t0 < 30 and p.poll() is None:
+                if (len(read_done(done_path).entries) if done_path.exists() else 0) > before:
+                    break
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0, 0.3))
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             kills += 1
@@ -466,7 +467,7 @@ def test_kill9_anywhere_then_resume_gives_the_uninterrupted_output(server, tmp_p
             assert done.duplicates == 0
         progress.append(len(done.entries) if done else 0)
     assert kills >= 4, progress
-    assert len(set(progress)) >= 3 and progress[-1] < 40, progress  # killed at different points, not all done
+    assert len(set(progress[1:])) >= 3 and progress[-1] < 40, progress  # killed at different points, mid-run
     p = _run_cli(server, src, out)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 0, stderr.decode()[-2000:]
@@ -502,6 +503,7 @@ def test_transformers_backend_on_the_demo_target_and_prepare_reads_it(demo, tmp_
         out=str(out),
         max_new_tokens=12,
         concurrency=2,
+        threads=1,  # 2 threads on a loaded 2-core box are 10x slower for this tiny model
         log=lambda m: None,
     )
     r = regenerate(cfg)

@@ -80,6 +80,9 @@ def register(subparsers) -> None:
     p.add_argument("--plan", action="store_true", help="write nothing; predict the work left")
     p.add_argument("--device", default="auto", help="transformers: auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--threads", type=int, default=0, help="transformers on the CPU: torch threads (0 = torch's default)"
+    )
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code")
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -113,6 +116,7 @@ def run(args) -> int:
         plan=args.plan,
         device=args.device,
         dtype=args.dtype,
+        threads=args.threads,
         trust_remote_code=args.trust_remote_code,
         progress=sys.stderr.isatty() and not args.json,
     )
