@@ -182,10 +182,14 @@ num_input:
   returned: always
   type: int
 failures:
-  description: Every input row left out - C(loc) (C(file:line)), C(kind) (C(skipped) or C(failed)), C(reason).
+  description: Every input row left out - C(index) (its position in the inputs), C(loc) (C(file:line)), C(kind) (C(skipped) or C(failed)), C(reason).
   returned: always
   type: list
   elements: dict
+up_to_date:
+  description: Check mode - I(out) is complete for these inputs and settings (nothing to do).
+  returned: check mode
+  type: bool
 left:
   description: Check mode - conversations still to regenerate.
   returned: check mode

@@ -25,7 +25,7 @@ messages) with only the assistant turns' text changed, so ``prepare`` reads it u
 Files (``OUT`` is what prepare reads)::
 
     OUT                       the regenerated conversations, JSONL, in input order (assembled atomically)
-    OUT.failures              one JSON line per input row not in OUT: loc (file:line), kind, reason
+    OUT.failures              one JSON line per input row not in OUT: index, loc (file:line), kind, reason
     OUT.regenerate/meta       JSON: fingerprint (inputs, model, settings), what was assembled
     OUT.regenerate/done.log   append-only, one line per finished conversation: "<crc32 hex> <json>\\n"
 
@@ -39,7 +39,7 @@ re-run with the same inputs and settings whose OUT is complete does nothing (``c
 loading the model; changed inputs or settings are refused (naming what changed) unless ``force``, which
 discards the conversations regenerated so far and starts over.
 
-Accounting always adds up: ``written + failed + skipped == input`` (input: the rows read, up to the
+Accounting always adds up: ``num_written + num_failed + num_skipped == num_input`` (the rows read, up to the
 ``limit``-th usable one). ``skipped``: rows that cannot be regenerated (bad JSON, no assistant turn,
 non-text content, tool calls, pre-tokenized rows); ``failed``: conversations whose generation did not give a
 usable answer (errors after the retries, an empty answer); failed ones are retried on the next run. With
@@ -873,7 +873,7 @@ def regenerate(cfg: RegenerateConfig) -> dict:
         scan = scan_inputs(sources, cfg.limit)
     except PrepareError as e:
         raise RegenerateError(str(e)) from e
-    skipped = [{"loc": loc, "kind": "skipped", "reason": why} for _, loc, why in scan.skipped]
+    skipped = [{"index": i, "loc": loc, "kind": "skipped", "reason": why} for i, loc, why in scan.skipped]
 
     meta = _read_meta(meta_path)
     discard = False
@@ -887,11 +887,13 @@ def regenerate(cfg: RegenerateConfig) -> dict:
                 settings_changed=changed_what,
             )
         discard = True
-    elif meta is None and done_path.exists() and done_path.stat().st_size and not cfg.force:
-        raise RegenerateError(
-            f"{done_path} holds regenerated conversations but {meta_path} is missing or unreadable, so what they "
-            "were made with is unknown. Re-run with --force to start over, or restore the meta file."
-        )
+    elif meta is None and done_path.exists() and done_path.stat().st_size:
+        if not cfg.force:
+            raise RegenerateError(
+                f"{done_path} holds regenerated conversations but {meta_path} is missing or unreadable, so what "
+                "they were made with is unknown. Re-run with --force to start over, or restore the meta file."
+            )
+        discard = True
     done = DoneLog({}, 0, 0, False) if discard or meta is None else read_done(done_path)
     selected = {it.index for it in scan.items}
     left = [it for it in scan.items if it.index not in done.entries]
@@ -924,6 +926,7 @@ def regenerate(cfg: RegenerateConfig) -> dict:
         return {
             **base,
             "changed": not up_to_date,
+            "up_to_date": up_to_date,
             "plan": True,
             "selected": len(scan.items),
             "done": len(scan.items) - len(left),
@@ -974,11 +977,11 @@ def regenerate(cfg: RegenerateConfig) -> dict:
             log(f"regenerate: {resumed} of {len(scan.items)} conversations already done, {len(left)} left")
         run = _execute(cfg, left, done_path, done, log)
         failed = [
-            {"loc": d.item.loc, "kind": "failed", "reason": d.error}
+            {"index": d.item.index, "loc": d.item.loc, "kind": "failed", "reason": d.error}
             for d in sorted(run["failed"], key=lambda d: d.item.index)
         ]
         written_idx = sorted(selected & set(done.entries))
-        failures = sorted(skipped + failed, key=lambda f: _loc_key(f["loc"]))
+        failures = sorted(skipped + failed, key=lambda f: f["index"])
         _atomic_write(failures_path, [(json.dumps(f, ensure_ascii=False) + "\n").encode() for f in failures])
         acct = _accounting(len(written_idx), len(failed), skipped, failed)
         stats = {
@@ -1147,14 +1150,8 @@ def _indices_sha(indices: list[int]) -> str:
     return hashlib.sha256(",".join(map(str, indices)).encode()).hexdigest()
 
 
-def _loc_key(loc: str):
-    path, _, line = loc.rpartition(":")
-    digits = re.sub(r"\D", "", line)
-    return (path, int(digits) if digits else 0)
-
-
 def _accounting(written: int, failed: int, skipped: list[dict], failed_list: list[dict]) -> dict:
-    failures = sorted(skipped + failed_list, key=lambda f: _loc_key(f["loc"]))
+    failures = sorted(skipped + failed_list, key=lambda f: f["index"])
     return {"num_written": written, "num_failed": failed, "num_skipped": len(skipped), "failures": failures}
 
 

@@ -369,6 +369,12 @@ def test_second_run_does_nothing_and_changed_settings_are_refused(server, tmp_pa
     r = regenerate(_cfg(server, [src], out, max_new_tokens=64))
     assert r["changed"] and r["generated"] == 0 and len(server.requests) == n
     assert len(list(iter_output(out))) == 4
+    # the meta lost: what done.log was made with is unknown, so it is refused; --force starts over
+    paths_for(out)[3].unlink()
+    with pytest.raises(RegenerateError, match=r"meta is missing or unreadable.*--force"):
+        regenerate(_cfg(server, [src], out, max_new_tokens=64))
+    r = regenerate(_cfg(server, [src], out, max_new_tokens=64, force=True))
+    assert r["generated"] == 4 and r["resumed"] == 0 and len(read_done(paths_for(out)[4]).entries) == 4
 
 
 def test_a_torn_done_log_line_is_cut_and_redone_never_doubled(server, tmp_path):
