@@ -1073,8 +1073,14 @@ def _execute(cfg: RegenerateConfig, left: list[Item], done_path: Path, done: Don
                 "truncated": d.truncated,
                 "record": d.record,
             }
-            f.write(_line(line))
-            f.flush()
+            try:
+                f.write(_line(line))
+                f.flush()
+            except OSError as e:
+                raise RegenerateError(
+                    f"{done_path}: cannot append a finished conversation ({e.strerror or e}). Free space (or fix the "
+                    "file system) and re-run: the conversations already in it are kept, a torn last line is cut off."
+                ) from e
             pending_sync[0] += 1
             done.entries[d.item.index] = line
             res["new"] += 1
@@ -1093,22 +1099,35 @@ def _execute(cfg: RegenerateConfig, left: list[Item], done_path: Path, done: Don
                 n = pending_sync[0]
                 pending_sync[0] = 0
             if n:
-                os.fsync(f.fileno())
+                try:
+                    os.fsync(f.fileno())
+                except OSError:
+                    return  # the final fsync after the run reports it
 
     th = threading.Thread(target=syncer, name="regenerate-fsync", daemon=True)
     th.start()
+    ok = False
     try:
         if cfg.backend == "transformers":
             _run_transformers(cfg, left, emit, stop)
         else:
             res.update(_run_openai(cfg, left, emit, stop))
+        ok = True
     finally:
         syncer_stop.set()
         th.join()
-        f.flush()
-        os.fsync(f.fileno())
-        f.close()
         progress.close()
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+        except OSError as e:
+            if ok:  # else the error in flight (a failed append, an interrupt) is the one to report
+                raise RegenerateError(
+                    f"{done_path}: cannot flush the finished conversations ({e}); re-run"
+                ) from e
+        finally:
+            with contextlib.suppress(OSError):
+                f.close()
     res["seconds"] = round(time.monotonic() - t0, 3)
     return res
 
