@@ -1,5 +1,9 @@
 #!/usr/bin/python
 # The logic lives in python/eagle3ops/storage.py (shipped as module_utils/eagle3ops_storage.py).
+# Why not /dev/disk/by-partlabel/... + ansible.builtin.wait_for: that is what this module does where udev runs
+# (it prefers udev's link and waits for it). It exists for the hosts without udev (LXC containers, minimal
+# hosts, the nspawn test hosts): there no by-partlabel link ever appears, and the node must be created from the
+# device number the kernel announced in sysfs, which no builtin or collection module does.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -22,7 +26,7 @@ options:
     description: Seconds to wait for the partition to appear.
     type: int
     default: 10
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""

@@ -1,5 +1,14 @@
 #!/usr/bin/python
 # The logic lives in python/eagle3ops/storage.py (shipped as module_utils/eagle3ops_storage.py).
+# Why not ansible.posix.synchronize (delegated to the host itself, checksum + check mode for the verify pass):
+# - the guard that makes `rsync --delete` safe must run in the same process right before rsync: the source must
+#   still be the filesystem the migration started from and not empty (after a restart without the old disk,
+#   /data is an empty directory, and synchronize would mirror that emptiness onto the new disk); a separate
+#   stat/assert task before synchronize leaves a window and is one forgotten `when:` away from data loss;
+# - each pass moves the migration's state file (copied -> verified) only when rsync exited 0 and, for verify and
+#   quick, found zero differences; synchronize reports `changed`, not a difference count to fail on;
+# - it runs on the PVE host over plain ssh, where synchronize's delegate-to-self path would need the host to
+#   reach itself; the container connection (proxmox_pct_remote) is refused by synchronize altogether.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -34,7 +43,7 @@ options:
     type: list
     elements: str
     default: []
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""

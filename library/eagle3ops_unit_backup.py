@@ -1,5 +1,9 @@
 #!/usr/bin/python
 # The logic lives in python/eagle3ops/services.py (shipped as module_utils/eagle3ops_services.py).
+# Why not ansible.builtin.copy (force: false) + command with creates/removes: the move must keep a symlink a
+# symlink and a file byte-exact with mode, owner and times (copy follows links and resets times), the record
+# must be written once and never overwritten (first record wins), and restore must refuse to overwrite a
+# different file at the destination; as separate tasks each of these is a condition someone can drop.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -30,7 +34,7 @@ options:
     description: Where the records and moved unit files are kept.
     type: path
     default: /var/lib/eagle3ops/services
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""

@@ -1,5 +1,10 @@
 #!/usr/bin/python
 # Thin module: the logic is eagle3ops.pve (module_utils/eagle3ops_pve.py is a symlink to it).
+# Why not community.proxmox.proxmox for the container itself: it needs an API token on the controller, while
+# this phase runs `pct` on the PVE host over ssh (no API credentials to manage); and it cannot write raw `lxc.*`
+# lines (cgroup device rules, mount entries for /dev/nvidia*) at all. Device passthrough (`devN:`) arrived in
+# community.proxmox after 2.0.0 (PR #506): once a release with it is pinned in collections/requirements.yml, the
+# `devN` half can be handed to it; the raw lxc.* lines (nvidia-uvm majors read on the host) stay here.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -17,6 +22,11 @@ description:
     never touched.
   - A change that a running container only sees after a restart is reported as C(restart_needed); the
     container is restarted only with O(restart=true).
+  - A running container whose bind mount point (C(mpN) with a host path, e.g. C(mp0) behind C(/data)) no
+    longer shows what that host path is now (compared by device and inode through C(/proc/<pid>/root); the
+    storage phase's cut-over renames the old directory and mounts the new disk there) is restarted, so that
+    LXC binds the host path anew (O(on_stale_mount=restart)) - unless a pipeline job runs inside
+    (O(busy_patterns)); then, or with O(on_stale_mount=fail), the module fails saying why and what to do.
   - Check mode predicts C(changed); diff mode shows the main section of the config before and after.
 options:
   vmid:
@@ -55,6 +65,22 @@ options:
     description: Restart a running container (C(pct stop) + C(pct start)) when a change needs it.
     type: bool
     default: false
+  on_stale_mount:
+    description:
+      - What to do with a running container whose bind mount point no longer shows its host path.
+      - C(restart) (C(pct stop) + C(pct start)), refused while a process matching O(busy_patterns) runs in
+        the container; C(fail) never restarts and fails with the reason.
+    type: str
+    choices: [restart, fail]
+    default: restart
+  busy_patterns:
+    description:
+      - Regular expressions (Python, searched in the space-joined command line) of processes in the container
+        that a restart must not kill. Default - the eagle3ops data-writing commands (prepare, extract, train,
+        convert, benchmark, regenerate, verify) and the detached trainer (C(eagle3ops.speculators_shim)).
+      - Add e.g. C(sglang\.launch_server) to keep a serving container from being restarted.
+    type: list
+    elements: str
   state:
     description: C(started) also starts a stopped container (after the config is right); C(present) leaves it.
     type: str
@@ -80,7 +106,7 @@ options:
     description: The host driver's version (compared with the user-space libraries found in the container).
     type: path
     default: /sys/module/nvidia/version
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""
@@ -125,8 +151,18 @@ restart_reason:
   type: str
   returned: always
 restarted:
-  description: The container was restarted.
+  description: The container was restarted (in check mode - would be).
   type: bool
+  returned: always
+stale_mounts:
+  description: Bind mount points of the running container whose host path changed underneath it (before any restart).
+  type: list
+  returned: always
+  sample: [{key: mp0, host_path: /data, mount_point: /data, host: [2049, 128], container: [64768, 1835009],
+            container_source: "254:0 /data.old"}]
+container_pid:
+  description: The running container's init PID on the host (C(pct status --verbose)); null when unknown or stopped.
+  type: int
   returned: always
 started:
   description: The stopped container was started (O(state=started)).
@@ -154,14 +190,17 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_pve import (
+    DEFAULT_BUSY_PATTERNS,
     PENDING,
     Plan,
     PveError,
     check_devices,
     config_lock,
     container_driver_versions,
+    container_jobs,
     host_driver_version,
     mode_for_version,
+    parse_pct_pid,
     parse_pct_status,
     parse_proc_devices,
     parse_property_string,
@@ -170,6 +209,7 @@ from ansible.module_utils.eagle3ops_pve import (
     read_config,
     scan_dev,
     select_devices,
+    stale_bind_mounts,
     write_config,
 )
 
@@ -185,6 +225,22 @@ def pct_run(module, argv, what):
     return out
 
 
+def container_pid(module, pct, vmid):
+    """The running container's init PID: `pct status --verbose`, else `lxc-info -p -H` (None when neither says)."""
+    rc, out, _err = module.run_command([pct, "status", str(vmid), "--verbose"])
+    pid = parse_pct_pid(out) if rc == 0 else None
+    lxc_info = module.get_bin_path("lxc-info")
+    if pid is None and lxc_info:
+        rc, out, _err = module.run_command([lxc_info, "-n", str(vmid), "-p", "-H"])
+        pid = int(out.strip()) if rc == 0 and out.strip().isdigit() else None
+    return pid if pid and os.path.isdir(f"/proc/{pid}") else None
+
+
+def restart(module, pct, vmid):
+    pct_run(module, [pct, "stop", str(vmid)], "restart: stop")
+    pct_run(module, [pct, "start", str(vmid)], "restart: start")
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -195,6 +251,8 @@ def main():
             dev_options=dict(type="str", default=""),
             prune_unregistered_majors=dict(type="bool", default=True),
             restart=dict(type="bool", default=False),
+            on_stale_mount=dict(type="str", choices=["restart", "fail"], default="restart"),
+            busy_patterns=dict(type="list", elements="str"),
             state=dict(type="str", choices=["present", "started"], default="present"),
             pct=dict(type="path", default="/usr/sbin/pct"),
             config_dir=dict(type="path", default="/etc/pve/lxc"),
@@ -295,10 +353,60 @@ def main():
             verify.section(PENDING) is not None or bool(pl.raw_add or pl.raw_remove)
         )
 
+    # A bind mount's host path that changed underneath the running container (the storage cut-over):
+    # LXC bound the old directory at start, so the container keeps writing there until it restarts.
+    pid = container_pid(module, pct, vmid) if running else None
+    result.update(container_pid=pid, stale_mounts=[])
+    if running and pid is None:
+        module.warn(
+            f"cannot tell whether container {vmid} still sees its bind mounts' host paths: `pct status {vmid} "
+            "--verbose` (and lxc-info) gave no PID"
+        )
+    stale = stale_bind_mounts(config.main.keys(), pid) if pid else []
+    result["stale_mounts"] = [s.to_dict() for s in stale]
+    if stale:
+        what = "; ".join(s.describe(vmid) for s in stale)
+        paths = ", ".join(s.host_path for s in stale)
+        if p["on_stale_mount"] == "fail":
+            module.fail_json(
+                msg=f"{what}. Everything written there inside the container lands in the old directory, not in "
+                f"{paths}. Restart the container when nothing runs inside (pct reboot {vmid}), or set "
+                "on_stale_mount: restart (proxmox_container_on_stale_mount: restart)",
+                **result,
+            )
+        try:
+            jobs = container_jobs(pid, p["busy_patterns"] or DEFAULT_BUSY_PATTERNS)
+        except PveError as e:
+            module.fail_json(msg=f"{what}. Not restarting container {vmid}: {e}", **result)
+        if jobs:
+            listed = "; ".join(f"PID {j} `{cmd[:200]}`" for j, cmd in jobs)
+            module.fail_json(
+                msg=f"{what}. Not restarting container {vmid} while pipeline jobs run inside (a restart kills "
+                f"them): {listed}. They write into the old directory, not into {paths}: let them finish or stop "
+                f"them (they resume after the restart), then re-run; or restart it yourself (pct reboot {vmid})",
+                jobs=[{"pid": j, "cmdline": cmd} for j, cmd in jobs],
+                **result,
+            )
+        if not module.check_mode:
+            restart(module, pct, vmid)
+            pid = container_pid(module, pct, vmid)
+            left = stale_bind_mounts(read_config(path).main.keys(), pid) if pid else []
+            if left:
+                module.fail_json(
+                    msg=f"container {vmid} was restarted but still: {'; '.join(s.describe(vmid) for s in left)}"
+                    f". Check the mount point in /etc/pve/lxc/{vmid}.conf and `pct start {vmid} --debug`",
+                    **result,
+                )
+            result["container_pid"] = pid
+        result.update(changed=True, restarted=True)
+        module.warn(
+            f"container {vmid} restarted{' (check mode: would be)' if module.check_mode else ''}: {what}"
+        )
+        restart_needed = False
+
     if restart_needed and p["restart"]:
         if not module.check_mode:
-            pct_run(module, [pct, "stop", str(vmid)], "restart: stop")
-            pct_run(module, [pct, "start", str(vmid)], "restart: start")
+            restart(module, pct, vmid)
         result.update(changed=True, restarted=True)
         restart_needed = False
     result["started"] = False

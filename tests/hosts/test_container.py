@@ -14,6 +14,7 @@ Everything else is real: sshd, sudo, Ansible over ssh, community.proxmox.proxmox
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -37,13 +38,13 @@ PVE_VARS = {
 }
 
 
-def make_pve_host(make_host, *, user: str = "root", sudo: str = "ALL", **host_vars):
+def make_pve_host(make_host, *, user: str = "root", sudo: str = "ALL", binds=None, **host_vars):
     """A booted test host with the stand-in pct, NVIDIA nodes in /dev and /srv/data; reached as ``user``
     (with become when not root: sudoers line ``user ALL=(root) NOPASSWD: <sudo>``)."""
     hv = {**PVE_VARS, **host_vars}
     if user != "root":
         hv.update(ansible_user=user, ansible_become="true")
-    h = make_host(groups=("proxmox_hosts",), host_vars=hv)
+    h = make_host(groups=("proxmox_hosts",), host_vars=hv, binds=binds)
     h.put("/usr/sbin/pct", (FIX / "pct").read_text(), mode="0755")
     h.put("/srv/pve/proc-devices", (FIX / "pve" / "proc-devices.txt").read_text())
     mk = " && ".join(f"mknod -m 0666 /dev/{n} c {ma} {mi}" for n, ma, mi in NODES)
@@ -253,3 +254,70 @@ def test_playbook_reaches_container_through_proxmox_pct_remote(make_host, run_pl
     r = run_playbook("tests/hosts/playbooks/container_reach.yml", inv, envvars=env)
     assert r.host("ct140")["unreachable"] == 1 and "exited with result 255" in r.stdout, r.summary()
     assert len(h.ssh("cat /var/lib/pct-standin/exec.log").stdout.splitlines()) == n  # nothing ran
+
+
+def test_data_cutover_reaches_the_running_container(make_host, make_loop_device, run_playbook):
+    """Issue 16 section 5: site.yml's storage phase moves the PVE host's /data onto a new disk while container
+    140 runs with ``mp0: /data,mp=/data``; the container phase after it must make the container see the new
+    disk. A pipeline job inside refuses the restart (naming its PID) - meanwhile a write from inside really
+    lands in the rollback copy /data.old; once the job is gone the container phase restarts the container and
+    a file written from inside lands on the new disk. Second run: changed=0.
+
+    STAND-INS (no PVE host can run here): the PVE host is an nspawn host carrying tests/fixtures/pct in its
+    mount-namespace mode: "container 140" is a process in its own mount namespace with its own root, its
+    ``mp0`` host path bind-mounted at start exactly as LXC does it (a real bind mount: it follows the renamed
+    directory), ``pct exec`` enters it with nsenter. The new NVMe disk is a loop device bound in as /dev/vdb
+    (no udev: ``storage_disk_require_stable_name: false``). The pipeline job is a python script named
+    ``eagle3ops`` run as ``eagle3ops extract ...`` (the form the real CLI's command line has).
+    """
+    disk = make_loop_device("512M")  # mkfs.xfs wants 300 MB (sparse: nothing is allocated)
+    # a reused loop device can carry the kernel's partitions of a previous user: drop them (ours now)
+    subprocess.run(["partx", "-d", disk.device], capture_output=True, check=False)
+    h = make_pve_host(
+        make_host, binds={disk.device: "/dev/vdb"}, proxmox_container_data_host_path="/data",
+        storage_disk="/dev/vdb", storage_disk_require_stable_name=False, storage_async_timeout=0,
+    )  # fmt: skip
+    h.ssh("mkdir -p /data/eagle3 /var/lib/pct-standin && echo seed > /data/eagle3/prepared.txt && "
+          "touch /var/lib/pct-standin/mount-namespaces")  # fmt: skip
+    h.put("/etc/pve/lxc/140.conf", "arch: amd64\nhostname: eagle3\nmp0: /data,mp=/data,backup=0\nostype: debian\n"
+          "rootfs: local-lvm:vm-140-disk-0,size=64G\n", mode="0640")  # fmt: skip
+    h.ssh("pct start 140")
+    assert h.ssh("pct exec 140 -- cat /data/eagle3/prepared.txt").stdout == "seed\n"
+    job = "printf '#!/usr/bin/python3\\nimport time\\ntime.sleep(600)\\n' > /tmp/eagle3ops && chmod +x /tmp/eagle3ops"
+    h.ssh(f"pct exec 140 -- sh -c \"{job} && setsid /tmp/eagle3ops extract --data /data/eagle3/data "
+          "</dev/null >/dev/null 2>&1 &\"")  # fmt: skip
+    job_pid = h.ssh("sleep 0.5; pgrep -f '/tmp/eagle3ops extract'").stdout.split()[0]
+
+    r = run_playbook("site.yml", h.inventory, tags="storage,container")
+    assert r.rc != 0, "the container phase let a container bound to the rollback copy go on: " + r.summary()
+    new = h.ssh("findmnt -n -o SOURCE --mountpoint /data", check=False).stdout.strip()
+    uuid = json.loads(h.ssh("cat /var/lib/eagle3ops/storage-state.json").stdout)["fs_uuid"]
+    assert new and h.ssh(f"blkid -p -o value -s UUID {new}").stdout.strip() == uuid, (
+        "no cut-over: " + r.summary()
+    )
+    assert "Not restarting container 140 while pipeline jobs run inside" in r.stdout, r.stdout[-3000:]
+    assert f"PID {job_pid} `/usr/bin/python3 /tmp/eagle3ops extract" in r.stdout and "/data.old" in r.stdout
+    # what the refusal is about, for real: the container still writes into the rollback copy
+    h.ssh("pct exec 140 -- sh -c 'echo during > /data/eagle3/during-job.txt'")
+    assert h.ssh("cat /data.old/eagle3/during-job.txt").stdout == "during\n"
+    assert h.ssh("test -e /data/eagle3/during-job.txt", check=False).returncode == 1
+
+    h.ssh(f"kill {job_pid}")
+    r = run_playbook(PLAYBOOK, h.inventory, extravars={"proxmox_container_on_stale_mount": "fail"})
+    assert r.rc != 0 and "Restart the container when nothing runs inside (pct reboot 140)" in r.stdout, (
+        r.summary()
+    )
+    r = run_playbook(PLAYBOOK, h.inventory)
+    assert r.rc == 0, r.summary()
+    res = module_result(r, h.name)
+    assert res["restarted"] is True and [s["key"] for s in res["stale_mounts"]] == ["mp0"], res
+    h.ssh("pct exec 140 -- sh -c 'echo after > /data/eagle3/written-inside.txt'")
+    where = h.ssh("findmnt -n -o SOURCE --target /data/eagle3/written-inside.txt").stdout.strip()
+    assert where == new, f"written from inside, the file is on {where}, not on the new disk {new}"
+    assert h.ssh("cat /data/eagle3/written-inside.txt").stdout == "after\n"
+    assert h.ssh("test -e /data.old/eagle3/written-inside.txt", check=False).returncode == 1
+    assert h.ssh("pct exec 140 -- cat /data/eagle3/prepared.txt").stdout == "seed\n"  # the copied data
+
+    r = run_playbook(PLAYBOOK, h.inventory)
+    assert r.rc == 0 and r.host(h.name)["changed"] == 0, r.changed_tasks()
+    assert module_result(r, h.name)["stale_mounts"] == []

@@ -83,6 +83,11 @@ def test_runtime_installs_eagle3ops_from_wheelhouse_on_air_gapped_host(make_host
         "runtime_source_dir": str(_source_snapshot(tmp_path / "src")),
         "runtime_build_dir": str(tmp_path / "build"),
     }
+    # check mode first: predicts the install, and writes nothing, not even the controller's wheel build dir
+    rc = run_playbook("playbooks/runtime.yml", h.inventory, extravars=extravars, check=True)
+    assert rc.rc == 0 and rc.host(h.name)["changed"] > 0, rc.summary()
+    assert not (tmp_path / "build").exists(), "check mode built the wheel into runtime_build_dir"
+    assert h.ssh("test -e /opt/eagle3ops/venv", check=False).returncode != 0
     r1 = run_playbook("playbooks/runtime.yml", h.inventory, extravars=extravars)
     assert r1.rc == 0, r1.summary()
     out = h.ssh("/opt/eagle3ops/venv/bin/eagle3ops --version").stdout.strip()

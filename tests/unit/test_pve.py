@@ -291,3 +291,79 @@ def test_versions_and_status():
     assert pve.parse_pct_status("status: running\n") == "running"
     ls = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.159\n"
     assert pve.container_driver_versions(ls) == ["580.159"]
+
+
+def _fake_proc(tmp_path, procs: dict[int, tuple[str, str]]):
+    """A /proc stand-in: <pid>/ns/mnt (a symlink naming the namespace, as the kernel's reads), <pid>/cmdline."""
+    proc = tmp_path / "proc"
+    for pid, (ns, cmd) in procs.items():
+        (proc / str(pid) / "ns").mkdir(parents=True)
+        os.symlink(f"mnt:[{ns}]", proc / str(pid) / "ns" / "mnt")
+        (proc / str(pid) / "cmdline").write_bytes(cmd.replace(" ", "\0").encode() + b"\0")
+    return proc
+
+
+def test_stale_bind_mount_found_by_device_and_inode(tmp_path):
+    """The container (init 4242) sees at /data the directory that was /data when it started; after the
+    cut-over renamed it to data.old and a new data took its place, the host path is another inode: stale.
+    /proc/4242/root is a symlink to the container's root here (the kernel's is a magic link to it)."""
+    host_data = tmp_path / "data"
+    (host_data / "eagle3").mkdir(parents=True)
+    proc = _fake_proc(tmp_path, {4242: ("4026532001", "/sbin/init")})
+    ct_root = tmp_path / "ctroot"
+    ct_root.mkdir()
+    os.symlink(host_data, ct_root / "data")  # what the bind mount resolves to: the directory's inode
+    os.symlink(ct_root, proc / "4242" / "root")
+    keys = {
+        "mp0": f"{host_data},mp=/data,backup=0",
+        "mp1": "local-lvm:vm-140-disk-1,mp=/scratch",
+        "cores": "4",
+    }
+    assert pve.bind_mount_points(keys) == [("mp0", str(host_data), "/data")]
+    assert pve.stale_bind_mounts(keys, 4242, proc=str(proc)) == []
+
+    host_data.rename(tmp_path / "data.old")  # the cut-over: the container's bind follows the renamed inode
+    (ct_root / "data").unlink()
+    os.symlink(tmp_path / "data.old", ct_root / "data")
+    host_data.mkdir()
+    (proc / "4242" / "mountinfo").write_text(
+        "22 1 0:21 / / rw - tmpfs ct140 rw\n35 22 254:0 /data.old /data rw,relatime - ext4 /dev/dm-0 rw\n"
+    )
+    (s,) = pve.stale_bind_mounts(keys, 4242, proc=str(proc))
+    assert (s.key, s.host_path, s.mount_point, s.container_source) == (
+        "mp0",
+        str(host_data),
+        "/data",
+        "254:0 /data.old",
+    )
+    assert s.host == (host_data.stat().st_dev, host_data.stat().st_ino) != s.container
+    text = s.describe(140)
+    assert "container 140's /data is device" in text and "mounted from 254:0 /data.old" in text
+    assert f"the host path {host_data} is now device" in text and "cut-over" in text
+    assert s.to_dict()["container_source"] == "254:0 /data.old"
+
+    (ct_root / "data").unlink()  # a container that has nothing at its mount point is stale too
+    (s,) = pve.stale_bind_mounts(keys, 4242, proc=str(proc))
+    assert s.container is None and "is missing" in s.describe(140)
+
+
+def test_container_jobs_are_the_namespace_members_running_pipeline_commands(tmp_path):
+    proc = _fake_proc(tmp_path, {
+        4242: ("4026532001", "/sbin/init"),
+        4300: ("4026532001", "/opt/eagle3ops/venv/bin/python /opt/eagle3ops/venv/bin/eagle3ops extract --data /data/x --json"),
+        4301: ("4026532001", "/opt/eagle3ops/venv/bin/python -m eagle3ops.speculators_shim --config /data/run/config.yaml"),
+        4302: ("4026532001", "/usr/bin/python3 -m eagle3ops status --data /data/x"),
+        4303: ("4026532001", "/opt/sglang/bin/python -m sglang.launch_server --port 30000"),
+        4400: ("4026531840", "/usr/bin/eagle3ops extract --data /srv/other"),  # the host's, not the container's
+    })  # fmt: skip
+    jobs = pve.container_jobs(4242, proc=str(proc))
+    assert [j for j, _cmd in jobs] == [4300, 4301], jobs
+    assert jobs[0][1].startswith("/opt/eagle3ops/venv/bin/python /opt/eagle3ops/venv/bin/eagle3ops extract")
+    assert [j for j, _ in pve.container_jobs(4242, [r"sglang\.launch_server"], proc=str(proc))] == [4303]
+    with pytest.raises(pve.PveError, match="PID 9999"):
+        pve.container_jobs(9999, proc=str(proc))
+
+
+def test_pct_status_verbose_pid():
+    assert pve.parse_pct_pid("cpus: 96\nname: eagle3\npid: 31337\nstatus: running\nuptime: 12\n") == 31337
+    assert pve.parse_pct_pid("status: stopped\n") is None

@@ -1,0 +1,114 @@
+"""inventory/production.example is safe as shipped (issue 16, section 6).
+
+Read the way Ansible reads it (``ansible-inventory --list``: group_vars and host_vars merged per host):
+
+1. every GPU host fails the verification checkpoint on a broken driver (``gpu_free_gpu_required: true``; the
+   role default ``false`` exists for the CPU-only local default, where a missing driver is expected);
+2. the new disk is a decision the user must make: ``storage_disk: /dev/disk/by-id/...`` is shown, commented,
+   in the PVE host's host_vars, so the shipped example migrates nothing (the storage phase skips);
+3. the workload variables apply to ``gpu_hosts`` only, not to the PVE host; each decision a production user
+   must take is present in the example, set or commented;
+4. the example passes every role's ``meta/argument_specs.yml`` in every play of ``site.yml``: the roles'
+   own validation tasks (tagged ``always``) run with the example's values merged over the role defaults,
+   on the controller (``ansible_connection=local``: the example's addresses are documentation addresses);
+   a wrong type in the example fails that run (proven with one bad value).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hosts"))
+from runner import run_playbook
+
+REPO = Path(__file__).resolve().parents[2]
+INV = REPO / "inventory" / "production.example"
+LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+WORKLOAD_PREFIXES = ("services_", "runtime_", "sglang_", "prepare_", "extract_", "gpu_free_", "train_",
+                     "serve_", "benchmark_")  # fmt: skip
+# What a production user must decide; each must appear in the example (set, or commented with its default).
+DECISIONS = {
+    "group_vars/gpu_hosts.yml": [
+        "gpu_free_gpu_required", "gpu_free_stop_units", "services_units", "runtime_wheelhouse",
+        "prepare_model_path", "prepare_inputs", "prepare_max_length", "prepare_trust_remote_code",
+        "extract_backend", "extract_layer_ids", "sglang_tp_size", "train_epochs", "train_total_seq_len",
+        "train_nproc", "serve_tp_size", "serve_state", "benchmark_prompts",
+    ],
+    "group_vars/proxmox_hosts.yml": [
+        "proxmox_container_vmid", "proxmox_container_cores", "proxmox_container_memory_mb",
+        "proxmox_container_gpus", "proxmox_container_data_host_path", "proxmox_container_restart",
+        "proxmox_container_on_stale_mount",
+    ],
+    "host_vars/pve1.yml": ["storage_disk", "storage_fstype", "storage_cutover", "storage_force"],
+}  # fmt: skip
+
+
+def _inventory() -> dict:
+    p = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(INV), "--list"],
+        capture_output=True, text=True, check=False, cwd=REPO,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def _members(inv: dict, group: str) -> set[str]:
+    g = inv.get(group, {})
+    out = set(g.get("hosts", []))
+    for child in g.get("children", []):
+        out |= _members(inv, child)
+    return out
+
+
+def test_gpu_hosts_require_a_gpu_and_the_disk_is_a_documented_decision():
+    inv = _inventory()
+    hv = inv["_meta"]["hostvars"]
+    gpu, pve = _members(inv, "gpu_hosts"), _members(inv, "proxmox_hosts")
+    assert gpu and pve, inv
+    for h in sorted(gpu):
+        assert hv[h].get("gpu_free_gpu_required") is True, (
+            f"{h}: gpu_free_gpu_required is {hv[h].get('gpu_free_gpu_required')!r}: a broken driver would pass "
+            "the checkpoint before training"
+        )
+    for h in sorted(pve):
+        text = (INV / "host_vars" / f"{h}.yml").read_text()
+        assert re.search(r"^# storage_disk: /dev/disk/by-id/\S+", text, flags=re.M), text
+        assert hv[h].get("storage_disk", "") == "", "the shipped example must not name a disk to wipe"
+        leaked = sorted(k for k in hv[h] if k.startswith(WORKLOAD_PREFIXES))
+        assert not leaked, f"workload variables reach the PVE host {h}: {leaked}"
+
+
+def test_every_decision_is_present_set_or_commented():
+    for rel, names in DECISIONS.items():
+        text = (INV / rel).read_text()
+        missing = [n for n in names if not re.search(rf"^(# )?{n}:", text, flags=re.M)]
+        assert not missing, f"{rel} does not show {missing}"
+
+
+def test_example_passes_every_roles_argument_specs(tmp_path):
+    r = run_playbook(
+        "site.yml", INV, tags="e3-argspec-only", extravars=LOCAL, private_data_dir=tmp_path / "ok"
+    )
+    assert r.rc == 0, r.summary()
+    ran = {
+        (ev["event_data"].get("host"), ev["event_data"].get("role"))
+        for ev in r.events
+        if ev.get("event") == "runner_on_ok"
+        and str(ev["event_data"].get("task", "")).startswith("Validating arguments against arg spec")
+    }
+    roles = ["storage", "services", "runtime", "sglang", "prepare", "extract", "gpu_free", "train", "serve",
+             "benchmark"]  # fmt: skip
+    assert ran == {("pve1", "proxmox_container"), ("pve1", "storage")} | {("ct129", x) for x in roles}, ran
+
+    # the same validation fails on a value of the wrong type (so the run above could have failed)
+    bad = run_playbook(
+        "playbooks/gpu_free.yml", INV, tags="e3-argspec-only", private_data_dir=tmp_path / "bad",
+        extravars={**LOCAL, "gpu_free_gpu_required": "maybe"},
+    )  # fmt: skip
+    assert bad.rc != 0 and "gpu_free_gpu_required" in bad.stdout, bad.summary()
