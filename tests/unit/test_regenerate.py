@@ -496,11 +496,11 @@ def demo(tmp_path_factory):
     return build_session_demo(tmp_path_factory)
 
 
-def test_transformers_backend_on_the_demo_target_and_prepare_reads_it(demo, tmp_path):
+def test_transformers_backend_on_the_demo_target(demo, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    convs = [json.loads(line) for line in Path(demo["conversations_path"]).read_text().splitlines()[:3]]
+    convs = [json.loads(line) for line in Path(demo["conversations_path"]).read_text().splitlines()[:2]]
     src = _write(tmp_path / "demo.jsonl", convs)
     out = tmp_path / "regen.jsonl"
     cfg = RegenerateConfig(
@@ -513,13 +513,15 @@ def test_transformers_backend_on_the_demo_target_and_prepare_reads_it(demo, tmp_
         log=lambda m: None,
     )
     r = regenerate(cfg)
-    assert r["changed"] and r["num_written"] == 3 and r["output_tokens"] > 0 and r["tok_per_s"] > 0
+    assert r["changed"] and r["num_written"] == 2 and r["output_tokens"] > 0 and r["tok_per_s"] > 0
     got = list(iter_output(out))
     # independent greedy decoding (one conversation at a time, no padding) of every turn gives the same text
     tok = AutoTokenizer.from_pretrained(demo["model_path"])
     model = AutoModelForCausalLM.from_pretrained(demo["model_path"]).eval()
     eos = tok.eos_token_id
     n_turns = 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the run above (threads=1); restored below
     for before, after in zip(convs, got, strict=True):
         key = "conversations" if "conversations" in before else "messages"
         assert len(before[key]) == len(after[key])
@@ -545,12 +547,8 @@ def test_transformers_backend_on_the_demo_target_and_prepare_reads_it(demo, tmp_
                 assert t_new == t_old
                 text = t_new.get("value", t_new.get("content"))
             history.append({"role": role, "content": text})
+    torch.set_num_threads(threads)
     assert r["turns_generated"] == n_turns
-    assert r["fingerprint"] == regenerate(cfg)["fingerprint"]  # second run: unchanged, no model loaded
-    assert not regenerate(cfg)["changed"]
-
-    # prepare reads the regenerated file unchanged, with the target's tokenizer
-    from eagle3ops.prepare import prepare
-
-    p = prepare(demo["model_path"], [str(out)], tmp_path / "data", max_length=512, log=lambda m: None)
-    assert p["num_rows"] == n_turns and not p["skipped"]
+    again = regenerate(cfg)  # second run: unchanged, no model loaded
+    assert not again["changed"] and again["fingerprint"] == r["fingerprint"] and again["num_written"] == 2
+    # prepare reading the output unchanged: tests/ansible/test_regenerate_role.py (site.yml regenerate,prepare)
