@@ -489,7 +489,9 @@ def convert(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         result.update(changed=True, **info)
-    if verify_prompt and not check:
+    if (
+        verify_prompt and result["changed"] and not check
+    ):  # a check of what was just written, not on every run
         result["verify"] = {"prompt": verify_prompt, "answer": greedy_answer(out, verify_prompt)}
     return result
 

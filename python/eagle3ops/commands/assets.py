@@ -57,7 +57,7 @@ def register(subparsers) -> None:
     c.add_argument(
         "--verify-prompt",
         metavar="TEXT",
-        help="afterwards, greedy-answer this user message with the converted model (reported as verify.answer)",
+        help="after a conversion (not when OUT was up to date), greedy-answer this user message with the new model (verify.answer)",
     )
     c.add_argument("--check", action="store_true", help="write nothing; report whether it would change")
     add_json_flag(c)
