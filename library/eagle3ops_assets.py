@@ -122,8 +122,8 @@ heldout_path:
   description: C(step=sharegpt) - the held-out prompts JSONL.
   returned: step=sharegpt
   type: str
-skipped:
-  description: C(step=sharegpt) - skipped rows by reason (read = train + heldout + skipped).
+skipped_rows:
+  description: C(step=sharegpt) - skipped rows by reason (read = train + heldout + skipped); not named C(skipped), which Ansible would read as a skipped task.
   returned: step=sharegpt, not in check mode
   type: dict
 """

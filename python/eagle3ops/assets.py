@@ -47,7 +47,7 @@ STAMP = ".eagle3ops-asset.json"
 CONVERT_STAMP = "eagle3ops_convert.json"
 SUBSET_STAMP = "subset.json"
 CONVERT_FORMAT = 1
-SUBSET_FORMAT = 1
+SUBSET_FORMAT = 2
 # the longest cut-off tail of a JSON list that read_json_rows tolerates (one conversation, not a lost file part)
 TRUNCATED_TAIL_MAX = 4 << 20
 
@@ -732,7 +732,7 @@ def sharegpt_subset(
         "read": read,
         "num_train": len(train),
         "num_heldout": len(held),
-        "skipped": dict(sorted(skipped.items())),
+        "skipped_rows": dict(sorted(skipped.items())),
         "num_skipped": sum(skipped.values()),
         "skipped_examples": examples,
         "turns_dropped": dict(sorted(dropped.items())),
@@ -740,6 +740,6 @@ def sharegpt_subset(
     atomic_write_json(out / SUBSET_STAMP, stats)
     log(
         f"sharegpt: {len(train)} training rows, {len(held)} held-out prompts from {read} read "
-        f"({stats['num_skipped']} skipped: {stats['skipped']}; turns dropped: {stats['turns_dropped']})"
+        f"({stats['num_skipped']} skipped: {stats['skipped_rows']}; turns dropped: {stats['turns_dropped']})"
     )
     return {**stats, "changed": True}

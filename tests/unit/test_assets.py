@@ -285,6 +285,8 @@ def test_sharegpt_subset_counts_add_up_and_keeps_benchmarks_out(tmp_path):
     held = [json.loads(x) for x in Path(res["heldout_path"]).read_text().splitlines()]
     assert len(train) == 20 and len(held) == 5
     assert res["read"] == res["num_train"] + res["num_heldout"] + res["num_skipped"]
+    assert res["num_skipped"] == sum(res["skipped_rows"].values()) > 0
+    assert not {"skipped", "failed"} & set(res)  # Ansible would read those keys as the task's own state
     train_users = {t["value"] for r in train for t in r["conversations"] if t["from"] == "human"}
     assert not train_users & {h["prompt"] for h in held}
     assert "c105" not in {r["id"] for r in train} | {h["id"] for h in held}

@@ -158,7 +158,7 @@ def run_sharegpt(args) -> int:
     else:
         human = (
             f"sharegpt: {res['num_train']} training rows -> {res['train_path']}, {res['num_heldout']} held-out "
-            f"-> {res['heldout_path']}; {res['num_skipped']} skipped {res['skipped']}, turns dropped {res['turns_dropped']}"
+            f"-> {res['heldout_path']}; {res['num_skipped']} skipped {res['skipped_rows']}, turns dropped {res['turns_dropped']}"
         )
     emit(args, res, human)
     return 0
