@@ -69,6 +69,15 @@ def test_converted_smollm2_is_the_real_model_and_answers_paris(cache):
     assert stamp["source_sha256"] == assets.sha256_file(assets.asset_path(cache, "smollm2"))
     answer = assets.greedy_answer(model, "What is the capital of France?", max_new_tokens=12)
     assert "Paris" in answer, answer
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    assert (tok.bos_token_id, tok.eos_token_id) == (1, 2) and tok.eos_token == "<|im_end|>"
+    # SmolLM2 splits numbers into single digits (its vocab has no multi-digit tokens); the byte-level
+    # round trip is lossless
+    text = "In 2024, 12 apples cost $3.50 - naïve café"
+    assert tok.tokenize(" 2024") == ["Ġ", "2", "0", "2", "4"]
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
 
 def _vars(work: Path, cache: Path) -> dict:

