@@ -12,20 +12,21 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # Pytest's own temp dirs stay out of /tmp clutter
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv run test lint unit system-deps clean
+.PHONY: help venv run test lint unit system-deps clean lock
 
 help:
 	@echo "make run   - create the venv and run site.yml on the embedded local default (inventory/local)"
 	@echo "make test  - the whole suite: ruff, ansible-lint (production), pytest (unit + hosts)"
 	@echo "make lint  - ruff + ansible-lint only"
 
-$(STAMP): requirements/workload.txt requirements/control.txt requirements/speculators.txt pyproject.toml
+$(STAMP): requirements/workload.txt requirements/control.txt requirements/speculators.txt requirements/constraints.txt collections/requirements.yml pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11: the CPU torch wheel is pinned for it)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -r requirements/workload.txt -r requirements/control.txt
+	$(BIN)/pip install -q -c requirements/constraints.txt -r requirements/workload.txt -r requirements/control.txt
 	$(BIN)/pip install -q --no-deps -r requirements/speculators.txt
 	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/ansible-galaxy collection install -r collections/requirements.yml
 	touch $@
 
 venv: $(STAMP)
@@ -40,12 +41,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check python library module_utils tests bench
 	$(BIN)/ruff format --check python library module_utils tests bench
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint --profile production --offline site.yml playbooks roles
+	$(BIN)/python tests/lint/validate_modules.py
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 test: $(STAMP) system-deps lint
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest tests $(PYTEST_ARGS)
+
+# re-pin every installed package (after changing requirements/*.txt on purpose)
+lock: $(STAMP)
+	{ echo "# Every package of the tested venv, pinned (make lock writes it; make uses it as pip constraints)."; \
+	  $(BIN)/pip list --format=freeze --exclude eagle3ops --exclude pip | sed 's/+cpu$$//'; } > requirements/constraints.txt
 
 clean:
 	rm -rf work

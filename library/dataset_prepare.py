@@ -17,7 +17,7 @@ description:
     unless O(force=true).
   - Check mode writes nothing and predicts C(changed).
 version_added: "0.1.0"
-author: eagle3ops contributors
+author: eagle3ops developers (@eagle3ops)
 options:
   model:
     description: Target model directory whose tokenizer and chat template are used.
@@ -64,8 +64,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
   diff_mode:
     support: none
+    description: No diff is returned; the result's fields say what changed.
 """
 
 EXAMPLES = r"""

@@ -15,7 +15,7 @@ description:
   - C(action=report) runs C(eagle3ops benchmark-report) - C(report.json), C(report.md) and C(report.png) in
     I(out) from the acceptance result and SGLang's bench results - written only when those inputs changed.
 version_added: "0.1.0"
-author: eagle3ops contributors
+author: eagle3ops developers (@eagle3ops)
 options:
   action:
     description: What to run.
@@ -73,8 +73,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
   diff_mode:
     support: none
+    description: No diff is returned; the result's fields say what changed.
 """
 
 EXAMPLES = r"""
@@ -128,7 +130,7 @@ def main():
             "target": {"type": "path"},
             "prompts": {"type": "path"},
             "k": {"type": "int", "default": 3},
-            "max_new_tokens": {"type": "int", "default": 64},
+            "max_new_tokens": {"type": "int", "default": 64, "no_log": False},
             "limit": {"type": "int"},
             "baseline": {"type": "bool", "default": True},
             "max_target_gb": {"type": "float"},

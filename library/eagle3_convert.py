@@ -16,7 +16,7 @@ description:
   - Idempotent. An output stamped with the same source checkpoint (sha256) and settings is left alone.
   - Runs C(eagle3ops convert) (logic in C(eagle3ops.convert)).
 version_added: "0.1.0"
-author: eagle3ops contributors
+author: eagle3ops developers (@eagle3ops)
 options:
   checkpoint:
     description: A checkpoint directory, a speculators save path (C(checkpoint_best) or the newest epoch) or a train run directory.
@@ -42,8 +42,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
   diff_mode:
     support: none
+    description: No diff is returned; the result's fields say what changed.
 """
 
 EXAMPLES = r"""

@@ -24,7 +24,7 @@ description:
   - O(wait=true) blocks until the run ends (or O(timeout)) and returns the final metrics; O(wait=false) returns
     once the trainer is started.
 version_added: "0.1.0"
-author: eagle3ops contributors
+author: eagle3ops developers (@eagle3ops)
 options:
   data_dir:
     description: Data directory from prepare + extract (Arrow dataset, C(hidden_states/), C(token_freq.pt)).
@@ -164,8 +164,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
   diff_mode:
     support: full
+    description: Returns a diff of what changes (in check mode too).
 notes:
   - Check mode reads the inputs and renders the config, and predicts launch/relaunch/nothing; it starts nothing.
   - A run stopped with SIGTERM (e.g. C(systemctl stop)) makes speculators save an C(interrupted) checkpoint it does

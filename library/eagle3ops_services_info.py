@@ -11,8 +11,8 @@ description:
     starting).
   - For each unit returns its systemd states and what occupies C(/etc/systemd/system/<unit>)
     (C(absent), C(mask), C(file), C(link)); C(systemctl mask) fails when a unit file or link is there,
-    so the role moves it aside first (M(eagle3ops_unit_backup)).
-  - Also returns the units recorded in O(backup_dir) (what O(services_state=restored) acts on) and the
+    so the role moves it aside first (the C(eagle3ops_unit_backup) module of this project).
+  - Also returns the units recorded in O(backup_dir) (what the services role's C(services_state=restored) acts on) and the
     other processes that hold C(/dev/nvidia*) open, read from C(/proc/*/fd).
   - On a host where systemd is not the init system (no C(/run/systemd/system)) nothing can start a unit, so
     RV(systemd_running) is false and no unit is returned.
@@ -31,7 +31,7 @@ options:
     description: Scan C(/proc) for processes holding C(/dev/nvidia*) open (other than O(units)).
     type: bool
     default: true
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""
@@ -53,9 +53,9 @@ units:
   elements: dict
   contains:
     name: {description: Unit name., type: str}
-    load_state: {description: systemd LoadState (loaded, masked, not-found)., type: str}
+    load_state: {description: "systemd LoadState (loaded, masked, not-found).", type: str}
     active_state: {description: systemd ActiveState., type: str}
-    unit_file_state: {description: systemd UnitFileState (enabled, disabled, masked, static, ...)., type: str}
+    unit_file_state: {description: "systemd UnitFileState (enabled, disabled, masked, static, ...).", type: str}
     fragment_path: {description: The unit file systemd loaded., type: str}
     etc_entry: {description: "What is at /etc/systemd/system/<unit>: absent, mask, file, link or other.", type: str}
     masked: {description: Whether the unit is masked., type: bool}

@@ -22,7 +22,7 @@ options:
     description: Seconds to wait for the partition to appear.
     type: int
     default: 10
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""

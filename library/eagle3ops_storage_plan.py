@@ -62,7 +62,7 @@ options:
     description: Refuse kernel names such as C(/dev/nvme1n1) (they can change between boots).
     type: bool
     default: true
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""

@@ -51,7 +51,7 @@ options:
     description: The fstab file used.
     type: path
     default: /etc/fstab
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""

@@ -34,7 +34,7 @@ options:
     type: list
     elements: str
     default: []
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""

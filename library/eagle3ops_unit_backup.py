@@ -30,7 +30,7 @@ options:
     description: Where the records and moved unit files are kept.
     type: path
     default: /var/lib/eagle3ops/services
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""

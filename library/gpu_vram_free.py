@@ -89,9 +89,9 @@ options:
       - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
     type: path
 notes:
-  - Supports check mode (predicts RV(changed)=true when an allow-listed holder would be stopped) and diff mode
+  - Supports check mode (predicts C(changed=true) when an allow-listed holder would be stopped) and diff mode
     (the holders before, what is left after).
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""

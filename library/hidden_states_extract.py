@@ -18,7 +18,7 @@ description:
   - Check mode loads no weights and writes nothing; it reports how many rows would be extracted and the bytes needed.
   - Long runs work with C(async)/C(poll).
 version_added: "0.1.0"
-author: eagle3ops contributors
+author: eagle3ops developers (@eagle3ops)
 options:
   data_dir:
     description: Prepared data directory (output of the C(prepare) phase).
@@ -84,8 +84,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
   diff_mode:
     support: none
+    description: No diff is returned; the result's fields say what changed.
 notes:
   - Resume never loads tensors; it reads the manifests and the headers of files that are not in them.
 """
@@ -169,7 +171,7 @@ def main():
             },
             "device": {"type": "str", "default": "auto"},
             "workers": {"type": "str", "default": "1"},
-            "max_batch_tokens": {"type": "int", "default": 16384},
+            "max_batch_tokens": {"type": "int", "default": 16384, "no_log": False},
             "writer_threads": {"type": "int", "default": 4},
             "fsync": {"type": "bool", "default": True},
             "margin": {"type": "float", "default": 0.05},

@@ -80,7 +80,7 @@ options:
     description: The host driver's version (compared with the user-space libraries found in the container).
     type: path
     default: /sys/module/nvidia/version
-author: eagle3ops
+author: eagle3ops developers (@eagle3ops)
 """
 
 EXAMPLES = r"""

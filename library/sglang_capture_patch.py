@@ -19,7 +19,7 @@ description:
   - The patch state is always returned as the fact C(eagle3ops_sglang_patch).
   - Runs C(eagle3ops sglang-patch) on the target (installed by the C(runtime) phase).
 version_added: "0.1.0"
-author: eagle3ops contributors
+author: eagle3ops developers (@eagle3ops)
 options:
   state:
     description:
@@ -50,8 +50,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
   diff_mode:
     support: full
+    description: Returns a diff of what changes (in check mode too).
 notes:
   - The C(extract) phase (C(extract_backend=sglang)) restores the file with this module (C(state=absent)) when
     extraction finishes; the C(sglang) phase applies it only while extraction has rows left. Serving a draft needs

@@ -19,7 +19,7 @@ description:
     byte-exact when no row failed (the extract role does the same with its own C(sglang_capture_patch) task).
   - Check mode contacts no server and writes nothing; it reports how many rows would be sent and the bytes needed.
 version_added: "0.1.0"
-author: eagle3ops contributors
+author: eagle3ops developers (@eagle3ops)
 options:
   data_dir:
     description: Prepared data directory (output of the C(prepare) phase).
@@ -92,8 +92,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
   diff_mode:
     support: none
+    description: No diff is returned; the result's fields say what changed.
 """
 
 EXAMPLES = r"""

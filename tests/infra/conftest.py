@@ -9,13 +9,49 @@ The checks read the phases' variables from the inventory (ansible backend), else
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
+from testinfra.utils import ansible_runner as _ar
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = Path(__file__).resolve().parent
+
+
+def _run_module_json(self, host, module_name, module_args, get_encoding=None, **options):
+    """testinfra's ``AnsibleRunner.run_module`` without ``ansible --tree`` (deprecated, removed in ansible-core
+    2.23): the same ad-hoc call, with the ``ansible.posix.json`` stdout callback, read from stdout. testinfra uses
+    it for every connection it has no backend of its own for (here: ``proxmox_pct_remote``)."""
+    cmd, args = "ANSIBLE_LOAD_CALLBACK_PLUGINS=1 ANSIBLE_STDOUT_CALLBACK=ansible.posix.json ansible", []
+    if self.inventory_file:
+        cmd += " -i %s"
+        args.append(self.inventory_file)
+    cmd += " -m %s"
+    args.append(module_name)
+    if module_args:
+        cmd += " --args %s"
+        args.append(module_args)
+    options_cli, options_args = self.options_to_cli(options)
+    if options_cli:
+        cmd += " " + options_cli
+        args += options_args
+    cmd += " %s"
+    args.append(host)
+    out = _ar.local.run_expect([0, 2, 4, 8], cmd, *args)
+    try:
+        result = json.loads(out.stdout)["plays"][0]["tasks"][0]["hosts"][host]
+    except (ValueError, KeyError, IndexError) as e:
+        raise RuntimeError(
+            f"ansible -m {module_name} on {host}: no JSON result ({e}): {out.stdout[-2000:]}"
+        ) from e
+    if result.get("skipped"):
+        return {"failed": True, "skipped": True, "msg": "Skipped. You might want to try check=False"}
+    return result
+
+
+_ar.AnsibleRunner.run_module = _run_module_json
 
 
 def pytest_collection_modifyitems(config, items):
