@@ -22,7 +22,7 @@ description:
   - Each step is idempotent (a second run is C(changed=false)) and writes under a temp name first. Check mode
     writes nothing and predicts C(changed).
 version_added: "0.1.0"
-author: eagle3ops contributors
+author: eagle3ops developers (@eagle3ops)
 options:
   step:
     description: Which step to run.
@@ -75,8 +75,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Check mode predicts whether the step would change anything, and writes nothing.
   diff_mode:
     support: none
+    description: No diff is returned; the result's fields say what was fetched, converted or written.
 """
 
 EXAMPLES = r"""
