@@ -49,7 +49,12 @@ def register(subparsers) -> None:
         ),
     )
     c.add_argument(
-        "--source", required=True, metavar="PATH", help="a .gguf file or a wheel with one .gguf member"
+        "--source",
+        "--gguf",
+        dest="source",
+        required=True,
+        metavar="PATH",
+        help="a .gguf file or a wheel with one .gguf member (--gguf: the same option)",
     )
     c.add_argument("--out", required=True, metavar="DIR", help="the model directory to write")
     c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
