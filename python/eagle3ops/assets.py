@@ -30,11 +30,13 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 import zipfile
 from collections import Counter
 from dataclasses import dataclass
@@ -47,7 +49,7 @@ STAMP = ".eagle3ops-asset.json"
 CONVERT_STAMP = "eagle3ops_convert.json"
 SUBSET_STAMP = "subset.json"
 CONVERT_FORMAT = 1
-SUBSET_FORMAT = 2
+SUBSET_FORMAT = 3
 # the longest cut-off tail of a JSON list that read_json_rows tolerates (one conversation, not a lost file part)
 TRUNCATED_TAIL_MAX = 4 << 20
 
@@ -525,7 +527,34 @@ _SYSTEM_ROLES = {"system": "system"}
 
 
 def _norm_text(s: str) -> str:
-    return " ".join(s.split()).casefold()
+    """Case, accents-as-composed, punctuation and whitespace folded away (what survives a copy-paste)."""
+    return " ".join(re.findall(r"[^\W_]+", unicodedata.normalize("NFKC", s).casefold()))
+
+
+# a banned prompt this long (normalised) also bans a user turn that contains it (the benchmark phase's
+# contamination check counts such a turn too)
+CONTAINED_MIN_CHARS = 40
+
+
+class _Probes:
+    """Prompts no training row may hold: equal to a user turn, or (when long) contained in one."""
+
+    def __init__(self, texts=()):
+        self.exact: set[str] = set()
+        self.long: list[str] = []
+        for t in texts:
+            self.add(t)
+
+    def add(self, normalised: str) -> None:
+        if normalised and normalised not in self.exact:
+            self.exact.add(normalised)
+            if len(normalised) >= CONTAINED_MIN_CHARS:
+                self.long.append(normalised)
+
+    def hit(self, users: set[str]) -> bool:
+        if users & self.exact:
+            return True
+        return any(k in u for u in users for k in self.long if len(u) > len(k))
 
 
 def load_mtbench_turns(path: str | os.PathLike) -> set[str]:
@@ -670,14 +699,14 @@ def sharegpt_subset(
             "heldout_path": str(paths["heldout"]),
         }
     data, truncated = read_json_rows(src)
-    banned = load_mtbench_turns(exclude_prompts) if exclude_prompts else set()
+    banned = _Probes(load_mtbench_turns(exclude_prompts) if exclude_prompts else ())
     order = list(range(len(data)))
     random.Random(f"eagle3ops-sharegpt-{seed}").shuffle(order)
     skipped: Counter = Counter()
     dropped: Counter = Counter()
     train: list[dict] = []
     held: list[dict] = []
-    held_prompts: set[str] = set()
+    held_prompts = _Probes()
     examples: dict[str, str] = {}
     read = 0
     for idx in order:
@@ -692,7 +721,7 @@ def sharegpt_subset(
             examples.setdefault(why, f"{src.name}[{idx}] (id {rid})")
             continue
         users = {_norm_text(t["value"]) for t in conv if t["from"] == "human"}
-        if users & banned:
+        if banned.hit(users):
             skipped["mtbench_prompt"] += 1
             examples.setdefault("mtbench_prompt", f"{src.name}[{idx}] (id {rid})")
             continue
@@ -705,7 +734,7 @@ def sharegpt_subset(
             )
             held_prompts.add(_norm_text(first["value"]))
             continue
-        if users & held_prompts:
+        if held_prompts.hit(users):
             skipped["heldout_prompt"] += 1
             continue
         train.append({"id": rid, "conversations": conv})

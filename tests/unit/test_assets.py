@@ -251,6 +251,15 @@ def _sharegpt(path: Path, *, cut: bool) -> list[dict]:
             ("gpt", "Aloha"),
         ),
         _conv(106, ("system", "be brief"), ("human", "sys q"), ("gpt", "sys a"), ("human", "dangling")),
+        # an MT-bench question inside a longer turn, other case and punctuation (the benchmark's own check)
+        _conv(
+            108,
+            (
+                "human",
+                "Hi! Please: COMPOSE an engaging travel-blog post about a recent trip to Hawaii, thanks",
+            ),
+            ("gpt", "ok"),
+        ),
         _conv(107, ("human", "only a question")),
     ]
     text = json.dumps(rows, indent=2)
@@ -289,7 +298,7 @@ def test_sharegpt_subset_counts_add_up_and_keeps_benchmarks_out(tmp_path):
     assert not {"skipped", "failed"} & set(res)  # Ansible would read those keys as the task's own state
     train_users = {t["value"] for r in train for t in r["conversations"] if t["from"] == "human"}
     assert not train_users & {h["prompt"] for h in held}
-    assert "c105" not in {r["id"] for r in train} | {h["id"] for h in held}
+    assert not {"c105", "c108"} & ({r["id"] for r in train} | {h["id"] for h in held})
     for r in train:  # every kept row starts with a user (or system + user) turn and ends with an answer
         roles = [t["from"] for t in r["conversations"] if t["from"] != "system"]
         assert (
@@ -300,7 +309,7 @@ def test_sharegpt_subset_counts_add_up_and_keeps_benchmarks_out(tmp_path):
         assets.sharegpt_subset(src, tmp_path / "x", limit=34, exclude_prompts=mt, log=lambda m: None)
     for why in (
         "'empty': 1",
-        "'mtbench_prompt': 1",
+        "'mtbench_prompt': 2",
         "'roles_do_not_alternate': 1",
         "'starts_with_assistant': 1",
     ):
