@@ -98,7 +98,8 @@ def _vars(work: Path, cache: Path) -> dict:
 @pytest.fixture(scope="module")
 def profile(cache, tmp_path_factory):
     work = tmp_path_factory.mktemp("smollm2") / "work"
-    first = run_playbook(REPO / "site.yml", INVENTORY, extravars=_vars(work, cache), tags=TAGS)
+    # five phases, each a fresh eagle3ops process loading torch + SmolLM2: 15 min on the loaded 2-core box
+    first = run_playbook(REPO / "site.yml", INVENTORY, extravars=_vars(work, cache), tags=TAGS, timeout=2700)
     return work, first
 
 
