@@ -10,6 +10,14 @@ Test hosts (systemd-nspawn, see tests/hosts/README.md):
 * ``run_playbook(playbook, inventory, check=..., extravars=..., tags=...)`` -> per-host ansible-runner stats.
 
 Every fixture that needs root/nspawn skips with the reason when this machine cannot run hosts.
+
+Parallel runs (``make test`` = ``pytest tests -n $(TEST_WORKERS)``, pytest-xdist; docs/conventions.md "Test
+time budget"): each test module runs whole on one worker (its module fixtures are built once); the modules
+of a directory in ``SHARED_GROUPS`` run together (shared session fixtures); the heaviest groups start
+first (marks ``qemu`` > ``slow`` > ``nspawn``). Session fixtures are built once per worker: keep them cheap,
+or cache what they make under ``hosts.nspawn.CACHE_DIR``. Reusable session fixtures: ``nspawn_ready``
+(cached rootfs + ssh key), ``session_host_factory``; tests/unit: ``tiny_target``; tests/reliability:
+``zygote``, ``tiny_model``, ``prepared``, ``reference``, ``figures``.
 """
 
 from __future__ import annotations
@@ -32,6 +40,103 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
 
 from hosts import nspawn
 from hosts.runner import run_playbook as _run_playbook
+
+# --------------------------------------------------------------------------------------------------
+# Parallel runs: `make test` runs `pytest -n $(TEST_WORKERS)` (pytest-xdist); docs/conventions.md
+# "Test time budget". Work is handed out by GROUP: one group runs whole on one worker, so module- and
+# class-scoped fixtures are built once. A group is a test module, except that every module of a directory
+# named in SHARED_GROUPS forms one group (they share costly session fixtures, built once per worker).
+# Heaviest groups start first (qemu > slow > nspawn > the rest, summed per group): mark tests honestly.
+# (xdist's own `xdist_group` marks do not work with pytest 9: xdist 3.8 rewrites a node id pytest no longer
+# reads. Groups are decided here, from the node id, by `group_of`.)
+# --------------------------------------------------------------------------------------------------
+SHARED_GROUPS = {"reliability": "tests/reliability"}  # directory under tests/ -> group name
+_WEIGHT = (("qemu", 600), ("slow", 60), ("nspawn", 20))  # start order only; unmarked tests weigh 1
+
+
+def group_of(nodeid: str) -> str:
+    """The group of a test, from its node id (``tests/unit/test_x.py::test_y`` -> ``tests/unit/test_x.py``)."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in SHARED_GROUPS:
+        return SHARED_GROUPS[parts[1]]
+    return path
+
+
+def _weight(item) -> int:
+    for name, w in _WEIGHT:
+        if item.get_closest_marker(name):
+            return w
+    return 1
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """`-n N` means grouped distribution here (plain `load` would split a module across workers and build
+    its module-scoped fixtures once per worker)."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") in (
+        "no",
+        "load",
+    ):
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker: order the groups heaviest first (a group's own order is kept). Every worker
+    sorts the same collection the same way, which is the order the controller hands groups out in."""
+    if not hasattr(config, "workerinput"):
+        return
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(group_of(item.nodeid), []).append(item)
+    order = sorted(groups.values(), key=lambda its: -sum(_weight(i) for i in its))  # stable sort
+    items[:] = [i for its in order for i in its]
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Group scheduling (``--dist loadgroup``, which `-n` implies here) by :func:`group_of`."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            config.option.loadscopereorder = False  # keep the heaviest-first order of the collection
+            self._initial = False
+
+        def _split_scope(self, nodeid):
+            return group_of(nodeid)
+
+        def schedule(self):
+            self._initial = self.collection is None
+            try:
+                super().schedule()
+            finally:
+                self._initial = False
+
+        def _assign_work_unit(self, node):
+            # A worker only starts its last queued test once it has a next one (or is told to stop), so a
+            # worker whose first group is a single long test (QEMU) must queue a second group at once:
+            # give it the lightest one, not the next heavy one.
+            if self._initial and self.assigned_work.get(node) and len(self.workqueue) > 1:
+                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node):
+            # queue the next group when the worker is on its last test (xdist's default waits for <= 2, which
+            # leaves a group stuck behind two long tests while other workers may be idle)
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    return GroupScheduling(config, log)
 
 
 def pytest_addoption(parser):
