@@ -44,7 +44,7 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-# pytest runs TEST_WORKERS processes (pytest-xdist; one test module per worker at a time, heaviest first:
+# pytest runs TEST_WORKERS processes (pytest-xdist; grouped so module fixtures are built once, heaviest first:
 # tests/conftest.py). The host, ansible and QEMU tests wait on boots, ssh and playbooks far more than they
 # compute, so 4 workers on 2 cores pay; TEST_WORKERS=0 runs serially. Lint runs beside pytest (its output
 # is printed when it ends). docs/conventions.md "Test time budget" says how to keep `make test` <= 20 min.
