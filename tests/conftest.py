@@ -10,6 +10,15 @@ Test hosts (systemd-nspawn, see tests/hosts/README.md):
 * ``run_playbook(playbook, inventory, check=..., extravars=..., tags=...)`` -> per-host ansible-runner stats.
 
 Every fixture that needs root/nspawn skips with the reason when this machine cannot run hosts.
+
+Parallel runs (``make test`` = ``pytest tests -n $(TEST_WORKERS)``, pytest-xdist; docs/conventions.md "Test
+time budget"): the tests that share a module-scoped fixture run together on one worker (built once), the
+modules of a directory in ``SHARED_GROUPS`` run together (shared session fixtures), every other test may
+run on any worker, and an ``xdist_group("name")`` mark keeps tests together; the heaviest groups start
+first (marks ``qemu`` > ``slow`` > ``nspawn``). Session fixtures are built once per worker: keep them cheap,
+or cache what they make under ``hosts.nspawn.CACHE_DIR``. Reusable session fixtures: ``nspawn_ready``
+(cached rootfs + ssh key), ``session_host_factory``; tests/unit: ``tiny_target``; tests/reliability:
+``zygote``, ``tiny_model``, ``prepared``, ``reference``, ``figures``.
 """
 
 from __future__ import annotations
@@ -32,6 +41,152 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
 
 from hosts import nspawn
 from hosts.runner import run_playbook as _run_playbook
+
+# --------------------------------------------------------------------------------------------------
+# Parallel runs: `make test` runs `pytest -n $(TEST_WORKERS)` (pytest-xdist); docs/conventions.md
+# "Test time budget". Work is handed out by GROUP; a group runs whole on one worker, in its own order:
+# * a test with an ``xdist_group("name")`` mark: that group;
+# * a test in a directory named in SHARED_GROUPS: that directory's group (its modules share costly session
+#   fixtures, built once that way);
+# * a test that uses a module-, class- or package-scoped fixture: its module (the fixture is built once);
+# * any other test: a group of its own (it may run on any worker, beside its module's other tests).
+# Heaviest groups start first (qemu > slow > nspawn > the rest, summed per group): mark tests honestly.
+# The workers decide the groups (they collect; the controller only sees node ids) and hand them to the
+# controller's scheduler in a file: xdist 3.8's own ``loadgroup`` rewrites a node id that pytest 9 no
+# longer reads, so it would ignore the marks.
+# --------------------------------------------------------------------------------------------------
+SHARED_GROUPS = {"reliability": "tests/reliability"}  # directory under tests/ -> group name
+_WEIGHT = (("qemu", 600), ("slow", 60), ("nspawn", 20))  # start order only; unmarked tests weigh 1
+_SHARED_SCOPES = ("module", "class", "package")
+
+
+def group_of(item) -> str:
+    """The group of a collected test (see above)."""
+    for mark in item.iter_markers("xdist_group"):
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    path = item.nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in SHARED_GROUPS:
+        return SHARED_GROUPS[parts[1]]
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}) or {}
+    if any(fd.scope in _SHARED_SCOPES for fds in defs.values() for fd in fds):
+        return path
+    return item.nodeid
+
+
+def _weight(item) -> int:
+    for name, w in _WEIGHT:
+        if item.get_closest_marker(name):
+            return w
+    return 1
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """`-n N` means grouped distribution here (plain `load` would split a module's tests that share a
+    module-scoped fixture across workers and build it once per worker)."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") in (
+        "no",
+        "load",
+    ):
+        config.option.dist = "loadgroup"
+
+
+def _groups_file(config) -> Path:
+    if not hasattr(config, "_e3t_groups"):
+        import tempfile
+
+        config._e3t_groups = Path(tempfile.mkdtemp(prefix="e3t-groups-")) / "groups.json"
+    return config._e3t_groups
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["e3t_groups"] = str(_groups_file(node.config))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker: decide each test's group, order the groups heaviest first (a group's own order is
+    kept; every worker sorts the same collection the same way, the order the controller hands groups out
+    in), and write {node id: group} for the controller."""
+    workerinput = getattr(config, "workerinput", None)
+    if not workerinput:
+        return
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(group_of(item), []).append(item)
+    order = sorted(groups.values(), key=lambda its: -sum(_weight(i) for i in its))  # stable sort
+    items[:] = [i for its in order for i in its]
+    out = workerinput.get("e3t_groups")
+    if out:
+        import json
+
+        tmp = Path(f"{out}.{workerinput.get('workerid', 'w')}.tmp")
+        tmp.write_text(json.dumps({i.nodeid: g for g, its in groups.items() for i in its}))
+        os.replace(tmp, f"{out}.{workerinput.get('workerid', 'w')}")
+
+
+def pytest_unconfigure(config):
+    groups = getattr(config, "_e3t_groups", None)
+    if groups is not None:
+        import shutil
+
+        shutil.rmtree(groups.parent, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Group scheduling (``--dist loadgroup``, which `-n` implies here) by the workers' :func:`group_of`."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups_file = _groups_file(config)
+
+    class GroupScheduling(LoadScopeScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            config.option.loadscopereorder = False  # keep the heaviest-first order of the collection
+            self._initial = False
+            self._groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid):
+            if self._groups is None:  # first called once every worker has collected (and written its file)
+                import json
+
+                found = sorted(groups_file.parent.glob(groups_file.name + ".*[!p]"))
+                self._groups = json.loads(found[0].read_text()) if found else {}
+            # without a file (a worker that could not write it): by module, the safe grouping
+            return self._groups.get(nodeid) or nodeid.split("::", 1)[0]
+
+        def schedule(self):
+            self._initial = self.collection is None
+            try:
+                super().schedule()
+            finally:
+                self._initial = False
+
+        def _assign_work_unit(self, node):
+            # A worker only starts its last queued test once it has a next one (or is told to stop), so a
+            # worker whose first group is a single long test (QEMU) must queue a second group at once:
+            # give it the lightest one, not the next heavy one.
+            if self._initial and self.assigned_work.get(node) and len(self.workqueue) > 1:
+                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node):
+            # queue the next group when the worker is on its last test (xdist's default waits for <= 2, which
+            # leaves a group stuck behind two long tests while other workers may be idle)
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    return GroupScheduling(config, log)
 
 
 def pytest_addoption(parser):
