@@ -20,7 +20,7 @@ description:
     means C(changed=false). Changed inputs or settings are refused unless I(force).
   - Check mode writes nothing and contacts no server; it predicts C(changed) and the conversations and answers left.
 version_added: "0.1.0"
-author: eagle3ops contributors
+author: eagle3ops developers (@eagle3ops)
 options:
   model:
     description: The target - a local model directory (C(transformers)), or the path/name the server serves (C(openai)).
@@ -138,8 +138,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
   diff_mode:
     support: full
+    description: Returns a diff of what changes (in check mode too).
 """
 
 EXAMPLES = r"""
