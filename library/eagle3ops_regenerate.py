@@ -227,7 +227,7 @@ def main():
             "backend": {"type": "str", "choices": ["transformers", "openai"], "default": "transformers"},
             "urls": {"type": "list", "elements": "str", "default": ["http://127.0.0.1:30000"]},
             "served_model_name": {"type": "str"},
-            "max_new_tokens": {"type": "int", "default": 512},
+            "max_new_tokens": {"type": "int", "default": 512, "no_log": False},
             "temperature": {"type": "float", "default": 0.0},
             "top_p": {"type": "float", "default": 1.0},
             "seed": {"type": "int", "default": 0},
