@@ -198,6 +198,10 @@ markdown:
   description: The report's markdown table.
   returned: when action is report
   type: str
+measure:
+  description: Whether the live benchmark measures (measured) this server - its inputs changed (C(live)).
+  returned: when action is live
+  type: bool
 acceptance_length:
   description: Completion tokens / spec_verify_ct over the probe prompts (C(guard)).
   returned: when action is guard

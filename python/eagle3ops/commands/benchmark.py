@@ -401,7 +401,7 @@ def cmd_live(args) -> int:
         current = None
     changed = current != inputs
     if not changed or args.check:
-        res = {"changed": changed, "check_mode": args.check, "out": str(out)}
+        res = {"changed": changed, "measure": changed, "check_mode": args.check, "out": str(out)}
         emit(args, res, f"{out}: {'would measure' if changed else 'up to date'}")
         return 0
     try:
@@ -456,7 +456,7 @@ def cmd_live(args) -> int:
     summary = [
         {k: r[k] for k in ("set", "concurrency", "output_tok_s", "acceptance_length", "turns")} for r in runs
     ]
-    emit(args, {"changed": True, "check_mode": False, "out": str(out), "summary": summary})
+    emit(args, {"changed": True, "measure": True, "check_mode": False, "out": str(out), "summary": summary})
     return 0
 
 
