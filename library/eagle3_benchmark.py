@@ -12,6 +12,17 @@ description:
     trained draft from the target's own hidden states, verified by the target (transformers), on held-out
     prompts - and writes the result JSON to I(out). Runs again only when the checkpoint, target, prompts or
     settings changed.
+  - C(action=guard) runs C(eagle3ops benchmark-spec-probe --min-accept-length) against a running SGLang server
+    with a draft - greedy probe prompts, acceptance length = completion tokens / C(spec_verify_ct) - and fails with
+    the likely causes when it is below I(min_accept_length), or when C(spec_verify_ct) is missing or zero (the
+    draft is not in use). Read-only (C(changed=false)); skipped in check mode.
+  - C(action=live) runs C(eagle3ops benchmark-live) - eagle3ops' own load generator against a running SGLang
+    server (I(url)), for every named prompt set (I(prompt_sets)) and every I(concurrency) - output tok/s,
+    latencies, acceptance length per request and overall - into I(out); measures again only when the prompt
+    files, settings or I(server_key) changed. I(plan=true) only predicts (no request is sent).
+  - C(action=contamination) runs C(eagle3ops benchmark-contamination) - every prompt of I(prompt_sets) (MT-bench
+    both turns) is compared, normalised, with the user turns of I(training_data); found ones fail the task
+    (I(contamination_mode=fail)) or are only reported (C(warn)). Read-only apart from the result file I(out).
   - C(action=report) runs C(eagle3ops benchmark-report) - C(report.json), C(report.md) and C(report.png) in
     I(out) from the acceptance result and SGLang's bench results - written only when those inputs changed.
 version_added: "0.1.0"
@@ -20,12 +31,82 @@ options:
   action:
     description: What to run.
     type: str
-    choices: [acceptance, report]
+    choices: [acceptance, report, guard, live, contamination]
     required: true
-  out:
-    description: The acceptance result file (C(acceptance)) or the report directory (C(report)).
+  prompt_sets:
+    description: Named prompt files C({name - path}) (held-out JSONL, MT-bench question.jsonl); C(live), C(contamination).
+    type: dict
+  mtbench_turns:
+    description: MT-bench C(first) turns only, or C(both) as a two-turn conversation; C(live) only.
+    type: str
+    choices: [first, both]
+    default: first
+  concurrency:
+    description: Requests in flight, one run each; C(live) only.
+    type: list
+    elements: int
+    default: [1, 8]
+  num_requests:
+    description:
+      - Requests per prompt set and concurrency - the first N prompts, repeated when the set is smaller; default
+        each prompt once. C(live) only.
+    type: int
+  time_budget:
+    description: Seconds per run after which no new request starts; C(live) only.
+    type: float
+    default: 600
+  request_timeout:
+    description: Seconds per request; C(live) only.
+    type: float
+    default: 600
+  ignore_eos:
+    description: Always generate I(max_new_tokens) tokens; C(live) only.
+    type: bool
+    default: false
+  template_model:
+    description: Render prompts with this model's chat template; C(live) only.
     type: path
-    required: true
+  label:
+    description: C(with_draft) or C(without_draft); C(live) only.
+    type: str
+    default: with_draft
+  server_key:
+    description: Identity of the measured server (its command line); a new one measures again; C(live) only.
+    type: str
+    default: ""
+  plan:
+    description: Only predict whether I(action=live) would measure (C(changed)); nothing is sent or written.
+    type: bool
+    default: false
+  training_data:
+    description: Training conversations (JSONL files, directories, saved HF datasets); C(contamination) only.
+    type: list
+    elements: path
+    default: []
+  contamination_mode:
+    description: C(fail) the task when a benchmark prompt is in the training data, or C(warn); C(contamination) only.
+    type: str
+    choices: [fail, warn]
+    default: fail
+  live_with:
+    description: C(benchmark-live) result of the server with the draft; C(report) only.
+    type: path
+  live_without:
+    description: C(benchmark-live) result of the server without the draft; C(report) only.
+    type: path
+  contamination:
+    description: C(benchmark-contamination) result; C(report) only.
+    type: path
+  url:
+    description: The SGLang server's base URL; C(guard) only.
+    type: str
+  min_accept_length:
+    description: The guard's floor for the acceptance length; C(guard) only.
+    type: float
+    default: 1.3
+  out:
+    description: The acceptance result file (C(acceptance)) or the report directory (C(report)); required there.
+    type: path
   checkpoint:
     description: The speculators checkpoint (dir, save path or train run dir); C(acceptance) only.
     type: path
@@ -33,7 +114,9 @@ options:
     description: The target model directory; C(acceptance) only.
     type: path
   prompts:
-    description: Held-out prompts JSONL, not used in training; C(acceptance) only.
+    description:
+      - Held-out prompts JSONL, not used in training (C(acceptance)); the probe prompts (C(guard); default
+        eagle3ops' built-in prompts).
     type: path
   k:
     description: Draft tokens per verify step.
@@ -87,6 +170,12 @@ EXAMPLES = r"""
     target: /data/models/demo
     prompts: /data/eagle3/demo/heldout.jsonl
     out: /data/eagle3/benchmark/acceptance.json
+- name: Fail when the served draft is not accepted (acceptance length below 1.3)
+  eagle3_benchmark:
+    action: guard
+    url: http://127.0.0.1:30000
+    min_accept_length: 1.3
+    limit: 4
 - name: Write the report
   eagle3_benchmark:
     action: report
@@ -111,6 +200,19 @@ markdown:
   description: The report's markdown table.
   returned: when action is report
   type: str
+measure:
+  description: Whether the live benchmark measures (measured) this server - its inputs changed (C(live)).
+  returned: when action is live
+  type: bool
+acceptance_length:
+  description: Completion tokens / spec_verify_ct over the probe prompts (C(guard)).
+  returned: when action is guard
+  type: float
+per_request:
+  description: The acceptance length of each probe prompt (C(guard)).
+  returned: when action is guard
+  type: list
+  elements: float
 paths:
   description: report.json / report.md / report.png.
   returned: when action is report
@@ -124,8 +226,30 @@ from ansible.module_utils.eagle3ops_cli import run_cli
 def main():
     module = AnsibleModule(
         argument_spec={
-            "action": {"type": "str", "choices": ["acceptance", "report"], "required": True},
-            "out": {"type": "path", "required": True},
+            "action": {
+                "type": "str",
+                "choices": ["acceptance", "report", "guard", "live", "contamination"],
+                "required": True,
+            },
+            "prompt_sets": {"type": "dict"},
+            "mtbench_turns": {"type": "str", "choices": ["first", "both"], "default": "first"},
+            "concurrency": {"type": "list", "elements": "int", "default": [1, 8]},
+            "num_requests": {"type": "int"},
+            "time_budget": {"type": "float", "default": 600},
+            "request_timeout": {"type": "float", "default": 600},
+            "ignore_eos": {"type": "bool", "default": False},
+            "template_model": {"type": "path"},
+            "label": {"type": "str", "default": "with_draft"},
+            "server_key": {"type": "str", "default": ""},
+            "plan": {"type": "bool", "default": False},
+            "training_data": {"type": "list", "elements": "path", "default": []},
+            "contamination_mode": {"type": "str", "choices": ["fail", "warn"], "default": "fail"},
+            "live_with": {"type": "path"},
+            "live_without": {"type": "path"},
+            "contamination": {"type": "path"},
+            "url": {"type": "str"},
+            "min_accept_length": {"type": "float", "default": 1.3},
+            "out": {"type": "path"},
             "checkpoint": {"type": "path"},
             "target": {"type": "path"},
             "prompts": {"type": "path"},
@@ -140,7 +264,13 @@ def main():
             "spec_probe": {"type": "path"},
             "executable": {"type": "path"},
         },
-        required_if=[("action", "acceptance", ("checkpoint", "target", "prompts"))],
+        required_if=[
+            ("action", "acceptance", ("checkpoint", "target", "prompts", "out")),
+            ("action", "guard", ("url",)),
+            ("action", "live", ("url", "out", "prompt_sets")),
+            ("action", "contamination", ("prompt_sets",)),
+            ("action", "report", ("out",)),
+        ],
         supports_check_mode=True,
     )
     p = module.params
@@ -166,14 +296,58 @@ def main():
             argv.append("--no-baseline")
         if p["max_target_gb"]:
             argv += ["--max-target-gb", str(p["max_target_gb"])]
+    elif p["action"] == "live":
+        argv = ["benchmark-live", "--url", p["url"], "--out", p["out"], "--label", p["label"]]
+        for name, path in sorted((p["prompt_sets"] or {}).items()):
+            argv += ["--set", f"{name}={path}"]
+        argv += ["--mtbench-turns", p["mtbench_turns"], "--concurrency", *[str(c) for c in p["concurrency"]]]
+        argv += ["--max-new-tokens", str(p["max_new_tokens"])]
+        if p["num_requests"]:
+            argv += ["--num-requests", str(p["num_requests"])]
+        argv += ["--time-budget", str(p["time_budget"]), "--timeout", str(p["request_timeout"])]
+        argv += ["--server-key", p["server_key"]]
+        if p["ignore_eos"]:
+            argv.append("--ignore-eos")
+        if p["template_model"]:
+            argv += ["--template-model", p["template_model"]]
+        if p["plan"] or module.check_mode:
+            argv.append("--check")
+        module.exit_json(**run_cli(module, p["executable"], argv))
+    elif p["action"] == "contamination":
+        argv = ["benchmark-contamination", "--mode", p["contamination_mode"]]
+        for name, path in sorted((p["prompt_sets"] or {}).items()):
+            argv += ["--set", f"{name}={path}"]
+        for t in p["training_data"]:
+            argv += ["--training", t]
+        if p["out"] and not module.check_mode:
+            argv += ["--out", p["out"]]
+        module.exit_json(**run_cli(module, p["executable"], argv))
+    elif p["action"] == "guard":
+        if module.check_mode:
+            module.exit_json(
+                changed=False, skipped=True, msg="the guard probes a running server: not in check mode"
+            )
+        argv = ["benchmark-spec-probe", "--url", p["url"], "--min-accept-length", str(p["min_accept_length"])]
+        argv += ["--max-new-tokens", str(p["max_new_tokens"])]
+        if p["prompts"]:
+            argv += ["--prompts", p["prompts"]]
+        if p["limit"]:
+            argv += ["--limit", str(p["limit"])]
+        res = run_cli(module, p["executable"], argv)
+        res["changed"] = False  # read-only: it only sends requests
+        module.exit_json(**res)
     else:
         argv = ["benchmark-report", "--out-dir", p["out"]]
-        for opt in ("acceptance", "sglang_with", "sglang_without", "spec_probe"):
+        for opt in ("acceptance", "sglang_with", "sglang_without", "spec_probe", "live_with", "live_without"):
             if p[opt]:
                 argv += [f"--{opt.replace('_', '-')}", p[opt]]
-        if not (p["acceptance"] or p["sglang_with"] or p["sglang_without"]):
+        if p["contamination"]:
+            argv += ["--contamination", p["contamination"]]
+        if not (
+            p["acceptance"] or p["sglang_with"] or p["sglang_without"] or p["live_with"] or p["live_without"]
+        ):
             module.fail_json(
-                msg="action=report needs acceptance and/or sglang_with/sglang_without result files"
+                msg="action=report needs acceptance and/or sglang_with/sglang_without or live_with/live_without result files"
             )
     if module.check_mode:
         argv.append("--check")

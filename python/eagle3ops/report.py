@@ -45,11 +45,68 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def build_live(live: dict, offline: dict | None) -> dict:
+    """Per prompt set and concurrency: output tok/s with and without the draft, the speed-up, the server's
+    acceptance length (overall and per request); the server's acceptance on held-out prompts next to the offline
+    estimate; the contamination check's verdict."""
+    runs: dict = {}
+    for key in ("with_draft", "without_draft"):
+        for r in (live.get(key) or {}).get("runs", []):
+            runs.setdefault(r["set"], {}).setdefault(r["concurrency"], {})[key] = r
+    sets = {}
+    for name, by_c in runs.items():
+        rows = []
+        for c in sorted(by_c):
+            w, wo = by_c[c].get("with_draft") or {}, by_c[c].get("without_draft") or {}
+            tw, to = w.get("output_tok_s"), wo.get("output_tok_s")
+            rows.append(
+                {
+                    "concurrency": c,
+                    "with_draft_tok_s": tw,
+                    "without_draft_tok_s": to,
+                    "speedup": round(tw / to, 3) if tw and to else None,
+                    "acceptance_length": w.get("acceptance_length"),
+                    "acceptance_per_request": w.get("acceptance_per_request"),
+                    "with_draft_median_latency_s": (w.get("latency_s") or {}).get("median"),
+                    "without_draft_median_latency_s": (wo.get("latency_s") or {}).get("median"),
+                    "turns": w.get("turns", wo.get("turns")),
+                    "completion_tokens": w.get("completion_tokens"),
+                    "failed": (w.get("failed") or 0) + (wo.get("failed") or 0),
+                    "time_budget_hit": bool(w.get("time_budget_hit") or wo.get("time_budget_hit")),
+                }
+            )
+        fmt = next(iter(next(iter(by_c.values())).values())).get("format")
+        sets[name] = {"format": fmt, "rows": rows}
+    out: dict = {"sets": sets, "offline_vs_server": None, "contamination": None}
+    if offline and "heldout" in sets:
+        first = sets["heldout"]["rows"][0]
+        srv = first["acceptance_length"]
+        out["offline_vs_server"] = {
+            "offline_acceptance_length": offline["acceptance_length"],
+            "server_acceptance_length": srv,
+            "server_concurrency": first["concurrency"],
+            "difference": round(srv - offline["acceptance_length"], 4) if srv is not None else None,
+            "offline_k": offline["k"],
+        }
+    cont = live.get("contamination")
+    if cont:
+        out["contamination"] = {
+            "clean": cont.get("clean"),
+            "mode": cont.get("mode"),
+            "training_user_turns": cont.get("training_user_turns"),
+            "contaminated": {k: len(v) for k, v in (cont.get("contaminated") or {}).items()},
+        }
+    return out
+
+
 def build(
-    acceptance: dict | None, sglang_with: dict | None = None, sglang_without: dict | None = None
+    acceptance: dict | None,
+    sglang_with: dict | None = None,
+    sglang_without: dict | None = None,
+    live: dict | None = None,
 ) -> dict:
     """The report dict (what report.json holds)."""
-    rep: dict = {"report_version": REPORT_VERSION, "offline": None, "sglang": None}
+    rep: dict = {"report_version": REPORT_VERSION, "offline": None, "sglang": None, "live": None}
     if acceptance:
         d = acceptance["draft"]
         rep["offline"] = {
@@ -75,7 +132,9 @@ def build(
         to = (sglang_without or {}).get("output_throughput")
         s["speedup"] = round(tw / to, 3) if tw and to else None
         rep["sglang"] = s
-    rep["inputs_sha256"] = _digest([acceptance, sglang_with, sglang_without])
+    if live:
+        rep["live"] = build_live(live, rep["offline"])
+    rep["inputs_sha256"] = _digest([acceptance, sglang_with, sglang_without, live])
     return rep
 
 
@@ -141,8 +200,52 @@ def markdown(rep: dict) -> str:
                 + _fmt(s["acceptance_length_spec_verify"], 3)
             )
         out.append("")
-    else:
+    elif not rep.get("live"):
         out += ["SGLang serving benchmark: not run (no SGLang server on this host).", ""]
+    lv = rep.get("live")
+    if lv:
+        out += [
+            "Live SGLang server (eagle3ops load generator, greedy, same prompts with and without the draft):",
+            "",
+            "| prompt set | concurrency | tok/s with draft | tok/s without | speed-up | acceptance length (server) "
+            "| median latency with / without (s) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, st in lv["sets"].items():
+            for r in st["rows"]:
+                out.append(
+                    f"| {name} ({st['format']}) | {r['concurrency']} | {_fmt(r['with_draft_tok_s'], 1)} | "
+                    f"{_fmt(r['without_draft_tok_s'], 1)} | {_fmt(r['speedup'], 3)} | "
+                    f"{_fmt(r['acceptance_length'], 3)} | {_fmt(r['with_draft_median_latency_s'], 3)} / "
+                    f"{_fmt(r['without_draft_median_latency_s'], 3)} |"
+                )
+        out.append("")
+        for name, st in lv["sets"].items():
+            per = st["rows"][0]["acceptance_per_request"] if st["rows"] else None
+            if per:
+                out.append(
+                    f"Acceptance per request, {name}, concurrency {st['rows'][0]['concurrency']}: "
+                    f"min {min(per):.2f}, median {sorted(per)[len(per) // 2]:.2f}, max {max(per):.2f} "
+                    f"({len(per)} requests)"
+                )
+        ov = lv.get("offline_vs_server")
+        if ov:
+            out.append(
+                f"Held-out acceptance length: server {_fmt(ov['server_acceptance_length'], 3)} vs offline estimate "
+                f"{_fmt(ov['offline_acceptance_length'], 3)} (k={ov['offline_k']}; difference "
+                f"{_fmt(ov['difference'], 3)})"
+            )
+        c = lv.get("contamination")
+        if c:
+            out.append(
+                "Contamination check: "
+                + (
+                    f"clean (no benchmark prompt among {c['training_user_turns']} training user turns)"
+                    if c["clean"]
+                    else f"CONTAMINATED {c['contaminated']} (mode {c['mode']})"
+                )
+            )
+        out.append("")
     return "\n".join(out)
 
 
@@ -153,7 +256,8 @@ def plot(rep: dict, path: str | os.PathLike) -> None:
     import matplotlib.pyplot as plt
 
     s = rep.get("sglang")
-    ncols = 2 if s else 1
+    lv = rep.get("live")
+    ncols = 1 + bool(s) + bool(lv)
     fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols, 4), squeeze=False)
     ax = axes[0][0]
     off = rep.get("offline")
@@ -183,6 +287,22 @@ def plot(rep: dict, path: str | os.PathLike) -> None:
         ax2.bar(["without draft", "with draft"], [v or 0 for v in vals], color=["#999999", "#3070b0"])
         ax2.set_ylabel("output tok/s")
         ax2.set_title("SGLang output throughput")
+    if lv:
+        ax3 = axes[0][ncols - 1]
+        labels, w, wo = [], [], []
+        for name, st in lv["sets"].items():
+            for r in st["rows"]:
+                labels.append(f"{name}\nc={r['concurrency']}")
+                w.append(r["with_draft_tok_s"] or 0)
+                wo.append(r["without_draft_tok_s"] or 0)
+        xs = list(range(len(labels)))
+        ax3.bar([x - 0.2 for x in xs], wo, width=0.4, color="#999999", label="without draft")
+        ax3.bar([x + 0.2 for x in xs], w, width=0.4, color="#3070b0", label="with draft")
+        ax3.set_xticks(xs)
+        ax3.set_xticklabels(labels, fontsize=8)
+        ax3.set_ylabel("output tok/s")
+        ax3.set_title("Live server, per prompt set and concurrency")
+        ax3.legend()
     fig.tight_layout()
     tmp = Path(f"{path}.tmp.png")
     fig.savefig(tmp, dpi=100)
@@ -203,12 +323,13 @@ def write(
     sglang_without: dict | None = None,
     *,
     check: bool = False,
+    live: dict | None = None,
 ) -> dict:
     """Write report.json, report.md, report.png into out_dir unless they already hold these inputs."""
-    if not acceptance and not (sglang_with or sglang_without):
+    if not acceptance and not (sglang_with or sglang_without) and not live:
         raise ReportError("nothing to report: give an acceptance result and/or SGLang benchmark results")
     out = Path(out_dir)
-    rep = build(acceptance, sglang_with, sglang_without)
+    rep = build(acceptance, sglang_with, sglang_without, live)
     paths = {"json": out / "report.json", "markdown": out / "report.md", "plot": out / "report.png"}
     try:
         current = json.loads(paths["json"].read_text()).get("inputs_sha256")
@@ -231,32 +352,10 @@ def write(
 
 
 def spec_probe(url: str, prompts: list[str], *, max_new_tokens: int = 128, timeout: float = 600) -> dict:
-    """Acceptance length as SGLang counts it: completion tokens / ``spec_verify_ct`` (``/generate`` meta_info),
-    greedy, one request at a time, summed over the prompts."""
-    import urllib.request
+    """Acceptance length as SGLang counts it (:func:`eagle3ops.loadgen.spec_probe`); errors as ReportError."""
+    from eagle3ops import loadgen
 
-    completion = verify = 0
-    for text in prompts:
-        body = {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}}
-        req = urllib.request.Request(
-            url.rstrip("/") + "/generate",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            meta = json.loads(r.read())["meta_info"]
-        if "spec_verify_ct" not in meta:
-            raise ReportError(
-                f"{url}/generate returned no spec_verify_ct: the server runs without a draft "
-                "(--speculative-algorithm unset?)"
-            )
-        completion += int(meta["completion_tokens"])
-        verify += int(meta["spec_verify_ct"])
-    if not verify:
-        raise ReportError(f"{url}: spec_verify_ct is 0 over {len(prompts)} prompts; nothing was verified")
-    return {
-        "prompts": len(prompts),
-        "completion_tokens": completion,
-        "spec_verify_ct": verify,
-        "acceptance_length": round(completion / verify, 4),
-    }
+    try:
+        return loadgen.spec_probe(url, prompts, max_new_tokens=max_new_tokens, timeout=timeout)
+    except loadgen.LiveError as e:
+        raise ReportError(str(e)) from None

@@ -21,6 +21,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import contextlib
+
 from eagle3_draft_fixture import make_draft_checkpoint
 from eagle3ops import acceptance as acc
 from eagle3ops import report as rp
@@ -219,26 +221,59 @@ def test_report_with_sglang_results(tmp_path):
 def _render(template: Path, **variables) -> str:
     """Render a role template as Ansible's template module does (Jinja2, trim_blocks). STAND-IN: jinja2 directly
     instead of a playbook run (the server units are only installed on hosts with SGLang and systemd)."""
+    import shlex
+
     import jinja2
 
     env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["quote"] = shlex.quote
     return env.from_string(template.read_text()).render(ansible_managed="Ansible managed", **variables)
 
 
 def _serve_vars(**over):
+    """The serve role's defaults + vars/main.yml (the argv lists), resolved as Ansible would. STAND-IN: native
+    Jinja2 with the few Ansible filters these expressions use, instead of a playbook run."""
+    import hashlib
+    import shlex
+
+    import jinja2
+    import jinja2.nativetypes
     import yaml
 
     d = yaml.safe_load((REPO / "roles/serve/defaults/main.yml").read_text())
+    d.update(yaml.safe_load((REPO / "roles/serve/vars/main.yml").read_text()))
     d.update(
         serve_sglang_version="0.5.23",
         serve_sglang_venv_dir="/opt/sgl",
         serve_model_path="/data/models/K",
         serve_tp_size=8,
         serve_draft_dir="/data/eagle3/serve/draft",
-        serve_unit_port=30000,
-        serve_unit_speculative=True,
+        serve_convert={},
     )
     d.update(over)
+    env = jinja2.nativetypes.NativeEnvironment(undefined=jinja2.StrictUndefined)
+    env.filters.update(
+        bool=lambda v: v if isinstance(v, bool) else str(v).lower() in ("true", "yes", "1"),
+        combine=lambda a, b: {**a, **b},
+        quote=shlex.quote,
+        to_json=json.dumps,
+        hash=lambda v, algo: hashlib.new(algo, str(v).encode()).hexdigest(),
+    )
+
+    def resolve(v, depth=0):
+        if isinstance(v, str) and "{{" in v and depth < 10:
+            return resolve(env.from_string(v).render(**{k: d[k] for k in d if k not in seen}), depth + 1)
+        if isinstance(v, list):
+            return [resolve(x, depth) for x in v]
+        return v
+
+    seen: set = set()
+    for _ in range(5):  # defaults refer to each other: resolve until stable
+        for k in list(d):
+            if k in ("serve_checkpoint", "serve_probe_prompts"):
+                continue  # refer to other phases' variables
+            with contextlib.suppress(jinja2.UndefinedError):
+                d[k] = resolve(d[k])
     return d
 
 
@@ -247,9 +282,20 @@ def test_serve_unit_renders_valid_sglang_flags(tmp_path):
     import subprocess
 
     tpl = REPO / "roles/serve/templates/eagle3ops-sglang-serve.service.j2"
-    unit = _render(tpl, **_serve_vars(serve_draft_window_size=2048, serve_mem_fraction_static=0.85))
+    box = {  # the flags the lent H200 box needs (docs/serve-benchmark.md)
+        "serve_attention_backend": "triton",
+        "serve_draft_attention_backend": "triton",
+        "serve_sampling_backend": "pytorch",
+        "serve_grammar_backend": "none",
+        "serve_disable_cuda_graph": True,
+        "serve_environment": {"PYTHONPATH": "/tmp/sglsite"},
+    }
+    v = _serve_vars(serve_draft_window_size=2048, serve_mem_fraction_static=0.85, **box)
+    unit = _render(tpl, **v, serve_unit_speculative=True, serve_unit_argv=v["serve_draft_argv"])
     exec_start = unit.split("ExecStart=", 1)[1].split("\n\n")[0].replace("\\\n", " ")
     args = exec_start.split()
+    assert args == v["serve_draft_argv"]  # the same argv the process launcher runs
+    assert "Environment=PYTHONPATH=/tmp/sglsite" in unit and "Environment=PYTHONUNBUFFERED=1" in unit
     assert args[:3] == ["/opt/sgl/bin/python", "-m", "sglang.launch_server"]
     joined = " ".join(args)
     for flag in (
@@ -262,20 +308,28 @@ def test_serve_unit_renders_valid_sglang_flags(tmp_path):
         "--tp-size 8",
         "--port 30000",
         "--mem-fraction-static 0.85",
-        "--dtype bfloat16",  # one dtype for target and draft (the converter writes the draft in bf16)
+        "--dtype bfloat16",
+        "--attention-backend triton",
+        "--speculative-draft-attention-backend triton",
+        "--sampling-backend pytorch",
+        "--grammar-backend none",
+        "--disable-prefill-cuda-graph --disable-decode-cuda-graph",
     ):
         assert flag in joined, flag
-    fields = "\n".join(
-        _wheel_member(n)
-        for n in _wheel_names()
-        if n.startswith("sglang/srt/arg_groups/fields/") and n.endswith(".py")
+    # the box's flags (SGLang 0.5.17 there) are CLI options of 0.5.17; the default flags are options of 0.5.23
+    assert {a for a in args if a.startswith("--")} <= _cli_flags("0.5.17"), "not 0.5.17 options"
+    v23 = _serve_vars(
+        serve_draft_window_size=2048,
+        serve_mem_fraction_static=0.85,
+        serve_attention_backend="triton",
+        serve_draft_attention_backend="triton",
+        serve_disable_cuda_graph=True,
     )
-    flags = {a for a in args if a.startswith("--")}
-    for flag in sorted(flags):
-        name = flag[2:].replace("-", "_")
-        m = re.search(rf"^    {name}: A\[(.*?)\n    \] = |^    {name}: A\[[^\n]*\] = ", fields, re.M | re.S)
-        assert m and "no_cli=True" not in m.group(0), f"{flag}: not a CLI field of sglang 0.5.23's ServerArgs"
-    base = _render(tpl, **_serve_vars(serve_unit_speculative=False, serve_unit_port=30002))
+    flags23 = {a for a in v23["serve_draft_argv"] if a.startswith("--")}
+    missing = flags23 - _cli_flags("0.5.23")
+    assert not missing, f"{missing}: not CLI fields of sglang 0.5.23's ServerArgs"
+    v = _serve_vars()
+    base = _render(tpl, **v, serve_unit_speculative=False, serve_unit_argv=v["serve_baseline_argv"])
     assert "--speculative" not in base and "--port 30002" in base and "--model-path /data/models/K" in base
     assert "--dtype bfloat16" in base
     if shutil.which("systemd-analyze"):
@@ -285,32 +339,60 @@ def test_serve_unit_renders_valid_sglang_flags(tmp_path):
         assert v.returncode == 0, v.stderr
 
 
+def _sglang_wheel(version: str) -> Path:
+    """The sglang wheel of ``version``, cached under tests/.artifacts/sglang (downloaded once, --no-deps)."""
+    import subprocess
+
+    from sglang_standin import ARTIFACTS
+
+    def find():
+        return sorted(ARTIFACTS.glob(f"sglang-{version}-*.whl")) + sorted(
+            Path("/work/cache").glob(f"sglang-{version}-*.whl")
+        )
+
+    if not find():
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(ARTIFACTS),
+        ]
+        subprocess.run([*cmd, f"sglang=={version}"], capture_output=True, timeout=900)
+    found = find()
+    assert found, f"no sglang {version} wheel in {ARTIFACTS} and pip download failed"
+    return found[0]
+
+
+def _cli_flags(version: str) -> set[str]:
+    """Every command-line flag of that SGLang version's launch_server: ServerArgs fields without no_cli (in
+    arg_groups/fields/*.py from 0.5.23 on, in srt/server_args.py before) and the extra parser.add_argument ones."""
+    with zipfile.ZipFile(_sglang_wheel(version)) as z:
+        names = [
+            n for n in z.namelist() if n.startswith("sglang/srt/arg_groups/fields/") and n.endswith(".py")
+        ]
+        names += ["sglang/srt/server_args.py"] if "sglang/srt/server_args.py" in z.namelist() else []
+        src = "\n".join(z.read(n).decode() for n in names)
+    flags = set()
+    starts = list(re.finditer(r"^    ([a-z][a-z0-9_]*): A\[", src, re.M))
+    for m, nxt in zip(starts, [*starts[1:], None], strict=False):
+        body = src[m.end() : nxt.start() if nxt else len(src)]
+        body = body[: body.find("] = ") + 1] if "] = " in body else body  # this field only
+        if "no_cli=True" not in body:
+            flags.add("--" + m.group(1).replace("_", "-"))
+    flags |= set(re.findall(r'add_argument\(\s*"(--[a-z][a-z0-9-]*)"', src))
+    return flags
+
+
 def _wheel_names():
     from sglang_standin import _find_wheel
 
     with zipfile.ZipFile(_find_wheel()) as z:
         return z.namelist()
-
-
-def test_bench_command_uses_real_bench_options():
-    """The benchmark role's SGLang bench argv: every option exists in 0.5.23's sglang.benchmark.serving."""
-    import yaml
-
-    text = (REPO / "roles/benchmark/vars/main.yml").read_text()
-    argv_tpl = yaml.safe_load(text)["benchmark_bench_argv"]
-    opts = set(re.findall(r"'(--[a-z][a-z0-9-]+)'", argv_tpl))
-    opts |= set(
-        re.findall(r"'(--[a-z][a-z0-9-]+)'", (REPO / "roles/benchmark/tasks/sglang_run.yml").read_text())
-    )
-    assert {"--backend", "--dataset-name", "--dataset-path", "--output-file", "--base-url"} <= opts
-    src = _wheel_member("sglang/benchmark/serving.py")
-    for o in sorted(opts):
-        assert re.search(rf'"{o}"', src), f"{o} is not an option of sglang 0.5.23's benchmark.serving"
-    assert '"custom",' in src and "sglang.benchmark.serving" in argv_tpl
-    custom = _wheel_member("sglang/benchmark/datasets/custom.py")
-    assert (
-        "fixed_output_len=args.sharegpt_output_len" in custom
-    )  # --sharegpt-output-len sets the custom length
 
 
 def test_bench_dataset_from_heldout_prompts(tmp_path, capsys):

@@ -49,6 +49,9 @@ def register(sub) -> None:
     r.add_argument(
         "--spec-probe", help="benchmark-spec-probe result JSON (completion tokens / spec_verify_ct)"
     )
+    r.add_argument("--live-with", help="benchmark-live result of the server with the draft")
+    r.add_argument("--live-without", help="benchmark-live result of the server without the draft")
+    r.add_argument("--contamination", help="benchmark-contamination result JSON")
     r.add_argument("--check", action="store_true")
     add_json_flag(r)
     r.set_defaults(func=cmd_report)
@@ -58,12 +61,64 @@ def register(sub) -> None:
         help="acceptance length of a running SGLang EAGLE3 server: completion tokens / spec_verify_ct",
     )
     q.add_argument("--url", required=True, help="the server's base URL")
-    q.add_argument("--prompts", required=True, help="held-out prompts JSONL")
-    q.add_argument("--out", required=True, help="result JSON")
+    q.add_argument("--prompts", help="held-out prompts JSONL (default: eagle3ops' built-in probe prompts)")
+    q.add_argument("--out", help="result JSON (default: none written)")
     q.add_argument("--max-new-tokens", type=int, default=128)
     q.add_argument("--limit", type=int)
+    q.add_argument(
+        "--min-accept-length",
+        type=float,
+        help="the guard: fail (exit 2, with likely causes) when the acceptance length is below this floor",
+    )
     add_json_flag(q)
     q.set_defaults(func=cmd_spec_probe)
+
+    lv = sub.add_parser(
+        "benchmark-live",
+        help="measure a running SGLang server: output tok/s and acceptance per prompt set and concurrency",
+        description=(
+            "Our own load generator (threads over http.client, POST /generate, greedy): for each named prompt set "
+            "and each concurrency, a bounded number of requests within a time budget; output tok/s = completion "
+            "tokens / wall time; acceptance = completion tokens / spec_verify_ct, per request and overall. "
+            "Written only when its inputs (prompt files, settings, --server-key) changed."
+        ),
+    )
+    lv.add_argument("--url", required=True, help="the server's base URL")
+    lv.add_argument("--label", default="with_draft", help="what this server is (with_draft / without_draft)")
+    lv.add_argument("--set", action="append", required=True, metavar="NAME=PATH", help="a named prompt set")
+    lv.add_argument("--mtbench-turns", choices=["first", "both"], default="first")
+    lv.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    lv.add_argument(
+        "--num-requests",
+        type=int,
+        help="requests per set and concurrency: the first N prompts, repeated when the set is smaller (default: each once)",
+    )
+    lv.add_argument("--max-new-tokens", type=int, default=256)
+    lv.add_argument(
+        "--time-budget", type=float, default=600.0, help="seconds per run; no new request after it"
+    )
+    lv.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    lv.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    lv.add_argument("--template-model", help="render prompts with this model's chat template (tokenizer dir)")
+    lv.add_argument("--server-key", default="", help="identity of the server (a new one measures again)")
+    lv.add_argument("--out", required=True, help="result JSON")
+    lv.add_argument("--check", action="store_true", help="only say whether it would measure")
+    add_json_flag(lv)
+    lv.set_defaults(func=cmd_live)
+
+    c = sub.add_parser(
+        "benchmark-contamination",
+        help="benchmark prompts must never be in the training data: compare them with the training user turns",
+    )
+    c.add_argument("--set", action="append", required=True, metavar="NAME=PATH")
+    c.add_argument("--mtbench-turns", choices=["first", "both"], default="both")
+    c.add_argument(
+        "--training", action="append", default=[], help="training conversations (JSONL/dir/HF dataset)"
+    )
+    c.add_argument("--mode", choices=["fail", "warn"], default="fail", help="fail (exit 2) or only report")
+    c.add_argument("--out", help="result JSON (default: none written)")
+    add_json_flag(c)
+    c.set_defaults(func=cmd_contamination)
 
     d = sub.add_parser(
         "benchmark-dataset", help="held-out prompts -> the JSONL SGLang's bench reads (--dataset-name custom)"
@@ -205,7 +260,15 @@ def cmd_report(args) -> int:
         wo = rp.read_sglang_bench(args.sglang_without) if args.sglang_without else None
         if w is not None and args.spec_probe:
             w["spec_probe"] = json.loads(Path(args.spec_probe).read_text())
-        res = rp.write(args.out_dir, acceptance, w, wo, check=args.check)
+        live = {}
+        for key, path in (("with_draft", args.live_with), ("without_draft", args.live_without)):
+            if path and Path(path).is_file():
+                live[key] = json.loads(Path(path).read_text())
+            elif path and not args.check:
+                raise CommandError(f"{path}: no benchmark-live result (did the live benchmark run?)")
+        if args.contamination and Path(args.contamination).is_file():
+            live["contamination"] = json.loads(Path(args.contamination).read_text())
+        res = rp.write(args.out_dir, acceptance, w, wo, check=args.check, live=live or None)
     except (OSError, ValueError, rp.ReportError) as e:
         raise CommandError(str(e)) from None
     emit(args, res, res["markdown"])
@@ -252,23 +315,202 @@ def cmd_dataset(args) -> int:
 
 
 def cmd_spec_probe(args) -> int:
-    from eagle3ops import report as rp
+    from eagle3ops import loadgen
     from eagle3ops.acceptance import AcceptanceError, load_prompts
 
     try:
-        rows = load_prompts(args.prompts, args.limit)
-        texts = [
-            "\n".join(m["content"] for m in r["messages"] if m["role"] == "user")
-            for r in rows
-            if "messages" in r
-        ]
-        if not texts:
-            raise CommandError(f"{args.prompts}: no text prompts (SGLang's /generate needs text)")
-        res = rp.spec_probe(args.url, texts, max_new_tokens=args.max_new_tokens)
-    except (AcceptanceError, rp.ReportError, OSError) as e:
+        if args.prompts:
+            rows = load_prompts(args.prompts, args.limit)
+            texts = [
+                "\n".join(m["content"] for m in r["messages"] if m["role"] == "user")
+                for r in rows
+                if "messages" in r
+            ]
+            if not texts:
+                raise CommandError(f"{args.prompts}: no text prompts (SGLang's /generate needs text)")
+        else:
+            texts = loadgen.BUILTIN_PROBE_PROMPTS[: args.limit or None]
+        res = loadgen.spec_probe(args.url, texts, max_new_tokens=args.max_new_tokens)
+    except (AcceptanceError, loadgen.LiveError, OSError) as e:
         raise CommandError(str(e)) from None
+    res["prompts_file"] = args.prompts or "(built-in probe prompts)"
+    if args.min_accept_length is not None:
+        res["min_accept_length"] = args.min_accept_length
+        why = loadgen.guard(res, args.min_accept_length, args.url)
+        if why:
+            raise CommandError(why, **res)
+    changed = False
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, out)
+        changed = True
+    print(
+        f"acceptance length {res['acceptance_length']} over {res['prompts']} prompts (per request "
+        f"{res['per_request']})",
+        file=sys.stderr,
+    )
+    emit(args, {"changed": changed, "out": args.out, **res})
+    return 0
+
+
+def _sets(args, turns: str, skip_ids: bool = False) -> dict:
+    from eagle3ops import promptsets as ps
+
+    sets = {}
+    for arg in args.set:
+        name, path = ps.parse_set_arg(arg)
+        if name in sets:
+            raise ps.PromptSetError(f"--set {name}: given twice")
+        sets[name] = {"path": path, **ps.load_set(path, turns=turns, skip_ids=skip_ids)}
+    return sets
+
+
+def live_inputs(args) -> dict:
+    files = {}
+    for arg in args.set:
+        name, path = arg.partition("=")[::2]
+        files[name] = _fingerprint([Path(path)])[str(Path(path))] if Path(path).is_file() else None
+    return {
+        "sets": files,
+        "server_key": args.server_key,
+        "url": args.url,
+        "settings": {
+            "mtbench_turns": args.mtbench_turns,
+            "concurrency": list(args.concurrency),
+            "num_requests": args.num_requests,
+            "max_new_tokens": args.max_new_tokens,
+            "time_budget": args.time_budget,
+            "ignore_eos": args.ignore_eos,
+            "template_model": args.template_model,
+        },
+    }
+
+
+def cmd_live(args) -> int:
+    from eagle3ops import loadgen
+    from eagle3ops import promptsets as ps
+
+    inputs = live_inputs(args)
     out = Path(args.out)
+    try:
+        current = json.loads(out.read_text()).get("inputs")
+    except (OSError, ValueError):
+        current = None
+    changed = current != inputs
+    if not changed or args.check:
+        res = {"changed": changed, "measure": changed, "check_mode": args.check, "out": str(out)}
+        emit(args, res, f"{out}: {'would measure' if changed else 'up to date'}")
+        return 0
+    try:
+        sets = _sets(args, args.mtbench_turns)
+        render = None
+        if args.template_model:
+            render = loadgen.chat_template_render(args.template_model)
+            if render is None:
+                print(
+                    f"benchmark-live: {args.template_model} has no chat template; plain prompts",
+                    file=sys.stderr,
+                )
+        runs = []
+        for name, s in sets.items():
+            reqs = [it["turns"] for it in s["items"]]
+            if (
+                args.num_requests
+            ):  # exactly N: the first N prompts, repeated from the start when the set is smaller
+                reqs = [reqs[i % len(reqs)] for i in range(args.num_requests)]
+            for conc in args.concurrency:
+                r = loadgen.run_load(
+                    args.url,
+                    reqs,
+                    concurrency=conc,
+                    max_new_tokens=args.max_new_tokens,
+                    time_budget=args.time_budget,
+                    timeout=args.timeout,
+                    ignore_eos=args.ignore_eos,
+                    render=render,
+                )
+                r["set"] = name
+                r["format"] = s["format"]
+                print(
+                    f"{args.label} {name} c={conc}: {r['output_tok_s']} tok/s over {r['turns']} turns, acceptance "
+                    f"{r['acceptance_length']}",
+                    file=sys.stderr,
+                )
+                runs.append(r)
+    except (ps.PromptSetError, loadgen.LiveError) as e:
+        raise CommandError(str(e)) from None
+    result = {
+        "label": args.label,
+        "url": args.url,
+        "rendering": "chat_template" if render else "plain",
+        "runs": runs,
+        "inputs": inputs,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
-    emit(args, {"changed": True, "out": str(out), **res})
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out)
+    summary = [
+        {k: r[k] for k in ("set", "concurrency", "output_tok_s", "acceptance_length", "turns")} for r in runs
+    ]
+    emit(args, {"changed": True, "measure": True, "check_mode": False, "out": str(out), "summary": summary})
+    return 0
+
+
+def cmd_contamination(args) -> int:
+    from eagle3ops import promptsets as ps
+
+    try:
+        sets = _sets(args, args.mtbench_turns, skip_ids=True)
+        res = ps.contamination(sets, args.training)
+    except ps.PromptSetError as e:
+        raise CommandError(str(e)) from None
+    res["mode"] = args.mode
+    res["sets"] = {
+        k: {"path": v["path"], "format": v["format"], "items": len(v["items"])} for k, v in sets.items()
+    }
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(res, indent=2, sort_keys=True) + "\n"
+        if not out.is_file() or out.read_text() != text:
+            tmp = out.with_name(f".{out.name}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, out)
+    if not args.training:
+        res["msg"] = "no training data given: contamination not checked"
+    elif not res["clean"]:
+        lines = [
+            f"{name}: {h['id']} turn {h['turn']} ({h['match']}) at {h['where']}"
+            for name, hs in res["contaminated"].items()
+            for h in hs[:10]
+        ]
+        n = sum(len(v) for v in res["contaminated"].values())
+        msg = (
+            f"{n} benchmark prompt turn(s) appear in the training data's user turns, so their acceptance would be "
+            f"measured on text the draft was trained on: "
+            + "; ".join(lines)
+            + ". Remove these conversations from "
+            "the training data (prepare_inputs) and train again, or drop them from the prompt set"
+        )
+        if args.mode == "fail":
+            raise CommandError(msg + " (or set benchmark_contamination: warn to report only).", **res)
+        res["msg"] = "WARNING: " + msg
+        print(res["msg"], file=sys.stderr)
+    else:
+        res["msg"] = (
+            f"no benchmark prompt in {res['training_user_turns']} training user turns ({', '.join(res['training'])})"
+        )
+    if res["training_missing"]:
+        res["msg"] += (
+            f"; WARNING: training data not found, not checked: {', '.join(res['training_missing'])} "
+            "(benchmark_training_data)"
+        )
+    skipped = {k: v["skipped"] for k, v in sets.items() if v["skipped"]}
+    if skipped:
+        res["msg"] += f"; rows given only as token ids were not compared: {skipped}"
+    emit(args, {"changed": False, **res}, res["msg"])
     return 0

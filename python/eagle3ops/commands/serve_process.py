@@ -1,0 +1,106 @@
+"""``eagle3ops serve-process start|stop|status``: a server as a detached process (hosts without systemd)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from eagle3ops.cli import CommandError, add_json_flag, emit
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "serve-process",
+        help="start/stop/status of a server run as a detached process (where PID 1 is not systemd)",
+        description=(
+            "The server's spec (argv, environment, health URL) is given by --argv-json/--url/--env or read "
+            "from --spec-file (a JSON object {NAME: {argv, env, url}}). start is idempotent: the same spec "
+            "already running -> changed false; a different one -> restarted. State, PID and log files: "
+            "RUN_DIR/NAME.{json,pid,log}."
+        ),
+    )
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--run-dir", required=True, help="directory of the state, PID and log files")
+    p.add_argument("--name", required=True, help="the server's name (file names in RUN_DIR)")
+    p.add_argument("--spec-file", help="JSON {NAME: {argv: [...], env: {...}, url: ...}}")
+    p.add_argument("--url", help="base URL; start waits for GET URL/health = 200")
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="environment of the server")
+    p.add_argument("--cwd", help="working directory of the server")
+    p.add_argument("--stamp", help="free-form identity beyond argv/env (a changed stamp restarts the server)")
+    p.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between /health polls")
+    p.add_argument("--stop-grace", type=float, default=60.0, help="seconds from SIGTERM to SIGKILL")
+    p.add_argument("--check", action="store_true", help="only say what would change")
+    p.add_argument(
+        "--argv-json",
+        help='the server command as a JSON list, e.g. \'["python3", "-m", "sglang.launch_server", ...]\'',
+    )
+    p.add_argument("--env-json", help="the server's environment as a JSON object (added to --env)")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_serve_process)
+
+
+def _spec(args) -> dict:
+    from eagle3ops import serve_process as sp
+
+    if args.spec_file:
+        try:
+            specs = json.loads(Path(args.spec_file).read_text())
+        except (OSError, ValueError) as e:
+            raise CommandError(
+                f"{args.spec_file}: cannot read the server specs ({e}); run the serve phase"
+            ) from None
+        if args.name not in specs:
+            raise CommandError(
+                f"{args.spec_file}: no server named {args.name!r} (has: {', '.join(sorted(specs))})"
+            )
+        s = specs[args.name]
+        return sp.make_spec(s.get("argv") or [], s.get("env"), s.get("url"), s.get("cwd"), s.get("stamp"))
+    env = {}
+    for kv in args.env:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise CommandError(f"--env {kv!r}: expected KEY=VALUE")
+        env[k] = v
+    argv = []
+    try:
+        if args.env_json:
+            env.update(json.loads(args.env_json))
+        if args.argv_json:
+            argv = json.loads(args.argv_json)
+    except ValueError as e:
+        raise CommandError(f"--argv-json/--env-json: not JSON ({e})") from None
+    if not isinstance(argv, list) or not isinstance(env, dict):
+        raise CommandError("--argv-json must be a JSON list and --env-json a JSON object")
+    return sp.make_spec(argv, env, args.url, args.cwd, args.stamp)
+
+
+def cmd_serve_process(args) -> int:
+    from eagle3ops import serve_process as sp
+
+    try:
+        if args.action == "status":
+            res = {"changed": False, **sp.status(args.run_dir, args.name)}
+        elif args.action == "stop":
+            res = sp.stop(args.run_dir, args.name, grace=args.stop_grace, check=args.check)
+        else:
+            spec = _spec(args)
+            res = sp.start(
+                args.run_dir,
+                args.name,
+                spec,
+                health_timeout=args.health_timeout,
+                interval=args.interval,
+                check=args.check,
+                stop_grace=args.stop_grace,
+            )
+            res["spec"] = spec
+    except sp.ServeProcessError as e:
+        raise CommandError(str(e)) from None
+    except OSError as e:
+        raise CommandError(f"{args.run_dir}: {e.strerror} ({e.filename}); check the run directory") from None
+    human = f"{args.name}: {res.get('action', args.action)} (changed={res['changed']}, pid={res.get('pid')})"
+    print(human, file=sys.stderr)
+    emit(args, res, human)
+    return 0

@@ -1,0 +1,265 @@
+"""Measuring a live SGLang server: the acceptance probe (and the serve phase's guard), and a small load generator.
+
+Everything talks to SGLang's native ``POST /generate`` (``text`` + ``sampling_params``; the answer's
+``meta_info`` has ``completion_tokens`` and, on a server with a draft, ``spec_verify_ct``: seen on 0.5.17 and
+0.5.23). Acceptance length = completion tokens / ``spec_verify_ct`` (tokens committed per verify step; 1.00 means
+no draft token was ever accepted). Only the standard library is used (threads over ``http.client``): no
+dependency on SGLang's own bench module, whose path and options change between versions.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import threading
+import time
+import urllib.parse
+
+# Generic prompts for the guard when no held-out file is given: ordinary requests whose answers a trained draft
+# should partly predict (any real draft accepts well above 1 on such text).
+BUILTIN_PROBE_PROMPTS = [
+    "Explain in a few sentences how a bicycle stays upright.",
+    "Write a short list of five tips for writing clear emails.",
+    "What is the difference between a list and a tuple in Python?",
+    "Summarise the water cycle for a ten-year-old.",
+    "Give three reasons why people keep a diary.",
+    "Describe how to make a cup of tea, step by step.",
+    "What does a compiler do? Answer in one paragraph.",
+    "Name the planets of the solar system in order from the sun.",
+]
+
+LIKELY_CAUSES = (
+    "Likely causes: the wrong --speculative-algorithm (EAGLE3 for an EAGLE-3 draft; "
+    "serve_speculative_algorithm); aux layer ids in the draft's config.json "
+    "(eagle_config.eagle_aux_hidden_state_layer_ids) that are not the layers it was trained on - SGLang and "
+    "SpecForge count them one apart (docs/serve-benchmark.md, 'Layer ids'); target and draft served in "
+    "different dtypes (serve_dtype, --dtype); a draft trained on another target or tokenizer. A misconfigured "
+    "draft serves at exactly 1.00 and nothing else complains (sglang#21272)."
+)
+
+
+class LiveError(Exception):
+    pass
+
+
+def _split(url: str) -> tuple[str, int, str]:
+    u = urllib.parse.urlsplit(url)
+    if u.scheme != "http" or not u.hostname:
+        raise LiveError(f"{url}: expected http://HOST:PORT")
+    return u.hostname, u.port or 80, u.path.rstrip("/")
+
+
+def generate(url: str, text: str, sampling: dict, *, timeout: float = 600.0, conn=None) -> dict:
+    """One ``POST /generate``; returns the JSON answer. ``conn``: a reusable http.client connection."""
+    host, port, base = _split(url)
+    own = conn is None
+    if own:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    body = json.dumps({"text": text, "sampling_params": sampling})
+    try:
+        conn.request("POST", base + "/generate", body=body, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+    except (OSError, http.client.HTTPException) as e:
+        raise LiveError(f"{url}/generate: {type(e).__name__}: {e} (is the server up? see its log)") from None
+    finally:
+        if own:
+            conn.close()
+    if r.status != 200:
+        raise LiveError(f"{url}/generate answered {r.status}: {data[:300].decode(errors='replace')}")
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise LiveError(f"{url}/generate: not JSON: {data[:200]!r}") from None
+
+
+def spec_probe(url: str, prompts: list[str], *, max_new_tokens: int = 128, timeout: float = 600) -> dict:
+    """Acceptance length as SGLang counts it, greedy, one request at a time: completion tokens / ``spec_verify_ct``
+    summed over the prompts, and per request. Fails when a request has no ``spec_verify_ct`` (no draft in use)
+    or nothing was verified."""
+    per = []
+    for i, text in enumerate(prompts):
+        ans = generate(url, text, {"temperature": 0, "max_new_tokens": max_new_tokens}, timeout=timeout)
+        meta = ans.get("meta_info") or {}
+        if "spec_verify_ct" not in meta:
+            raise LiveError(
+                f"{url}/generate returned no spec_verify_ct in meta_info (probe prompt {i + 1}): the server runs "
+                "without a draft (--speculative-algorithm unset, or not applied); the draft is not in use"
+            )
+        c, v = int(meta.get("completion_tokens") or 0), int(meta["spec_verify_ct"] or 0)
+        per.append(
+            {"completion_tokens": c, "spec_verify_ct": v, "acceptance_length": round(c / v, 4) if v else None}
+        )
+    completion = sum(p["completion_tokens"] for p in per)
+    verify = sum(p["spec_verify_ct"] for p in per)
+    if not verify:
+        raise LiveError(
+            f"{url}: spec_verify_ct is 0 over {len(prompts)} prompts ({completion} completion tokens): the draft "
+            "was never verified, so it is not in use"
+        )
+    return {
+        "prompts": len(prompts),
+        "completion_tokens": completion,
+        "spec_verify_ct": verify,
+        "acceptance_length": round(completion / verify, 4),
+        "per_request": [p["acceptance_length"] for p in per],
+        "max_new_tokens": max_new_tokens,
+    }
+
+
+def guard(res: dict, floor: float, url: str) -> str | None:
+    """The guard's verdict on a :func:`spec_probe` result: None when acceptance reaches ``floor``, else why not."""
+    if res["acceptance_length"] >= floor:
+        return None
+    return (
+        f"{url}: acceptance length {res['acceptance_length']:.2f} (completion_tokens {res['completion_tokens']} / "
+        f"spec_verify_ct {res['spec_verify_ct']} over {res['prompts']} greedy probe prompts; per request "
+        f"{res['per_request']}) is below the floor {floor:g} (serve_min_accept_length): the server runs the draft "
+        f"but accepts (almost) none of its tokens, so speculative decoding costs time instead of saving it. "
+        f"{LIKELY_CAUSES} Check the draft's config.json against extract_meta.json, or lower "
+        "serve_min_accept_length for a draft known to be weak."
+    )
+
+
+def _percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = min(len(s) - 1, max(0, round(q * (len(s) - 1))))
+    return s[k]
+
+
+def run_load(
+    url: str,
+    requests: list[list[str]],
+    *,
+    concurrency: int = 1,
+    max_new_tokens: int = 256,
+    time_budget: float = 600.0,
+    timeout: float = 600.0,
+    ignore_eos: bool = False,
+    render=None,
+) -> dict:
+    """Send ``requests`` (each a list of user turns: one turn, or a multi-turn conversation whose later turns follow
+    the server's own earlier answers) with ``concurrency`` in flight, greedy. Starts no new request once
+    ``time_budget`` seconds have passed. ``render(messages) -> text`` turns a conversation into the prompt text
+    (a chat template); the default joins the turns as ``User:``/``Assistant:`` lines.
+
+    Output tok/s = all completion tokens / wall time (first request sent to last answer received): what the
+    server delivered at this concurrency. Per turn: latency, completion tokens, ``spec_verify_ct``."""
+    if concurrency < 1:
+        raise LiveError(f"concurrency {concurrency}: must be >= 1")
+    if not requests:
+        raise LiveError("no requests to send")
+    render = render or plain_render
+    sampling = {"temperature": 0, "max_new_tokens": max_new_tokens}
+    if ignore_eos:
+        sampling["ignore_eos"] = True
+    host, port, _ = _split(url)
+    lock = threading.Lock()
+    nxt = [0]
+    turns: list[dict] = []
+    errors: list[str] = []
+    t_start = time.monotonic()
+
+    def worker():
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        try:
+            while True:
+                with lock:
+                    i = nxt[0]
+                    if i >= len(requests) or time.monotonic() - t_start > time_budget:
+                        return
+                    nxt[0] += 1
+                msgs: list[dict] = []
+                for j, user in enumerate(requests[i]):
+                    msgs.append({"role": "user", "content": user})
+                    t0 = time.monotonic()
+                    try:
+                        ans = generate(url, render(msgs), sampling, timeout=timeout, conn=conn)
+                    except LiveError as e:
+                        conn.close()
+                        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+                        with lock:
+                            errors.append(f"request {i} turn {j + 1}: {e}")
+                        break
+                    t1 = time.monotonic()
+                    meta = ans.get("meta_info") or {}
+                    msgs.append({"role": "assistant", "content": ans.get("text", "")})
+                    with lock:
+                        turns.append(
+                            {
+                                "request": i,
+                                "turn": j + 1,
+                                "start": t0 - t_start,
+                                "end": t1 - t_start,
+                                "latency_s": t1 - t0,
+                                "prompt_tokens": meta.get("prompt_tokens"),
+                                "completion_tokens": int(meta.get("completion_tokens") or 0),
+                                "spec_verify_ct": meta.get("spec_verify_ct"),
+                            }
+                        )
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(concurrency, len(requests)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if not turns:
+        raise LiveError(f"{url}: no request succeeded; first error: {errors[0] if errors else 'none sent'}")
+    wall = max(t["end"] for t in turns) - min(t["start"] for t in turns)
+    comp = sum(t["completion_tokens"] for t in turns)
+    lat = [t["latency_s"] for t in turns]
+    spec = [t for t in turns if t["spec_verify_ct"] is not None]
+    verify = sum(int(t["spec_verify_ct"]) for t in spec)
+    comp_spec = sum(t["completion_tokens"] for t in spec)
+    per_acc = [round(t["completion_tokens"] / t["spec_verify_ct"], 4) for t in spec if t["spec_verify_ct"]]
+    return {
+        "url": url,
+        "concurrency": concurrency,
+        "requests_planned": len(requests),
+        "requests_sent": nxt[0],
+        "turns": len(turns),
+        "failed": len(errors),
+        "errors": errors[:5],
+        "wall_s": round(wall, 4),
+        "completion_tokens": comp,
+        "output_tok_s": round(comp / wall, 3) if wall > 0 else None,
+        "requests_per_s": round(len(turns) / wall, 3) if wall > 0 else None,
+        "latency_s": {
+            "mean": round(statistics.fmean(lat), 4),
+            "median": round(statistics.median(lat), 4),
+            "p90": round(_percentile(lat, 0.9), 4),
+        },
+        "per_request_tok_s_median": round(
+            statistics.median(t["completion_tokens"] / t["latency_s"] for t in turns if t["latency_s"] > 0), 3
+        ),
+        "spec_verify_ct": verify if spec else None,
+        "acceptance_length": round(comp_spec / verify, 4) if verify else None,
+        "acceptance_per_request": per_acc,
+        "time_budget_hit": nxt[0] < len(requests),
+        "max_new_tokens": max_new_tokens,
+        "per_turn": turns,
+    }
+
+
+def plain_render(messages: list[dict]) -> str:
+    """A conversation as plain text, for servers/targets without a chat template."""
+    lines = [f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}" for m in messages]
+    return "\n".join(lines) + "\nAssistant:"
+
+
+def chat_template_render(model_path: str):
+    """``render(messages)`` with the target's own chat template (transformers tokenizer), or None if it has none."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError, ImportError):
+        return None
+    if not getattr(tok, "chat_template", None):
+        return None
+    return lambda msgs: tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
