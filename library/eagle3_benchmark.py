@@ -240,7 +240,7 @@ def main():
             "ignore_eos": {"type": "bool", "default": False},
             "template_model": {"type": "path"},
             "label": {"type": "str", "default": "with_draft"},
-            "server_key": {"type": "str", "default": ""},
+            "server_key": {"type": "str", "default": "", "no_log": False},
             "plan": {"type": "bool", "default": False},
             "training_data": {"type": "list", "elements": "path", "default": []},
             "contamination_mode": {"type": "str", "choices": ["fail", "warn"], "default": "fail"},

@@ -19,7 +19,7 @@ description:
   - The spec comes from I(argv)/I(environment)/I(url), or from I(spec_file) (a JSON object of named specs, as the
     serve role writes it for the benchmark role).
 version_added: "0.1.0"
-author: eagle3ops contributors
+author: eagle3ops developers (@eagle3ops)
 options:
   name:
     description: The server's name (its files in I(run_dir)).
@@ -69,8 +69,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
   diff_mode:
     support: full
+    description: Returns a diff of what changes (in check mode too).
 """
 
 EXAMPLES = r"""

@@ -157,7 +157,10 @@ def test_contamination_check_finds_mtbench_turns_in_training_data(files, tmp_pat
     assert ps.contamination({"mt": ps.load_set(mt)}, [arr])["contaminated"]["mt"][0]["where"] == f"{arr}[0]"
     gone = ps.contamination({"mt": ps.load_set(mt)}, [tmp_path / "nope"])
     assert gone["training_missing"] == [str(tmp_path / "nope")] and gone["training_user_turns"] == 0
-    assert main(["benchmark-contamination", "--set", f"mt={mt}", "--training", str(tmp_path / "nope"), "--json"]) == 0
+    assert (
+        main(["benchmark-contamination", "--set", f"mt={mt}", "--training", str(tmp_path / "nope"), "--json"])
+        == 0
+    )
     assert "training data not found, not checked" in _last(capsys)["msg"]
 
 
