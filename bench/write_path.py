@@ -63,7 +63,13 @@ VARIANTS: dict[str, tuple[bool, bool, dict]] = {
     "batch_dir_fsync": (True, True, {}),
     "batch_sync": (True, False, {"BATCH_SYNC": True}),
     "no_fsync": (False, False, {}),
+    # the same with the content checksum (xxh3-64 of each file over the bytes in memory, issue 16; on by default
+    # in a real run since then: ExtractConfig.checksum)
+    "batch_sync_checksum": (True, False, {"BATCH_SYNC": True}),
+    "default_checksum": (True, False, {}),
+    "no_fsync_checksum": (False, False, {}),
 }
+CHECKSUM_VARIANTS = {"batch_sync_checksum", "default_checksum", "no_fsync_checksum"}
 WRITEBACK_MIB = 8  # --writeback-mib
 DEFAULT_VARIANTS = "default,fdatasync,fallocate,writeback,writeback_wait,writeback_all,batch_sync,no_fsync"
 
@@ -113,7 +119,13 @@ def run_variant(d: Path, batches, variant: str, threads: int) -> dict:
     try:
         store = HiddenStateStore(d)
         store.dir.mkdir(parents=True)
-        w = SampleWriter(store, fsync=fsync, threads=threads, batch_dir_sync=batch_dir_sync)
+        w = SampleWriter(
+            store,
+            fsync=fsync,
+            threads=threads,
+            batch_dir_sync=batch_dir_sync,
+            checksum=variant in CHECKSUM_VARIANTS,
+        )
         t0 = time.perf_counter()
         w.start()
         for idx, toks, states in batches:
@@ -140,6 +152,27 @@ def make_batches(mib: float, files: int, batch: int):
         idx = list(range(b0, min(files, b0 + batch)))
         out.append((idx, [tok] * len(idx), [block[k] for k in range(len(idx))]))
     return out, t * states * hidden * 2 + 8 * t
+
+
+def hash_probe(mib: int = 64, reps: int = 3) -> dict:
+    """One core's speed of the manifest checksum (xxh3-64, what the writer uses) and of zlib.crc32 (the older
+    one) over a random in-memory buffer: MB/s, best of ``reps``."""
+    import zlib
+
+    import xxhash
+
+    buf = os.urandom(mib << 20)
+    out = {}
+    for name, fn in (("xxh3_64", lambda b: xxhash.xxh3_64(b).intdigest()), ("crc32", zlib.crc32)):
+        best = min(_timed(fn, buf) for _ in range(reps))
+        out[f"{name}_MB_per_s"] = round(len(buf) / best / 1e6)
+    return out
+
+
+def _timed(fn, buf) -> float:
+    t0 = time.perf_counter()
+    fn(buf)
+    return time.perf_counter() - t0
 
 
 def _ints(s: str) -> list[int]:
@@ -201,6 +234,7 @@ def main() -> int:
         "reps": args.reps,
         "variants": names,
         "loadavg_start": os.getloadavg(),
+        "hash_probe": hash_probe(),
         "configs": {},
     }
     for c in configs:

@@ -76,6 +76,33 @@ options:
   limit:
     description: Only the first N rows (smoke runs).
     type: int
+  verify:
+    description:
+      - How finished files are checked against the disk before resuming. C(size) (cheap, no tensor bytes read)
+        checks that each file exists, has the size its manifest line recorded and a safetensors header that
+        matches its row. C(checksum) also re-reads every file and compares its content checksum (xxh3-64,
+        recorded while writing): as many bytes as the store holds, and the role's read-only plan reads them too.
+      - Damaged or missing files are reported by row and file (RV(damaged), RV(damaged_files)), moved to
+        C(hidden_states/damaged/) (never deleted), their manifest entries dropped, and extracted again.
+    type: str
+    choices: [size, checksum]
+    default: size
+  on_model_change:
+    description:
+      - What to do when the target's weights changed since the store was started (config, file names, sizes,
+        modification times, safetensors headers; or content with O(model_hash)).
+      - C(refuse) fails with what changed. C(discard) moves C(hidden_states/) aside to
+        C(hidden_states.old-<time>) (never deleted) and extracts anew. C(accept) records the weights as they
+        are now and resumes (only for changed timestamps/headers of same-named, same-sized files).
+    type: str
+    choices: [refuse, discard, accept]
+    default: refuse
+  model_hash:
+    description:
+      - Compare the target by a hash of every weight byte instead of sizes, mtimes and headers (reads the whole
+        model once per run: slow for large models). A copy with new timestamps then resumes.
+    type: bool
+    default: false
   executable:
     description:
       - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
@@ -87,7 +114,10 @@ attributes:
   diff_mode:
     support: none
 notes:
-  - Resume never loads tensors; it reads the manifests and the headers of files that are not in them.
+  - Resume never loads tensors; it reads the manifests, checks every listed file's size and safetensors header
+    (O(verify=size)), and reads the headers of files that are not in them.
+  - C(changed=true) when rows were written, files adopted, damaged files redone (RV(damaged)) or duplicate
+    manifest lines collapsed.
 """
 
 EXAMPLES = r"""
@@ -144,6 +174,18 @@ seconds:
   description: Wall time of the run.
   returned: success
   type: float
+damaged:
+  description: Finished files found damaged or missing (moved aside and re-extracted; in check mode, would be).
+  returned: always
+  type: int
+damaged_files:
+  description: Row index -> C(file) and C(reason) of every damaged or missing file.
+  returned: always
+  type: dict
+duplicate_manifest_lines:
+  description: Surplus manifest lines (a row recorded more than once by an older run); a real run collapses them.
+  returned: always
+  type: int
 layer_ids:
   description: Aux layer ids used, input-of-layer convention (what the train phase reads).
   returned: always
@@ -174,6 +216,13 @@ def main():
             "fsync": {"type": "bool", "default": True},
             "margin": {"type": "float", "default": 0.05},
             "limit": {"type": "int"},
+            "verify": {"type": "str", "choices": ["size", "checksum"], "default": "size"},
+            "on_model_change": {
+                "type": "str",
+                "choices": ["refuse", "discard", "accept"],
+                "default": "refuse",
+            },
+            "model_hash": {"type": "bool", "default": False},
             "executable": {"type": "path"},
         },
         supports_check_mode=True,
@@ -199,8 +248,14 @@ def main():
         str(p["margin"]),
         "--writer-threads",
         str(p["writer_threads"]),
+        "--verify",
+        p["verify"],
+        "--on-model-change",
+        p["on_model_change"],
         "--no-progress",
     ]
+    if p["model_hash"]:
+        argv.append("--model-hash")
     if p["layer_ids"]:
         argv += ["--layer-ids", *[str(i) for i in p["layer_ids"]]]
     if not p["fsync"]:
@@ -213,6 +268,7 @@ def main():
     if module.check_mode:
         result.setdefault("written", 0)
         result.setdefault("failed", 0)
+        result.setdefault("damaged", 0)
         if result.get("to_extract") and not result.get("fits"):
             module.fail_json(
                 msg=f"{p['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "

@@ -30,10 +30,13 @@ from eagle3ops.store import (
     DTYPE_SIZES,
     DiskSpaceError,
     HiddenStateStore,
-    StoreError,
+    ResumePlan,
+    StoreError,  # noqa: F401 - re-exported
     fsync_dir,
     human_bytes,
+    meta_decision,
     preflight_disk,
+    sample_nbytes,
 )
 
 LAYER_CONVENTIONS = ("input", "output")
@@ -126,8 +129,9 @@ def load_seq_lens(data_dir: str | os.PathLike) -> list[int]:
     return [int(x) for x in ds.data.column("seq_len").to_pylist()]
 
 
-def model_facts(model_path: str | os.PathLike) -> dict:
-    """num_layers, hidden_size and a fingerprint of the target, from its config alone.
+def model_facts(model_path: str | os.PathLike, *, content_hash: bool = False) -> dict:
+    """num_layers, hidden_size and a fingerprint of the target, from its config and its weight files' sizes,
+    mtimes and safetensors headers (``content_hash``: also a hash of every weight byte).
 
     Plain ``config.json`` files (top-level or ``text_config`` keys ``num_hidden_layers`` and ``hidden_size``)
     are read as JSON; anything else goes through ``transformers.AutoConfig`` (importing transformers costs
@@ -152,14 +156,65 @@ def model_facts(model_path: str | os.PathLike) -> dict:
     cfg_file = p / "config.json"
     if cfg_file.exists():
         h.update(cfg_file.read_bytes())
+    weights: dict[str, list] = {}
     for f in sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin")):
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
-    return {
+        st = f.stat()
+        h.update(
+            f"{f.name}:{st.st_size}".encode()
+        )  # the fingerprint of metas before issue 16: kept as it was
+        weights[f.name] = [st.st_size, st.st_mtime_ns, _weights_header_digest(f)]
+    out = {
         "num_layers": facts[0],
         "hidden_size": facts[1],
         "model_type": facts[2],
         "model_fingerprint": h.hexdigest()[:16],
+        # per weight file: size, mtime (ns), sha256 of its safetensors header (None for .bin/unreadable): cheap
+        # (no tensor bytes read) and it sees weights replaced in place by other weights of the same size
+        "model_weights": weights,
     }
+    if content_hash:
+        out["model_content_hash"] = _weights_content_hash(p, sorted(weights))
+    return out
+
+
+def _weights_header_digest(path: Path) -> str | None:
+    """sha256 (16 hex) of a safetensors file's length + JSON header (names, dtypes, shapes, offsets, metadata),
+    None when it has none (``.bin``) or it does not parse as one."""
+    if path.suffix != ".safetensors":
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return None
+            n = int.from_bytes(head, "little")
+            if n > 100 * 2**20:
+                return None
+            body = f.read(n)
+    except OSError:
+        return None
+    return hashlib.sha256(head + body).hexdigest()[:16] if len(body) == n else None
+
+
+def _weights_content_hash(p: Path, names: list[str]) -> dict:
+    """The full content of every weight file (``--model-hash``): xxh3-64 (sha256 without xxhash), with a
+    progress line per file on stderr; reads every byte of the weights (terabytes for Kimi-K2.5: on request)."""
+    from eagle3ops.store import _xxh3, file_hashes
+
+    algo = "xxh3_64" if _xxh3() is not None else "sha256"
+    files = {}
+    for name in names:
+        t0 = time.monotonic()
+        if algo == "xxh3_64":
+            files[name] = format(file_hashes(p / name, {"h"})["h"], "016x")
+        else:
+            hh = hashlib.sha256()
+            with open(p / name, "rb") as f:
+                while chunk := f.read(8 << 20):
+                    hh.update(chunk)
+            files[name] = hh.hexdigest()
+        print(f"model hash: {name} in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+    return {"algo": algo, "files": files}
 
 
 def _facts_from_config_json(path: Path) -> tuple[int, int, str | None] | None:
@@ -594,7 +649,13 @@ class ExtractConfig:
     rank: int = 0
     fsync: bool = True
     writer_threads: int = 2
-    checksum: bool = False  # crc32 per file in the manifest (costs ~1 core at 2 GB/s)
+    # xxh3-64 of every file in its manifest line, over the bytes the writer holds (docs/performance.md)
+    checksum: bool = True
+    verify: str = (
+        "size"  # the plan's check of finished files: size (cheap, headers) or checksum (re-reads all)
+    )
+    on_model_change: str = "refuse"  # refuse | discard (move hidden_states aside) | accept (same model)
+    model_hash: bool = False  # hash every weight byte for the model check (slow; on request)
     margin_frac: float = 0.05
     margin_bytes: int = 64 * 1024 * 1024
     check_finite: bool = True
@@ -616,6 +677,8 @@ def build_meta(cfg: ExtractConfig, facts: dict, layer_ids: list[int], num_rows: 
         "model_path": str(Path(cfg.model_path).resolve()),
         "model_type": facts.get("model_type"),
         "model_fingerprint": facts["model_fingerprint"],
+        "model_weights": facts.get("model_weights"),
+        **({"model_content_hash": facts["model_content_hash"]} if facts.get("model_content_hash") else {}),
         "dataset_fingerprint": dataset_fingerprint(cfg.data_dir),
         "num_rows": num_rows,
         "backend": "transformers",
@@ -630,38 +693,45 @@ def rank_indices(num_rows: int, world_size: int, rank: int, limit: int | None = 
     return list(range(rank, n, world_size))
 
 
+def _damaged_report(store: HiddenStateStore, damaged: dict[int, str]) -> dict:
+    return {str(i): {"file": str(store.path(i)), "reason": r} for i, r in sorted(damaged.items())}
+
+
 def plan_extraction(cfg: ExtractConfig) -> dict:
     """What a run would do, without loading weights or writing anything (check mode)."""
     seq_lens = load_seq_lens(cfg.data_dir)
-    facts = model_facts(cfg.model_path)
+    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash)
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
     store = HiddenStateStore(cfg.data_dir, rank=cfg.rank)
     meta = build_meta(cfg, facts, layer_ids, len(seq_lens))
     old = store.read_meta()
-    if old is not None:
-        # same refusal as a real run, but read-only
-        for k in (
-            "layer_ids",
-            "hidden_size",
-            "dtype",
-            "num_layers",
-            "model_fingerprint",
-            "dataset_fingerprint",
-        ):
-            if old.get(k) != meta.get(k):
-                raise StoreError(
-                    f"{store.meta_path}: stored {k}={old.get(k)!r} but this run asks for {meta.get(k)!r}; "
-                    "use a new data directory or move hidden_states aside."
-                )
+    action = "ok"
+    if old is not None:  # same refusal as a real run, but read-only
+        action, _ = meta_decision(old, meta, store.meta_path, cfg.on_model_change)
     indices = rank_indices(len(seq_lens), cfg.world_size, cfg.rank, cfg.limit)
-    plan = store.plan(
-        seq_lens,
-        num_states=len(layer_ids) + 1,
-        hidden_size=facts["hidden_size"],
-        dtype=cfg.dtype,
-        indices=indices,
-        adopt=False,
-    )
+    num_states = len(layer_ids) + 1
+    if action == "discard":  # the run moves the old states aside and starts over: everything is to do
+        plan = ResumePlan(
+            remaining=list(indices),
+            done=0,
+            adopted=0,
+            invalid={},
+            torn_lines=[],
+            bytes_needed=sum(
+                sample_nbytes(seq_lens[i], num_states, facts["hidden_size"], cfg.dtype) for i in indices
+            ),
+            tokens_remaining=sum(seq_lens[i] for i in indices),
+        )
+    else:
+        plan = store.plan(
+            seq_lens,
+            num_states=num_states,
+            hidden_size=facts["hidden_size"],
+            dtype=cfg.dtype,
+            indices=indices,
+            adopt=False,
+            verify=cfg.verify,
+        )
     free = preflight_disk(store.dir, 0)["free_bytes"]
     return {
         "total": len(indices),
@@ -673,6 +743,12 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
         "free_bytes": free,
         "fits": plan.bytes_needed * (1 + cfg.margin_frac) + cfg.margin_bytes <= free or not plan.remaining,
         "invalid_files": {str(k): v for k, v in plan.invalid.items()},
+        "damaged": len(plan.damaged),
+        "damaged_files": _damaged_report(store, plan.damaged),
+        "duplicate_manifest_lines": plan.duplicates,
+        "unchecked_files": plan.unchecked,
+        "verify": cfg.verify,
+        "discards_store": action == "discard",
         "layer_ids": layer_ids,
         "num_layers": facts["num_layers"],
         "hidden_size": facts["hidden_size"],
@@ -731,7 +807,7 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     """Extract every remaining row of this rank; resumable; returns counts."""
     t_start = time.perf_counter()
     seq_lens = load_seq_lens(cfg.data_dir)
-    facts = model_facts(cfg.model_path)
+    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash)
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
     num_states, hidden = len(layer_ids) + 1, facts["hidden_size"]
     if cfg.dtype not in DTYPE_SIZES:
@@ -741,10 +817,22 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     fp8 = cfg.dtype == FP8_DTYPE
 
     store = HiddenStateStore(cfg.data_dir, rank=cfg.rank)
-    store.ensure_meta(build_meta(cfg, facts, layer_ids, len(seq_lens)))
+    discarded = store.ensure_meta(
+        build_meta(cfg, facts, layer_ids, len(seq_lens)), on_model_change=cfg.on_model_change
+    )
     removed_tmp = store.clean_temp_files()
     indices = rank_indices(len(seq_lens), cfg.world_size, cfg.rank, cfg.limit)
-    plan = store.plan(seq_lens, num_states=num_states, hidden_size=hidden, dtype=cfg.dtype, indices=indices)
+    # damaged files are moved aside and their entries dropped by the one process that owns the directory: a
+    # single run, or the parent of --workers N before it starts them (repair_store); a worker only reports
+    plan = store.plan(
+        seq_lens,
+        num_states=num_states,
+        hidden_size=hidden,
+        dtype=cfg.dtype,
+        indices=indices,
+        verify=cfg.verify,
+        repair=cfg.world_size == 1,
+    )
     result = {
         "total": len(indices),
         "done_before": plan.done,
@@ -762,6 +850,13 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         "world_size": cfg.world_size,
         "removed_temp_files": len(removed_tmp),
         "invalid_files_replaced": sorted(plan.invalid),
+        "damaged": len(plan.damaged),
+        "damaged_files": _damaged_report(store, plan.damaged),
+        "moved_aside": plan.moved_aside,
+        "duplicate_manifest_lines": plan.duplicates,
+        "unchecked_files": plan.unchecked,
+        "verify": cfg.verify,
+        "discarded_store": discarded,
         "torn_manifest_lines": plan.torn_lines,
         "data_dir": str(cfg.data_dir),
     }
@@ -934,21 +1029,68 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     return result
 
 
+def repair_store(cfg: ExtractConfig) -> dict:
+    """What ``extract --workers N`` does once in the parent before it starts the workers: the model check
+    (with ``on_model_change``), temp-file cleanup and the verify check of every row at ``cfg.verify``, moving
+    damaged files aside and collapsing duplicate manifest lines, so that no worker rewrites a manifest another
+    one appends to. Returns the counts for the run's result."""
+    seq_lens = load_seq_lens(cfg.data_dir)
+    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash)
+    layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
+    store = HiddenStateStore(cfg.data_dir)
+    discarded = store.ensure_meta(
+        build_meta(cfg, facts, layer_ids, len(seq_lens)), on_model_change=cfg.on_model_change
+    )
+    store.clean_temp_files()
+    plan = store.plan(
+        seq_lens,
+        num_states=len(layer_ids) + 1,
+        hidden_size=facts["hidden_size"],
+        dtype=cfg.dtype,
+        indices=range(min(len(seq_lens), cfg.limit if cfg.limit is not None else len(seq_lens))),
+        verify=cfg.verify,
+    )
+    store.close()
+    return {
+        "damaged": len(plan.damaged),
+        "damaged_files": _damaged_report(store, plan.damaged),
+        "moved_aside": plan.moved_aside,
+        "duplicate_manifest_lines": plan.duplicates,
+        "unchecked_files": plan.unchecked,
+        "discarded_store": discarded,
+    }
+
+
 def status(data_dir: str | os.PathLike) -> dict:
-    """Progress of a data directory from the manifests alone (no tensors loaded)."""
+    """Progress of a data directory from the manifests, with the cheap check of every finished file against the
+    disk (size + header, no tensors loaded): damaged or missing files do not count as done."""
     store = HiddenStateStore(data_dir)
     meta = store.read_meta()
     seq_lens = load_seq_lens(data_dir)
     scan = store.scan_manifest()
     done = scan.entries
+    damaged: dict[int, str] = {}
+    if meta and all(meta.get(k) for k in ("num_states", "hidden_size", "dtype")):
+        lens = {i: (seq_lens[i] if i < len(seq_lens) else e.seq_len) for i, e in done.items()}
+        damaged, _ = store.check_files(
+            done.values(),
+            lens,
+            num_states=meta["num_states"],
+            hidden_size=meta["hidden_size"],
+            dtype=meta["dtype"],
+        )
+    good = {i: e for i, e in done.items() if i not in damaged}
     return {
         "data_dir": str(data_dir),
         "rows": len(seq_lens),
-        "done": len(done),
-        "remaining": len(seq_lens) - len([i for i in done if i < len(seq_lens)]),
-        "tokens_done": sum(e.seq_len for e in done.values()),
+        "done": len(good),
+        "remaining": len(seq_lens) - len([i for i in good if i < len(seq_lens)]),
+        "tokens_done": sum(e.seq_len for e in good.values()),
         "tokens_total": sum(seq_lens),
-        "bytes": sum(e.nbytes for e in done.values()),
+        "bytes": sum(e.nbytes for e in good.values()),
+        "damaged": len(damaged),
+        "damaged_files": _damaged_report(store, damaged),
+        "duplicate_manifest_lines": sum(n - 1 for n in scan.duplicates().values()),
         "torn_manifest_lines": scan.torn_lines,
         "meta": meta,
     }

@@ -400,15 +400,40 @@ def read_meta(data_dir: str | os.PathLike) -> dict | None:
         return None
 
 
-def _is_complete(data_dir: Path, meta: dict) -> bool:
-    """Every file the meta lists is there with its size (cheap: no hashing of the arrow shards)."""
+def _file_checksum(path: Path) -> str:
+    """xxh3-64 (hex) of a file's content (``sha256:`` + hex without xxhash)."""
+    from eagle3ops.store import _xxh3, file_hashes
+
+    if _xxh3() is not None:
+        return format(file_hashes(path, {"h"})["h"], "016x")
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def _damaged_files(data_dir: Path, meta: dict) -> list[str]:
+    """The files the meta lists that are missing, of another size or (when the meta records checksums, i.e.
+    written since issue 16) of other content. The shards are re-read: xxh3 runs at memory speed, so a prepared
+    dataset of a few GB costs about a second when cached."""
+    bad = []
+    sums = meta.get("checksums") or {}
     for name, size in (meta.get("files") or {}).items():
         try:
             if (data_dir / name).stat().st_size != size:
-                return False
+                bad.append(name)
+                continue
+            if name in sums and _file_checksum(data_dir / name) != sums[name]:
+                bad.append(name)
         except OSError:
-            return False
-    return bool(meta.get("files"))
+            bad.append(name)
+    return bad
+
+
+def _is_complete(data_dir: Path, meta: dict) -> bool:
+    """Every file the meta lists is there with its size and (when recorded) its checksum."""
+    return bool(meta.get("files")) and not _damaged_files(data_dir, meta)
 
 
 def _hidden_state_files(data_dir: Path) -> int:
@@ -508,6 +533,7 @@ def prepare(
     # same fingerprint but files missing or damaged: the rebuilt rows are byte-identical, so extracted
     # hidden states stay valid and the files are repaired in place
     repair = bool(meta) and meta.get("fingerprint") == fingerprint and data_dir.is_dir()
+    damaged = _damaged_files(data_dir, meta) if repair else []
     if data_dir.exists():
         _check_replaceable(data_dir, force or repair)
     if check:
@@ -515,7 +541,10 @@ def prepare(
             "changed": True,
             "out": str(data_dir),
             "fingerprint": fingerprint,
-            "removes_hidden_states": _hidden_state_files(data_dir) if data_dir.exists() else 0,
+            "removes_hidden_states": 0
+            if repair
+            else (_hidden_state_files(data_dir) if data_dir.exists() else 0),
+            "damaged_files": damaged,
             "seconds": round(time.monotonic() - t0, 2),
         }
 
@@ -572,6 +601,7 @@ def prepare(
         save_token_frequency_distribution(ds, tmp / TOKEN_FREQ)
         stats = _stats(ds)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        checksums = {name: _file_checksum(tmp / name) for name in files}
         meta = {
             "fingerprint": fingerprint,
             "format": PREPARE_FORMAT,
@@ -586,11 +616,15 @@ def prepare(
             "skipped": [str(p) for p in problems],
             "dropped": dropped,
             "files": files,
+            "checksums": checksums,
         }
         (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         fsync_tree(tmp)
         if repair:
-            log(f"prepare: {data_dir} has the same fingerprint but missing or changed files: repairing")
+            log(
+                f"prepare: {data_dir} has the same fingerprint but missing or changed files "
+                f"({', '.join(damaged) or 'none listed'}): rebuilding them"
+            )
             _repair_in_place(tmp, data_dir)
         else:
             if data_dir.exists():
@@ -603,6 +637,7 @@ def prepare(
         log(f"prepare: removed {removed_hs} files of stale hidden states from {data_dir / HS_DIR} (--force)")
     result = _result(data_dir, meta, changed=True)
     result["removed_hidden_states"] = removed_hs
+    result["damaged_files"] = damaged
     result["seconds"] = round(time.monotonic() - t0, 2)
     log(
         f"prepare: {result['num_rows']} rows, {result['num_tokens']} tokens "

@@ -29,17 +29,22 @@ import shutil
 import struct
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 HS_DIR = "hidden_states"
+DAMAGED_DIR = "damaged"  # hidden_states/damaged/: files the checks found damaged, moved aside (never deleted)
+VERIFY_LEVELS = ("size", "checksum")
 META_NAME = "extract_meta.json"
 MANIFEST_GLOB = "manifest-rank*.jsonl"
 _FILE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
 # temp files of atomic_write_bytes in hidden_states/: ".{final name}.{pid}.{thread}.tmp"
-_TMP_RE = re.compile(r"^\.(?:hs_\d+\.safetensors|extract_meta\.json)\.(?:(\d+)\.)?.*\.tmp$")
+_TMP_RE = re.compile(
+    r"^\.(?:hs_\d+\.safetensors|extract_meta\.json|manifest-rank\d+\.jsonl)\.(?:(\d+)\.)?.*\.tmp$"
+)
 
 FP8_DTYPE = "float8_e4m3fn"
 FP8_SCALES_KEY = "hidden_states_scales"  # hs_connectors 0.9.0 fp8_utils.SCALES_KEY
@@ -223,6 +228,55 @@ def _crc32(payload) -> int:
     return crc
 
 
+def _xxh3():
+    """A new xxh3-64 hasher, or None where the ``xxhash`` package (a dependency of ``datasets``) is missing."""
+    try:
+        import xxhash
+    except ImportError:
+        return None
+    return xxhash.xxh3_64()
+
+
+def content_hash(payload) -> tuple[str, int]:
+    """``("h", xxh3-64)`` of ``payload`` (bytes or a list of buffers, hashed back to back without joining), or
+    ``("c", crc32)`` without xxhash. xxh3 runs at memory speed (several GB/s per core, GIL released) where zlib's
+    crc32 managed ~0.6-1 GB/s on the 2-core box: the writer threads compute it over the bytes they already hold
+    (docs/performance.md, "Content checksum")."""
+    h = _xxh3()
+    if h is None:
+        return "c", _crc32(payload)
+    for part in payload if isinstance(payload, (list, tuple)) else [payload]:
+        h.update(part)
+    return "h", h.intdigest()
+
+
+def file_hashes(path: str | os.PathLike, kinds: set[str], on_bytes=None, chunk: int = 8 << 20) -> dict:
+    """Re-read ``path`` once and return ``{kind: value}`` for ``kinds`` (``"h"`` xxh3-64, ``"c"`` crc32);
+    ``on_bytes(n)`` is called per chunk read (progress)."""
+    h = _xxh3() if "h" in kinds else None
+    crc = 0
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            part = view[:n]
+            if h is not None:
+                h.update(part)
+            if "c" in kinds:
+                crc = zlib.crc32(part, crc)
+            if on_bytes is not None:
+                on_bytes(n)
+    out = {}
+    if h is not None:
+        out["h"] = h.intdigest()
+    if "c" in kinds:
+        out["c"] = crc
+    return out
+
+
 def atomic_write_bytes(
     path: str | os.PathLike, data, *, fsync: bool = True, sync_dir: bool | None = None
 ) -> int:
@@ -330,17 +384,45 @@ def read_safetensors_header(path: str | os.PathLike) -> dict:
 
 @dataclass(frozen=True)
 class ManifestEntry:
+    """One finished sample: ``i`` index, ``n`` seq_len, ``b`` file size in bytes, ``r`` rank, and the content
+    checksum of the whole file when the writer computed one: ``h`` xxh3-64 (new lines) or ``c`` crc32 (older)."""
+
     index: int
     seq_len: int
     nbytes: int
     crc32: int | None = None
     rank: int = 0
+    xxh3: int | None = None
 
     def to_line(self) -> str:
         d = {"i": self.index, "n": self.seq_len, "b": self.nbytes, "r": self.rank}
         if self.crc32 is not None:
             d["c"] = self.crc32
+        if self.xxh3 is not None:
+            d["h"] = self.xxh3
         return json.dumps(d, separators=(",", ":")) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ManifestEntry:
+        return cls(int(d["i"]), int(d["n"]), int(d["b"]), d.get("c"), int(d.get("r", 0)), d.get("h"))
+
+    @property
+    def checksums(self) -> dict:
+        out = {}
+        if self.xxh3 is not None:
+            out["h"] = self.xxh3
+        if self.crc32 is not None:
+            out["c"] = self.crc32
+        return out
+
+
+def _entry(index: int, seq_len: int, nbytes: int, payload, checksum: bool, rank: int) -> ManifestEntry:
+    if not checksum:
+        return ManifestEntry(index, seq_len, nbytes, None, rank)
+    kind, value = content_hash(payload)
+    if kind == "h":
+        return ManifestEntry(index, seq_len, nbytes, None, rank, value)
+    return ManifestEntry(index, seq_len, nbytes, value, rank)
 
 
 @dataclass
@@ -349,8 +431,20 @@ class ManifestScan:
     resume planning needs only :meth:`indices`, and building 100k entry objects was half its time."""
 
     torn_lines: list[str] = field(default_factory=list)  # "file:line" of ignored partial lines
+    lines: int = 0  # valid lines read (duplicates included)
     _parsed: dict[int, ManifestEntry] = field(default_factory=dict, repr=False)
     _pending: list[list[dict]] = field(default_factory=list, repr=False)  # validated rows, file order
+    _all_indices: list[list[int]] = field(default_factory=list, repr=False)  # every line's index, file order
+
+    def duplicates(self) -> dict[int, int]:
+        """Index -> number of lines, for every index recorded more than once (older runs that wrote a row
+        twice, e.g. two runs on one directory). The last line wins everywhere; a rewrite keeps only it."""
+        if self.lines == len(self.indices()):
+            return {}
+        from collections import Counter
+
+        c = Counter(i for chunk in self._all_indices for i in chunk)
+        return {i: n for i, n in sorted(c.items()) if n > 1}
 
     @property
     def entries(self) -> dict[int, ManifestEntry]:
@@ -367,7 +461,9 @@ class ManifestScan:
     def _materialise(self) -> None:
         for rows in self._pending:
             for d in rows:
-                self._parsed[d["i"]] = ManifestEntry(d["i"], d["n"], d["b"], d.get("c"), d.get("r", 0))
+                self._parsed[d["i"]] = ManifestEntry(
+                    d["i"], d["n"], d["b"], d.get("c"), d.get("r", 0), d.get("h")
+                )
         self._pending.clear()
 
 
@@ -391,6 +487,8 @@ def _parse_manifest_file(path: Path, scan: ManifestScan) -> None:
             ok = False
         if ok:
             scan._pending.append(rows)
+            scan.lines += len(rows)
+            scan._all_indices.append([d["i"] for d in rows])
             return
     scan._materialise()  # keep file order: a later file's line wins
     lines = data.split(b"\n")
@@ -401,7 +499,7 @@ def _parse_manifest_file(path: Path, scan: ManifestScan) -> None:
         complete = lineno < len(lines)  # followed by a newline
         try:
             d = json.loads(raw)
-            entry = ManifestEntry(int(d["i"]), int(d["n"]), int(d["b"]), d.get("c"), int(d.get("r", 0)))
+            entry = ManifestEntry.from_dict(d)
         except (ValueError, KeyError, TypeError) as e:
             if complete and lineno < len(lines) - 1:
                 raise StoreError(
@@ -411,6 +509,101 @@ def _parse_manifest_file(path: Path, scan: ManifestScan) -> None:
             scan.torn_lines.append(f"{path}:{lineno}")
             continue
         scan._parsed[entry.index] = entry
+        scan.lines += 1
+        scan._all_indices.append([entry.index])
+
+
+META_KEYS = ("layer_ids", "hidden_size", "dtype", "num_layers", "model_fingerprint", "dataset_fingerprint")
+MODEL_CHANGE_ACTIONS = ("refuse", "discard", "accept")
+
+
+class ModelChangedError(StoreError):
+    """The target model differs from the one a store's hidden states came from."""
+
+
+def weight_changes(old: dict, new: dict) -> list[str]:
+    """What changed in the target's weight files between two metas (``model_weights``: name -> [size, mtime_ns,
+    header digest]; ``model_content_hash``: name -> full-content digest, only when asked for). Only what both
+    metas record is compared (a meta from before these facts compares by ``model_fingerprint`` alone). Matching
+    content hashes win over changed timestamps (a copy with new mtimes is the same model)."""
+    ow, nw = old.get("model_weights"), new.get("model_weights")
+    oc, nc = old.get("model_content_hash"), new.get("model_content_hash")
+    if isinstance(oc, dict) and isinstance(nc, dict) and oc.get("algo") == nc.get("algo"):
+        of, nf = oc.get("files") or {}, nc.get("files") or {}
+        return [f"{n}: content differs" for n in sorted(set(of) | set(nf)) if of.get(n) != nf.get(n)]
+    if not isinstance(ow, dict) or not isinstance(nw, dict):
+        return []
+    out = []
+    for name in sorted(set(ow) | set(nw)):
+        a, b = ow.get(name), nw.get(name)
+        if a is None or b is None:
+            out.append(f"{name}: {'added' if a is None else 'removed'}")
+            continue
+        what = []
+        if a[0] != b[0]:
+            what.append(f"size {a[0]} -> {b[0]}")
+        if a[2] != b[2]:
+            what.append("safetensors header differs")
+        if a[1] != b[1]:
+            what.append(
+                f"modified {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(b[1] / 1e9))}, recorded "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(a[1] / 1e9))}"
+            )
+        if what:
+            out.append(f"{name}: {', '.join(what)}")
+    return out
+
+
+def meta_decision(
+    old: dict, new: dict, meta_path, on_model_change: str = "refuse"
+) -> tuple[str, dict | None]:
+    """Compare a store's recorded meta with a run's: ``("ok", None)``, ``("update", meta to write)`` (migration
+    of an older meta, new weight facts the user accepted or a content hash proved the same) or ``("discard",
+    None)``; raises StoreError (ModelChangedError for the model) when the run must not resume into the store."""
+    if on_model_change not in MODEL_CHANGE_ACTIONS:
+        raise StoreError(f"on_model_change {on_model_change!r}: use one of {', '.join(MODEL_CHANGE_ACTIONS)}")
+    diff = {k: (old.get(k), new.get(k)) for k in META_KEYS if old.get(k) != new.get(k)}
+    model_diff = diff.pop("model_fingerprint", None)
+    weights = weight_changes(old, new)
+    if diff:
+        details = ", ".join(f"{k}: stored {a!r} vs requested {b!r}" for k, (a, b) in diff.items())
+        raise StoreError(
+            f"{meta_path}: this store holds hidden states made with different settings ({details}). "
+            "Resuming would mix incompatible samples. Use a new data directory, or move "
+            f"{Path(meta_path).parent} aside to start over."
+        )
+    if model_diff or weights:
+        if on_model_change == "discard":
+            return "discard", None
+        if on_model_change == "accept" and not model_diff:
+            return "update", _merged_meta(old, new)
+        what = "; ".join(weights) if weights else "config.json or the weight files' names/sizes differ"
+        raise ModelChangedError(
+            f"{meta_path}: the target model changed since these hidden states were extracted from "
+            f"{old.get('model_path') or 'it'} ({what}). Resuming would mix two models' states. To start over, "
+            "use a fresh data directory (--data / extract_data_dir) or --on-model-change discard "
+            "(extract_on_model_change: discard; the old states are moved aside to hidden_states.old-<time>). "
+            "To keep the old store, put the old weights back"
+            + (
+                ""
+                if model_diff
+                else "; if the weights are the same files copied with new timestamps, "
+                "--model-hash (extract_model_hash: true) compares their content, or --on-model-change accept "
+                "records them as they are now"
+            )
+            + "."
+        )
+    merged = _merged_meta(old, new)
+    return ("update", merged) if merged != old else ("ok", None)
+
+
+def _merged_meta(old: dict, new: dict) -> dict:
+    """``old`` with the weight facts of ``new`` (what a migrated or accepted meta records)."""
+    merged = dict(old)
+    for k in ("model_weights", "model_content_hash"):
+        if new.get(k) is not None:
+            merged[k] = new[k]
+    return merged
 
 
 class HiddenStateStore:
@@ -441,22 +634,43 @@ class HiddenStateStore:
             return None
         return json.loads(self.meta_path.read_text())
 
-    def ensure_meta(self, meta: dict) -> None:
-        """Record what this store holds; refuse to mix states from a different model/layers/dtype."""
+    def ensure_meta(self, meta: dict, *, on_model_change: str = "refuse") -> str | None:
+        """Record what this store holds; refuse to mix states from a different model/layers/dtype.
+
+        ``on_model_change``: what to do when the target model differs from the one the states came from
+        (:func:`meta_decision`): ``refuse`` (default), ``discard`` (move ``hidden_states/`` aside, never delete,
+        and start over; returns where it went) or ``accept`` (the weights' timestamps/headers changed but the
+        user says it is the same model: record the new facts and resume). A meta written before the weight facts
+        existed is migrated (they are added) when everything it does record matches."""
         self.dir.mkdir(parents=True, exist_ok=True)
         old = self.read_meta()
         if old is None:
             atomic_write_json(self.meta_path, meta)
-            return
-        keys = ("layer_ids", "hidden_size", "dtype", "num_layers", "model_fingerprint", "dataset_fingerprint")
-        diff = {k: (old.get(k), meta.get(k)) for k in keys if old.get(k) != meta.get(k)}
-        if diff:
-            details = ", ".join(f"{k}: stored {a!r} vs requested {b!r}" for k, (a, b) in diff.items())
-            raise StoreError(
-                f"{self.meta_path}: this store holds hidden states made with different settings ({details}). "
-                "Resuming would mix incompatible samples. Use a new data directory, or move "
-                f"{self.dir} aside to start over."
-            )
+            return None
+        action, merged = meta_decision(old, meta, self.meta_path, on_model_change)
+        if action == "discard":
+            moved = self.discard()
+            atomic_write_json(self.meta_path, meta)
+            return moved
+        if action == "update":
+            atomic_write_json(self.meta_path, merged)
+        return None
+
+    def discard(self) -> str:
+        """Move this store's ``hidden_states/`` aside to ``hidden_states.old-<time>`` (never deleted) and recreate
+        it empty. Returns the new place of the old states."""
+        self.close()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dest = self.data_dir / f"{HS_DIR}.old-{stamp}"
+        k = 1
+        while dest.exists():
+            dest = self.data_dir / f"{HS_DIR}.old-{stamp}.{k}"
+            k += 1
+        os.rename(self.dir, dest)
+        self.dir.mkdir()
+        fsync_dir(self.data_dir)
+        self._dir_ready = True
+        return str(dest)
 
     # ---------- manifest ----------
     def _listdir(self) -> list[str]:
@@ -522,7 +736,7 @@ class HiddenStateStore:
         :func:`atomic_write_bytes`)."""
         self._ensure_dir()
         nbytes = atomic_write_bytes(self.path(index), payload, fsync=fsync, sync_dir=sync_dir)
-        return ManifestEntry(index, seq_len, nbytes, _crc32(payload) if checksum else None, self.rank)
+        return _entry(index, seq_len, nbytes, payload, checksum, self.rank)
 
     def _ensure_dir(self) -> None:
         if not self._dir_ready:
@@ -541,7 +755,7 @@ class HiddenStateStore:
             [(self.path(i), payload) for i, payload, _ in samples], fsync=fsync, sync_dir=sync_dir
         )
         return [
-            ManifestEntry(index, seq_len, nbytes, _crc32(payload) if checksum else None, self.rank)
+            _entry(index, seq_len, nbytes, payload, checksum, self.rank)
             for (index, payload, seq_len), nbytes in zip(samples, sizes, strict=True)
         ]
 
@@ -575,8 +789,8 @@ class HiddenStateStore:
         """None when the file's header matches the expected sample, else the reason it does not."""
         try:
             h = read_safetensors_header(self.path(index))
-        except (OSError, ValueError) as e:
-            return str(e)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"unreadable safetensors header ({e})"
         hs, tok = h.get("hidden_states"), h.get("token_ids")
         if not hs or not tok:
             return "missing hidden_states or token_ids"
@@ -593,6 +807,154 @@ class HiddenStateStore:
             return f"token_ids {tok['dtype']}{tok['shape']} != I64[{seq_len}]"
         return None
 
+    def check_files(
+        self,
+        entries: Iterable[ManifestEntry],
+        seq_lens,
+        *,
+        num_states: int,
+        hidden_size: int,
+        dtype: str,
+        level: str = "size",
+        on_file=None,
+    ) -> tuple[dict[int, str], int]:
+        """Check finished samples against the disk. ``level="size"`` (cheap, no tensor bytes read): the file
+        exists, its size is the one the manifest recorded, its safetensors header parses and matches the row
+        (shape, dtype, byte coverage). ``level="checksum"``: also re-read the whole file and compare its content
+        checksum with the manifest's (lines without one, e.g. adopted files, are counted as unchecked).
+        ``seq_lens[i]``: the row's expected length. ``on_file(nbytes)`` is called per file checked (progress).
+        Returns (index -> reason for every damaged or missing file, number of files without a checksum)."""
+        if level not in VERIFY_LEVELS:
+            raise StoreError(f"verify level {level!r}: use one of {', '.join(VERIFY_LEVELS)}")
+        damaged: dict[int, str] = {}
+        unchecked = 0
+        expected: dict[int, tuple[bytes, int]] = {}
+        d = str(self.dir)
+        for e in entries:
+            n = seq_lens[e.index]
+            path = f"{d}/hs_{e.index}.safetensors"
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                damaged[e.index] = "missing (the manifest lists it, the file is gone)"
+                continue
+            except OSError as err:
+                damaged[e.index] = f"cannot be opened ({err.strerror})"
+                continue
+            try:
+                size = os.fstat(fd).st_size
+                exp = expected.get(n)
+                if exp is None:
+                    exp = expected[n] = sample_header(n, num_states, hidden_size, dtype)
+                head = os.read(fd, len(exp[0])) if size == e.nbytes else b""
+            except OSError as err:
+                damaged[e.index] = f"cannot be read ({err.strerror})"
+                continue
+            finally:
+                os.close(fd)
+            if size != e.nbytes:
+                damaged[e.index] = (
+                    "zero-length file" if size == 0 else f"{size} bytes, the manifest recorded {e.nbytes}"
+                ) + (" (truncated)" if 0 < size < e.nbytes else "")
+                continue
+            if head != exp[0] or size != exp[1]:  # another writer's header layout: parse and compare
+                reason = self.validate_header(e.index, n, num_states, hidden_size, dtype)
+                if reason is not None:
+                    damaged[e.index] = reason
+                    continue
+            if level == "checksum":
+                want = e.checksums
+                if not want:
+                    unchecked += 1
+                else:
+                    try:
+                        got = file_hashes(path, set(want))
+                    except OSError as err:
+                        damaged[e.index] = f"cannot be read ({err.strerror})"
+                        continue
+                    if got != want:
+                        damaged[e.index] = (
+                            "content checksum differs from the manifest's (bytes changed on disk)"
+                        )
+                        continue
+            if on_file is not None:
+                on_file(size)
+        return damaged, unchecked
+
+    def quarantine(self, damaged: dict[int, str]) -> list[dict]:
+        """Move damaged sample files aside into ``hidden_states/damaged/`` (never deleted; a name taken by an
+        earlier one gets ``.1``, ``.2``, ...), log each one in ``damaged/damaged.jsonl``, and drop their manifest
+        entries. Files first, then the manifests: a kill in between leaves entries whose file is gone, which the
+        next plan finds missing and drops. Returns one record per index (``moved_to`` None when nothing was there)."""
+        if not damaged:
+            return []
+        ddir = self.dir / DAMAGED_DIR
+        ddir.mkdir(exist_ok=True)
+        records = []
+        now = time.strftime("%Y-%m-%dT%H:%M:%S")
+        for i, reason in sorted(damaged.items()):
+            src = self.path(i)
+            dest = None
+            if os.path.lexists(src):
+                dest = ddir / src.name
+                k = 1
+                while os.path.lexists(dest):
+                    dest = ddir / f"hs_{i}.{k}.safetensors"
+                    k += 1
+                os.rename(src, dest)
+            records.append(
+                {"index": i, "file": str(src), "reason": reason, "moved_to": dest and str(dest), "time": now}
+            )
+        fsync_dir(ddir)
+        fsync_dir(self.dir)
+        with open(ddir / "damaged.jsonl", "a") as f:
+            f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+            f.flush()
+            os.fsync(f.fileno())
+        self.rewrite_manifests(set(damaged))
+        return records
+
+    def rewrite_manifests(self, drop: set[int] = frozenset()) -> int:
+        """Rewrite the manifests without the entries of ``drop`` and with one line per index (the one that wins
+        on read: the last, in file order); torn lines go too. Each file is replaced atomically (temp, fsync,
+        rename, directory fsync), and only the losing lines of a duplicate are dropped, so a kill between two
+        files leaves a store that reads the same. Only for a process that owns the directory (one run, before
+        its workers start): another process appending to a manifest meanwhile would lose its lines. Returns the
+        number of lines removed."""
+        self.close()  # our append handle would point at the replaced file
+        files = sorted(
+            self.dir / n for n in self._listdir() if n.startswith("manifest-rank") and n.endswith(".jsonl")
+        )
+        parsed: list[tuple[Path, list[tuple[int, int | None, bytes]]]] = []
+        last: dict[int, tuple[int, int]] = {}
+        for fi, path in enumerate(files):
+            rows = []
+            for li, raw in enumerate(path.read_bytes().split(b"\n")):
+                if not raw.strip():
+                    continue
+                try:
+                    idx = ManifestEntry.from_dict(json.loads(raw)).index
+                except (ValueError, KeyError, TypeError):
+                    idx = None  # torn or corrupt: ignored on read, dropped here
+                rows.append((li, idx, raw))
+                if idx is not None:
+                    last[idx] = (fi, li)
+            parsed.append((path, rows))
+        removed = 0
+        for fi, (path, rows) in enumerate(parsed):
+            keep = [
+                raw
+                for li, idx, raw in rows
+                if idx is not None and idx not in drop and last.get(idx) == (fi, li)
+            ]
+            if len(keep) == len(rows):
+                continue
+            removed += len(rows) - len(keep)
+            atomic_write_bytes(path, b"".join(r + b"\n" for r in keep), sync_dir=False)
+        if removed:
+            fsync_dir(self.dir)
+        return removed
+
     def plan(
         self,
         seq_lens: list[int],
@@ -602,20 +964,48 @@ class HiddenStateStore:
         dtype: str,
         indices: Iterable[int] | None = None,
         adopt: bool = True,
+        verify: str | None = "size",
+        repair: bool | None = None,
     ) -> ResumePlan:
-        """Work out what is left to do from the manifest (+ header check of unlisted files)."""
+        """Work out what is left to do from the manifest (+ header check of unlisted files).
+
+        ``verify``: every manifest entry of ``indices`` is checked against the disk first (:meth:`check_files`,
+        ``size`` or ``checksum``; None trusts the manifest). A damaged or missing file counts as not done.
+        ``repair`` (default: ``adopt``): move damaged files aside, drop their entries and collapse duplicate
+        manifest lines (:meth:`quarantine`, :meth:`rewrite_manifests`); without it nothing is changed on disk."""
+        repair = adopt if repair is None else repair
         names = self._listdir()  # listed once: manifests and unlisted sample files come from it
         scan = self.scan_manifest(names)
         done = scan.indices()
         wanted = range(len(seq_lens)) if indices is None else indices
         wanted_set = set(wanted)
+        damaged: dict[int, str] = {}
+        unchecked = 0
+        if verify:
+            entries = scan.entries
+            listed = wanted_set & done
+            damaged, unchecked = self.check_files(
+                (entries[i] for i in sorted(listed)),
+                seq_lens,
+                num_states=num_states,
+                hidden_size=hidden_size,
+                dtype=dtype,
+                level=verify,
+            )
+        duplicates = scan.duplicates()
+        moved: list[dict] = []
+        if repair and damaged:
+            moved = self.quarantine(damaged)  # rewrites the manifests too (duplicates collapse)
+        elif repair and duplicates:
+            self.rewrite_manifests()
+        done = done - set(damaged)
         adopted: list[ManifestEntry] = []
         invalid: dict[int, str] = {}
         missing = wanted_set - done
         present = set(names) if missing else set()
         for i in sorted(missing):  # a file under its final name but not in a manifest: check its header
-            if f"hs_{i}.safetensors" not in present:
-                continue
+            if i in damaged or f"hs_{i}.safetensors" not in present:
+                continue  # a damaged file is redone, never adopted (its header may be fine, its bytes not)
             reason = self.validate_header(i, seq_lens[i], num_states, hidden_size, dtype)
             if reason is None:
                 adopted.append(ManifestEntry(i, seq_lens[i], self.path(i).stat().st_size, None, self.rank))
@@ -633,6 +1023,10 @@ class HiddenStateStore:
             torn_lines=scan.torn_lines,
             bytes_needed=sum(sample_nbytes(seq_lens[i], num_states, hidden_size, dtype) for i in remaining),
             tokens_remaining=sum(seq_lens[i] for i in remaining),
+            damaged=damaged,
+            moved_aside=moved,
+            duplicates=sum(n - 1 for n in duplicates.values()),
+            unchecked=unchecked,
         )
 
     def lengths(self) -> dict[int, int]:
@@ -649,6 +1043,10 @@ class ResumePlan:
     torn_lines: list[str]
     bytes_needed: int
     tokens_remaining: int
+    damaged: dict[int, str] = field(default_factory=dict)  # index -> why (found by the verify check)
+    moved_aside: list[dict] = field(default_factory=list)  # what quarantine() did with them
+    duplicates: int = 0  # surplus manifest lines (same index more than once)
+    unchecked: int = 0  # checksum level: files whose manifest line has no checksum
 
 
 @functools.lru_cache(maxsize=4096)
@@ -669,6 +1067,36 @@ def header_overhead(seq_len: int, num_states: int, hidden_size: int, scales: boo
             "data_offsets": [10**12] * 2,
         }
     return 8 + len(json.dumps(entries)) + 16
+
+
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+def sample_header(seq_len: int, num_states: int, hidden_size: int, dtype: str) -> tuple[bytes, int]:
+    """(the first bytes, the total size) of the file our writer (:func:`eagle3ops.extract.sample_parts`, the
+    SGLang hook) makes for one row: the 8-byte length and the space-padded JSON header. Byte-equal to a file's
+    start means its header matches without parsing it (the planner checks 100k files that way)."""
+    fp8 = dtype == FP8_DTYPE
+    n_tok = 8 * seq_len
+    header: dict = {"token_ids": {"dtype": "I64", "shape": [seq_len], "data_offsets": [0, n_tok]}}
+    off = n_tok
+    if fp8:
+        n_sc = 4 * seq_len * num_states
+        header[FP8_SCALES_KEY] = {
+            "dtype": "F32",
+            "shape": [seq_len, num_states, 1],
+            "data_offsets": [off, off + n_sc],
+        }
+        off += n_sc
+    n_hs = seq_len * num_states * hidden_size * DTYPE_SIZES[dtype]
+    header["hidden_states"] = {
+        "dtype": _ST_NAMES[dtype],
+        "shape": [seq_len, num_states, hidden_size],
+        "data_offsets": [off, off + n_hs],
+    }
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, 8 + len(text) + off + n_hs
 
 
 def sample_nbytes(seq_len: int, num_states: int, hidden_size: int, dtype: str) -> int:

@@ -232,7 +232,28 @@ def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
         from datasets import load_from_disk
 
         num_rows = len(load_from_disk(str(data)))
-    lengths = HiddenStateStore(data).lengths()
+    store = HiddenStateStore(data)
+    entries = store.scan_manifest().entries
+    if all(meta.get(k) for k in ("num_states", "hidden_size", "dtype")):
+        # the extract plan's cheap check (exists, recorded size, safetensors header): a file damaged or
+        # deleted after it was written must not reach speculators, whatever train_on_missing says
+        damaged, _ = store.check_files(
+            entries.values(),
+            {i: e.seq_len for i, e in entries.items()},
+            num_states=meta["num_states"],
+            hidden_size=meta["hidden_size"],
+            dtype=meta["dtype"],
+        )
+        if damaged:
+            shown = "; ".join(f"row {i}: {store.path(i)}: {r}" for i, r in sorted(damaged.items())[:10])
+            raise TrainError(
+                f"{len(damaged)} hidden-state files in {store.dir} are damaged or missing ({shown}"
+                + (f"; and {len(damaged) - 10} more" if len(damaged) > 10 else "")
+                + "). Run the extract phase again: it moves them to hidden_states/damaged/ and extracts "
+                "those rows anew (`eagle3ops verify --data DIR` lists them).",
+                inputs_pending=True,
+            )
+    lengths = {i: e.seq_len for i, e in entries.items()}
     done = sum(1 for i in lengths if i < num_rows)
     if on_missing == "raise" and done < num_rows:
         raise TrainError(

@@ -96,7 +96,7 @@ def test_plan_and_status_find_a_damaged_file(store_dir, tiny_target, kind):
     assert 3 in store.scan_manifest().indices()
 
 
-@pytest.mark.parametrize("kind", CHEAP_KINDS + ["flipped-byte"])
+@pytest.mark.parametrize("kind", [*CHEAP_KINDS, "flipped-byte"])
 def test_repair_moves_aside_drops_the_entry_and_replans(store_dir, kind):
     store = HiddenStateStore(store_dir)
     level = "checksum" if kind == "flipped-byte" else "size"
@@ -264,9 +264,10 @@ def test_old_meta_without_weight_facts_still_resumes(store_dir, tiny_target):
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_module_reports_damaged_count_and_changed(store_dir, tiny_target):
+def test_module_reports_damaged_count_and_changed(store_dir, tiny_target, capsys):
     """``hidden_states_extract`` through real ``ansible`` (ad-hoc, connection local): check mode predicts the
-    re-extraction of the damaged rows, the real run redoes them (tiny target on CPU) and says ``damaged: N``."""
+    re-extraction of the damaged rows with ``damaged: N`` and ``changed=true``; the real run (tiny target on CPU)
+    moves them aside, redoes them and says ``damaged: N``; the module's next real run reports nothing to do."""
     store = HiddenStateStore(store_dir)
     _damage(store.path(1), "truncated")
     _damage(store.path(2), "broken-header")
@@ -289,6 +290,7 @@ def test_module_reports_damaged_count_and_changed(store_dir, tiny_target):
     def run(*extra):
         p = subprocess.run(
             [str(bindir / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-M", str(REPO / "library"),
+             "-e", f"ansible_python_interpreter={sys.executable}",
              "-m", "hidden_states_extract", "-a", json.dumps(args), *extra],
             capture_output=True, text=True, env=env, cwd=REPO, check=False,
         )  # fmt: skip
@@ -297,7 +299,14 @@ def test_module_reports_damaged_count_and_changed(store_dir, tiny_target):
 
     check = run("--check")
     assert check["changed"] is True and check["damaged"] == 2 and check["to_extract"] == 2, check
-    res = run()
-    assert res["changed"] is True and res["damaged"] == 2 and res["written"] == 2, res
-    again = run()
+    assert sorted(check["damaged_files"]) == ["1", "2"], check
+    # the real extraction of the two rows runs in this process (torch and the tiny target are already imported
+    # here; through a fresh ansible-run process it took 2 minutes on the loaded 2-core box): the JSON the
+    # module passes on unchanged (run_cli -> exit_json)
+    rc = cli_main(["extract", "--data", str(store_dir), "--model", str(tiny_target), "--layer-ids", "2", "4", "5",
+                   "--device", "cpu", "--no-progress", "--json"])  # fmt: skip
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and res["changed"] is True and res["damaged"] == 2 and res["written"] == 2, res
+    assert len(list((store.dir / "damaged").glob("hs_*.safetensors"))) == 2
+    again = run()  # the module's real mode on the repaired store: nothing to do
     assert again["changed"] is False and again["damaged"] == 0, again

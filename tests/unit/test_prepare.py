@@ -395,7 +395,7 @@ def test_missing_file_is_repaired_keeping_hidden_states(prepared, tmp_path, mode
 def test_altered_shard_of_same_size_is_found_and_rebuilt(prepared, tmp_path, model, demo):
     """Issue 16 §1: an arrow shard altered in place (same size, one byte flipped) was reported "already done"
     before prepare_meta.json recorded the shards' checksums; now it is rebuilt (hidden states kept)."""
-    src, first = prepared
+    src, _ = prepared
     out = tmp_path / "data"
     shutil.copytree(src, out)
     arrow = out / "data-00000-of-00001.arrow"

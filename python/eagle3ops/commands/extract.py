@@ -67,6 +67,25 @@ def register(sub) -> None:
     )
     p.add_argument("--limit", type=int, default=None, help="only the first N rows")
     p.add_argument(
+        "--verify",
+        choices=["size", "checksum"],
+        default="size",
+        help="check of finished files before resuming: size (size + safetensors header, cheap) or checksum "
+        "(re-reads every file); damaged ones are moved to hidden_states/damaged/ and extracted again",
+    )
+    p.add_argument(
+        "--on-model-change",
+        choices=["refuse", "discard", "accept"],
+        default="refuse",
+        help="the target's weights changed since the store was started: refuse (default); discard = move "
+        "hidden_states aside (hidden_states.old-<time>) and start over; accept = same model, record it",
+    )
+    p.add_argument(
+        "--model-hash",
+        action="store_true",
+        help="compare the target by a hash of every weight byte (slow) instead of sizes, mtimes and headers",
+    )
+    p.add_argument(
         "--plan", action="store_true", help="report what would be done; load no weights, write nothing"
     )
     p.add_argument("--no-progress", action="store_true")
@@ -102,6 +121,9 @@ def _config(args):
         margin_frac=args.margin,
         limit=args.limit,
         progress=not args.no_progress,
+        verify=args.verify,
+        on_model_change=args.on_model_change,
+        model_hash=args.model_hash,
     )
 
 
@@ -158,9 +180,14 @@ def _spawn_workers(args, n: int) -> dict:
         if a == "--workers":
             skip = True
             continue
-        if a.startswith("--workers="):
+        if a.startswith("--workers=") or a == "--model-hash":
             continue
         clean.append(a)
+    # the model check, the verify check and any repair run once here, before any worker appends to a manifest
+    from eagle3ops.extract import repair_store
+
+    pre = repair_store(_config(args))
+    clean += ["--verify", "size", "--on-model-change", "refuse"]  # the workers re-check cheaply only
     procs = []
     t0 = time.perf_counter()
     for rank in range(n):
@@ -193,6 +220,7 @@ def _spawn_workers(args, n: int) -> dict:
     merged = {k: sum(r.get(k, 0) for r in results) for k in keys}
     secs = time.perf_counter() - t0
     merged.update(
+        **pre,
         seconds=round(secs, 3),
         tokens_per_second=round(merged["tokens"] / secs, 1),
         **_loop_span(results, merged["tokens"]),
@@ -212,22 +240,43 @@ def cmd_extract(args) -> int:
     try:
         if args.plan:
             res = plan_extraction(_config(args))
-            res["changed"] = res["to_extract"] > 0 or res.get("adoptable", 0) > 0  # what a run would report
+            # what a run would report
+            res["changed"] = (
+                res["to_extract"] > 0
+                or res.get("adoptable", 0) > 0
+                or res.get("damaged", 0) > 0
+                or res.get("duplicate_manifest_lines", 0) > 0
+            )
             emit(
                 args,
                 res,
                 f"would extract {res['to_extract']} of {res['total']} rows "
                 f"({res['tokens_to_extract']} tokens, {res['bytes_needed']:,} bytes; "
-                f"{res['free_bytes']:,} bytes free)",
+                f"{res['free_bytes']:,} bytes free)" + _damaged_line(res),
             )
             return 0
         n = _num_workers(args.workers) if args.rank is None else 1
         res = _spawn_workers(args, n) if n > 1 else run_extraction(_config(args))
     except (ExtractError, StoreError, FileNotFoundError, ValueError) as e:
         raise CommandError(str(e)) from e
-    res["changed"] = res["written"] > 0 or res.get("adopted", 0) > 0
+    res["changed"] = (
+        res["written"] > 0
+        or res.get("adopted", 0) > 0
+        or res.get("damaged", 0) > 0
+        or res.get("duplicate_manifest_lines", 0) > 0
+        or bool(res.get("discarded_store"))
+    )
     emit(args, res, _human_summary(res))
     return 0
+
+
+def _damaged_line(r: dict) -> str:
+    files = r.get("damaged_files") or {}
+    if not files:
+        return ""
+    shown = "; ".join(f"row {i}: {d['file']}: {d['reason']}" for i, d in list(files.items())[:10])
+    more = f" (and {len(files) - 10} more)" if len(files) > 10 else ""
+    return f"\n  damaged: {len(files)} ({shown}{more})"
 
 
 def _human_summary(r: dict) -> str:
@@ -238,6 +287,7 @@ def _human_summary(r: dict) -> str:
         f"{r['tokens']:,} tokens, {human_bytes(r['bytes'])} in {r['seconds']:.1f} s"
         + (f" ({r['tokens_per_second']:,.0f} tok/s)" if r.get("tokens_per_second") else "")
         + f"\n  -> {Path(r['data_dir']) / 'hidden_states'}"
+        + _damaged_line(r)
     )
 
 
@@ -252,7 +302,13 @@ def cmd_status(args) -> int:
     emit(
         args,
         res,
-        f"{res['done']}/{res['rows']} rows extracted, {res['tokens_done']:,}/{res['tokens_total']:,} tokens",
+        f"{res['done']}/{res['rows']} rows extracted, {res['tokens_done']:,}/{res['tokens_total']:,} tokens"
+        + _damaged_line(res)
+        + (
+            f"\n  duplicate manifest lines: {res['duplicate_manifest_lines']} (the next extract collapses them)"
+            if res.get("duplicate_manifest_lines")
+            else ""
+        ),
     )
     return 0
 
