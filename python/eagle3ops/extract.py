@@ -1073,7 +1073,7 @@ def status(data_dir: str | os.PathLike) -> dict:
     if meta and all(meta.get(k) for k in ("num_states", "hidden_size", "dtype")):
         lens = {i: (seq_lens[i] if i < len(seq_lens) else e.seq_len) for i, e in done.items()}
         damaged, _ = store.check_files(
-            done.values(),
+            scan.rows().values(),
             lens,
             num_states=meta["num_states"],
             hidden_size=meta["hidden_size"],

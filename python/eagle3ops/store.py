@@ -451,6 +451,24 @@ class ManifestScan:
         self._materialise()
         return self._parsed
 
+    def rows(self) -> dict[int, dict]:
+        """Index -> the winning manifest line as a dict (``i``, ``n``, ``b``, ``r``, optional ``h``/``c``), without
+        building entry objects (what the disk check reads: 10x cheaper than :attr:`entries` at 100k lines)."""
+        out: dict[int, dict] = {}
+        for e in self._parsed.values():
+            out[e.index] = {
+                "i": e.index,
+                "n": e.seq_len,
+                "b": e.nbytes,
+                "r": e.rank,
+                "h": e.xxh3,
+                "c": e.crc32,
+            }
+        for rows in self._pending:  # later files win, as in _materialise (pending rows come after _parsed)
+            for d in rows:
+                out[d["i"]] = d
+        return out
+
     def indices(self) -> set[int]:
         """Indices of every finished sample (no entry objects built)."""
         out = set(self._parsed)
@@ -809,76 +827,76 @@ class HiddenStateStore:
 
     def check_files(
         self,
-        entries: Iterable[ManifestEntry],
+        rows: Iterable[dict],
         seq_lens,
         *,
         num_states: int,
         hidden_size: int,
         dtype: str,
         level: str = "size",
-        on_file=None,
     ) -> tuple[dict[int, str], int]:
-        """Check finished samples against the disk. ``level="size"`` (cheap, no tensor bytes read): the file
-        exists, its size is the one the manifest recorded, its safetensors header parses and matches the row
-        (shape, dtype, byte coverage). ``level="checksum"``: also re-read the whole file and compare its content
-        checksum with the manifest's (lines without one, e.g. adopted files, are counted as unchecked).
-        ``seq_lens[i]``: the row's expected length. ``on_file(nbytes)`` is called per file checked (progress).
-        Returns (index -> reason for every damaged or missing file, number of files without a checksum)."""
+        """Check finished samples against the disk. ``rows``: manifest lines as dicts (``i`` index, ``b`` size,
+        optional ``h``/``c`` checksums: :meth:`ManifestScan.rows`). ``level="size"`` (cheap, no tensor bytes
+        read): the file exists, its size is the one the manifest recorded, its safetensors header matches the
+        row (shape, dtype, byte coverage; compared byte for byte with the header our writer makes, parsed only
+        when it differs). ``level="checksum"``: also re-read the whole file and compare its content checksum with
+        the manifest's (lines without one, e.g. adopted files, are counted as unchecked). ``seq_lens[i]``: the
+        row's expected length. Returns (index -> reason for every damaged or missing file, files without a
+        checksum). At 100k files this is one open/fstat/read/close each: bench/resume_plan.py."""
         if level not in VERIFY_LEVELS:
             raise StoreError(f"verify level {level!r}: use one of {', '.join(VERIFY_LEVELS)}")
         damaged: dict[int, str] = {}
         unchecked = 0
         expected: dict[int, tuple[bytes, int]] = {}
         d = str(self.dir)
-        for e in entries:
-            n = seq_lens[e.index]
-            path = f"{d}/hs_{e.index}.safetensors"
+        checksum = level == "checksum"
+        os_open, os_fstat, os_read, os_close, rdonly = os.open, os.fstat, os.read, os.close, os.O_RDONLY
+        for r in rows:
+            i = r["i"]
+            nb = r["b"]
+            n = seq_lens[i]
+            exp = expected.get(n)
+            if exp is None:
+                exp = expected[n] = sample_header(n, num_states, hidden_size, dtype)
+            path = f"{d}/hs_{i}.safetensors"
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = os_open(path, rdonly)
             except FileNotFoundError:
-                damaged[e.index] = "missing (the manifest lists it, the file is gone)"
+                damaged[i] = "missing (the manifest lists it, the file is gone)"
                 continue
             except OSError as err:
-                damaged[e.index] = f"cannot be opened ({err.strerror})"
+                damaged[i] = f"cannot be opened ({err.strerror})"
                 continue
             try:
-                size = os.fstat(fd).st_size
-                exp = expected.get(n)
-                if exp is None:
-                    exp = expected[n] = sample_header(n, num_states, hidden_size, dtype)
-                head = os.read(fd, len(exp[0])) if size == e.nbytes else b""
+                size = os_fstat(fd).st_size
+                head = os_read(fd, len(exp[0])) if size == nb else b""
             except OSError as err:
-                damaged[e.index] = f"cannot be read ({err.strerror})"
+                damaged[i] = f"cannot be read ({err.strerror})"
                 continue
             finally:
-                os.close(fd)
-            if size != e.nbytes:
-                damaged[e.index] = (
-                    "zero-length file" if size == 0 else f"{size} bytes, the manifest recorded {e.nbytes}"
-                ) + (" (truncated)" if 0 < size < e.nbytes else "")
+                os_close(fd)
+            if size != nb:
+                damaged[i] = (
+                    "zero-length file" if size == 0 else f"{size} bytes, the manifest recorded {nb}"
+                ) + (" (truncated)" if 0 < size < nb else "")
                 continue
             if head != exp[0] or size != exp[1]:  # another writer's header layout: parse and compare
-                reason = self.validate_header(e.index, n, num_states, hidden_size, dtype)
+                reason = self.validate_header(i, n, num_states, hidden_size, dtype)
                 if reason is not None:
-                    damaged[e.index] = reason
+                    damaged[i] = reason
                     continue
-            if level == "checksum":
-                want = e.checksums
+            if checksum:
+                want = {k: r[k] for k in ("h", "c") if r.get(k) is not None}
                 if not want:
                     unchecked += 1
-                else:
-                    try:
-                        got = file_hashes(path, set(want))
-                    except OSError as err:
-                        damaged[e.index] = f"cannot be read ({err.strerror})"
-                        continue
-                    if got != want:
-                        damaged[e.index] = (
-                            "content checksum differs from the manifest's (bytes changed on disk)"
-                        )
-                        continue
-            if on_file is not None:
-                on_file(size)
+                    continue
+                try:
+                    got = file_hashes(path, set(want))
+                except OSError as err:
+                    damaged[i] = f"cannot be read ({err.strerror})"
+                    continue
+                if got != want:
+                    damaged[i] = "content checksum differs from the manifest's (bytes changed on disk)"
         return damaged, unchecked
 
     def quarantine(self, damaged: dict[int, str]) -> list[dict]:
@@ -982,10 +1000,10 @@ class HiddenStateStore:
         damaged: dict[int, str] = {}
         unchecked = 0
         if verify:
-            entries = scan.entries
+            rows = scan.rows()
             listed = wanted_set & done
             damaged, unchecked = self.check_files(
-                (entries[i] for i in sorted(listed)),
+                [rows[i] for i in sorted(listed)],
                 seq_lens,
                 num_states=num_states,
                 hidden_size=hidden_size,

@@ -233,13 +233,13 @@ def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
 
         num_rows = len(load_from_disk(str(data)))
     store = HiddenStateStore(data)
-    entries = store.scan_manifest().entries
+    rows = store.scan_manifest().rows()
     if all(meta.get(k) for k in ("num_states", "hidden_size", "dtype")):
         # the extract plan's cheap check (exists, recorded size, safetensors header): a file damaged or
         # deleted after it was written must not reach speculators, whatever train_on_missing says
         damaged, _ = store.check_files(
-            entries.values(),
-            {i: e.seq_len for i, e in entries.items()},
+            rows.values(),
+            {i: r["n"] for i, r in rows.items()},
             num_states=meta["num_states"],
             hidden_size=meta["hidden_size"],
             dtype=meta["dtype"],
@@ -253,7 +253,7 @@ def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
                 "those rows anew (`eagle3ops verify --data DIR` lists them).",
                 inputs_pending=True,
             )
-    lengths = {i: e.seq_len for i, e in entries.items()}
+    lengths = {i: r["n"] for i, r in rows.items()}
     done = sum(1 for i in lengths if i < num_rows)
     if on_missing == "raise" and done < num_rows:
         raise TrainError(

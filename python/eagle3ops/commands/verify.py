@@ -43,15 +43,19 @@ def _progress(total_files: int, total_bytes: int, by_bytes: bool, enabled: bool)
         prog = Progress("verify", *cols, console=Console(stderr=True))
         task = prog.add_task("verify", total=total)
         prog.start()
-        return (lambda e: prog.update(task, advance=e.nbytes if by_bytes else 1)), prog.stop
+        return (lambda r: prog.update(task, advance=r["b"] if by_bytes else 1)), prog.stop
     state = {"n": 0, "last": time.monotonic()}
 
-    def advance(e):
-        state["n"] += e.nbytes if by_bytes else 1
+    def advance(r):
+        state["n"] += r["b"] if by_bytes else 1
         now = time.monotonic()
         if now - state["last"] >= 10:
             state["last"] = now
-            print(f"verify: {state['n'] / max(total, 1):.0%} of {total_files} files", file=sys.stderr, flush=True)
+            print(
+                f"verify: {state['n'] / max(total, 1):.0%} of {total_files} files",
+                file=sys.stderr,
+                flush=True,
+            )
 
     return advance, (lambda: None)
 
@@ -70,21 +74,20 @@ def cmd_verify(args) -> int:
             "a data directory `eagle3ops extract` wrote into"
         )
     scan = store.scan_manifest()
-    entries = scan.entries
+    rows = scan.rows()
     try:
         seq_lens = load_seq_lens(args.data)
-        lens = {i: (seq_lens[i] if i < len(seq_lens) else e.seq_len) for i, e in entries.items()}
+        lens = {i: (seq_lens[i] if i < len(seq_lens) else r["n"]) for i, r in rows.items()}
     except ExtractError:  # no dataset beside the states (copied alone): the manifest's lengths
-        lens = {i: e.seq_len for i, e in entries.items()}
-    todo = [entries[i] for i in sorted(entries)]
-    advance, close = _progress(
-        len(todo), sum(e.nbytes for e in todo), args.level == "checksum", not args.no_progress
-    )
+        lens = {i: r["n"] for i, r in rows.items()}
+    todo = [rows[i] for i in sorted(rows)]
+    total_bytes = sum(r["b"] for r in todo)
+    advance, close = _progress(len(todo), total_bytes, args.level == "checksum", not args.no_progress)
 
     def feed():
-        for e in todo:
-            yield e
-            advance(e)
+        for r in todo:
+            yield r
+            advance(r)
 
     try:
         damaged, unchecked = store.check_files(
@@ -104,7 +107,7 @@ def cmd_verify(args) -> int:
         "data_dir": str(args.data),
         "level": args.level,
         "checked": len(todo),
-        "bytes_checked": sum(e.nbytes for e in todo) if args.level == "checksum" else 0,
+        "bytes_checked": total_bytes if args.level == "checksum" else 0,
         "damaged": _damaged_report(store, damaged),
         "duplicate_manifest_lines": sum(n - 1 for n in dups.values()),
         "duplicate_indices": sorted(dups)[:100],
