@@ -87,9 +87,15 @@ def build_store(root: Path, rows: int, hidden: int, unlisted: int) -> dict:
         os.link(protos[i // 60_000], store.path(i))
     links_s = time.perf_counter() - t0
     chunk = 10000
+    # as the writer records it (issue 16): each file's inode change time after its rename; all names of one
+    # prototype share its inode, whose ctime the last link set
+    ctimes = [os.stat(p).st_ctime_ns for p in protos]
     for start in range(0, done, chunk):
         store.append_manifest(
-            [ManifestEntry(i, SEQ_LEN, len(payload), None, 0) for i in range(start, min(done, start + chunk))]
+            [
+                ManifestEntry(i, SEQ_LEN, len(payload), None, 0, None, ctimes[i // 60_000])
+                for i in range(start, min(done, start + chunk))
+            ]
         )
     store.close()
     # the real meta as plan_extraction would write it, so the read-only plan does not refuse

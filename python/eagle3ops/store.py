@@ -393,6 +393,7 @@ class ManifestEntry:
     crc32: int | None = None
     rank: int = 0
     xxh3: int | None = None
+    ctime_ns: int | None = None  # the file's st_ctime_ns right after its rename (``t``)
 
     def to_line(self) -> str:
         d = {"i": self.index, "n": self.seq_len, "b": self.nbytes, "r": self.rank}
@@ -400,11 +401,15 @@ class ManifestEntry:
             d["c"] = self.crc32
         if self.xxh3 is not None:
             d["h"] = self.xxh3
+        if self.ctime_ns is not None:
+            d["t"] = self.ctime_ns
         return json.dumps(d, separators=(",", ":")) + "\n"
 
     @classmethod
     def from_dict(cls, d: dict) -> ManifestEntry:
-        return cls(int(d["i"]), int(d["n"]), int(d["b"]), d.get("c"), int(d.get("r", 0)), d.get("h"))
+        return cls(
+            int(d["i"]), int(d["n"]), int(d["b"]), d.get("c"), int(d.get("r", 0)), d.get("h"), d.get("t")
+        )
 
     @property
     def checksums(self) -> dict:
@@ -416,13 +421,22 @@ class ManifestEntry:
         return out
 
 
-def _entry(index: int, seq_len: int, nbytes: int, payload, checksum: bool, rank: int) -> ManifestEntry:
+def _ctime_ns(path) -> int | None:
+    try:
+        return os.stat(path).st_ctime_ns
+    except OSError:
+        return None
+
+
+def _entry(index: int, seq_len: int, nbytes: int, payload, checksum: bool, rank: int, path) -> ManifestEntry:
+    """The manifest entry of a file just renamed into place: size, content checksum, inode change time."""
+    t = _ctime_ns(path)
     if not checksum:
-        return ManifestEntry(index, seq_len, nbytes, None, rank)
+        return ManifestEntry(index, seq_len, nbytes, None, rank, None, t)
     kind, value = content_hash(payload)
     if kind == "h":
-        return ManifestEntry(index, seq_len, nbytes, None, rank, value)
-    return ManifestEntry(index, seq_len, nbytes, value, rank)
+        return ManifestEntry(index, seq_len, nbytes, None, rank, value, t)
+    return ManifestEntry(index, seq_len, nbytes, value, rank, None, t)
 
 
 @dataclass
@@ -463,6 +477,7 @@ class ManifestScan:
                 "r": e.rank,
                 "h": e.xxh3,
                 "c": e.crc32,
+                "t": e.ctime_ns,
             }
         for rows in self._pending:  # later files win, as in _materialise (pending rows come after _parsed)
             for d in rows:
@@ -480,7 +495,7 @@ class ManifestScan:
         for rows in self._pending:
             for d in rows:
                 self._parsed[d["i"]] = ManifestEntry(
-                    d["i"], d["n"], d["b"], d.get("c"), d.get("r", 0), d.get("h")
+                    d["i"], d["n"], d["b"], d.get("c"), d.get("r", 0), d.get("h"), d.get("t")
                 )
         self._pending.clear()
 
@@ -754,7 +769,7 @@ class HiddenStateStore:
         :func:`atomic_write_bytes`)."""
         self._ensure_dir()
         nbytes = atomic_write_bytes(self.path(index), payload, fsync=fsync, sync_dir=sync_dir)
-        return _entry(index, seq_len, nbytes, payload, checksum, self.rank)
+        return _entry(index, seq_len, nbytes, payload, checksum, self.rank, self.path(index))
 
     def _ensure_dir(self) -> None:
         if not self._dir_ready:
@@ -773,7 +788,7 @@ class HiddenStateStore:
             [(self.path(i), payload) for i, payload, _ in samples], fsync=fsync, sync_dir=sync_dir
         )
         return [
-            _entry(index, seq_len, nbytes, payload, checksum, self.rank)
+            _entry(index, seq_len, nbytes, payload, checksum, self.rank, self.path(index))
             for (index, payload, seq_len), nbytes in zip(samples, sizes, strict=True)
         ]
 
@@ -850,41 +865,48 @@ class HiddenStateStore:
         expected: dict[int, tuple[bytes, int]] = {}
         d = str(self.dir)
         checksum = level == "checksum"
-        os_open, os_fstat, os_read, os_close, rdonly = os.open, os.fstat, os.read, os.close, os.O_RDONLY
+        os_stat, os_open, os_read, os_close, rdonly = os.stat, os.open, os.read, os.close, os.O_RDONLY
         for r in rows:
             i = r["i"]
             nb = r["b"]
             n = seq_lens[i]
-            exp = expected.get(n)
-            if exp is None:
-                exp = expected[n] = sample_header(n, num_states, hidden_size, dtype)
             path = f"{d}/hs_{i}.safetensors"
             try:
-                fd = os_open(path, rdonly)
+                st = os_stat(path)
             except FileNotFoundError:
                 damaged[i] = "missing (the manifest lists it, the file is gone)"
                 continue
             except OSError as err:
-                damaged[i] = f"cannot be opened ({err.strerror})"
-                continue
-            try:
-                size = os_fstat(fd).st_size
-                head = os_read(fd, len(exp[0])) if size == nb else b""
-            except OSError as err:
                 damaged[i] = f"cannot be read ({err.strerror})"
                 continue
-            finally:
-                os_close(fd)
+            size = st.st_size
             if size != nb:
                 damaged[i] = (
                     "zero-length file" if size == 0 else f"{size} bytes, the manifest recorded {nb}"
                 ) + (" (truncated)" if 0 < size < nb else "")
                 continue
-            if head != exp[0] or size != exp[1]:  # another writer's header layout: parse and compare
-                reason = self.validate_header(i, n, num_states, hidden_size, dtype)
-                if reason is not None:
-                    damaged[i] = reason
+            # The header is read unless the inode is provably untouched since its writer made it: its change
+            # time is the one recorded right after the rename (any write, truncate, chmod or replacement sets
+            # ctime to now, and no system call sets it back). A copy (storage migration, backup restore) has new
+            # ctimes, so its files are read and compared every time, as are lines without ``t``.
+            if r.get("t") is None or st.st_ctime_ns != r["t"]:
+                exp = expected.get(n)
+                if exp is None:
+                    exp = expected[n] = sample_header(n, num_states, hidden_size, dtype)
+                try:
+                    fd = os_open(path, rdonly)
+                    try:
+                        head = os_read(fd, len(exp[0]))
+                    finally:
+                        os_close(fd)
+                except OSError as err:
+                    damaged[i] = f"cannot be read ({err.strerror})"
                     continue
+                if head != exp[0] or size != exp[1]:  # another writer's header layout: parse and compare
+                    reason = self.validate_header(i, n, num_states, hidden_size, dtype)
+                    if reason is not None:
+                        damaged[i] = reason
+                        continue
             if checksum:
                 want = {k: r[k] for k in ("h", "c") if r.get(k) is not None}
                 if not want:

@@ -240,7 +240,9 @@ def test_full_content_hash_accepts_a_touched_copy(prepared, own_model, tmp_path)
     data = tmp_path / "data3"
     shutil.copytree(prepared, data)
     cfg = _cfg(data, own_model, model_hash=True)
-    HiddenStateStore(data).ensure_meta(ex.build_meta(cfg, ex.model_facts(own_model, content_hash=True), LAYERS, 6))
+    HiddenStateStore(data).ensure_meta(
+        ex.build_meta(cfg, ex.model_facts(own_model, content_hash=True), LAYERS, 6)
+    )
     f = own_model / "model.safetensors"
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 9_000_000_000))  # same bytes, new mtime
     ex.plan_extraction(cfg)  # the content hash says it is the same model
@@ -310,3 +312,18 @@ def test_module_reports_damaged_count_and_changed(store_dir, tiny_target, capsys
     assert len(list((store.dir / "damaged").glob("hs_*.safetensors"))) == 2
     again = run()  # the module's real mode on the repaired store: nothing to do
     assert again["changed"] is False and again["damaged"] == 0, again
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_fast_header_compare_matches_the_writer(dtype):
+    """The planner's byte-compare header is exactly the writer's (else every file would take the parsing path)."""
+    from eagle3ops.store import sample_header
+
+    states = torch.randn(7, K1, H)
+    parts = (
+        ex.sample_parts(torch.arange(7), *ex.quantize_fp8(states))
+        if dtype == "float8_e4m3fn"
+        else ex.sample_parts(torch.arange(7), states.to(torch.bfloat16))
+    )
+    head, total = sample_header(7, K1, H, dtype)
+    assert bytes(parts[0]) == head and sum(len(p) for p in parts) == total
