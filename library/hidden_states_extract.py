@@ -81,7 +81,7 @@ options:
       - How finished files are checked against the disk before resuming. C(size) (cheap, no tensor bytes read)
         checks that each file exists, has the size its manifest line recorded and a safetensors header that
         matches its row. C(checksum) also re-reads every file and compares its content checksum (xxh3-64,
-        recorded while writing): as many bytes as the store holds, and the role's read-only plan reads them too.
+        recorded while writing), as many bytes as the store holds; the role's read-only plan reads them too.
       - Damaged or missing files are reported by row and file (RV(damaged), RV(damaged_files)), moved to
         C(hidden_states/damaged/) (never deleted), their manifest entries dropped, and extracted again.
     type: str
@@ -100,7 +100,7 @@ options:
   model_hash:
     description:
       - Compare the target by a hash of every weight byte instead of sizes, mtimes and headers (reads the whole
-        model once per run: slow for large models). A copy with new timestamps then resumes.
+        model once per run, slow for large models). A copy with new timestamps then resumes.
     type: bool
     default: false
   executable:
