@@ -1048,7 +1048,7 @@ class HiddenStateStore:
                 continue  # a damaged file is redone, never adopted (its header may be fine, its bytes not)
             reason = self.validate_header(i, seq_lens[i], num_states, hidden_size, dtype)
             if reason is None:
-                adopted.append(ManifestEntry(i, seq_lens[i], self.path(i).stat().st_size, None, self.rank))
+                adopted.append(self._adopted_entry(i, seq_lens[i], checksum=adopt))
             else:
                 invalid[i] = reason
         if adopt and adopted:
@@ -1068,6 +1068,15 @@ class HiddenStateStore:
             duplicates=sum(n - 1 for n in duplicates.values()),
             unchecked=unchecked,
         )
+
+    def _adopted_entry(self, index: int, seq_len: int, *, checksum: bool) -> ManifestEntry:
+        """The entry of a complete file whose manifest line was lost (killed between rename and append). Its
+        bytes were fsynced before the rename, so their checksum now is the writer's; with ``checksum`` (a real
+        run; a read-only plan does not record it) it is read back once, so the checksum level covers it too."""
+        path = self.path(index)
+        st = os.stat(path)
+        h = file_hashes(path, {"h"}).get("h") if checksum and _xxh3() is not None else None
+        return ManifestEntry(index, seq_len, st.st_size, None, self.rank, h, st.st_ctime_ns)
 
     def lengths(self) -> dict[int, int]:
         """Index -> seq_len of every finished sample, from the manifest alone."""
