@@ -49,11 +49,15 @@ unit: $(STAMP)
 # pytest runs TEST_WORKERS processes (pytest-xdist; grouped so module fixtures are built once, heaviest first:
 # tests/conftest.py). The host, ansible and QEMU tests wait on boots, ssh and playbooks far more than they
 # compute, so 4 workers on 2 cores pay; TEST_WORKERS=0 runs serially. Lint runs beside pytest (its output
-# is printed when it ends). docs/conventions.md "Test time budget" says how to keep `make test` <= 20 min.
+# is printed when it ends; the same commands as `make lint`, not a sub-make, so `make -n test` runs
+# nothing). docs/conventions.md "Test time budget" says how to keep `make test` <= 20 min.
 TEST_WORKERS ?= 4
 
 test: $(STAMP) system-deps
-	@lint_log=$$(mktemp); ( $(MAKE) --no-print-directory lint > $$lint_log 2>&1; echo $$? > $$lint_log.rc ) & \
+	@lint_log=$$(mktemp); ( { $(BIN)/ruff check python library module_utils tests bench && \
+	  $(BIN)/ruff format --check python library module_utils tests bench && \
+	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint --profile production --offline site.yml playbooks roles; \
+	  } > $$lint_log 2>&1; echo $$? > $$lint_log.rc ) & \
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest tests -n $(TEST_WORKERS) $(PYTEST_ARGS); rc=$$?; wait; \
 	cat $$lint_log; lint_rc=$$(cat $$lint_log.rc); rm -f $$lint_log $$lint_log.rc; \
 	echo "make test: pytest exit $$rc, lint exit $$lint_rc"; [ $$rc -eq 0 ] && [ $$lint_rc -eq 0 ]
