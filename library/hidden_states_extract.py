@@ -73,6 +73,12 @@ options:
     description: Free-space margin over the exact need, as a fraction.
     type: float
     default: 0.05
+  wait_running:
+    description:
+      - Check mode only; while another run holds O(data_dir) (an interrupted playbook's extraction), wait up to
+        this many seconds for it to end (its lock to be free) before planning. 0 does not wait.
+    type: float
+    default: 0
   disk_margin_mib:
     description:
       - Free space kept on top of the exact need and O(margin), in MiB (the preflight refuses below it).
@@ -237,6 +243,7 @@ def main():
             "fsync": {"type": "bool", "default": True},
             "margin": {"type": "float", "default": 0.05},
             "disk_margin_mib": {"type": "float", "default": 64.0},
+            "wait_running": {"type": "float", "default": 0},
             "limit": {"type": "int"},
             "verify": {"type": "str", "choices": ["size", "checksum"], "default": "size"},
             "on_model_change": {
@@ -288,6 +295,8 @@ def main():
         argv += ["--limit", str(p["limit"])]
     if module.check_mode:
         argv.append("--plan")
+        if p["wait_running"] > 0:
+            argv += ["--wait-running", str(p["wait_running"])]
     result = run_cli(module, p["executable"], argv)
     if module.check_mode:
         result.setdefault("written", 0)

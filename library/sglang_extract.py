@@ -87,6 +87,12 @@ options:
     description: Free-space margin over the exact need, as a fraction.
     type: float
     default: 0.05
+  wait_running:
+    description:
+      - Check mode only; while another run holds O(data_dir) (an interrupted playbook's extraction), wait up to
+        this many seconds for it to end (its lock to be free) before planning. 0 does not wait.
+    type: float
+    default: 0
   disk_margin_mib:
     description:
       - Free space kept on top of the exact need and O(margin), in MiB (the preflight refuses below it).
@@ -211,6 +217,7 @@ def main():
             "sglang_version": {"type": "str", "default": "0.5.23"},
             "margin": {"type": "float", "default": 0.05},
             "disk_margin_mib": {"type": "float", "default": 64.0},
+            "wait_running": {"type": "float", "default": 0},
             "limit": {"type": "int"},
             "executable": {"type": "path"},
         },
@@ -251,6 +258,8 @@ def main():
         argv += ["--limit", str(p["limit"])]
     if module.check_mode:
         argv.append("--plan")
+        if p["wait_running"] > 0:
+            argv += ["--wait-running", str(p["wait_running"])]
     else:
         if p["server_unit"]:
             argv += ["--server-unit", p["server_unit"]]

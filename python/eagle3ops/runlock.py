@@ -9,6 +9,7 @@ Usage (the whole API)::
         lock.result_fields()                           # {"lock": ..., "stale_lock": ...} for a --json result
 
     holder(data_dir)        # the live holder's record (a dict) or None; takes nothing (check mode)
+    wait_free(data_dir, 3600)   # wait until no run holds it (the flock, not the PID); the holder left, or None
 
 Mechanism: ``fcntl.flock(LOCK_EX)`` on the lock file ``PARENT/.NAME.lock`` beside the directory (the
 directory itself may not exist yet, and ``prepare`` replaces the whole data directory by a rename, which
@@ -264,6 +265,18 @@ def holder(directory: str | os.PathLike) -> dict | None:
         return None
     finally:
         os.close(fd)
+
+
+def wait_free(directory: str | os.PathLike, timeout: float, poll: float = 1.0) -> dict | None:
+    """Wait (up to ``timeout`` seconds) until no live run holds ``directory``; takes nothing. Returns the holder
+    still there at the timeout, or None. Waits on the flock, not on the PID: a holder that has exited but not
+    been reaped yet (a zombie) no longer holds it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        h = holder(directory)
+        if h is None or time.monotonic() >= deadline:
+            return h
+        time.sleep(poll)
 
 
 def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:

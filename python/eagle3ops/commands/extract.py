@@ -97,6 +97,13 @@ def register(sub) -> None:
         action="store_true",
         help="report what would be done (and a run holding the directory); load no weights, write nothing",
     )
+    p.add_argument(
+        "--wait-running",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="with --plan: while another run holds the directory, wait up to this long for it to end first",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_extract)
 
@@ -312,13 +319,21 @@ def worker_start() -> None:
 def cmd_extract(args) -> int:
     from eagle3ops.cli import CommandError, emit
     from eagle3ops.extract import ExtractError, plan_extraction, run_extraction
-    from eagle3ops.runlock import RunLock, holder
+    from eagle3ops.runlock import RunLock, holder, wait_free
     from eagle3ops.store import StoreError
 
     worker_start()
     try:
         if args.plan:
             running = holder(args.data)  # check mode takes no lock; it reports a run in progress
+            if running and args.wait_running > 0:
+                print(
+                    f"eagle3ops extract: waiting up to {args.wait_running:.0f} s for PID {running.get('pid')} "
+                    f"({running.get('cmdline')}), which holds {args.data}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                running = wait_free(args.data, args.wait_running)
             res = plan_extraction(_config(args))
             # what a run would report
             res["changed"] = (

@@ -66,6 +66,13 @@ def register(sub) -> None:
     e.add_argument(
         "--disk-margin-mib", type=float, default=64.0, help="free space kept on top of the need, in MiB"
     )
+    e.add_argument(
+        "--wait-running",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="with --plan: while another run holds the directory, wait up to this long for it to end first",
+    )
     e.add_argument("--no-progress", action="store_true")
     e.add_argument(
         "--plan", action="store_true", help="report what would be sent; contact no server, write nothing"
@@ -106,7 +113,7 @@ def cmd_patch(args) -> int:
 def cmd_extract(args) -> int:
     from eagle3ops.commands.extract import disk_margin_bytes
     from eagle3ops.extract import ExtractError
-    from eagle3ops.runlock import RunLock, holder
+    from eagle3ops.runlock import RunLock, holder, wait_free
     from eagle3ops.sglang_client import SGLangClientError, SGLangExtractConfig, run_sglang_extraction
     from eagle3ops.sglang_patch import PatchError
     from eagle3ops.store import StoreError
@@ -141,6 +148,8 @@ def cmd_extract(args) -> int:
             from eagle3ops.extract import ExtractConfig, plan_extraction
 
             running = holder(args.data)  # check mode takes no lock; it reports a run in progress
+            if running and args.wait_running > 0:
+                running = wait_free(args.data, args.wait_running)
             res = plan_extraction(
                 ExtractConfig(
                     data_dir=args.data,
