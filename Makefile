@@ -37,11 +37,14 @@ system-deps:
 run: $(STAMP)
 	$(BIN)/ansible-playbook site.yml $(ARGS)
 
+# the whole lint, one shell line (make lint, and make test beside pytest)
+LINT = $(BIN)/ruff check python library module_utils tests bench \
+	&& $(BIN)/ruff format --check python library module_utils tests bench \
+	&& PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint --profile production --offline site.yml playbooks roles \
+	&& $(BIN)/python tests/lint/validate_modules.py
+
 lint: $(STAMP)
-	$(BIN)/ruff check python library module_utils tests bench
-	$(BIN)/ruff format --check python library module_utils tests bench
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint --profile production --offline site.yml playbooks roles
-	$(BIN)/python tests/lint/validate_modules.py
+	$(LINT)
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
@@ -54,10 +57,7 @@ unit: $(STAMP)
 TEST_WORKERS ?= 4
 
 test: $(STAMP) system-deps
-	@lint_log=$$(mktemp); ( { $(BIN)/ruff check python library module_utils tests bench && \
-	  $(BIN)/ruff format --check python library module_utils tests bench && \
-	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint --profile production --offline site.yml playbooks roles; \
-	  } > $$lint_log 2>&1; echo $$? > $$lint_log.rc ) & \
+	@lint_log=$$(mktemp); ( { $(LINT); } > $$lint_log 2>&1; echo $$? > $$lint_log.rc ) & \
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest tests -n $(TEST_WORKERS) $(PYTEST_ARGS); rc=$$?; wait; \
 	cat $$lint_log; lint_rc=$$(cat $$lint_log.rc); rm -f $$lint_log $$lint_log.rc; \
 	echo "make test: pytest exit $$rc, lint exit $$lint_rc"; [ $$rc -eq 0 ] && [ $$lint_rc -eq 0 ]
