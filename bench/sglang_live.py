@@ -207,50 +207,15 @@ def start_server(*a, **k) -> Server:
 # ------------------------------------------------------------------------------------------ measuring
 
 
-def generate(url: str, text: str, max_new: int) -> dict:
-    t = time.time()
-    o = http(
-        url + "/generate", {"text": text, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}}
+def measure(url: str, questions: list[str], max_new: int, concurrency: int, render) -> dict:
+    """eagle3ops' own load generator (the benchmark phase's): output tok/s and acceptance length."""
+    from eagle3ops.loadgen import run_load
+
+    r = run_load(
+        url, [[q] for q in questions], concurrency=concurrency, max_new_tokens=max_new, render=render
     )
-    m = o.get("meta_info", {})
-    return {
-        "completion_tokens": m.get("completion_tokens", 0),
-        "spec_verify_ct": m.get("spec_verify_ct"),
-        "accept_hist": m.get("spec_accept_histogram"),
-        "s": time.time() - t,
-        "text": o.get("text", "")[:200],
-    }
-
-
-def measure(url: str, prompts: list[str], max_new: int, concurrency: int) -> dict:
-    """Output tok/s and acceptance (completion tokens / spec_verify_ct) over prompts, `concurrency` in flight."""
-    t = time.time()
-    with cf.ThreadPoolExecutor(concurrency) as ex:
-        outs = list(ex.map(lambda p: generate(url, p, max_new), prompts))
-    wall = time.time() - t
-    comp = sum(o["completion_tokens"] for o in outs)
-    ver = sum(o["spec_verify_ct"] or 0 for o in outs)
-    per = [o["completion_tokens"] / o["spec_verify_ct"] for o in outs if o["spec_verify_ct"]]
-    return {
-        "concurrency": concurrency,
-        "requests": len(outs),
-        "completion_tokens": comp,
-        "wall_s": round(wall, 2),
-        "output_tok_s": round(comp / wall, 1),
-        "spec_verify_ct": ver,
-        "accept_len": round(comp / ver, 3) if ver else None,
-        "accept_len_per_request": [round(x, 3) for x in per],
-        "sample_text": outs[0]["text"] if outs else "",
-    }
-
-
-def chat_prompts(tokenizer, questions: list[str]) -> list[str]:
-    return [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
-        )
-        for q in questions
-    ]
+    r.pop("per_turn", None)
+    return r
 
 
 def norm(s: str) -> str:
@@ -258,62 +223,6 @@ def norm(s: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- lane smol
-
-
-def _convert_smollm2(gguf: Path, out: Path) -> dict:
-    r = cli("assets", "convert", "--gguf", str(gguf), "--out", str(out), name="assets_convert", timeout=900)
-    if r.get("rc") == 0:
-        return {"via": "eagle3ops assets convert", **r}
-    log("eagle3ops assets convert not usable here; harness conversion (transformers GGUF loader)")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    m = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    plain = LlamaForCausalLM(m.config)
-    plain.load_state_dict(m.state_dict(), strict=False)
-    plain = plain.to(torch.bfloat16)
-    plain.config.dtype = "bfloat16"
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    plain.save_pretrained(str(tmp))
-    tok.save_pretrained(str(tmp))
-    tmp.rename(out)
-    return {"via": "harness", "layers": m.config.num_hidden_layers, "hidden": m.config.hidden_size}
-
-
-def _regenerate_fallback(url: str, inp: Path, out: Path, concurrency: int, max_tokens: int) -> dict:
-    """Used only when `eagle3ops regenerate` is not on this checkout: the same requests, no resume."""
-    rows = [json.loads(x) for x in inp.read_text().splitlines() if x.strip()]
-
-    def one(row):
-        conv, msgs, new, toks = row["conversations"], [], [], 0
-        for t in conv:
-            if t["from"] == "human":
-                msgs.append({"role": "user", "content": t["value"]})
-                new.append(t)
-            else:
-                o = http(url + "/v1/chat/completions", {"model": "m", "messages": msgs, "temperature": 0,
-                                                         "max_tokens": max_tokens})  # fmt: skip
-                a = o["choices"][0]["message"]["content"]
-                toks += o.get("usage", {}).get("completion_tokens", 0)
-                msgs.append({"role": "assistant", "content": a})
-                new.append({"from": "gpt", "value": a})
-        return {"id": row.get("id"), "conversations": new}, toks
-
-    t = time.time()
-    with cf.ThreadPoolExecutor(concurrency) as ex:
-        res = list(ex.map(one, rows))
-    wall = time.time() - t
-    out.write_text("".join(json.dumps(r) + "\n" for r, _ in res))
-    toks = sum(n for _, n in res)
-    return {
-        "via": "harness",
-        "written": len(res),
-        "output_tokens": toks,
-        "wall_s": wall,
-        "tok_s": toks / wall,
-    }
 
 
 def _loadgen(url: str, inp: Path, concurrency: int, max_tokens: int, limit: int) -> dict:
@@ -346,16 +255,16 @@ def lane_smol(a) -> None:
 
     @stage("smol_convert", 60)
     def convert():
-        if (m / "config.json").exists():
-            return {"cached": True}
-        return _convert_smollm2(gguf, m)
+        return cli(
+            "assets", "convert", "--gguf", str(gguf), "--out", str(m), name="assets_convert", timeout=900
+        )
 
     convert()
     if not (m / "config.json").exists():
         return
-    from transformers import AutoTokenizer
+    from eagle3ops.loadgen import chat_template_render
 
-    tok = AutoTokenizer.from_pretrained(str(m))
+    render = chat_template_render(str(m))
 
     # data: training conversations, held-out conversations, MT-bench (checked absent from training)
     with gzip.open(Path(a.assets) / "sharegpt_12k.jsonl.gz", "rt") as f:
@@ -373,6 +282,7 @@ def lane_smol(a) -> None:
         for t in r["conversations"]
         if t["from"] == "human" and norm(t["value"]) in mt_first
     )
+    qs = [q["turns"][0] for q in mt][: a.mt_prompts]  # MT-bench first turns
     orig = d / "original.jsonl"
     orig.write_text("".join(json.dumps(r) + "\n" for r in train_rows))
     save("smol_data", {"train_conversations": len(train_rows), "mtbench_questions": len(mt),
@@ -396,16 +306,15 @@ def lane_smol(a) -> None:
             r = cli("regenerate", "--backend", "openai", "--url", base.url, "--model", str(m), "--input", str(orig),
                     "--out", str(regen), "--concurrency", str(a.concurrency), "--max-new-tokens", str(a.max_tokens),
                     "--no-progress", name="regenerate", timeout=max(60, left() - 300))  # fmt: skip
-            if r.get("rc") == 0:
-                return {"via": "eagle3ops regenerate", **{k: v for k, v in r.items() if k != "failures"}}
-            return _regenerate_fallback(base.url, orig, regen, a.concurrency, a.max_tokens)
+            r.pop("failures", None)
+            return r
 
         rg = regenerate() or {}
 
         @stage("smol_loadgen", 60)
         def loadgen():
             lg = _loadgen(base.url, orig, a.concurrency, a.max_tokens, limit=min(len(train_rows), 1500))
-            tps = rg.get("tok_s") or rg.get("tokens_per_second") or rg.get("output_tokens_per_second")
+            tps = rg.get("tok_per_s")
             lg["regenerate_tok_s"] = tps
             lg["ratio_regenerate_vs_loadgen"] = round(tps / lg["tok_s"], 3) if tps else None
             return lg
@@ -414,10 +323,11 @@ def lane_smol(a) -> None:
 
         @stage("smol_baseline_measure", 60)
         def baseline():
-            ps = chat_prompts(tok, [q["turns"][0] for q in mt][: a.mt_prompts])
             return {
-                "batch1": measure(base.url, ps, a.bench_tokens, 1),
-                f"conc{a.bench_concurrency}": measure(base.url, ps, a.bench_tokens, a.bench_concurrency),
+                "batch1": measure(base.url, qs, a.bench_tokens, 1, render),
+                f"conc{a.bench_concurrency}": measure(
+                    base.url, qs, a.bench_tokens, a.bench_concurrency, render
+                ),
             }
 
         baseline()
@@ -482,7 +392,28 @@ def lane_smol(a) -> None:
 
         conv()
 
-    ps = chat_prompts(tok, [q["turns"][0] for q in mt][: a.mt_prompts])
+    # the guard (#17): the regenerated draft passes it; the same draft with wrong aux layer ids must fail it
+    if (d / "draft-regen" / "config.json").exists():
+
+        @stage("smol_guard", 120)
+        def guard():
+            wrong = d / "draft-wrong-layers"
+            shutil.rmtree(wrong, ignore_errors=True)
+            shutil.copytree(d / "draft-regen", wrong)
+            cfg = json.loads((wrong / "config.json").read_text())
+            cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [5, 9, 20]
+            (wrong / "config.json").write_text(json.dumps(cfg, indent=1))
+            out = {}
+            for key, draft in (("right", d / "draft-regen"), ("wrong_layer_ids", wrong)):
+                with start_server(f"smol_guard_{key}", m, 30012, draft=draft) as s:
+                    out[key] = cli("benchmark-spec-probe", "--url", s.url, "--min-accept-length",
+                                   str(a.guard_floor), name=f"guard_{key}")  # fmt: skip
+            out["fired_on_wrong"] = out["wrong_layer_ids"].get("rc") == 2
+            out["passed_right"] = out["right"].get("rc") == 0
+            return out
+
+        guard()
+
     configs = [("regen", (3, 1, 4)), ("orig", (3, 1, 4)), ("regen", (5, 1, 6))]
     for key, spec in configs:
         draft = d / f"draft-{key}"
@@ -494,8 +425,10 @@ def lane_smol(a) -> None:
             with start_server(f"smol_eagle3_{key}_{spec[0]}", m, 30011, draft=draft, spec=spec) as s:
                 return {
                     "ready_s": s.ready_s,
-                    "batch1": measure(s.url, ps, a.bench_tokens, 1),
-                    f"conc{a.bench_concurrency}": measure(s.url, ps, a.bench_tokens, a.bench_concurrency),
+                    "batch1": measure(s.url, qs, a.bench_tokens, 1, render),
+                    f"conc{a.bench_concurrency}": measure(
+                        s.url, qs, a.bench_tokens, a.bench_concurrency, render
+                    ),
                 }
 
         serve_measure()

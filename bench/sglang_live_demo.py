@@ -96,15 +96,18 @@ def main() -> int:
     done("patch_apply", L.cli("sglang-patch", "apply", *site, name="patch_apply"))
     target = Path(a.site) / "sglang/srt/models/deepseek_v2.py"
     env = {"EAGLE3OPS_SGLANG_DUMP_DIR": str(sg), "EAGLE3OPS_SGLANG_LAYER_IDS": ",".join(ids)}
-    capture = ["--disable-radix-cache", "--chunked-prefill-size", "-1", "--disable-cuda-graph",
-               "--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
-               "--return-aux-hidden-state-layer-ids", *ids]  # fmt: skip
+    from eagle3ops.sglang_versions import dump_capture_args
+
+    # what the dump needs (docs/sglang.md), plus the version's capture-only flags (none on 0.5.17: the patch
+    # turns the capture on itself)
+    capture = ["--disable-radix-cache", "--chunked-prefill-size", "-1", "--disable-prefill-cuda-graph",
+               *dump_capture_args(SGLANG_VERSION, meta["layer_ids"])]  # fmt: skip
     srv = L.Server("demo_capture", model, 30020, extra=capture, cuda_graph=True)
     try:
         srv.start(timeout=240, env=env)
         done("server_ready_s", srv.ready_s)
         r = L.cli("sglang-extract", "--data", str(sg), "--model", str(model), "--url", srv.url, "--concurrency",
-                  "32", "--no-progress", name="sglang_extract")  # fmt: skip
+                  "32", "--sglang-version", SGLANG_VERSION, "--no-progress", name="sglang_extract")  # fmt: skip
         done("extract_sglang", r)
         # the same rows again as plain prefills: request ids the hook ignores
         from datasets import load_from_disk
