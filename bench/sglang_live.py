@@ -305,7 +305,7 @@ def lane_smol(a) -> None:
         def regenerate():
             r = cli("regenerate", "--backend", "openai", "--url", base.url, "--model", str(m), "--input", str(orig),
                     "--out", str(regen), "--concurrency", str(a.concurrency), "--max-new-tokens", str(a.max_tokens),
-                    "--no-progress", name="regenerate", timeout=max(60, left() - 300))  # fmt: skip
+                    name="regenerate", timeout=max(60, left() - 300))  # fmt: skip
             r.pop("failures", None)
             return r
 
@@ -471,6 +471,9 @@ def main() -> int:
     ap.add_argument("--mt-prompts", type=int, default=40)
     ap.add_argument("--bench-tokens", type=int, default=256)
     ap.add_argument("--bench-concurrency", type=int, default=8)
+    ap.add_argument(
+        "--guard-floor", type=float, default=1.3, help="serve_min_accept_length of the guard stage"
+    )
     ap.add_argument(
         "--device", default="cuda", help="cpu: a local smoke run of the harness (stand-in server)"
     )
