@@ -3,6 +3,8 @@
 # Apache-2.0
 from __future__ import annotations
 
+import os
+
 DOCUMENTATION = r"""
 ---
 module: eagle3_benchmark
@@ -314,6 +316,16 @@ def main():
             argv.append("--check")
         module.exit_json(**run_cli(module, p["executable"], argv))
     elif p["action"] == "contamination":
+        missing = [
+            path
+            for path in [*(p["prompt_sets"] or {}).values(), *p["training_data"]]
+            if not os.path.exists(path)
+        ]
+        if module.check_mode and missing:  # the earlier phases of this (check) run would write them
+            module.exit_json(
+                changed=False,
+                msg=f"contamination check after the earlier phases wrote {', '.join(missing)} (check mode)",
+            )
         argv = ["benchmark-contamination", "--mode", p["contamination_mode"]]
         for name, path in sorted((p["prompt_sets"] or {}).items()):
             argv += ["--set", f"{name}={path}"]
