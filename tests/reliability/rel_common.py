@@ -188,3 +188,11 @@ def leftovers(data: Path) -> list[str]:
             or (p.name.startswith("manifest-rank") and p.name.endswith(".jsonl"))
         )
     )
+
+
+def manifest_entries(store) -> dict:
+    """A store's manifest entries, without the inode change time ``t`` (a fact of each run's file, not of its
+    content), for comparing two runs' stores."""
+    import dataclasses
+
+    return {i: dataclasses.replace(e, ctime_ns=None) for i, e in store.scan_manifest().entries.items()}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from eagle3ops.store import HiddenStateStore
-from rel_common import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files, leftovers
+from rel_common import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files, leftovers, manifest_entries
 from safetensors.torch import load_file
 
 pytestmark = [
@@ -132,7 +132,7 @@ def test_disk_fills_mid_run_fails_clearly_keeps_every_file_and_resumes(
     assert done["done_before"] + done["adopted"] == len(got) and done["written"] == len(LENGTHS) - len(got)
     final = hs_files(data)
     assert final == ref
-    assert store.scan_manifest().entries == HiddenStateStore(reference["data"]).scan_manifest().entries
+    assert manifest_entries(store) == manifest_entries(HiddenStateStore(reference["data"]))
     assert leftovers(data) == []
     figures["faults_injected"] += 1
     figures["runs_resumed"] += 1

@@ -19,13 +19,12 @@ such a file with the recorded size.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import time
 
 from eagle3ops.store import HiddenStateStore, read_safetensors_header
-from rel_common import EXTRACT_ARGS, LENGTHS, fresh_data, hs_files, kill_quietly, leftovers
+from rel_common import EXTRACT_ARGS, LENGTHS, fresh_data, hs_files, kill_quietly, leftovers, manifest_entries
 from safetensors.torch import load_file
 
 SEED = 10
@@ -133,11 +132,7 @@ def test_killed_anywhere_resumes_to_byte_identical_output(
     # the manifests hold the same entries, one line per sample, no torn line
     ref_store, store = HiddenStateStore(reference["data"]), HiddenStateStore(data)
 
-    # (the inode change time ``t`` is a fact of each run's file, not of its content)
-    def entries(st):
-        return {i: dataclasses.replace(e, ctime_ns=None) for i, e in st.scan_manifest().entries.items()}
-
-    assert entries(store) == entries(ref_store)
+    assert manifest_entries(store) == manifest_entries(ref_store)
     assert store.scan_manifest().torn_lines == []
     lines = (data / "hidden_states" / "manifest-rank0.jsonl").read_text().splitlines()
     assert len(lines) == len(LENGTHS), lines

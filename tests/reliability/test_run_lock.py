@@ -140,7 +140,9 @@ def test_workers_die_with_their_parent(tiny_model, prepared, tmp_path):
     data = fresh_data(prepared, tmp_path / "data")
     argv = ["extract", "--data", data, "--model", tiny_model, "--device", "cpu", "--workers", "2"]
     argv += ["--max-batch-size", "1", "--no-progress", "--json"]
-    env, go = _fault_env(tmp_path, "pause:replace:1")  # extract_meta.json, before the model loads
+    # a worker's 2nd rename (its 2nd sample: mid-run); the parent's only rename is extract_meta.json, which it
+    # writes before it starts the workers (the store is checked and pinned once, under the run lock)
+    env, go = _fault_env(tmp_path, "pause:replace:2")
     parent = subprocess.Popen(
         [EAGLE3OPS, *map(str, argv)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
