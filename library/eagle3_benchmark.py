@@ -3,8 +3,6 @@
 # Apache-2.0
 from __future__ import annotations
 
-import os
-
 DOCUMENTATION = r"""
 ---
 module: eagle3_benchmark
@@ -220,6 +218,8 @@ paths:
   returned: when action is report
   type: dict
 """
+
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_cli import run_cli
