@@ -277,3 +277,14 @@ def test_example_inventories_literal_values_pass_the_specs(rel):
         if mine:
             errors += ArgumentSpecValidator(_spec_for_validator(options)).validate(mine).error_messages
     assert not errors, f"{rel}: {errors}"
+
+
+def test_every_sglang_version_option_offers_the_known_versions():
+    """sglang_version, extract_sglang_version, serve_sglang_version: the version table's keys, no more."""
+    from eagle3ops import sglang_versions
+
+    found = {
+        k: o.get("choices") for r in ROLES for k, o in _options(r).items() if k.endswith("sglang_version")
+    }
+    assert set(found) >= {"sglang_version", "extract_sglang_version", "serve_sglang_version"}, found
+    assert all(c == list(sglang_versions.KNOWN) for c in found.values()), found
