@@ -13,7 +13,8 @@ ArgumentSpecValidator and templar); no playbook runs.
     ``int`` into a ``float``, the list's elements alike, and choices within the module's (values outside them
     only where an ``assert`` of the role or the task's ``when`` names the option). ``type: raw`` is accepted
     only for the options in ``RAW_OPTIONS``, which say what they accept, and only into a ``raw`` parameter;
-(d) the literal values of every example inventory (``inventory/*/group_vars``, ``host_vars``) pass the specs.
+(d) the literal values of every example inventory (``inventory/*/group_vars``, ``host_vars``) pass the specs,
+    and every role-prefixed name they set or show commented is an option (or a fact a role sets).
 """
 
 from __future__ import annotations
@@ -288,3 +289,28 @@ def test_every_sglang_version_option_offers_the_known_versions():
     }
     assert set(found) >= {"sglang_version", "extract_sglang_version", "serve_sglang_version"}, found
     assert all(c == list(sglang_versions.KNOWN) for c in found.values()), found
+
+
+def _facts(role: str) -> set[str]:
+    """Variables the role's tasks set (set_fact): its outputs, which an inventory may preset."""
+    names = set()
+    for f in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
+        for t in _tasks(yaml.safe_load(f.read_text())):
+            names |= set(t.get("ansible.builtin.set_fact") or t.get("set_fact") or {})
+    return names
+
+
+@pytest.mark.parametrize("rel", INVENTORY_VARS, ids=str)
+def test_example_inventories_name_only_existing_options(rel):
+    """A role-prefixed name an example sets, or shows commented (``# serve_port: 30000``), is an option of that
+    role (or a fact the role sets): a typo or a renamed option is not silently ignored."""
+    known = set().union(*(set(_options(r)) | _facts(r) for r in ROLES))
+    prefixes = tuple(f"{r}_" for r in ROLES)
+    unknown = [
+        f"{rel}:{n}: {m[1]}"
+        for n, line in enumerate((REPO / rel).read_text().splitlines(), 1)
+        if (m := re.match(r"^(?:#\s?)?([a-z][a-z0-9_]*):(?:\s|$)", line))
+        and m[1].startswith(prefixes)
+        and m[1] not in known
+    ]
+    assert not unknown, f"not a role option: {unknown}"
