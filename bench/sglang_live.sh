@@ -21,6 +21,9 @@ ROOT=$PWD
 pack() {  # results and logs back through $OUT (at most 8 files, 16 MiB each)
   [ -d "$W/res" ] && (cd "$W" && tar czf "$OUT/res.tgz" res 2>/dev/null)
   [ -d "$W/logs" ] && (cd "$W" && tar czf "$OUT/logs.tgz" --exclude='*.safetensors' logs 2>/dev/null)
+  # lane demo (#17) writes its result.json stage by stage: bring it back even while it still runs
+  [ -d "$W/demo" ] && (cd "$W" && tar czf "$OUT/demo.tgz" --exclude='*.safetensors' --exclude='*.pt' \
+    --exclude='hidden_states' --exclude='models' demo/result.json demo/logs 2>/dev/null)
   [ -f "$W/summary.json" ] && cp "$W/summary.json" "$OUT/"
   ls -la "$OUT"
 }

@@ -104,6 +104,12 @@ options:
     description: The guard's floor for the acceptance length; C(guard) only.
     type: float
     default: 1.3
+  chat_template:
+    description:
+      - The target's model directory whose chat template formats each probe prompt; C(guard) only.
+      - An instruct model given a raw prompt may answer EOS at once, and such an answer carries no acceptance
+        (SGLang reports C(spec_verify_ct) only after a verify step). Unset, prompts are sent as they are.
+    type: path
   out:
     description: The acceptance result file (C(acceptance)) or the report directory (C(report)); required there.
     type: path
@@ -251,6 +257,7 @@ def main():
             "contamination": {"type": "path"},
             "url": {"type": "str"},
             "min_accept_length": {"type": "float", "default": 1.3},
+            "chat_template": {"type": "path"},
             "out": {"type": "path"},
             "checkpoint": {"type": "path"},
             "target": {"type": "path"},
@@ -345,6 +352,8 @@ def main():
             argv += ["--prompts", p["prompts"]]
         if p["limit"]:
             argv += ["--limit", str(p["limit"])]
+        if p["chat_template"]:
+            argv += ["--chat-template", p["chat_template"]]
         res = run_cli(module, p["executable"], argv)
         res["changed"] = False  # read-only: it only sends requests
         module.exit_json(**res)

@@ -1,8 +1,9 @@
 """Measuring a live SGLang server: the acceptance probe (and the serve phase's guard), and a small load generator.
 
 Everything talks to SGLang's native ``POST /generate`` (``text`` + ``sampling_params``; the answer's
-``meta_info`` has ``completion_tokens`` and, on a server with a draft, ``spec_verify_ct``: seen on 0.5.17 and
-0.5.23). Acceptance length = completion tokens / ``spec_verify_ct`` (tokens committed per verify step; 1.00 means
+``meta_info`` has ``completion_tokens`` and, on a server with a draft, ``spec_verify_ct`` — but only for a request
+that reached at least one verify step: read in 0.5.17's and 0.5.23's tokenizer manager, and seen live on 0.5.17,
+where a raw prompt answered with EOS at once came back without it). Acceptance length = completion tokens / ``spec_verify_ct`` (tokens committed per verify step; 1.00 means
 no draft token was ever accepted). Only the standard library is used (threads over ``http.client``): no
 dependency on SGLang's own bench module, whose path and options change between versions.
 """
@@ -74,37 +75,85 @@ def generate(url: str, text: str, sampling: dict, *, timeout: float = 600.0, con
         raise LiveError(f"{url}/generate: not JSON: {data[:200]!r}") from None
 
 
-def spec_probe(url: str, prompts: list[str], *, max_new_tokens: int = 128, timeout: float = 600) -> dict:
+def server_speculative(url: str, *, timeout: float = 30.0) -> str | bool | None:
+    """The server's ``speculative_algorithm`` from ``GET /server_info`` (0.5.17 and 0.5.23; ``/get_server_info``
+    is the older, deprecated name): the algorithm's name, None when the server runs without a draft, False when
+    the server does not say (endpoint missing or unreadable)."""
+    host, port, base = _split(url)
+    for path in ("/server_info", "/get_server_info"):
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        try:
+            conn.request("GET", base + path)
+            r = conn.getresponse()
+            data = r.read()
+            if r.status != 200:
+                continue
+            info = json.loads(data)
+        except (OSError, http.client.HTTPException, ValueError):
+            continue
+        finally:
+            conn.close()
+        if isinstance(info, dict) and "speculative_algorithm" in info:
+            return info["speculative_algorithm"] or None
+    return False
+
+
+def spec_probe(
+    url: str, prompts: list[str], *, max_new_tokens: int = 128, timeout: float = 600, render=None
+) -> dict:
     """Acceptance length as SGLang counts it, greedy, one request at a time: completion tokens / ``spec_verify_ct``
-    summed over the prompts, and per request. Fails when a request has no ``spec_verify_ct`` (no draft in use)
-    or nothing was verified."""
+    summed over the prompts that reached a verify step, and per request. ``render(messages) -> text`` formats each
+    prompt as a one-turn conversation (the target's chat template); without it the prompt is sent as it is.
+
+    SGLang puts ``spec_verify_ct`` into ``meta_info`` only when the request had at least one verify step: an answer
+    that ends with its first token (an instruct model given a raw prompt often answers EOS at once) carries no
+    acceptance at all, draft or not. Such answers are counted apart (``no_verify``); the probe fails only when no
+    answer had a verify step, and then says, from ``/server_info``, whether the server runs a draft at all."""
     per = []
-    for i, text in enumerate(prompts):
-        ans = generate(url, text, {"temperature": 0, "max_new_tokens": max_new_tokens}, timeout=timeout)
+    for text in prompts:
+        sent = render([{"role": "user", "content": text}]) if render else text
+        ans = generate(url, sent, {"temperature": 0, "max_new_tokens": max_new_tokens}, timeout=timeout)
         meta = ans.get("meta_info") or {}
-        if "spec_verify_ct" not in meta:
-            raise LiveError(
-                f"{url}/generate returned no spec_verify_ct in meta_info (probe prompt {i + 1}): the server runs "
-                "without a draft (--speculative-algorithm unset, or not applied); the draft is not in use"
-            )
-        c, v = int(meta.get("completion_tokens") or 0), int(meta["spec_verify_ct"] or 0)
+        c = int(meta.get("completion_tokens") or 0)
+        v = meta.get("spec_verify_ct")
+        v = int(v) if v is not None else None
         per.append(
             {"completion_tokens": c, "spec_verify_ct": v, "acceptance_length": round(c / v, 4) if v else None}
         )
-    completion = sum(p["completion_tokens"] for p in per)
-    verify = sum(p["spec_verify_ct"] for p in per)
-    if not verify:
-        raise LiveError(
-            f"{url}: spec_verify_ct is 0 over {len(prompts)} prompts ({completion} completion tokens): the draft "
-            "was never verified, so it is not in use"
+    verified = [p for p in per if p["spec_verify_ct"]]
+    lengths = [p["completion_tokens"] for p in per]
+    if not verified:
+        algo = server_speculative(url)
+        if algo is None:
+            raise LiveError(
+                f"{url}: the server runs without a draft (/server_info: speculative_algorithm unset); "
+                "start it with --speculative-algorithm EAGLE3 and --speculative-draft-model-path"
+            )
+        how = (
+            f"the server runs a draft ({algo}, /server_info)"
+            if algo
+            else "the server did not say whether it runs a draft (/server_info unreadable)"
         )
+        raise LiveError(
+            f"{url}: none of the {len(prompts)} probe answers reached a verify step (no spec_verify_ct in "
+            f"meta_info; completion tokens per prompt {lengths}); {how}. Answers of 0-1 token carry no "
+            "acceptance: render the prompts with the target's chat template (benchmark-spec-probe --chat-template "
+            "MODEL_DIR; the serve role does it with serve_probe_chat_template) or use prompts that ask for a "
+            "longer answer"
+        )
+    completion = sum(p["completion_tokens"] for p in verified)
+    verify = sum(p["spec_verify_ct"] for p in verified)
     return {
         "prompts": len(prompts),
+        "verified_prompts": len(verified),
+        "no_verify": len(prompts) - len(verified),
         "completion_tokens": completion,
         "spec_verify_ct": verify,
         "acceptance_length": round(completion / verify, 4),
         "per_request": [p["acceptance_length"] for p in per],
+        "completion_tokens_per_request": lengths,
         "max_new_tokens": max_new_tokens,
+        "chat_template": render is not None,
     }
 
 

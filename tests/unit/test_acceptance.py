@@ -470,8 +470,9 @@ def test_spec_probe_counts_completion_tokens_over_verify_steps(tmp_path, capsys)
         assert (
             seen[0]["sampling_params"] == {"temperature": 0, "max_new_tokens": 7} and seen[1]["text"] == "q1"
         )
-        prompts.write_text(json.dumps({"id": 0, "prompt": "plain"}) + "\n")  # a server without a draft
+        prompts.write_text(json.dumps({"id": 0, "prompt": "plain"}) + "\n")  # no verify step, no /server_info
         assert main([*argv, "--json"]) == 2
-        assert "without a draft" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
+        msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
+        assert "none of the 1 probe answers reached a verify step" in msg and "did not say" in msg
     finally:
         srv.shutdown()

@@ -168,7 +168,7 @@ def test_a_port_held_by_another_server_is_refused(model, run_dir):
         sp.stop(run_dir, "other", grace=10)
 
 
-def test_guard_passes_fires_at_1_00_and_without_spec_verify_ct(model, run_dir, capsys):
+def test_guard_passes_fires_at_1_00_without_a_draft_and_on_eos_at_once(model, run_dir, capsys):
     m, d = model
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -203,7 +203,30 @@ def test_guard_passes_fires_at_1_00_and_without_spec_verify_ct(model, run_dir, c
         sp.start(run_dir, "s", sp.make_spec(standin_argv(m, port), {}, url), health_timeout=30, interval=0.1)
         assert main([*probe, "--min-accept-length", "1.3", "--json"]) == 2
         msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
-        assert "no spec_verify_ct" in msg and "the draft is not in use" in msg
+        assert "runs without a draft" in msg and "speculative_algorithm unset" in msg
+
+        # Seen live (SmolLM2-Instruct on SGLang 0.5.17): raw prompts answered with EOS at once carry no
+        # spec_verify_ct although the draft is loaded. The probe must not call that "no draft", and the chat
+        # template (the tokenizer of the served model directory) makes the answers long enough to measure.
+        spec_eos = sp.make_spec(standin_argv(m, port, d, "--standin-raw-prompt-eos"), {}, url)
+        sp.start(run_dir, "s", spec_eos, health_timeout=30, interval=0.1)
+        assert main([*probe, "--min-accept-length", "1.3", "--json"]) == 2
+        msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
+        assert "none of the 3 probe answers reached a verify step" in msg, msg
+        assert (
+            "runs a draft (EAGLE3, /server_info)" in msg and "completion tokens per prompt [1, 1, 1]" in msg
+        )
+        assert "--chat-template" in msg and "without a draft" not in msg
+        from eagle3ops import demo
+
+        demo.train_tokenizer(["hello world, a tiny corpus for a tiny tokenizer"] * 4, m)
+        assert main([*probe, "--chat-template", str(m), "--min-accept-length", "1.3", "--json"]) == 0
+        res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert res["acceptance_length"] == 2.5 and res["chat_template"] is True and res["no_verify"] == 0
+        assert main([*probe, "--chat-template", str(m / "absent"), "--json"]) == 2
+        assert (
+            "absent: not a directory" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
+        )
     finally:
         sp.stop(run_dir, "s", grace=10)
 

@@ -66,6 +66,12 @@ def register(sub) -> None:
     q.add_argument("--max-new-tokens", type=int, default=128)
     q.add_argument("--limit", type=int)
     q.add_argument(
+        "--chat-template",
+        metavar="MODEL_DIR",
+        help="render each prompt with this target's chat template (its tokenizer files), as real traffic is: an "
+        "instruct model given a raw prompt may answer EOS at once, and such an answer has no verify step",
+    )
+    q.add_argument(
         "--min-accept-length",
         type=float,
         help="the guard: fail (exit 2, with likely causes) when the acceptance length is below this floor",
@@ -330,10 +336,22 @@ def cmd_spec_probe(args) -> int:
                 raise CommandError(f"{args.prompts}: no text prompts (SGLang's /generate needs text)")
         else:
             texts = loadgen.BUILTIN_PROBE_PROMPTS[: args.limit or None]
-        res = loadgen.spec_probe(args.url, texts, max_new_tokens=args.max_new_tokens)
+        render = None
+        if args.chat_template:
+            if not Path(args.chat_template).is_dir():
+                raise CommandError(
+                    f"{args.chat_template}: not a directory (--chat-template wants the target's model directory, "
+                    "the one SGLang serves)"
+                )
+            render = loadgen.chat_template_render(args.chat_template)
+        res = loadgen.spec_probe(args.url, texts, max_new_tokens=args.max_new_tokens, render=render)
     except (AcceptanceError, loadgen.LiveError, OSError) as e:
         raise CommandError(str(e)) from None
     res["prompts_file"] = args.prompts or "(built-in probe prompts)"
+    if args.chat_template and render is None:
+        res["chat_template_note"] = (
+            f"{args.chat_template} has no chat template: prompts were sent as they are"
+        )
     if args.min_accept_length is not None:
         res["min_accept_length"] = args.min_accept_length
         why = loadgen.guard(res, args.min_accept_length, args.url)
