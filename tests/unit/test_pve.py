@@ -153,6 +153,13 @@ def test_select_devices():
     assert "/dev/nvidia1" not in [d.path for d in two] and "/dev/nvidia-uvm" in [d.path for d in two]
     with pytest.raises(pve.PveError, match=r"GPU\(s\) \[9\]"):
         pve.select_devices(HOST, [9])
+    assert pve.select_devices(HOST, "0,3") == two
+    # proxmox_container_gpus is type raw (a string or a list): a value of neither form is refused, named
+    for bad in ("gpu0", ["0", "one"], {"gpu": 0}):
+        with pytest.raises(
+            pve.PveError, match=r"is not all, none or a list of GPU indices.*proxmox_container_gpus"
+        ):
+            pve.select_devices(HOST, bad)
 
 
 def test_wanted_raw_lines_star_for_full_majors_and_minors_for_subsets():
