@@ -399,15 +399,29 @@ def test_a_torn_done_log_line_is_cut_and_redone_never_doubled(server, tmp_path):
     assert sorted(done.entries) == [0, 1, 2, 3] and not done.torn and done.duplicates == 0
     assert len(done_path.read_bytes().splitlines()) == 4
     assert list(iter_output(out)) == [_expected(_sharegpt(i), "conversations") for i in range(4)]
-    # a corrupt line in the middle is not a kill's doing: named, with what to do
+    # a corrupt line in the middle is not a kill's doing (a disk, a hand, an older version): its conversation is
+    # redone, the line moved aside (not dropped), and the run says so
     data = done_path.read_bytes().splitlines(keepends=True)
     bad = bytearray(data[1])
     bad[20] = (
         ord("X") if bad[20] != ord("X") else ord("Y")
     )  # a byte of the JSON body: the CRC no longer matches
     done_path.write_bytes(data[0] + bytes(bad) + data[2] + data[3])
-    with pytest.raises(RegenerateError, match=r"done\.log:2: corrupt line in the middle"):
-        regenerate(_cfg(server, [src], out, on_error="skip", limit=3))
+    lost = json.loads(data[1][9:])["i"]  # the conversation on line 2 (done.log is in finishing order)
+    assert read_done(done_path).unreadable == [2] and lost not in read_done(done_path).entries
+    n = len(server.requests)
+    plan = regenerate(_cfg(server, [src], out, plan=True))
+    assert plan["changed"] and plan["left"] == 1 and plan["unreadable_done_lines"] == 1
+    r = regenerate(_cfg(server, [src], out))
+    assert r["changed"] and r["generated"] == 1 and r["resumed"] == 3 and r["unreadable_done_lines"] == 1
+    assert len(server.requests) == n + 2 and r["num_readable"] == 4  # its two turns, again
+    assert any("done.log: 1 unreadable line(s) (line 2" in w for w in r["warnings"])
+    assert paths_for(out)[2].joinpath("done.log.unreadable").read_bytes() == bytes(bad)
+    done = read_done(done_path)
+    assert sorted(done.entries) == [0, 1, 2, 3] and not done.unreadable and done.duplicates == 0
+    assert list(iter_output(out)) == [_expected(_sharegpt(i), "conversations") for i in range(4)]
+    again = regenerate(_cfg(server, [src], out))
+    assert not again["changed"] and again["unreadable_done_lines"] == 0 and len(server.requests) == n + 2
 
 
 # ---------------------------------------------------------------------------------------------------
