@@ -33,8 +33,11 @@ Files (``OUT`` is what prepare reads)::
 
 Crash safety (kill -9 anywhere): a conversation counts as done only when its whole line, CRC included, is in
 ``done.log``; a torn last line is cut off before the next append, so a killed conversation is regenerated,
-never doubled. ``done.log`` is fsynced after every batch of appended lines. OUT and OUT.failures are written
-to a temp file, fsynced and renamed (then the directory fsynced); the meta records what OUT holds last. A
+never doubled; a corrupt line inside it (not a kill's doing) is moved to ``done.log.unreadable`` and its
+conversation redone. ``done.log`` is fsynced after every batch of appended lines. OUT and OUT.failures are
+written (``eagle3ops.jsonl``: one record per line for every reader) to a temp file, fsynced, OUT read back,
+and renamed (then the directory fsynced); the meta records what OUT holds last. An OUT from before the read-back
+is read back on the next run and rewritten if a line is not one record. A
 re-run with the same inputs and settings whose OUT is complete does nothing (``changed: false``) without
 loading the model; changed inputs or settings are refused (naming what changed) unless ``force``, which
 discards the conversations regenerated so far and starts over.
