@@ -237,6 +237,14 @@ class TurnError(Exception):
 
 
 _THINK_RE = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with lone surrogates (half a character: a server's JSON can hold ``"\\ud83d"``) replaced by
+    U+FFFD, as a detokenizer does with an incomplete character: no tokenizer accepts them, so ``prepare`` would
+    have to drop the conversation."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
 def strip_think(text: str) -> str:
@@ -275,7 +283,7 @@ def conversation_steps(item: Item, cfg: RegenerateConfig):
         tokens += answer.tokens
         truncated += answer.finish == "length"
         turns += 1
-        text, reasoning = answer.text, answer.reasoning or None
+        text, reasoning = valid_text(answer.text), valid_text(answer.reasoning or "") or None
         if cfg.think == "strip":
             text, reasoning = strip_think(text), None
         if not text.strip():

@@ -452,7 +452,8 @@ def test_line_separators_in_turns_and_answers_stay_inside_their_record(server, t
     out = tmp_path / "regenerated.jsonl"
     r = regenerate(_cfg(server, [src], out, concurrency=16))
     assert r["num_written"] == 24 and r["num_readable"] == 24 and r["num_failed"] == 0
-    want = [_expected(row, "conversations", suffix=server.append_text) for row in rows]
+    # half a surrogate pair cannot be tokenized (prepare would drop the conversation): U+FFFD, as a detokenizer
+    want = [_expected(row, "conversations", suffix=ODD_ANSWER + "\ufffd") for row in rows]
     got = _read_like_prepare(out)
     assert not [g for g in got if isinstance(g, Problem)] and got == want
     assert list(iter_output(out)) == want
