@@ -18,6 +18,10 @@ description:
     row left out, as C(file:line), kind and reason) and the resume state I(out)C(.regenerate/). Resumable after a
     kill at any point, never a lost or doubled conversation. The same inputs and settings with I(out) complete
     means C(changed=false). Changed inputs or settings are refused unless I(force).
+  - Its own files are never trusted blindly - I(out) is read back before it is put in place (I(num_readable));
+    an existing I(out) with lines that are not exactly one record (an older eagle3ops wrote U+2028 raw) is
+    rewritten, and unreadable C(done.log) lines are moved aside and their conversations regenerated; both are
+    C(changed) with a warning and a count.
   - Check mode writes nothing and contacts no server; it predicts C(changed) and the conversations and answers left.
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
@@ -212,6 +216,18 @@ tok_per_s:
   description: I(output_tokens) / I(wall_seconds).
   returned: success
   type: float
+num_readable:
+  description: Records of I(out) read back, line by line, the strictest way (one JSON record per line, no raw line-break character such as U+2028 inside) - equal to I(num_written), or the run fails and I(out) is not replaced.
+  returned: success
+  type: int
+unreadable_out_lines:
+  description: Lines of an existing I(out) (written by an older eagle3ops, or damaged) that were not exactly one record; I(out) was rewritten from the resume state (C(changed), a warning).
+  returned: always
+  type: int
+unreadable_done_lines:
+  description: Lines of the resume state's C(done.log) whose checksum or JSON was wrong (not a kill's torn last line); moved to C(done.log.unreadable), their conversations regenerated (C(changed), a warning).
+  returned: always
+  type: int
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -291,6 +307,8 @@ def main():
     if module.check_mode:
         argv.append("--plan")
     result = run_cli(module, p["executable"], argv)
+    for warning in result.pop("warnings", None) or []:
+        module.warn(warning)
     if module._diff and result.get("changed"):
         if module.check_mode:
             before = f"{result.get('done', 0)} of {result.get('selected', 0)} conversations regenerated\n"
@@ -298,6 +316,9 @@ def main():
         else:
             before = f"{result.get('resumed', 0)} conversations regenerated before this run\n"
             after = f"{result.get('num_written', 0)} conversations in {p['out']}\n"
+            for what in ("unreadable_out_lines", "unreadable_done_lines"):
+                if result.get(what):
+                    before += f"{result[what]} {what.replace('_', ' ')}\n"
         result["diff"] = {
             "before": before,
             "after": after,

@@ -42,6 +42,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3ops import jsonl
 from eagle3ops.fsutil import fsync_tree, swap_dir_into_place
 from eagle3ops.store import atomic_write_bytes, atomic_write_json
 
@@ -560,7 +561,7 @@ class _Probes:
 def load_mtbench_turns(path: str | os.PathLike) -> set[str]:
     """Every MT-bench question turn (normalised) of a ``question.jsonl``."""
     turns: set[str] = set()
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in jsonl.split_lines(Path(path).read_text(encoding="utf-8")):
         if not line.strip():
             continue
         try:
@@ -625,7 +626,7 @@ def read_json_rows(path: Path) -> tuple[list, dict | None]:
     pos = len(text) - len(text.lstrip())
     if text[pos : pos + 1] != "[":
         rows = []
-        for n, line in enumerate(text.splitlines(), 1):
+        for n, line in jsonl.split_lines(text):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
@@ -745,7 +746,7 @@ def sharegpt_subset(
         )
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("train", train), ("heldout", held)):
-        payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+        payload = b"".join(jsonl.lines(rows))
         atomic_write_bytes(paths[name], payload)
     stats = {
         "key": key,

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from eagle3ops import tinymodel
+from eagle3ops import jsonl, tinymodel
 from eagle3ops.fsutil import fsync_tree, swap_dir_into_place
 
 DEMO_VERSION = 2  # 2: SGLang-servable target (checkpoint config fields, bf16, DeepSeek-V3's MLA dims)
@@ -574,6 +574,4 @@ def build_demo(
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    with open(path, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    jsonl.write(path, rows)

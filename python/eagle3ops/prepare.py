@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
+from eagle3ops import jsonl
 from eagle3ops.fsutil import fsync_tree, swap_dir_into_place
 
 SPECULATORS_VERSION = "0.9.0"
@@ -240,7 +241,7 @@ def iter_records(source: Source) -> Iterator[tuple[str, object]]:
                 (Problem(f"{path}:{_line_of(text, m.start())}", _not_utf8(text, m)) if m else obj),
             )
             return
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in jsonl.split_lines(text):  # at "\n" only: str.splitlines() breaks at U+2028 too
         if not line.strip():
             continue
         loc = f"{path}:{lineno}"

@@ -23,6 +23,8 @@ import re
 import unicodedata
 from pathlib import Path
 
+from eagle3ops import jsonl
+
 MIN_CONTAINED_CHARS = 40  # a benchmark turn this long (normalised) found inside a training turn counts too
 
 
@@ -53,7 +55,7 @@ def load_set(
     if turns not in ("first", "both"):
         raise PromptSetError(f"turns {turns!r}: expected 'first' or 'both'")
     items, fmt, skipped = [], None, 0
-    for n, line in enumerate(p.read_text().splitlines(), 1):
+    for n, line in jsonl.split_lines(p.read_text(encoding="utf-8")):
         if not line.strip():
             continue
         try:
@@ -164,16 +166,16 @@ def _training_rows(path: Path):
                     yield f"{f}[{i}]", row
             continue
         try:
-            with open(f, encoding="utf-8", errors="replace") as fh:  # streamed: ShareGPT is hundreds of MB
-                for n, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except ValueError:
-                        continue  # the prepare phase reports bad rows; here only readable text matters
-                    if isinstance(row, dict):
-                        yield f"{f}:{n}", row
+            # streamed: ShareGPT is hundreds of MB
+            for n, line in jsonl.file_lines(f, errors="replace"):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # the prepare phase reports bad rows; here only readable text matters
+                if isinstance(row, dict):
+                    yield f"{f}:{n}", row
         except OSError as e:
             raise PromptSetError(f"{f}: cannot read the training data ({e.strerror})") from None
 

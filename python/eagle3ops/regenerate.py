@@ -33,8 +33,11 @@ Files (``OUT`` is what prepare reads)::
 
 Crash safety (kill -9 anywhere): a conversation counts as done only when its whole line, CRC included, is in
 ``done.log``; a torn last line is cut off before the next append, so a killed conversation is regenerated,
-never doubled. ``done.log`` is fsynced after every batch of appended lines. OUT and OUT.failures are written
-to a temp file, fsynced and renamed (then the directory fsynced); the meta records what OUT holds last. A
+never doubled; a corrupt line inside it (not a kill's doing) is moved to ``done.log.unreadable`` and its
+conversation redone. ``done.log`` is fsynced after every batch of appended lines. OUT and OUT.failures are
+written (``eagle3ops.jsonl``: one record per line for every reader) to a temp file, fsynced, OUT read back,
+and renamed (then the directory fsynced); the meta records what OUT holds last. An OUT from before the read-back
+is read back on the next run and rewritten if a line is not one record. A
 re-run with the same inputs and settings whose OUT is complete does nothing (``changed: false``) without
 loading the model; changed inputs or settings are refused (naming what changed) unless ``force``, which
 discards the conversations regenerated so far and starts over.
@@ -66,6 +69,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3ops import jsonl
 from eagle3ops.prepare import PrepareError, Problem, check_record, iter_records, resolve_sources
 from eagle3ops.store import fsync_dir
 
@@ -233,6 +237,14 @@ class TurnError(Exception):
 
 
 _THINK_RE = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with lone surrogates (half a character: a server's JSON can hold ``"\\ud83d"``) replaced by
+    U+FFFD, as a detokenizer does with an incomplete character: no tokenizer accepts them, so ``prepare`` would
+    have to drop the conversation."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
 def strip_think(text: str) -> str:
@@ -271,7 +283,7 @@ def conversation_steps(item: Item, cfg: RegenerateConfig):
         tokens += answer.tokens
         truncated += answer.finish == "length"
         turns += 1
-        text, reasoning = answer.text, answer.reasoning or None
+        text, reasoning = valid_text(answer.text), valid_text(answer.reasoning or "") or None
         if cfg.think == "strip":
             text, reasoning = strip_think(text), None
         if not text.strip():
@@ -302,19 +314,22 @@ def paths_for(out: str | os.PathLike) -> tuple[Path, Path, Path, Path, Path]:
 
 
 def _line(obj: dict) -> bytes:
-    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+    body = jsonl.dumps(obj, compact=True, default=str).encode()
     return b"%08x %s\n" % (zlib.crc32(body), body)
 
 
 @dataclass
 class DoneLog:
-    """What ``done.log`` holds: index -> the parsed line; ``good_end``: the byte length of its complete lines."""
+    """What ``done.log`` holds: index -> the parsed line; ``good_end``: the byte length of its complete lines
+    (the unreadable ones included); ``unreadable``: the line numbers of complete lines that do not check out
+    (CRC, JSON), before the last one: their conversations are redone, the lines set aside (:func:`set_aside`)."""
 
     entries: dict[int, dict]
     good_end: int
     size: int
     torn: bool
     duplicates: int = 0
+    unreadable: list[int] = field(default_factory=list)
 
 
 def read_done(path: Path) -> DoneLog:
@@ -325,6 +340,7 @@ def read_done(path: Path) -> DoneLog:
     entries: dict[int, dict] = {}
     pos = good = 0
     dup = 0
+    unreadable: list[int] = []
     lines = data.split(b"\n")
     for lineno, raw in enumerate(lines, 1):
         last = lineno == len(lines)  # no newline after it: the torn tail (or b"")
@@ -344,17 +360,30 @@ def read_done(path: Path) -> DoneLog:
         if not ok:
             if last or lineno == len(lines) - 1:  # the last line, complete or not: a torn append
                 break
-            raise RegenerateError(
-                f"{path}:{lineno}: corrupt line in the middle of the file (a kill only ever tears the last "
-                "line). Delete that line to regenerate its conversation, or move the file aside to start over."
-            )
-        if d["i"] in entries:
+            # not a kill's doing (that only tears the last line): a disk or a hand; its conversation is redone
+            unreadable.append(lineno)
+        elif d["i"] in entries:
             dup += 1  # only a second run without the lock could write one; the first line wins
         else:
             entries[d["i"]] = d
         pos += len(raw) + 1
         good = pos
-    return DoneLog(entries, good, len(data), good != len(data), dup)
+    return DoneLog(entries, good, len(data), good != len(data), dup, unreadable)
+
+
+def set_aside(done_path: Path, done: DoneLog) -> Path:
+    """Move ``done``'s unreadable lines from ``done_path`` to ``done_path.unreadable`` (appended: nothing is
+    dropped) and cut a torn tail; ``done_path`` is rewritten atomically. Call under the run lock."""
+    aside = done_path.with_name(done_path.name + ".unreadable")
+    lines = done_path.read_bytes()[: done.good_end].split(b"\n")[:-1]
+    bad = set(done.unreadable)
+    with open(aside, "ab") as f:
+        for n in sorted(bad):
+            f.write(lines[n - 1] + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    _atomic_write(done_path, (ln + b"\n" for n, ln in enumerate(lines, 1) if n not in bad))
+    return aside
 
 
 def _read_meta(path: Path) -> dict | None:
@@ -365,8 +394,9 @@ def _read_meta(path: Path) -> dict | None:
     return d if isinstance(d, dict) else None
 
 
-def _atomic_write(path: Path, chunks) -> str:
-    """Write the byte chunks to ``path`` atomically (temp, fsync, rename, directory fsync); returns sha256."""
+def _atomic_write(path: Path, chunks, check: Callable[[Path], None] | None = None) -> str:
+    """Write the byte chunks to ``path`` atomically (temp, fsync, rename, directory fsync); returns sha256.
+    ``check(temp)`` runs before the rename; what it raises leaves ``path`` as it was."""
     h = hashlib.sha256()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -376,6 +406,8 @@ def _atomic_write(path: Path, chunks) -> str:
                 f.write(c)
             f.flush()
             os.fsync(f.fileno())
+        if check is not None:
+            check(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -908,6 +940,8 @@ def regenerate(cfg: RegenerateConfig) -> dict:
     if skipped and cfg.on_error == "fail":
         raise _bad_rows(skipped, base)
 
+    out_check = {"readable": None, "unreadable": 0, "first": ""}
+
     def assembled_ok(m) -> bool:
         a = (m or {}).get("assembled") or {}
         if a.get("indices") != _indices_sha(sorted(selected & set(done.entries))) or a.get("skipped") != len(
@@ -919,10 +953,22 @@ def regenerate(cfg: RegenerateConfig) -> dict:
                 return False
         except OSError:
             return False
-        return _sha256_file(out) == a.get("sha256")
+        if _sha256_file(out) != a.get("sha256"):
+            return False
+        if a.get("writer") == jsonl.WRITER_VERSION and isinstance(a.get("readable"), int):
+            out_check["readable"] = a["readable"]  # these very bytes were read back when they were written
+            return a["readable"] == a.get("conversations")
+        # written by an older eagle3ops (raw U+2028 and the like, which str.splitlines() breaks at): not
+        # trusted blindly, read back; a file with unreadable lines is rewritten from done.log
+        try:
+            c = jsonl.check_file(out)
+        except OSError:
+            return False
+        out_check.update(readable=c.records, unreadable=len(c.bad), first=c.first(out))
+        return not c.bad and c.records == a.get("conversations")
 
     if cfg.plan:
-        up_to_date = not discard and not left and assembled_ok(meta)
+        up_to_date = not discard and not left and not done.unreadable and assembled_ok(meta)
         return {
             **base,
             "changed": not up_to_date,
@@ -934,12 +980,18 @@ def regenerate(cfg: RegenerateConfig) -> dict:
             "turns_left": sum(it.turns for it in left),
             "num_skipped": len(skipped),
             "discards": len(done.entries) if discard else 0,
+            "unreadable_done_lines": 0 if discard else len(done.unreadable),
+            "unreadable_out_lines": out_check["unreadable"],
             "failures": skipped,
         }
-    if not left and not discard and assembled_ok(meta):
+    if not left and not discard and not done.unreadable and assembled_ok(meta):
         return {
             **base,
             **_accounting(len(scan.items), 0, skipped, []),
+            "num_readable": out_check["readable"],
+            "unreadable_done_lines": 0,
+            "unreadable_out_lines": 0,
+            "warnings": [],
             "changed": False,
             "output_tokens": 0,
             "wall_seconds": round(time.monotonic() - t0, 3),
@@ -964,8 +1016,19 @@ def regenerate(cfg: RegenerateConfig) -> dict:
                 "settings": settings,
             }
             _atomic_write(meta_path, [(json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()])
-        # re-read under the lock (another run may have added lines), then cut a torn tail
+        # re-read under the lock (another run may have added lines), set aside unreadable lines, cut a torn tail
+        warnings: list[str] = []
         done = read_done(done_path)
+        unreadable_done = len(done.unreadable)
+        if done.unreadable:
+            shown = ", ".join(map(str, done.unreadable[:MAX_ERRORS_SHOWN]))
+            aside = set_aside(done_path, done)
+            warnings.append(
+                f"{done_path}: {unreadable_done} unreadable line(s) (line {shown}: CRC or JSON wrong, not a "
+                f"kill's torn tail) moved to {aside}; their conversations are regenerated"
+            )
+            log(f"regenerate: {warnings[-1]}")
+            done = read_done(done_path)
         if done.torn:
             with open(done_path, "r+b") as f:
                 f.truncate(done.good_end)
@@ -982,10 +1045,10 @@ def regenerate(cfg: RegenerateConfig) -> dict:
         ]
         written_idx = sorted(selected & set(done.entries))
         failures = sorted(skipped + failed, key=lambda f: f["index"])
-        _atomic_write(failures_path, [(json.dumps(f, ensure_ascii=False) + "\n").encode() for f in failures])
+        _atomic_write(failures_path, jsonl.lines(failures, default=str))
         acct = _accounting(len(written_idx), len(failed), skipped, failed)
         stats = {
-            "changed": run["new"] > 0,
+            "changed": run["new"] > 0 or unreadable_done > 0,
             "generated": run["new"],
             "resumed": resumed,
             "turns_generated": run["turns"],
@@ -1012,29 +1075,54 @@ def regenerate(cfg: RegenerateConfig) -> dict:
                 **acct,
                 **stats,
             )
+        out_check.update(readable=None, unreadable=0, first="")
         if stats["changed"] or not assembled_ok(meta):
+            if out_check["unreadable"]:
+                warnings.append(
+                    f"{out}: {out_check['unreadable']} unreadable line(s) (written by an older eagle3ops or "
+                    f"damaged; {out_check['first']}); rewritten from {done_path}"
+                )
+                log(f"regenerate: {warnings[-1]}")
             by_index = {i: done.entries[i]["record"] for i in written_idx}
-            sha = _atomic_write(
-                out,
-                (
-                    (json.dumps(by_index[i], ensure_ascii=False, default=str) + "\n").encode()
-                    for i in written_idx
-                ),
-            )
+            readable = [0]
+
+            def read_back(tmp: Path) -> None:  # every record written must read back as exactly one record
+                c = jsonl.check_file(tmp)
+                if c.bad or c.records != len(written_idx):
+                    raise RegenerateError(
+                        f"{out}: the file written does not read back as {len(written_idx)} records "
+                        f"({c.records} do; {c.first(out)}), so it was not put in place. The conversations are "
+                        f"kept in {done_path}. This is a bug in eagle3ops: report it with that line."
+                    )
+                readable[0] = c.records
+
+            sha = _atomic_write(out, (jsonl.line(by_index[i], default=str) for i in written_idx), read_back)
             meta["assembled"] = {
                 "sha256": sha,
                 "size": out.stat().st_size,
                 "indices": _indices_sha(written_idx),
                 "skipped": len(skipped),
                 "conversations": len(written_idx),
+                "readable": readable[0],
+                "writer": jsonl.WRITER_VERSION,
             }
             _atomic_write(meta_path, [(json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()])
             stats["changed"] = True
+            out_check["readable"] = readable[0]
         log(
-            f"regenerate: {out}: {acct['num_written']} written, {acct['num_failed']} failed, {acct['num_skipped']} skipped "
-            f"of {scan.n_input}; {run['tokens']} tokens in {run['seconds']} s ({stats['tok_per_s']} tok/s)"
+            f"regenerate: {out}: {acct['num_written']} written ({out_check['readable']} read back), "
+            f"{acct['num_failed']} failed, {acct['num_skipped']} skipped of {scan.n_input}; {run['tokens']} tokens "
+            f"in {run['seconds']} s ({stats['tok_per_s']} tok/s)"
         )
-        return {**base, **acct, **stats}
+        return {
+            **base,
+            **acct,
+            **stats,
+            "num_readable": out_check["readable"],
+            "unreadable_done_lines": unreadable_done,
+            "unreadable_out_lines": out_check["unreadable"],
+            "warnings": warnings,
+        }
 
 
 def _execute(cfg: RegenerateConfig, left: list[Item], done_path: Path, done: DoneLog, log) -> dict:
@@ -1190,7 +1278,4 @@ def _bad_rows(skipped: list[dict], base: dict) -> RegenerateError:
 
 def iter_output(out: str | os.PathLike) -> Iterator[dict]:
     """The records of a regenerated OUT (for tests and tools)."""
-    with open(out, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
+    yield from jsonl.read(out)

@@ -12,6 +12,8 @@ import json
 import os
 from pathlib import Path
 
+from eagle3ops import jsonl
+
 REPORT_VERSION = 1
 SGLANG_KEYS = (
     "completed",
@@ -31,7 +33,7 @@ class ReportError(Exception):
 
 def read_sglang_bench(path: str | os.PathLike) -> dict:
     """The last record of an SGLang bench JSONL (``--output-file`` appends one line per run)."""
-    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    lines = [ln for _, ln in jsonl.split_lines(Path(path).read_text(encoding="utf-8")) if ln.strip()]
     if not lines:
         raise ReportError(f"{path}: empty SGLang benchmark output; did the bench run finish?")
     try:

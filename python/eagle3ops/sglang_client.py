@@ -33,7 +33,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3ops import sglang_hook
+from eagle3ops import jsonl, sglang_hook
 from eagle3ops.store import HiddenStateStore, preflight_disk, read_safetensors_header
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -148,7 +148,10 @@ class _Runner:
         if not self.errors_path.exists():
             return None
         try:
-            lines = self.errors_path.read_text().splitlines()
+            lines = [
+                ln
+                for _, ln in jsonl.split_lines(self.errors_path.read_text(encoding="utf-8", errors="replace"))
+            ]
         except OSError:
             return None
         for line in reversed(lines[-200:]):

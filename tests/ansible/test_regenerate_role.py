@@ -84,6 +84,19 @@ def test_regenerate_then_prepare_then_nothing_to_do(setup):
     assert again.rc == 0 and again.host("localhost")["changed"] == 0, again.changed_tasks()
     assert len(server.requests) == n
 
+    # its own resume state is not trusted blindly: a damaged done.log line (not a kill's torn tail) is moved
+    # aside, its conversation regenerated, and the task says so (changed, a count, a warning)
+    done_log = out.with_name(out.name + ".regenerate") / "done.log"
+    lines = done_log.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"i":', b'"I":', 1)  # the JSON body no longer matches its CRC
+    done_log.write_bytes(b"".join(lines))
+    fixed = run_playbook(REPO / "site.yml", INVENTORY, extravars=ev, tags="regenerate")
+    assert fixed.rc == 0 and fixed.host("localhost")["failed"] == 0, fixed.stdout[-4000:]
+    (res,) = fixed.task_results("Regenerate the assistant turns with the target")
+    assert res["changed"] and res["unreadable_done_lines"] == 1 and res["num_readable"] == 5
+    assert "1 unreadable line(s) (line 2" in fixed.stdout and len(server.requests) > n
+    assert [json.loads(x) for x in out.read_text().splitlines()] == regenerated
+
 
 def test_check_mode_predicts_and_writes_nothing(setup):
     demo, root, src, server = setup

@@ -22,7 +22,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+from eagle3ops import jsonl
 from eagle3ops.cli import main as cli_main
+from eagle3ops.prepare import Problem, iter_records, resolve_sources
 from eagle3ops.regenerate import (
     RegenerateConfig,
     RegenerateError,
@@ -86,7 +88,13 @@ def _norm(t: dict) -> str:
 
 
 def _expected(
-    rec: dict, key: str, *, think: bool = False, strip: bool = False, drop_system: bool = False
+    rec: dict,
+    key: str,
+    *,
+    think: bool = False,
+    strip: bool = False,
+    drop_system: bool = False,
+    suffix: str = "",
 ) -> dict:
     """What the stand-in's target makes of ``rec``: every assistant turn answered from the regenerated history."""
     out, history = [], []
@@ -96,7 +104,7 @@ def _expected(
         if role == "system" and drop_system:
             continue
         if role == "assistant":
-            ans = answer_for(history, think)
+            ans = answer_for(history, think) + suffix
             text = strip_think(ans) if strip else ans
             t = {**t, ("value" if "value" in t else "content"): text}
         out.append(t)
@@ -391,15 +399,114 @@ def test_a_torn_done_log_line_is_cut_and_redone_never_doubled(server, tmp_path):
     assert sorted(done.entries) == [0, 1, 2, 3] and not done.torn and done.duplicates == 0
     assert len(done_path.read_bytes().splitlines()) == 4
     assert list(iter_output(out)) == [_expected(_sharegpt(i), "conversations") for i in range(4)]
-    # a corrupt line in the middle is not a kill's doing: named, with what to do
+    # a corrupt line in the middle is not a kill's doing (a disk, a hand, an older version): its conversation is
+    # redone, the line moved aside (not dropped), and the run says so
     data = done_path.read_bytes().splitlines(keepends=True)
     bad = bytearray(data[1])
     bad[20] = (
         ord("X") if bad[20] != ord("X") else ord("Y")
     )  # a byte of the JSON body: the CRC no longer matches
     done_path.write_bytes(data[0] + bytes(bad) + data[2] + data[3])
-    with pytest.raises(RegenerateError, match=r"done\.log:2: corrupt line in the middle"):
-        regenerate(_cfg(server, [src], out, on_error="skip", limit=3))
+    lost = json.loads(data[1][9:])["i"]  # the conversation on line 2 (done.log is in finishing order)
+    assert read_done(done_path).unreadable == [2] and lost not in read_done(done_path).entries
+    n = len(server.requests)
+    plan = regenerate(_cfg(server, [src], out, plan=True))
+    assert plan["changed"] and plan["left"] == 1 and plan["unreadable_done_lines"] == 1
+    r = regenerate(_cfg(server, [src], out))
+    assert r["changed"] and r["generated"] == 1 and r["resumed"] == 3 and r["unreadable_done_lines"] == 1
+    assert len(server.requests) == n + 2 and r["num_readable"] == 4  # its two turns, again
+    assert any("done.log: 1 unreadable line(s) (line 2" in w for w in r["warnings"])
+    assert paths_for(out)[2].joinpath("done.log.unreadable").read_bytes() == bytes(bad)
+    done = read_done(done_path)
+    assert sorted(done.entries) == [0, 1, 2, 3] and not done.unreadable and done.duplicates == 0
+    assert list(iter_output(out)) == [_expected(_sharegpt(i), "conversations") for i in range(4)]
+    again = regenerate(_cfg(server, [src], out))
+    assert not again["changed"] and again["unreadable_done_lines"] == 0 and len(server.requests) == n + 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# every record written is read back as exactly one record (the live run's 4 lost conversations)
+# ---------------------------------------------------------------------------------------------------
+# ShareGPT V3's human turns hold U+2028 (37 times in 12 conversations, as \u2028 escapes in its JSON:
+# "Daily Success RITUAL \u2028 That Shuts ..."); a 135M model's answers hold any Unicode, a server's JSON
+# even half a surrogate pair. json.dumps(ensure_ascii=False) wrote U+0085/U+2028/U+2029 raw and prepare's
+# str.splitlines() broke the record there ("Unterminated string", then "Expecting value at column 2").
+ODD_ANSWER = " \u2029\u2029 Next\x85 and\u2028 end"
+
+
+def _odd(i: int) -> dict:
+    rec = _sharegpt(i, 2)
+    rec["conversations"][0]["value"] = f"Daily Success RITUAL {i} \u2028 That Shuts\u2028\u2028 down"
+    return rec
+
+
+def _read_like_prepare(out: Path) -> list:
+    (source,) = resolve_sources([str(out)])
+    return [rec for _, rec in iter_records(source)]
+
+
+def test_line_separators_in_turns_and_answers_stay_inside_their_record(server, tmp_path):
+    rows = [_odd(i) if i % 3 == 0 else _sharegpt(i) for i in range(24)]
+    src = _write(tmp_path / "in.jsonl", rows)  # ASCII escapes, like the live run's original.jsonl
+    server.append_text = ODD_ANSWER + "\ud83d"
+    out = tmp_path / "regenerated.jsonl"
+    r = regenerate(_cfg(server, [src], out, concurrency=16))
+    assert r["num_written"] == 24 and r["num_readable"] == 24 and r["num_failed"] == 0
+    # half a surrogate pair cannot be tokenized (prepare would drop the conversation): U+FFFD, as a detokenizer
+    want = [_expected(row, "conversations", suffix=ODD_ANSWER + "\ufffd") for row in rows]
+    got = _read_like_prepare(out)
+    assert not [g for g in got if isinstance(g, Problem)] and got == want
+    assert list(iter_output(out)) == want
+    text = out.read_text(encoding="utf-8")
+    assert len(text.splitlines()) == 24 and "\\u2028" in text and "\u2028" not in text  # any line reader
+    assert jsonl.check_file(out).records == 24 and not jsonl.check_file(out).bad
+
+
+def test_an_output_with_unreadable_lines_is_found_and_rewritten(server, tmp_path):
+    """An OUT from before the fix (raw separators, its meta matching those bytes) is not trusted: the plan
+    predicts the rewrite, the run rewrites it from done.log (no request) and says how many lines it fixed."""
+    import hashlib
+
+    rows = [_odd(i) for i in range(5)] + [_sharegpt(5)]
+    src = _write(tmp_path / "in.jsonl", rows)
+    server.append_text = ODD_ANSWER
+    out = tmp_path / "regenerated.jsonl"
+    regenerate(_cfg(server, [src], out))
+    good = out.read_bytes()
+    old = b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in iter_output(out))
+    assert len(old.decode().splitlines()) > 6  # what prepare used to read: more lines than records
+    out.write_bytes(old)
+    meta_path = paths_for(out)[3]
+    meta = json.loads(meta_path.read_text())
+    keep = ("indices", "skipped", "conversations")  # what the older version's meta held
+    meta["assembled"] = {k: meta["assembled"][k] for k in keep}
+    meta["assembled"].update(sha256=hashlib.sha256(old).hexdigest(), size=len(old))
+    meta_path.write_text(json.dumps(meta))
+    n = len(server.requests)
+    plan = regenerate(_cfg(server, [src], out, plan=True))
+    assert plan["changed"] and not plan["up_to_date"] and plan["unreadable_out_lines"] == 6
+    r = regenerate(_cfg(server, [src], out))
+    assert r["changed"] and r["generated"] == 0 and r["unreadable_out_lines"] == 6 and r["num_readable"] == 6
+    assert any("6 unreadable line" in w for w in r["warnings"]) and len(server.requests) == n
+    assert out.read_bytes() == good
+    again = regenerate(_cfg(server, [src], out))
+    assert not again["changed"] and again["unreadable_out_lines"] == 0 and len(server.requests) == n
+
+
+def test_an_output_that_does_not_read_back_is_never_put_in_place(server, tmp_path, monkeypatch):
+    """The check after writing can fail: with the old writer put back, the run refuses to rename its OUT."""
+    src = _write(tmp_path / "in.jsonl", [_odd(0), _sharegpt(1)])
+    out = tmp_path / "regenerated.jsonl"
+    monkeypatch.setattr(
+        jsonl, "line", lambda obj, **kw: (json.dumps(obj, ensure_ascii=False) + "\n").encode()
+    )
+    with pytest.raises(RegenerateError, match=r"regenerated\.jsonl:1: a raw U\+2028 .* kept in .*done\.log"):
+        regenerate(_cfg(server, [src], out))
+    assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
+    assert len(read_done(paths_for(out)[4]).entries) == 2  # nothing generated is lost
+    monkeypatch.undo()
+    r = regenerate(_cfg(server, [src], out))
+    assert r["changed"] and r["generated"] == 0 and r["num_readable"] == 2
 
 
 def test_cli_json_and_exit_code(server, tmp_path, capsys):
