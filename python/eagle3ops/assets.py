@@ -43,8 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3ops import jsonl
-from eagle3ops.fsutil import fsync_tree, swap_dir_into_place
-from eagle3ops.store import atomic_write_bytes, atomic_write_json
+from eagle3ops.durable import (
+    atomic_write_bytes,
+    atomic_write_json,
+    fsync_tree,
+    sha256_file,
+    swap_dir_into_place,
+)
 
 STAMP = ".eagle3ops-asset.json"
 CONVERT_STAMP = "eagle3ops_convert.json"
@@ -110,14 +115,6 @@ ASSETS: dict[str, Asset] = {
 
 def _log_default(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _read_json(path: Path) -> dict | None:
@@ -280,6 +277,7 @@ def fetch(
                 "sha256": sha,
                 "size": dest.stat().st_size,
             },
+            mode=0o644,
         )
         out[a.name] = {**entry, "sha256": sha, "downloaded": downloaded, "extracted": True}
     return {"changed": changed, "cache_dir": str(cache), "assets": out}
@@ -486,6 +484,7 @@ def convert(
                     "files": files,
                     **info,
                 },
+                mode=0o644,
             )
             fsync_tree(tmp)
             swap_dir_into_place(tmp, out)
@@ -747,7 +746,7 @@ def sharegpt_subset(
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("train", train), ("heldout", held)):
         payload = b"".join(jsonl.lines(rows))
-        atomic_write_bytes(paths[name], payload)
+        atomic_write_bytes(paths[name], payload, mode=0o644)
     stats = {
         "key": key,
         "format": SUBSET_FORMAT,
@@ -767,7 +766,7 @@ def sharegpt_subset(
         "skipped_examples": examples,
         "turns_dropped": dict(sorted(dropped.items())),
     }
-    atomic_write_json(out / SUBSET_STAMP, stats)
+    atomic_write_json(out / SUBSET_STAMP, stats, mode=0o644)
     log(
         f"sharegpt: {len(train)} training rows, {len(held)} held-out prompts from {read} read "
         f"({stats['num_skipped']} skipped: {stats['skipped_rows']}; turns dropped: {stats['turns_dropped']})"

@@ -33,7 +33,6 @@ What SGLang 0.5.23 expects (read from its source, ``sglang/srt/models/llama_eagl
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -41,6 +40,7 @@ import tempfile
 from pathlib import Path
 
 from eagle3ops import sglang_versions
+from eagle3ops.durable import sha256_file
 
 SGLANG_VERSION = sglang_versions.DEFAULT_VERSION
 CONVERTER_VERSION = 2  # 2: weights always written in DRAFT_DTYPE
@@ -94,14 +94,6 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         path=str(p),
         missing=True,
     )
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def sglang_layer_ids(
@@ -321,8 +313,8 @@ def plan(
         out_ids, rule = sglang_layer_ids(ids, arch, sglang_version=version)
     scfg = sglang_config(cfg, out_ids, version)
     src = {
-        "config.json": _sha256(ckpt / "config.json"),
-        "model.safetensors": _sha256(ckpt / "model.safetensors"),
+        "config.json": sha256_file(ckpt / "config.json"),
+        "model.safetensors": sha256_file(ckpt / "model.safetensors"),
     }
     serve_args = [
         "--speculative-algorithm",

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from eagle3ops import jsonl, tinymodel
-from eagle3ops.fsutil import fsync_tree, swap_dir_into_place
+from eagle3ops.durable import fsync_tree, sha256_file, swap_dir_into_place
 
 DEMO_VERSION = 2  # 2: SGLang-servable target (checkpoint config fields, bf16, DeepSeek-V3's MLA dims)
 DEMO_JSON = "demo.json"
@@ -424,14 +424,6 @@ def build_model(tokenizer, texts: list[str], out_dir: Path, seed: int, log=None)
 # ---------------------------------------------------------------------------------------------------
 # build / fingerprints
 # ---------------------------------------------------------------------------------------------------
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _fingerprints(root: Path) -> dict[str, str]:
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != DEMO_JSON)
     return {str(p.relative_to(root)): sha256_file(p) for p in files}

@@ -8,11 +8,13 @@ and once without (:func:`read_sglang_bench` keeps the last record of each JSONL 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from pathlib import Path
 
 from eagle3ops import jsonl
+from eagle3ops.durable import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 REPORT_VERSION = 1
 SGLANG_KEYS = (
@@ -306,16 +308,10 @@ def plot(rep: dict, path: str | os.PathLike) -> None:
         ax3.set_title("Live server, per prompt set and concurrency")
         ax3.legend()
     fig.tight_layout()
-    tmp = Path(f"{path}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
-    os.replace(tmp, path)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, png.getvalue())
 
 
 def write(
@@ -342,8 +338,8 @@ def write(
     if changed and not check:
         out.mkdir(parents=True, exist_ok=True)
         plot(rep, paths["plot"])
-        _atomic_write(paths["markdown"], md + "\n")
-        _atomic_write(paths["json"], json.dumps(rep, indent=2, sort_keys=True) + "\n")
+        atomic_write_text(paths["markdown"], md + "\n")
+        atomic_write_json(paths["json"], rep)
     return {
         "changed": changed,
         "check_mode": check,

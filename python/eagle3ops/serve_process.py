@@ -27,6 +27,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from eagle3ops.durable import atomic_write_json, atomic_write_text
+
 SPEC_VERSION = 1
 
 
@@ -132,12 +134,6 @@ def log_tail(path: str | os.PathLike, lines: int = 25) -> str:
     return "\n".join(data.splitlines()[-lines:]) or "(the log is empty)"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def health_ok(url: str, timeout: float = 5.0) -> bool:
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as r:
@@ -205,7 +201,7 @@ def stop(run_dir, name, *, grace: float = 60.0, check: bool = False) -> dict:
         p["pid"].unlink()
     st["pid"] = None
     st["stopped_at"] = time.time()
-    _atomic_write(p["state"], json.dumps(st, indent=2, sort_keys=True) + "\n")
+    atomic_write_json(p["state"], st)
     return res
 
 
@@ -275,8 +271,8 @@ def start(
                 break
             time.sleep(0.02)
         state = {"spec": spec, "pid": pid, "start_time": start_time, "started_at": time.time()}
-        _atomic_write(p["state"], json.dumps(state, indent=2, sort_keys=True) + "\n")
-        _atomic_write(p["pid"], f"{pid}\n")
+        atomic_write_json(p["state"], state)
+        atomic_write_text(p["pid"], f"{pid}\n")
         res["pid"] = pid
         if proc.poll() is not None:
             raise ServeProcessError(

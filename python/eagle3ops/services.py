@@ -1,8 +1,9 @@
 """Phase ``services``: keep GPU-grabbing systemd units (the seed's ``vllm.service``, ...) off the GPUs.
 
-Standard library only, importing nothing from ``eagle3ops``: it is also shipped to targets as
-``module_utils/eagle3ops_services.py`` (a symlink to this file), because the phase runs before the
-``runtime`` phase installs eagle3ops there.
+Standard library only, importing nothing from ``eagle3ops`` but ``eagle3ops.durable`` (stdlib only as well):
+it is also shipped to targets as ``module_utils/eagle3ops_services.py`` (a symlink to this file, with
+``module_utils/eagle3ops_durable.py`` beside it), because the phase runs before the ``runtime`` phase installs
+eagle3ops there. ``tests/unit/test_durable.py`` enforces it.
 
 What ``ansible.builtin.systemd_service`` does (stop, disable, mask, unmask, enable, daemon-reload) stays
 with it. This file adds what it lacks:
@@ -28,6 +29,11 @@ import re
 import shutil
 import subprocess
 import time
+
+try:
+    from eagle3ops import durable as _durable
+except ImportError:  # on a target, as module_utils/eagle3ops_services.py: eagle3ops is not installed there
+    from ansible.module_utils import eagle3ops_durable as _durable
 
 SYSTEMD_ETC = "/etc/systemd/system"
 DEFAULT_BACKUP_DIR = "/var/lib/eagle3ops/services"
@@ -169,16 +175,6 @@ def list_records(backup_dir: str) -> list[str]:
     return sorted(f[: -len(".json")] for f in os.listdir(backup_dir) if f.endswith(".json"))
 
 
-def _atomic_write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def record(unit: str, backup_dir: str, *, check: bool = False, systemctl=_systemctl, etc_dir=SYSTEMD_ETC):
     """Write ``<unit>.json`` with the unit's current state unless one exists. Returns (changed, record)."""
     existing = read_record(unit, backup_dir)
@@ -204,7 +200,9 @@ def record(unit: str, backup_dir: str, *, check: bool = False, systemctl=_system
         # `systemctl link` symlink before move_aside could take it.
         if rec["etc_entry"] in ("file", "link"):
             _backup_entry(os.path.join(etc_dir, unit), backup_path(unit, backup_dir))
-        _atomic_write(record_path(unit, backup_dir), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+        path = record_path(unit, backup_dir)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        _durable.atomic_write_json(path, rec)
     return True, rec
 
 

@@ -18,16 +18,15 @@ and Kimi-K2/K2.5.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import hashlib
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3ops import sglang_versions as _versions
+from eagle3ops.durable import atomic_write_bytes, sha256_file
 
 TARGET_RELPATH = "sglang/srt/models/deepseek_v2.py"
 BACKUP_SUFFIX = ".eagle3ops-pristine"
@@ -161,10 +160,6 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    return sha256_bytes(Path(path).read_bytes())
-
-
 def _spec(version: str) -> PatchSpec:
     try:
         return SPECS[version]
@@ -286,27 +281,6 @@ def status(path: str | os.PathLike, version: str = DEFAULT_VERSION) -> dict:
     }
 
 
-def _atomic_replace(
-    path: Path, data: bytes, *, like: Path | None = None, mtime_from: Path | None = None
-) -> None:
-    """Write ``data`` to ``path`` via a temp file + rename, keeping the mode (and optionally mtime)."""
-    ref = like or path
-    st = ref.stat() if ref.exists() else None
-    tmp = path.with_name(f".{path.name}.eagle3ops.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    if st is not None:
-        os.chmod(tmp, st.st_mode & 0o7777)
-        with contextlib.suppress(PermissionError):
-            os.chown(tmp, st.st_uid, st.st_gid)
-    if mtime_from is not None:
-        mst = mtime_from.stat()
-        os.utime(tmp, ns=(mst.st_atime_ns, mst.st_mtime_ns))
-    os.replace(tmp, path)
-
-
 def apply(
     path: str | os.PathLike, version: str = DEFAULT_VERSION, *, check: bool = False, diff: bool = False
 ) -> dict:
@@ -335,8 +309,8 @@ def apply(
         return result
     b = backup_path(p)
     if not (b.is_file() and sha256_file(b) == spec.pristine_sha256):
-        _atomic_replace(b, data, like=p, mtime_from=p)
-    _atomic_replace(p, out)
+        atomic_write_bytes(b, data, mode_from=p, mtime_from=p)  # the backup keeps the file's mode and mtime
+    atomic_write_bytes(p, out, mode_from=p)
     result.update(state="applied", applied=True, sha256=spec.patched_sha256, backup=str(b))
     return result
 
@@ -377,12 +351,10 @@ def restore(
     if check:
         return result
     if st["backup"]:
-        # copy2 keeps the pristine mtime too, so a cached .pyc of the pristine file stays valid
-        tmp = p.with_name(f".{p.name}.eagle3ops.{os.getpid()}.tmp")
-        shutil.copy2(b, tmp)
-        os.replace(tmp, p)
+        # the backup's mode and pristine mtime too, so a cached .pyc of the pristine file stays valid
+        atomic_write_bytes(p, original, mode_from=b, mtime_from=b)
     else:
-        _atomic_replace(p, original)
+        atomic_write_bytes(p, original, mode_from=p)
     if sha256_file(p) != spec.pristine_sha256:  # belt and braces: never report success on a wrong file
         raise PatchError(
             f"{p}: sha256 after restore is {sha256_file(p)}, not {spec.pristine_sha256}; "

@@ -1,8 +1,10 @@
 """Phase ``storage``: a newly attached disk becomes /data, without ever losing the old data.
 
-This file is deliberately **standard library only** and imports nothing from ``eagle3ops``: it is also
-shipped to targets as ``module_utils/eagle3ops_storage.py`` (a symlink to this file), because the phase
-runs on the machine that owns the disk (the PVE host in production), where eagle3ops is not installed.
+This file is deliberately **standard library only** and imports nothing from ``eagle3ops`` but
+``eagle3ops.durable`` (stdlib only as well): it is also shipped to targets as
+``module_utils/eagle3ops_storage.py`` (a symlink to this file, with ``module_utils/eagle3ops_durable.py``
+beside it), because the phase runs on the machine that owns the disk (the PVE host in production), where
+eagle3ops is not installed. ``tests/unit/test_durable.py`` enforces it.
 
 The migration is a small state machine, recorded in a JSON *state file* on the disk-owning machine
 (default ``/var/lib/eagle3ops/storage-state.json``)::
@@ -39,6 +41,11 @@ import stat
 import subprocess
 import time
 import uuid as uuidlib
+
+try:
+    from eagle3ops import durable as _durable
+except ImportError:  # on a target, as module_utils/eagle3ops_storage.py: eagle3ops is not installed there
+    from ansible.module_utils import eagle3ops_durable as _durable
 
 STATE_VERSION = 1
 MARKER_NAME = ".eagle3ops-storage.json"
@@ -609,20 +616,10 @@ def check_source(
 
 
 def atomic_write_json(path: str, obj: dict) -> None:
-    d = os.path.dirname(path) or "."
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Durably replace ``path`` with ``obj`` as JSON (anything not JSON is written as ``str``), creating the
+    directory if needed."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    _durable.atomic_write_json(path, obj, default=str)
 
 
 def load_state(path: str) -> dict | None:

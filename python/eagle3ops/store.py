@@ -36,6 +36,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3ops.durable import fsync_dir
+
 HS_DIR = "hidden_states"
 DAMAGED_DIR = "damaged"  # hidden_states/damaged/: files the checks found damaged, moved aside (never deleted)
 VERIFY_LEVELS = ("size", "checksum")
@@ -66,14 +68,6 @@ class StoreError(RuntimeError):
 
 class DiskSpaceError(StoreError):
     """Not enough free space for what is left to write."""
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -8,7 +8,6 @@ tests/hosts/test_storage_nspawn.py (nspawn hosts).
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import shutil
@@ -262,14 +261,14 @@ def test_rsync_failures_say_what_to_do(tmp_path):
     assert "is full" in str(full) and "bigger disk" in str(full)
 
 
-def test_module_utils_ships_this_file_and_it_needs_only_the_stdlib():
-    """The PVE host has no eagle3ops: module_utils/eagle3ops_storage.py must be this very file, stdlib only."""
+def test_module_utils_ships_this_file_and_the_durable_primitives_it_imports():
+    """The PVE host has no eagle3ops: module_utils/eagle3ops_storage.py must be this very file, with the durable
+    primitives it imports beside it (that both need only the stdlib: tests/unit/test_durable.py)."""
     link = REPO / "module_utils" / "eagle3ops_storage.py"
     assert link.resolve() == Path(storage.__file__).resolve()
-    tree = ast.parse(Path(storage.__file__).read_text())
-    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert mods <= set(sys.stdlib_module_names), mods - set(sys.stdlib_module_names)
+    assert (REPO / "module_utils" / "eagle3ops_durable.py").resolve() == Path(
+        storage._durable.__file__
+    ).resolve()
 
 
 def test_cli_status_prints_the_state_and_refuses_a_missing_file(tmp_path):

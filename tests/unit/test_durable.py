@@ -1,0 +1,381 @@
+"""eagle3ops.durable: the one sha256 / atomic-write / directory-swap implementation, and the rule that the host
+wing (storage, pve, services and durable itself) needs only the standard library.
+
+Real files in tmp_path throughout. Faults are real where the OS can make them cheaply: a write that exceeds
+RLIMIT_FSIZE (EFBIG from the kernel, mid-write), a rename onto a directory, a missing parent. The fsync test wraps
+the real ``os.fsync``/``os.replace`` to record which path each was called on and in what order (a spy that still
+does the real call, not a stand-in).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from eagle3ops import durable
+
+REPO = Path(__file__).resolve().parents[2]
+PKG = REPO / "python" / "eagle3ops"
+# The host wing: runs on targets where eagle3ops is not installed (shipped as module_utils/eagle3ops_<name>.py)
+HOST_MODULES = ("durable", "pve", "services", "storage")
+
+
+def _leftovers(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.endswith(".tmp"))
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old
+
+
+# --------------------------------------------------------------------------------------------------
+# sha256
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("file_digest", [True, False], ids=["hashlib.file_digest", "python-3.10-loop"])
+def test_sha256_file_matches_hashlib(tmp_path, monkeypatch, file_digest):
+    if not file_digest:
+        monkeypatch.delattr(hashlib, "file_digest", raising=False)
+    f = tmp_path / "blob"
+    data = os.urandom((1 << 22) + 12_345)  # more than one block of the loop
+    f.write_bytes(data)
+    assert durable.sha256_file(f) == hashlib.sha256(data).hexdigest()
+    (tmp_path / "empty").write_bytes(b"")
+    assert durable.sha256_file(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# atomic writes
+# --------------------------------------------------------------------------------------------------
+
+
+def test_new_file_gets_the_bytes_open_w_would_give_and_leaves_no_temp(tmp_path):
+    target = tmp_path / "a.bin"
+    assert durable.atomic_write_bytes(target, [b"ab", bytearray(b"cd"), memoryview(b"ef")]) == 6
+    assert target.read_bytes() == b"abcdef"
+    assert target.stat().st_mode & 0o777 == 0o666 & ~_umask()
+    durable.atomic_write_text(tmp_path / "b.txt", "héllo\n", mode=0o600)
+    assert (tmp_path / "b.txt").read_bytes() == "héllo\n".encode()
+    assert (tmp_path / "b.txt").stat().st_mode & 0o777 == 0o600 & ~_umask()
+    assert _leftovers(tmp_path) == []
+
+
+def test_json_format_is_the_projects_one(tmp_path):
+    obj = {"b": 1, "a": [1, 2], "p": Path("/x")}
+    with pytest.raises(TypeError):
+        durable.atomic_write_json(tmp_path / "s.json", obj)
+    assert not (tmp_path / "s.json").exists() and _leftovers(tmp_path) == []
+    durable.atomic_write_json(tmp_path / "s.json", obj, default=str)
+    text = (tmp_path / "s.json").read_text()
+    assert text == json.dumps({**obj, "p": "/x"}, indent=2, sort_keys=True) + "\n"
+
+
+def test_a_failure_mid_write_keeps_the_old_file_and_removes_the_temp(tmp_path):
+    target = tmp_path / "state.json"
+    target.write_text("old\n")
+
+    class Boom:  # not a buffer: fails after the first part is already in the temp file
+        pass
+
+    with pytest.raises(TypeError):
+        durable.atomic_write_bytes(target, [b"new data, half of it", Boom()])
+    assert target.read_text() == "old\n" and _leftovers(tmp_path) == []
+
+
+def test_a_kernel_write_error_mid_file_keeps_the_old_file_and_names_the_target(tmp_path):
+    """EFBIG from a real write(2): the process's RLIMIT_FSIZE is below the payload (a child process, so the
+    limit does not touch pytest)."""
+    target = tmp_path / "big.bin"
+    target.write_bytes(b"old")
+    code = f"""
+import errno, resource, signal, sys
+sys.path.insert(0, {str(PKG.parent)!r})
+from eagle3ops import durable
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    durable.atomic_write_bytes({str(target)!r}, b"x" * 100_000)
+except OSError as e:
+    print(e.errno == errno.EFBIG, e.filename)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", str(target)]
+    assert target.read_bytes() == b"old" and _leftovers(tmp_path) == []
+
+
+def test_a_failed_rename_or_open_names_the_target_and_leaves_nothing(tmp_path):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir" / "keep").write_text("x")  # a non-empty directory: os.replace onto it must fail
+    with pytest.raises(OSError) as e:
+        durable.atomic_write_bytes(tmp_path / "adir", b"data")
+    assert e.value.filename == str(tmp_path / "adir") and e.value.filename2 is None
+    assert (tmp_path / "adir" / "keep").read_text() == "x" and _leftovers(tmp_path) == []
+    with pytest.raises(FileNotFoundError) as e:
+        durable.atomic_write_json(tmp_path / "missing" / "x.json", {})
+    assert e.value.filename == str(tmp_path / "missing" / "x.json")
+
+
+def test_the_file_is_fsynced_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(dst)))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    target = tmp_path / "f.json"
+    durable.atomic_write_json(target, {"a": 1})
+    assert len(events) == 3, events
+    (k0, p0), (k1, p1), (k2, p2) = events
+    assert k0 == "fsync" and Path(p0).parent == tmp_path and Path(p0).name.startswith(".f.json.")
+    assert (
+        p0.endswith(".tmp") and (k1, p1) == ("replace", str(target)) and (k2, p2) == ("fsync", str(tmp_path))
+    )
+    events.clear()
+    durable.atomic_write_json(target, {"a": 2}, fsync=False)
+    assert [k for k, _ in events] == ["replace"] and json.loads(target.read_text()) == {"a": 2}
+
+
+def test_mode_owner_and_mtime_are_taken_from_a_reference_file(tmp_path):
+    target = tmp_path / "mod.py"
+    target.write_text("old")
+    target.chmod(0o751)
+    ref = tmp_path / "ref"
+    ref.write_text("r")
+    os.utime(ref, ns=(1_600_000_000_123_456_789, 1_600_000_000_987_654_321))
+    durable.atomic_write_bytes(target, b"new", mode_from=target)
+    assert target.read_bytes() == b"new" and target.stat().st_mode & 0o7777 == 0o751
+    backup = tmp_path / "mod.py.orig"
+    durable.atomic_write_bytes(backup, b"new", mode_from=target, mtime_from=ref)
+    st = backup.stat()
+    assert st.st_mode & 0o7777 == 0o751 and st.st_mtime_ns == 1_600_000_000_987_654_321
+    assert (st.st_uid, st.st_gid) == (target.stat().st_uid, target.stat().st_gid)
+    durable.atomic_write_bytes(tmp_path / "new", b"n", mode_from=tmp_path / "absent", mode=0o640)
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o640 & ~_umask()
+
+
+def test_concurrent_writers_of_one_path_never_leave_a_torn_file(tmp_path):
+    target = tmp_path / "shared.json"
+    payloads = [{"writer": i, "pad": "x" * (1000 * (i + 1))} for i in range(6)]
+    errors = []
+
+    def run(obj):
+        try:
+            for _ in range(15):
+                durable.atomic_write_json(target, obj, fsync=False)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in payloads]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and json.loads(target.read_text()) in payloads and _leftovers(tmp_path) == []
+
+
+def test_swap_dir_into_place_replaces_a_whole_directory(tmp_path):
+    dest, new = tmp_path / "out", tmp_path / ".out.new"
+    for d, name in ((dest, "old"), (new, "fresh")):
+        d.mkdir()
+        (d / name).write_text(name)
+    durable.fsync_tree(new)
+    durable.swap_dir_into_place(new, dest)
+    assert sorted(p.name for p in dest.iterdir()) == ["fresh"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the old copy is gone, nothing left aside
+
+
+# --------------------------------------------------------------------------------------------------
+# the host wing is standard library only
+# --------------------------------------------------------------------------------------------------
+
+
+def _fallbacks(tree: ast.AST) -> dict[int, set[str]]:
+    """id(import node in a try body) -> the modules its ``except ImportError`` handler imports."""
+    out: dict[int, set[str]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Try):
+            continue
+        handled = set()
+        for h in node.handlers:
+            if isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError"):
+                for stmt in h.body:
+                    handled |= {m for m, _ in _walk_imports(stmt)}
+        for stmt in node.body:
+            for _, n in _walk_imports(stmt):
+                out[id(n)] = handled
+    return out
+
+
+def _walk_imports(tree: ast.AST) -> list[tuple[str, ast.AST]]:
+    """Every module imported anywhere under ``tree`` (top level, functions, try blocks), with its node;
+    ``from eagle3ops import durable`` also counts as ``eagle3ops.durable``."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.module, node))
+            if node.module in ("eagle3ops", "ansible.module_utils"):
+                out += [(f"{node.module}.{a.name}", node) for a in node.names]
+    return out
+
+
+def _violations(name: str) -> list[str]:
+    """What in ``python/eagle3ops/<name>.py`` would fail on a host with only the standard library and the
+    shipped module_utils files."""
+    path = PKG / f"{name}.py"
+    tree = ast.parse(path.read_text())
+    fallbacks = _fallbacks(tree)  # keyed by node identity: the same parse as below
+    bad = []
+    for mod, node in _walk_imports(tree):
+        top = mod.split(".")[0]
+        where = f"{path.relative_to(REPO)}:{node.lineno}"
+        if top in sys.stdlib_module_names or mod in ("eagle3ops", "ansible", "ansible.module_utils"):
+            continue
+        if mod.startswith("ansible.module_utils."):
+            shipped = mod.rsplit(".", 1)[1]
+            host = shipped.removeprefix("eagle3ops_")
+            link = REPO / "module_utils" / f"{shipped}.py"
+            if host not in HOST_MODULES or not link.is_symlink() or link.resolve() != (PKG / f"{host}.py"):
+                bad.append(f"{where}: {mod} is not a host-wing file shipped as module_utils/{shipped}.py")
+            continue
+        if top == "eagle3ops":
+            sub = mod.split(".")[1] if "." in mod else ""
+            if sub not in HOST_MODULES:
+                bad.append(f"{where}: imports {mod}, which is not in the host wing {HOST_MODULES}")
+            elif f"ansible.module_utils.eagle3ops_{sub}" not in fallbacks.get(id(node), set()):
+                bad.append(
+                    f"{where}: imports {mod} without the `except ImportError:` fallback to "
+                    f"ansible.module_utils.eagle3ops_{sub} (what a target without eagle3ops has)"
+                )
+            continue
+        bad.append(f"{where}: imports {mod}, not in the standard library")
+    return bad
+
+
+@pytest.mark.parametrize("name", HOST_MODULES)
+def test_host_wing_imports_only_the_stdlib_and_shipped_host_files(name):
+    """Every import in the file, including ones inside functions (which a blocker at import time cannot see)."""
+    assert _violations(name) == []
+    link = REPO / "module_utils" / f"eagle3ops_{name}.py"
+    assert link.is_symlink() and link.resolve() == (PKG / f"{name}.py").resolve()
+
+
+def test_the_import_check_catches_a_third_party_and_an_unshipped_import(tmp_path, monkeypatch):
+    """The check above can fail: a copy of storage.py with a lazy `import yaml` and a bare `eagle3ops.store`."""
+    fake = tmp_path / "python" / "eagle3ops"
+    fake.mkdir(parents=True)
+    src = (PKG / "storage.py").read_text()
+    (fake / "storage.py").write_text(
+        src + "\n\ndef _later():\n    import yaml\n    from eagle3ops import store\n    return yaml, store\n"
+    )
+    shutil.copy(PKG / "durable.py", fake / "durable.py")
+    (tmp_path / "module_utils").mkdir()
+    (tmp_path / "module_utils" / "eagle3ops_durable.py").symlink_to(fake / "durable.py")
+    monkeypatch.setattr(sys.modules[__name__], "PKG", fake)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    bad = _violations("storage")
+    assert any("imports yaml, not in the standard library" in b for b in bad), bad
+    assert any("eagle3ops.store, which is not in the host wing" in b for b in bad), bad
+    assert len(bad) == 2, bad
+
+
+_BLOCKER = """
+import importlib.abc, sys
+ALLOWED = set(sys.stdlib_module_names) | set(sys.argv[2:])
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] not in ALLOWED:
+            raise ImportError(f"blocked non-stdlib import {name!r}")
+        return None
+sys.meta_path.insert(0, Blocker())
+import importlib
+importlib.import_module(sys.argv[1])
+print("imported", sys.argv[1])
+"""
+
+
+def _import_blocked(module: str, *allowed: str, path: list[str], isolated: bool = False):
+    flags = ["-I", "-S"] if isolated else []
+    code = f"import sys; sys.path[:0] = {path!r}\n" + _BLOCKER
+    return subprocess.run(
+        [sys.executable, *flags, "-c", code, module, *allowed],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("name", HOST_MODULES)
+def test_host_wing_imports_with_every_non_stdlib_package_blocked(name):
+    """Import ``eagle3ops.<name>`` in a fresh interpreter whose meta path refuses anything outside the standard
+    library except eagle3ops itself (its package __init__ included)."""
+    r = _import_blocked(f"eagle3ops.{name}", "eagle3ops", path=[str(PKG.parent)])
+    assert r.returncode == 0 and f"imported eagle3ops.{name}" in r.stdout, r.stderr
+
+
+def test_the_blocker_refuses_a_third_party_package():
+    r = _import_blocked("yaml", "eagle3ops", path=[str(PKG.parent)])
+    assert r.returncode != 0 and "blocked non-stdlib import 'yaml'" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["storage", "services", "pve"])
+def test_shipped_module_utils_import_on_a_host_without_eagle3ops(tmp_path, name):
+    """What Ansible ships: the module_utils files as ``ansible.module_utils.eagle3ops_*`` in an interpreter with
+    no site-packages at all (-I -S), eagle3ops blocked as well. The ``ansible`` package here is the smallest
+    honest stand-in for Ansiballz's: empty ``__init__`` files around copies of the shipped files."""
+    mu = tmp_path / "ansible" / "module_utils"
+    mu.mkdir(parents=True)
+    (tmp_path / "ansible" / "__init__.py").write_text("")
+    (mu / "__init__.py").write_text("")
+    for f in (REPO / "module_utils").glob("eagle3ops_*.py"):
+        if f.is_symlink() and f.resolve().parent == PKG:
+            shutil.copy(f.resolve(), mu / f.name)
+    r = _import_blocked(
+        f"ansible.module_utils.eagle3ops_{name}", "ansible", path=[str(tmp_path)], isolated=True
+    )
+    assert r.returncode == 0 and "imported" in r.stdout, r.stderr
+
+
+def test_storage_state_file_written_through_the_shipped_copy(tmp_path):
+    """storage.atomic_write_json on the target path (durable from ansible.module_utils), same bytes as here."""
+    mu = tmp_path / "ansible" / "module_utils"
+    mu.mkdir(parents=True)
+    (tmp_path / "ansible" / "__init__.py").write_text("")
+    (mu / "__init__.py").write_text("")
+    for n in ("storage", "durable"):
+        shutil.copy(PKG / f"{n}.py", mu / f"eagle3ops_{n}.py")
+    out = tmp_path / "state" / "s.json"
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from ansible.module_utils import eagle3ops_storage as s\n"
+        "assert s._durable.__name__ == 'ansible.module_utils.eagle3ops_durable', s._durable.__name__\n"
+        f"s.atomic_write_json({str(out)!r}, {{'step': 'copied', 'when': object}})\n"
+    )
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert (
+        out.read_text()
+        == json.dumps({"step": "copied", "when": str(object)}, indent=2, sort_keys=True) + "\n"
+    )
+    assert _leftovers(out.parent) == []
