@@ -373,6 +373,9 @@ def torchrun_argv(
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rdzv_endpoint}",
             f"--rdzv-id={rdzv_id}",
+            # node 0 is the endpoint's host by construction (the first of train_hosts): say so, instead of
+            # torch's guess from the machine's hostname (which fails where the name resolves to 127.0.1.1)
+            f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}",
         ]
     return [python, "-m", "torch.distributed.run", *head, *target]
 

@@ -36,7 +36,7 @@ def test_each_node_gets_nnodes_its_rank_and_the_rendezvous_of_the_first(tmp_path
     cfg = str(tmp_path / "run" / train.CONFIG)
     assert train.build_command(p, "/venv/bin/python") == [
         "/venv/bin/python", "-m", "torch.distributed.run", "--nnodes=3", "--node-rank=2", "--nproc-per-node=8",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=run7",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=run7", "--rdzv-conf=is_host=0",
         "-m", train.SHIM_MODULE, "--config", cfg,
     ]  # fmt: skip
     env = train._env(p)
