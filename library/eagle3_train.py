@@ -122,6 +122,26 @@ options:
   num_workers:
     description: Loader workers per process; default 0 on CPU, up to 12 on GPUs.
     type: int
+  nnodes:
+    description:
+      - Hosts that train one draft together (docs/scale.md) - torchrun C(--nnodes) on each, meeting at a c10d
+        rendezvous on O(rdzv_endpoint). The train role sets it from C(train_hosts).
+      - Needs GPU hosts; speculators 0.9.0 cannot train over several nodes on CPU (the task fails saying why).
+    type: int
+    default: 1
+  node_rank:
+    description: This host's index among the O(nnodes) hosts (0 = the rendezvous host).
+    type: int
+    default: 0
+  rdzv_endpoint:
+    description: C(HOST:PORT) of the rendezvous (the first host, reachable from every node), with O(nnodes) > 1.
+    type: str
+  rdzv_id:
+    description: Rendezvous id, the same on every node; default from the path of O(run_dir).
+    type: str
+  nic:
+    description: Network interface NCCL and gloo use between the nodes (C(NCCL_SOCKET_IFNAME), C(GLOO_SOCKET_IFNAME)).
+    type: str
   extra_config:
     description:
       - Other speculators settings as a mapping of group to a mapping of speculators keys and values (groups
@@ -274,6 +294,11 @@ def main():
             "device": {"type": "str", "choices": ["auto", "cpu", "gpu"], "default": "auto"},
             "nproc": {"type": "int"},
             "num_workers": {"type": "int"},
+            "nnodes": {"type": "int", "default": 1},
+            "node_rank": {"type": "int", "default": 0},
+            "rdzv_endpoint": {"type": "str"},
+            "rdzv_id": {"type": "str"},
+            "nic": {"type": "str"},
             "extra_config": {"type": "dict", "default": {}},
             "env": {"type": "dict", "default": {}},
             "restart_on_change": {"type": "bool", "default": False},
@@ -333,6 +358,11 @@ def main():
         ("max_steps", "--max-steps"),
         ("nproc", "--nproc"),
         ("num_workers", "--num-workers"),
+        ("nnodes", "--nnodes"),
+        ("node_rank", "--node-rank"),
+        ("rdzv_endpoint", "--rdzv-endpoint"),
+        ("rdzv_id", "--rdzv-id"),
+        ("nic", "--nic"),
         ("unit_name", "--unit-name"),
         ("draft_attn_impl", "--draft-attn-impl"),
     ):

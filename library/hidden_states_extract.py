@@ -55,6 +55,19 @@ options:
     description: C(auto) for one worker per visible GPU, or a number of workers (disjoint shards).
     type: str
     default: "1"
+  world_size:
+    description:
+      - Several hosts share the rows (docs/scale.md) - the number of shards over all of them, the sum of every
+        host's workers. Needs O(first_rank). Omitted - this host extracts every row (its O(workers) share them).
+      - The extract role computes it from the inventory (C(extract_shard_hosts)).
+    type: int
+  first_rank:
+    description:
+      - With O(world_size) - this host's workers take the global ranks O(first_rank) ..
+        O(first_rank) + workers - 1 (rows C(r), C(r + world_size), ... of each rank C(r)).
+      - The store records them in C(hidden_states/shard.json); a later run with other ranks or another world size
+        fails naming both (the shards would move and rows be extracted twice).
+    type: int
   max_batch_tokens:
     description: Padded tokens per forward batch.
     type: int
@@ -213,6 +226,15 @@ duplicate_manifest_lines:
   description: Surplus manifest lines (a row recorded more than once by an older run); a real run collapses them.
   returned: always
   type: int
+ranks:
+  description: The global ranks this host's run covers (with O(world_size)); C([0]) on one host.
+  returned: success
+  type: list
+  elements: int
+world_size:
+  description: The number of shards over all hosts (1, or this host's workers, on one host).
+  returned: success
+  type: int
 layer_ids:
   description: Aux layer ids used, input-of-layer convention (what the train phase reads).
   returned: always
@@ -238,6 +260,8 @@ def main():
             },
             "device": {"type": "str", "default": "auto"},
             "workers": {"type": "str", "default": "1"},
+            "world_size": {"type": "int"},
+            "first_rank": {"type": "int"},
             "max_batch_tokens": {"type": "int", "default": 16384, "no_log": False},
             "writer_threads": {"type": "int", "default": 4},
             "fsync": {"type": "bool", "default": True},
@@ -255,6 +279,7 @@ def main():
             "executable": {"type": "path"},
         },
         supports_check_mode=True,
+        required_together=[("world_size", "first_rank")],
     )
     p = module.params
     argv = [
@@ -285,6 +310,8 @@ def main():
         p["on_model_change"],
         "--no-progress",
     ]
+    if p["world_size"] is not None:
+        argv += ["--world-size", str(p["world_size"]), "--first-rank", str(p["first_rank"])]
     if p["model_hash"]:
         argv.append("--model-hash")
     if p["layer_ids"]:

@@ -666,6 +666,9 @@ class ExtractConfig:
     limit: int | None = None  # only the first N rows (testing / smoke runs)
     progress: bool = True
     extra: dict = field(default_factory=dict)
+    # several hosts (docs/scale.md): the global ranks this host's store covers, of ``world_size``; None = the
+    # one rank ``rank`` (or every row with world_size 1)
+    ranks: list[int] | None = None
 
 
 def build_meta(cfg: ExtractConfig, facts: dict, layer_ids: list[int], num_rows: int) -> dict:
@@ -697,6 +700,68 @@ def rank_indices(num_rows: int, world_size: int, rank: int, limit: int | None = 
     return list(range(rank, n, world_size))
 
 
+def shard_indices(
+    num_rows: int, world_size: int, ranks: Sequence[int], limit: int | None = None
+) -> list[int]:
+    """The rows of several ranks of ``world_size`` (a host's share when extraction spans several hosts), sorted."""
+    out: list[int] = []
+    for r in ranks:
+        out.extend(rank_indices(num_rows, world_size, r, limit))
+    return sorted(out)
+
+
+def config_indices(cfg: ExtractConfig, num_rows: int) -> list[int]:
+    if cfg.ranks:
+        return shard_indices(num_rows, cfg.world_size, cfg.ranks, cfg.limit)
+    return rank_indices(num_rows, cfg.world_size, cfg.rank, cfg.limit)
+
+
+SHARD_FILE = "shard.json"
+
+
+def shard_path(data_dir: str | os.PathLike) -> Path:
+    return Path(data_dir) / "hidden_states" / SHARD_FILE
+
+
+def read_shard(data_dir: str | os.PathLike) -> dict | None:
+    p = shard_path(data_dir)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ExtractError(
+            f"{p}: unreadable shard record ({e}); restore it or remove it to start the record anew"
+        ) from e
+
+
+def check_shard(data_dir: str | os.PathLike, world_size: int, ranks: list[int], *, write: bool) -> dict:
+    """The store of one host of a multi-host extraction records which global ranks it covers
+    (``hidden_states/shard.json``); a later run with other ranks or another world size is refused, because
+    the strided shards would move: rows another host already holds would be extracted here again, and rows
+    of this store would be given to another host. Returns the record (written when ``write`` and new)."""
+    import socket
+
+    old = read_shard(data_dir)
+    want = {"world_size": int(world_size), "ranks": [int(r) for r in ranks]}
+    if old is not None:
+        if old.get("world_size") != want["world_size"] or old.get("ranks") != want["ranks"]:
+            raise ExtractError(
+                f"{shard_path(data_dir)}: this store holds global ranks {old.get('ranks')} of world size "
+                f"{old.get('world_size')} (host {old.get('host')}), but this run is ranks {want['ranks']} of "
+                f"{want['world_size']}: the hosts sharing the rows (extract_shard_hosts) or their worker counts "
+                "changed, which would extract rows another host already holds and leave some of these unused. "
+                "Run with the inventory of the first run, or gather every host's store into one and extract "
+                "that with one host (docs/scale.md, 'Changing the hosts'). Nothing was extracted."
+            )
+        return old
+    rec = {**want, "host": socket.gethostname(), "created_at": round(time.time(), 3)}
+    if write:
+        shard_path(data_dir).parent.mkdir(parents=True, exist_ok=True)
+        _store.atomic_write_json(shard_path(data_dir), rec)
+    return rec
+
+
 def _damaged_report(store: HiddenStateStore, damaged: dict[int, str]) -> dict:
     return {str(i): {"file": str(store.path(i)), "reason": r} for i, r in sorted(damaged.items())}
 
@@ -712,7 +777,9 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
     action = "ok"
     if old is not None:  # same refusal as a real run, but read-only
         action, _ = meta_decision(old, meta, store.meta_path, cfg.on_model_change)
-    indices = rank_indices(len(seq_lens), cfg.world_size, cfg.rank, cfg.limit)
+    if cfg.ranks:
+        check_shard(cfg.data_dir, cfg.world_size, cfg.ranks, write=False)
+    indices = config_indices(cfg, len(seq_lens))
     num_states = len(layer_ids) + 1
     if action == "discard":  # the run moves the old states aside and starts over: everything is to do
         plan = ResumePlan(
@@ -757,6 +824,8 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
         "num_layers": facts["num_layers"],
         "hidden_size": facts["hidden_size"],
         "dtype": cfg.dtype,
+        "world_size": cfg.world_size,
+        "ranks": list(cfg.ranks) if cfg.ranks else [cfg.rank],
     }
 
 
@@ -1103,4 +1172,75 @@ def status(data_dir: str | os.PathLike) -> dict:
         "duplicate_manifest_lines": sum(n - 1 for n in scan.duplicates().values()),
         "torn_manifest_lines": scan.torn_lines,
         "meta": meta,
+    }
+
+
+def status_many(data_dirs: Sequence[str | os.PathLike]) -> dict:
+    """One view over the stores of a multi-host extraction (each host's own data directory, reachable here
+    through a shared mount or after copying them): per store, the global ranks it covers (its
+    ``hidden_states/shard.json``), its rows done and missing; overall, the rows done in some store, the rows no
+    store has yet, rows held by more than one store (done twice), and rows no store's ranks cover."""
+    stores = []
+    fingerprints = set()
+    rows = None
+    owner: dict[int, list[int]] = {}  # row -> indices of the stores holding it
+    covered: set[int] = set()
+    for k, d in enumerate(data_dirs):
+        st = status(d)
+        meta = st.get("meta") or {}
+        if meta.get("dataset_fingerprint"):
+            fingerprints.add(meta["dataset_fingerprint"])
+        if rows is None:
+            rows = st["rows"]
+        elif st["rows"] != rows:
+            raise ExtractError(
+                f"{d} holds a dataset of {st['rows']} rows but {data_dirs[0]} one of {rows}: these stores are "
+                "not shares of one extraction; pass the data directories of one prepared dataset"
+            )
+        shard = read_shard(d)
+        store = HiddenStateStore(d)
+        good = {i for i in store.scan_manifest().entries if str(i) not in st["damaged_files"]}
+        expected = (
+            set(shard_indices(st["rows"], shard["world_size"], shard["ranks"])) if shard else set(range(rows))
+        )
+        covered |= expected
+        for i in good:
+            owner.setdefault(i, []).append(k)
+        missing = sorted(expected - good)
+        stores.append(
+            {
+                "data_dir": str(d),
+                "host": (shard or {}).get("host"),
+                "world_size": (shard or {}).get("world_size"),
+                "ranks": (shard or {}).get("ranks"),
+                "expected": len(expected),
+                "done": len(good & expected),
+                "missing": len(missing),
+                "missing_rows": missing[:50],
+                "outside_ranks": len(good - expected),
+                "damaged": st["damaged"],
+                "tokens_done": st["tokens_done"],
+                "bytes": st["bytes"],
+            }
+        )
+    if len(fingerprints) > 1:
+        raise ExtractError(
+            f"the stores {', '.join(map(str, data_dirs))} were extracted from different prepared datasets "
+            f"(dataset fingerprints {sorted(fingerprints)}); pass the stores of one extraction"
+        )
+    worlds = {s["world_size"] for s in stores if s["world_size"]}
+    rows = rows or 0
+    done = {i for i in owner if i < rows}
+    twice = sorted(i for i, ks in owner.items() if len(ks) > 1)
+    return {
+        "stores": stores,
+        "rows": rows,
+        "done": len(done),
+        "missing": rows - len(done),
+        "missing_rows": sorted(set(range(rows)) - done)[:50],
+        "done_twice": len(twice),
+        "done_twice_rows": twice[:50],
+        "not_covered": len(set(range(rows)) - covered),
+        "world_sizes": sorted(worlds),
+        "complete": len(done) == rows and not twice,
     }

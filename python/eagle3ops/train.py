@@ -134,6 +134,12 @@ class TrainSpec:
     gpu_free_check: bool = True
     gpu_free_timeout: float = 60
     env: dict = field(default_factory=dict)
+    # several hosts (docs/scale.md): torchrun on each, one c10d rendezvous on ``rdzv_endpoint`` (the first host)
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # HOST:PORT, the same on every node
+    rdzv_id: str | None = None  # the same on every node; default from the run directory's path
+    nic: str | None = None  # network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
 
 
 # ---------------------------------------------------------------- inputs ---------------------------------
@@ -319,6 +325,65 @@ def visible_gpus() -> int:
         return 0
 
 
+def check_nodes(spec: TrainSpec, device: str) -> None:
+    """The multi-node settings, before anything is launched (one line naming what to set)."""
+    if spec.nnodes < 1 or not 0 <= spec.node_rank < spec.nnodes:
+        raise TrainError(
+            f"train node_rank {spec.node_rank} is outside nnodes {spec.nnodes}: the node rank is this host's "
+            "index in train_hosts (0 = the rendezvous host)"
+        )
+    if spec.nnodes == 1:
+        return
+    ep = spec.rdzv_endpoint or ""
+    host, _, port = ep.rpartition(":")
+    if not host or not port.isdigit():
+        raise TrainError(
+            f"train over {spec.nnodes} nodes needs rdzv_endpoint HOST:PORT (the first host, reachable from every "
+            f"node), got {ep!r}"
+        )
+    if device == "cpu":
+        raise TrainError(
+            f"train over {spec.nnodes} nodes on CPU: speculators 0.9.0 cannot - its "
+            "speculators/train/distributed.py maybe_setup_distributed() calls "
+            "torch.accelerator.set_device_index(LOCAL_RANK) ('Cannot access accelerator device when none is "
+            "available') and shards the draft with FSDP on that device. Train on GPU hosts (NCCL), or on one "
+            "host (train_hosts: [one host]). The launcher's rendezvous itself runs on CPU: eagle3ops.ddp_probe."
+        )
+
+
+def torchrun_argv(
+    python: str,
+    target: list[str],
+    *,
+    nproc: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+) -> list[str]:
+    """torchrun (``python -m torch.distributed.run``) for ``target`` (``["-m", module, ...]`` or a script): one
+    host standalone, or node ``node_rank`` of ``nnodes`` meeting at the c10d rendezvous on ``rdzv_endpoint``."""
+    if nnodes == 1:
+        head = ["--standalone", f"--nproc_per_node={nproc}"]
+    else:
+        head = [
+            f"--nnodes={nnodes}",
+            f"--node-rank={node_rank}",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--rdzv-id={rdzv_id}",
+            # node 0 is the endpoint's host by construction (the first of train_hosts): say so, instead of
+            # torch's guess from the machine's hostname (which fails where the name resolves to 127.0.1.1)
+            f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}",
+        ]
+    return [python, "-m", "torch.distributed.run", *head, *target]
+
+
+def rdzv_id_for(spec: TrainSpec) -> str:
+    return spec.rdzv_id or f"eagle3-{hashlib.sha256(str(Path(spec.run_dir)).encode()).hexdigest()[:10]}"
+
+
 def resolve_device(spec: TrainSpec) -> tuple[str, int]:
     gpus = visible_gpus()
     if spec.device == "cpu" or (spec.device == "auto" and gpus == 0):
@@ -405,6 +470,7 @@ def plan(spec: TrainSpec) -> Plan:
         )
     tf_sha = sha256_file(tf_path)
     device, nproc = resolve_device(spec)
+    check_nodes(spec, device)
     cpu = device == "cpu"
     num_workers = spec.num_workers
     if num_workers is None:
@@ -519,19 +585,18 @@ def unit_name_for(run_dir: Path, given: str | None) -> str:
 
 def build_command(plan_: Plan, python: str) -> list[str]:
     cfg = str(plan_.run_dir / CONFIG)
-    if plan_.device == "cpu":
+    spec = plan_.spec
+    if plan_.device == "cpu" and spec.nnodes == 1:
         return [python, "-m", SHIM_MODULE, "--config", cfg]
-    return [
+    return torchrun_argv(
         python,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={plan_.nproc}",
-        "-m",
-        SHIM_MODULE,
-        "--config",
-        cfg,
-    ]
+        ["-m", SHIM_MODULE, "--config", cfg],
+        nproc=plan_.nproc,
+        nnodes=spec.nnodes,
+        node_rank=spec.node_rank,
+        rdzv_endpoint=spec.rdzv_endpoint,
+        rdzv_id=rdzv_id_for(spec),
+    )
 
 
 def _env(plan_: Plan) -> dict:
@@ -544,6 +609,8 @@ def _env(plan_: Plan) -> dict:
         "EAGLE3OPS_EXIT": str(plan_.run_dir / EXIT),
         "EAGLE3OPS_RUN_ID": f"train:{plan_.run_dir}",
     }
+    if plan_.spec.nic:
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = plan_.spec.nic
     if plan_.device == "cpu":
         env["EAGLE3OPS_FORCE_CPU"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""  # speculators picks its autocast device from the visible accelerator
@@ -641,6 +708,8 @@ def launch(plan_: Plan, attempt: int, launcher: str, log, resume_from: dict | No
         "started_at": started,
         "device": plan_.device,
         "nproc": plan_.nproc,
+        "nnodes": plan_.spec.nnodes,
+        "node_rank": plan_.spec.node_rank,
         "save_path": str(plan_.save_path),
         "resume_from": resume_from,
     }
@@ -972,6 +1041,8 @@ def ensure_run(
         "draft_vocab_capped": p.values["draft_vocab_capped"],
         "device": p.device,
         "nproc": p.nproc,
+        "nnodes": p.spec.nnodes,
+        "node_rank": p.spec.node_rank,
         "config_sha256": p.config_sha256,
         "warnings": p.warnings,
         "samples": p.samples,

@@ -337,6 +337,8 @@ class NspawnHost:
     workdir: Path
     key: Path
     binds: dict[str, str] = field(default_factory=dict)
+    # host path -> guest path, bound read-only (e.g. the controller's venv and its interpreter, at the same paths)
+    ro_binds: dict[str, str] = field(default_factory=dict)
     groups: tuple[str, ...] = ("testhosts",)
     host_vars: dict = field(default_factory=dict)
     pid: int = 0
@@ -420,6 +422,8 @@ class NspawnHost:
         ]  # fmt: skip
         for src, dst in self.binds.items():
             cmd.append(f"--bind={src}:{dst}")
+        for src, dst in self.ro_binds.items():
+            cmd.append(f"--bind-ro={src}:{dst}")
         with open(self.log, "ab") as logf:
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
@@ -590,12 +594,13 @@ class HostFactory:
         return loop
 
     def create(self, *, binds: dict[str, str] | None = None, groups=("testhosts",), host_vars=None,
-               start: bool = True) -> NspawnHost:  # fmt: skip
+               start: bool = True, ro_binds: dict[str, str] | None = None) -> NspawnHost:  # fmt: skip
         idx = allocate_subnet()
         try:
             h = NspawnHost(
                 idx=idx, rootfs=self.rootfs, workdir=self.basedir / host_name(idx), key=self.key,
                 binds=dict(binds or {}), groups=tuple(groups), host_vars=dict(host_vars or {}),
+                ro_binds=dict(ro_binds or {}),
             )  # fmt: skip
             self.hosts.append(h)
             if start:

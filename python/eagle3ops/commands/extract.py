@@ -52,8 +52,20 @@ def register(sub) -> None:
         default="1",
         help="'auto' = one worker per visible GPU (1 on CPU), or a number; each takes a disjoint shard",
     )
-    p.add_argument("--world-size", type=int, default=None, help="(internal/advanced) number of shards")
-    p.add_argument("--rank", type=int, default=None, help="(internal/advanced) this worker's shard")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="number of shards over all hosts (several hosts: the sum of their workers; docs/scale.md)",
+    )
+    p.add_argument("--rank", type=int, default=None, help="(internal/advanced) this worker's one shard")
+    p.add_argument(
+        "--first-rank",
+        type=int,
+        default=None,
+        help="with --world-size: this host's workers take the global ranks FIRST .. FIRST+workers-1 "
+        "(recorded in hidden_states/shard.json; a later run with other ranks is refused)",
+    )
     p.add_argument(
         "--no-fsync", action="store_true", help="skip fsync per file (faster; crash-safe, not power-safe)"
     )
@@ -108,8 +120,19 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_extract)
 
     s = sub.add_parser("status", help="extraction progress from the manifests (no tensors loaded)")
-    _add_common(s)
+    s.add_argument(
+        "--data",
+        required=True,
+        action="append",
+        help="prepared data directory; repeat it for the stores of several hosts (one merged view)",
+    )
+    s.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     s.set_defaults(func=cmd_status)
+
+    w = sub.add_parser("workers", help="how many extraction workers --workers SPEC means on this host")
+    w.add_argument("--workers", default="auto", help="'auto' (one per visible GPU, 1 on CPU) or a number")
+    w.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    w.set_defaults(func=cmd_workers)
 
     lp = sub.add_parser("lengths", help="index -> seq_len of finished samples, from the manifests")
     _add_common(lp)
@@ -151,6 +174,30 @@ def disk_margin_bytes(mib: float) -> int:
     if mib < 0:
         raise CommandError(f"--disk-margin-mib {mib} must be 0 or more (MiB kept free on top of the need)")
     return int(mib * 2**20)
+
+
+def _host_ranks(args) -> list[int] | None:
+    """``--world-size W --first-rank R`` (no ``--rank``): the global ranks this host's workers take."""
+    from eagle3ops.cli import CommandError
+
+    if args.rank is not None:
+        return None
+    if args.first_rank is None:
+        if args.world_size is not None:
+            raise CommandError(
+                f"--world-size {args.world_size} needs --first-rank (this host's first global rank) or --rank"
+            )
+        return None
+    if args.world_size is None:
+        raise CommandError(f"--first-rank {args.first_rank} needs --world-size (the workers of all hosts)")
+    n = _num_workers(args.workers)
+    if args.first_rank < 0 or args.first_rank + n > args.world_size:
+        raise CommandError(
+            f"--first-rank {args.first_rank} with {n} workers needs ranks {args.first_rank}.."
+            f"{args.first_rank + n - 1}, outside world size {args.world_size}: the world must be the sum of "
+            "every host's workers (extract_workers per host)"
+        )
+    return list(range(args.first_rank, args.first_rank + n))
 
 
 def _num_workers(spec: str) -> int:
@@ -207,7 +254,7 @@ def _stop_workers(procs: list, grace: float = 5.0) -> None:
             p.wait()
 
 
-def _spawn_workers(args, n: int, lock) -> dict:
+def _spawn_workers(args, n: int, lock, ranks: list[int] | None = None, world: int | None = None) -> dict:
     """One process per GPU, each with CUDA_VISIBLE_DEVICES set to its device and a disjoint shard.
 
     The workers die with this process: each asks the kernel for SIGKILL when its parent ends
@@ -225,10 +272,10 @@ def _spawn_workers(args, n: int, lock) -> dict:
         if skip:
             skip = False
             continue
-        if a == "--workers":
+        if a in ("--workers", "--first-rank", "--world-size"):
             skip = True
             continue
-        if a.startswith("--workers=") or a == "--model-hash":
+        if a.startswith(("--workers=", "--first-rank=", "--world-size=")) or a == "--model-hash":
             continue
         clean.append(a)
     # the model check, the verify check and any repair run once here, before any worker appends to a manifest
@@ -244,7 +291,9 @@ def _spawn_workers(args, n: int, lock) -> dict:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return _run_workers(args, n, clean, devices, procs, t0, lock, CommandError, pre)
+        return _run_workers(
+            args, n, clean, devices, procs, t0, lock, CommandError, pre, ranks or list(range(n)), world or n
+        )
     except (_Terminated, KeyboardInterrupt) as e:
         _stop_workers(procs)
         if isinstance(e, KeyboardInterrupt):
@@ -259,11 +308,11 @@ def _spawn_workers(args, n: int, lock) -> dict:
             signal.signal(s, h)
 
 
-def _run_workers(args, n, clean, devices, procs, t0, lock, CommandError, pre) -> dict:
-    for rank in range(n):
+def _run_workers(args, n, clean, devices, procs, t0, lock, CommandError, pre, ranks, world) -> dict:
+    for k, rank in enumerate(ranks):
         env = dict(
             os.environ,
-            CUDA_VISIBLE_DEVICES=devices[rank % len(devices)],
+            CUDA_VISIBLE_DEVICES=devices[k % len(devices)],
             EAGLE3OPS_DIE_WITH_PARENT=str(os.getpid()),
             **lock.child_env(),
         )
@@ -273,7 +322,7 @@ def _run_workers(args, n, clean, devices, procs, t0, lock, CommandError, pre) ->
             "eagle3ops",
             *clean,
             "--world-size",
-            str(n),
+            str(world),
             "--rank",
             str(rank),
             "--json",
@@ -281,7 +330,7 @@ def _run_workers(args, n, clean, devices, procs, t0, lock, CommandError, pre) ->
         ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
     results, failed = [], []
-    for rank, p in enumerate(procs):
+    for rank, p in zip(ranks, procs, strict=True):
         out, _ = p.communicate()
         lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
         res = json.loads(lines[-1]) if lines else {"failed": True, "msg": f"worker {rank} printed no result"}
@@ -302,7 +351,8 @@ def _run_workers(args, n, clean, devices, procs, t0, lock, CommandError, pre) ->
         workers=results,
         layer_ids=results[0].get("layer_ids"),
         data_dir=args.data,
-        world_size=n,
+        world_size=world,
+        ranks=ranks,
     )
     return merged
 
@@ -318,7 +368,7 @@ def worker_start() -> None:
 
 def cmd_extract(args) -> int:
     from eagle3ops.cli import CommandError, emit
-    from eagle3ops.extract import ExtractError, plan_extraction, run_extraction
+    from eagle3ops.extract import ExtractError, check_shard, plan_extraction, run_extraction
     from eagle3ops.runlock import RunLock, holder, wait_free
     from eagle3ops.store import StoreError
 
@@ -334,7 +384,11 @@ def cmd_extract(args) -> int:
                     flush=True,
                 )
                 running = wait_free(args.data, args.wait_running)
-            res = plan_extraction(_config(args))
+            cfg = _config(args)
+            ranks = _host_ranks(args)
+            if ranks:
+                cfg.ranks, cfg.rank = ranks, ranks[0]
+            res = plan_extraction(cfg)
             # what a run would report
             res["changed"] = (
                 res["to_extract"] > 0
@@ -357,9 +411,15 @@ def cmd_extract(args) -> int:
                 ),
             )
             return 0
-        n = _num_workers(args.workers) if args.rank is None else 1
+        ranks = _host_ranks(args)
+        n = len(ranks) if ranks else (_num_workers(args.workers) if args.rank is None else 1)
         with RunLock(args.data, what="extract") as lock:
-            res = _spawn_workers(args, n, lock) if n > 1 else run_extraction(_config(args))
+            if ranks:  # one host's share of a multi-host extraction
+                shard = check_shard(args.data, args.world_size, ranks, write=True)
+                res = _host_share(args, ranks, lock)
+                res["shard"] = shard
+            else:
+                res = _spawn_workers(args, n, lock) if n > 1 else run_extraction(_config(args))
             res.update(lock.result_fields())
     except (ExtractError, StoreError, ValueError) as e:
         raise CommandError(str(e)) from e
@@ -373,6 +433,30 @@ def cmd_extract(args) -> int:
     )
     emit(args, res, _human_summary(res))
     return 0
+
+
+def _host_share(args, ranks: list[int], lock) -> dict:
+    """Extract this host's global ranks: its workers (``--workers N`` > 1), or in this process for one."""
+    import dataclasses
+
+    from eagle3ops.extract import repair_store, run_extraction
+
+    if len(ranks) > 1:
+        return _spawn_workers(args, len(ranks), lock, ranks=ranks, world=args.world_size)
+    cfg = _config(args)
+    pre = repair_store(cfg)  # the store is this host's alone: check and repair it once, as a parent would
+    res = run_extraction(
+        dataclasses.replace(
+            cfg,
+            world_size=args.world_size,
+            rank=ranks[0],
+            verify="size",
+            on_model_change="refuse",
+            model_hash=False,
+        )
+    )
+    res.update(pre, ranks=ranks)
+    return res
 
 
 def _damaged_line(r: dict) -> str:
@@ -396,15 +480,34 @@ def _human_summary(r: dict) -> str:
     )
 
 
+def cmd_workers(args) -> int:
+    from eagle3ops.cli import CommandError, emit
+
+    try:
+        n = _num_workers(args.workers)
+    except ValueError as e:
+        raise CommandError(f"--workers {args.workers}: {e}") from e
+    emit(args, {"workers": n, "spec": args.workers}, str(n))
+    return 0
+
+
 def cmd_status(args) -> int:
     from eagle3ops.cli import CommandError, emit
-    from eagle3ops.extract import ExtractError, status
+    from eagle3ops.extract import ExtractError, status, status_many
 
-    _require_data_dir(args.data)
+    for d in args.data:
+        _require_data_dir(d)
     try:
-        res = status(args.data)
+        if len(args.data) > 1:
+            res = status_many(args.data)
+        else:
+            args.data = args.data[0]
+            res = status(args.data)
     except ExtractError as e:
         raise CommandError(str(e)) from e
+    if "stores" in res:
+        emit(args, res, _many_summary(res))
+        return 0
     emit(
         args,
         res,
@@ -417,6 +520,25 @@ def cmd_status(args) -> int:
         ),
     )
     return 0
+
+
+def _many_summary(r: dict) -> str:
+    lines = [
+        f"{r['done']}/{r['rows']} rows extracted over {len(r['stores'])} stores; {r['missing']} missing"
+        + (f", {r['done_twice']} done twice (rows {r['done_twice_rows']})" if r["done_twice"] else "")
+        + (f", {r['not_covered']} in no store's ranks" if r["not_covered"] else "")
+    ]
+    for s in r["stores"]:
+        who = f"host {s['host']}, ranks {s['ranks']} of {s['world_size']}" if s["ranks"] else "one host"
+        lines.append(
+            f"  {s['data_dir']} ({who}): {s['done']}/{s['expected']} done, {s['missing']} missing"
+            + (
+                f" (rows {s['missing_rows'][:10]}{' ...' if s['missing'] > 10 else ''})"
+                if s["missing"]
+                else ""
+            )
+        )
+    return "\n".join(lines)
 
 
 def _require_data_dir(path: str) -> None:

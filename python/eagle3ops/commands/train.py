@@ -44,6 +44,17 @@ def register(sub) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
     p.add_argument("--nproc", type=int, help="trainer processes on GPUs (default: every visible GPU)")
     p.add_argument("--num-workers", type=int, help="loader workers per process (default 0 on CPU)")
+    p.add_argument("--nnodes", type=int, default=1, help="hosts training together (torchrun --nnodes)")
+    p.add_argument(
+        "--node-rank", type=int, default=0, help="this host's index among them (0 = rendezvous host)"
+    )
+    p.add_argument(
+        "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (the first host), with --nnodes > 1"
+    )
+    p.add_argument("--rdzv-id", help="rendezvous id, the same on every node (default from the run directory)")
+    p.add_argument(
+        "--nic", help="network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)"
+    )
     p.add_argument("--draft-attn-impl", choices=["simple_flex_attention", "sdpa", "eager"])
     p.add_argument(
         "--loss-implementation",
@@ -121,6 +132,11 @@ def cmd_train(args) -> int:
         device=args.device,
         nproc=args.nproc,
         num_workers=args.num_workers,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
+        nic=args.nic,
         draft_attn_impl=args.draft_attn_impl,
         loss_implementation=args.loss_implementation,
         extra=_json_arg(args.extra, "extra"),

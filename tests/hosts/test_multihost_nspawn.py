@@ -1,0 +1,191 @@
+"""Issue #21 on real hosts: two systemd-nspawn hosts share the extraction, one is powered off mid-run and comes
+back, the re-run completes; then torchrun on both meets at a c10d rendezvous on the first and all-reduces.
+
+Real: two booted Debian hosts (systemd PID 1, sshd), Ansible over ssh with the extract phase playbook (the
+role's share maths from hostvars, the module, the CLI, each host's own store on its own disk), a real tiny
+DeepseekV3 target on CPU, a host killed (SIGKILL to its PID 1: it and every process on it die at once, as in a power
+loss) in the middle of its extraction and booted again, torchrun (the argv of ``eagle3ops.train.torchrun_argv``) on both hosts
+with gloo over their network.
+STAND-INS, said here: the hosts run the controller's venv (torch, transformers) and this checkout's
+``python/`` bound read-only at the same paths (the runtime phase would install them; tests/hosts/
+test_runtime_remote.py proves that part); the model is bound read-only into both (a copy per host in a
+cluster). The hosts reach each other through this machine: the harness gives each its own veth /30, the
+test routes 10.213.0.0/16 via the controller in each guest and turns on forwarding on those two veth
+interfaces only (removed with them). The trainer on the torchrun nodes is ``eagle3ops.ddp_probe``:
+speculators 0.9.0 cannot train over several CPU nodes (tests/unit/test_train_multinode.py pins why).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hosts import nspawn
+
+pytestmark = [pytest.mark.root, pytest.mark.nspawn, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7, 14, 3, 26, 11, 8, 19, 4, 15]
+# a host that is gone: ssh gives up connecting after 10 s, and an open (multiplexed) connection to it after
+# 3 unanswered keep-alives 5 s apart, instead of waiting on TCP for many minutes (docs/scale.md)
+SSH_ARGS = (
+    "'-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o LogLevel=ERROR "
+    "-o ServerAliveInterval=5 -o ServerAliveCountMax=3'"
+)
+HOST_VARS = {"extract_workers": 1, "ansible_ssh_timeout": 10, "ansible_ssh_common_args": SSH_ARGS}
+SUMMARY = "Sum up the extraction over every host that shares the rows"
+VENV = Path(sys.prefix)  # the controller's venv, bound into the hosts at the same path
+BASE = Path(os.path.realpath(sys.base_prefix))  # its interpreter's installation
+WRAPPER = (
+    "#!/bin/sh\nexport PYTHONPATH=/opt/e3/python HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 "
+    f'OMP_NUM_THREADS=1\nexec {VENV}/bin/python -m eagle3ops "$@"\n'
+)
+
+
+def _link(hosts) -> None:
+    """Route the hosts to each other through this machine (forwarding on their veth interfaces only)."""
+    for h in hosts:
+        nspawn._run(["sysctl", "-q", "-w", f"net.ipv4.conf.ve-{h.name}.forwarding=1"])
+        h.ssh(f"ip route replace 10.213.0.0/16 via {h.controller_ip}")
+
+
+def _rows(data: Path) -> list[int]:
+    return [
+        json.loads(ln)["i"]
+        for f in sorted((data / "hidden_states").glob("manifest-rank*.jsonl"))
+        for ln in f.read_text().splitlines()
+        if ln.strip().endswith("}")
+    ]
+
+
+def _hs(data: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (data / "hidden_states").glob("hs_*.safetensors")}
+
+
+def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
+    make_host, run_playbook, tmp_path
+):
+    from tinymodels import build_prepared_dataset, build_tiny_target
+
+    model = build_tiny_target(tmp_path / "model")
+    prepared = build_prepared_dataset(tmp_path / "prepared", LENGTHS)
+    ro = {
+        str(BASE): str(BASE),
+        str(VENV): str(VENV),
+        str(REPO / "python"): "/opt/e3/python",
+        str(model): "/srv/model",
+    }
+    a = make_host(ro_binds=ro, groups=("gpu_hosts",), host_vars=HOST_VARS)
+    b = make_host(ro_binds=ro, groups=("gpu_hosts",), host_vars=HOST_VARS)
+    hosts = [a, b]
+    _link(hosts)
+    for h in hosts:
+        shutil.copytree(prepared, h.merged / "srv/e3/data")  # each host's own disk
+        h.put("/opt/e3/eagle3ops", WRAPPER, mode="0755")
+    inv = tmp_path / "inventory.ini"
+    inv.write_text(nspawn.inventory_ini(hosts))
+    xv = {
+        "extract_model_path": "/srv/model",
+        "extract_data_dir": "/srv/e3/data",
+        "extract_device": "cpu",
+        "extract_max_batch_tokens": 1,  # one row per batch: byte identity needs the same batch shapes
+        "extract_writer_threads": 1,
+        "extract_poll_interval": 1,
+        "extract_executable": "/opt/e3/eagle3ops",
+    }
+    store_b = b.merged / "srv/e3/data"
+
+    def power_off_b_mid_run():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if (store_b / "hidden_states").is_dir() and len(_rows(store_b)) >= 1:
+                # the host's PID 1 (nspawn's child): the kernel kills every process of its PID namespace at
+                # once, as in a power loss (SIGKILL to nspawn alone would leave the container running)
+                init = int(Path(f"/proc/{b.pid}/task/{b.pid}/children").read_text().split()[0])
+                os.kill(init, signal.SIGKILL)
+                b._proc.wait(timeout=60)
+                b.stop()  # the harness's cleanup of what is left on this side (veth, overlay mount)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=power_off_b_mid_run, daemon=True)
+    killer.start()
+    r1 = run_playbook("playbooks/extract.yml", inv, extravars=xv)
+    killer.join(timeout=60)
+    assert b.pid == 0, f"{b.name} was never seen extracting: {r1.summary()}"
+    assert r1.host(a.name)["failed"] == 0 and r1.host(a.name)["unreachable"] == 0, r1.summary()
+    assert r1.host(b.name)["failed"] + r1.host(b.name)["unreachable"] >= 1, r1.summary()
+    (summary,) = r1.task_results(SUMMARY)
+    assert f"missing on {b.name}" in json.dumps(summary["msg"]), summary
+
+    b.start()  # the host comes back with its disk; the re-run goes on with its rows
+    _link(hosts)
+    assert 0 < len(_rows(store_b)) < 8, _rows(store_b)  # it died with rows left
+    r2 = run_playbook("playbooks/extract.yml", inv, extravars=xv)
+    assert r2.rc == 0, r2.summary()
+    assert r2.host(a.name)["changed"] == 0, r2.changed_tasks(a.name)
+    (summary,) = r2.task_results(SUMMARY)
+    assert "all hosts: 16/16 rows done" in json.dumps(summary["msg"]), summary
+
+    store_a = a.merged / "srv/e3/data"
+    rows_a, rows_b = _rows(store_a), _rows(store_b)
+    assert sorted(rows_a + rows_b) == list(range(len(LENGTHS))), (rows_a, rows_b)  # each row once
+    assert rows_a and all(i % 2 == 0 for i in rows_a) and all(i % 2 == 1 for i in rows_b)
+
+    ref = shutil.copytree(prepared, tmp_path / "ref")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    one = subprocess.run(
+        [sys.executable, "-m", "eagle3ops", "extract", "--data", str(ref), "--model", str(model), "--device",
+         "cpu", "--max-batch-tokens", "1", "--writer-threads", "1", "--json", "--no-progress"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    union, reference = {**_hs(store_a), **_hs(store_b)}, _hs(ref)
+    assert sorted(union) == sorted(reference)
+    assert [n for n in reference if union[n] != reference[n]] == [], "differs from one host's run"
+
+    # training's launcher across the hosts: torchrun on each, rendezvous on the first, gloo over host0. torchrun
+    # hands the workers the first node's hostname as MASTER_ADDR: every node must resolve it (DNS in a cluster)
+    names = "".join(f"{h.ip} {h.name}\n" for h in hosts)
+    for h in hosts:
+        h.ssh(f"printf %s {shlex.quote(names)} >> /etc/hosts")
+    from eagle3ops.train import torchrun_argv
+
+    procs = []
+    for rank, h in enumerate(hosts):
+        argv = torchrun_argv(
+            f"{VENV}/bin/python", ["-m", "eagle3ops.ddp_probe", "--out", "/srv/probe"], nproc=1, nnodes=2,
+            node_rank=rank, rdzv_endpoint=f"{a.ip}:29400", rdzv_id="e3t-nspawn",
+        )  # fmt: skip
+        cmd = "PYTHONPATH=/opt/e3/python OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=host0 " + shlex.join(argv)
+        procs.append(subprocess.Popen(
+            ["ssh", "-F", str(h.ssh_config), "-o", "BatchMode=yes", h.name, cmd],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ))  # fmt: skip
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=300)[0])
+        finally:
+            if p.poll() is None:
+                p.kill()  # our own ssh client
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
+    # c10d hands out the global ranks in order of arrival: one process per host, ranks 0 and 1
+    recs = sorted(
+        (json.loads(f.read_text()) for h in hosts for f in (h.merged / "srv/probe").glob("rank*.json")),
+        key=lambda d: d["rank"],
+    )
+    assert [(d["rank"], d["world_size"]) for d in recs] == [(0, 2), (1, 2)], recs
+    assert sorted(d["host"] for d in recs) == sorted([a.name, b.name]), recs
+    assert all(d["all_reduce_sum"] == 1.0 for d in recs) and recs[0]["grad"] == recs[1]["grad"]
