@@ -9,8 +9,8 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
-# Pytest's own temp dirs stay out of /tmp clutter
-export PYTHONDONTWRITEBYTECODE := 1
+# Bytecode is written (git-ignored __pycache__/): with PYTHONDONTWRITEBYTECODE every xdist worker re-did pytest's
+# assertion rewrite of every test module (~6 s CPU per collection) and every eagle3ops process recompiled the package.
 
 .PHONY: help venv run test test-vm lint unit system-deps clean lock
 
