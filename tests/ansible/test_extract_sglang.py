@@ -105,6 +105,7 @@ def _reference(env, tmp_path):
     return HiddenStateStore(ref)
 
 
+@pytest.mark.slow  # minutes in the CI run (the mark also starts it early: tests/conftest.py)
 def test_sglang_backend_extracts_restores_and_a_rerun_changes_nothing(env, tmp_path):
     _, inv, model, _ = env
     data, xv = _data(env, "data")
@@ -157,6 +158,7 @@ def test_sglang_backend_extracts_restores_and_a_rerun_changes_nothing(env, tmp_p
         assert check.rc == 0 and check.host("localhost")["changed"] == 0, check.changed_tasks()
 
 
+@pytest.mark.slow
 def test_other_backend_leaves_the_patch_alone_and_sglang_refuses_an_unpatched_server(env, tmp_path):
     """Rows are left, but the extract phase uses transformers: the sglang phase does not patch. The sglang
     backend then refuses to send rows to a server without the patch, before contacting it."""
