@@ -93,7 +93,12 @@ def _vars(work: Path, cache: Path) -> dict:
         "runtime_assets_sharegpt_heldout": 2,
         "runtime_assets_verify_prompt": "",
         "prepare_max_length": 128,
+        # the detached extraction is polled every extract_poll_interval (30 s by default): up to 30 s idle
+        "extract_poll_interval": 2,
         "train_max_steps": 2,
+        # rows are <= 128 tokens (prepare_max_length): 256-token batches instead of the profile's 1024 (each CPU
+        # step through SmolLM2's 49152-word vocabulary costs ~4x less); every row still fits a batch
+        "train_total_seq_len": 256,
         "benchmark_limit": 2,
         "benchmark_max_new_tokens": 8,
         "benchmark_random_baseline": False,

@@ -32,6 +32,8 @@ def _vars(workdir: Path) -> dict:
         "train_epochs": 1,
         "train_max_steps": 6,
         "train_total_seq_len": 512,
+        # the detached extraction is polled every extract_poll_interval (30 s by default): up to 30 s idle
+        "extract_poll_interval": 2,
     }
 
 
