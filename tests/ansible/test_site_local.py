@@ -53,6 +53,7 @@ def _files(root: Path) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow  # its setup is the whole first site.yml run (minutes); the marks also start this module first (tests/conftest.py)
 def test_first_run_builds_everything(pipeline):
     work, first = pipeline
     s = first.host("localhost")
@@ -81,6 +82,7 @@ def test_first_run_builds_everything(pipeline):
     assert tr.get("layer_ids") == [2, 4, 5], tr
 
 
+@pytest.mark.slow  # a whole site.yml run (~35 s alone); the marks also start this module first (tests/conftest.py)
 def test_second_run_changes_nothing(pipeline):
     work, _ = pipeline
     before = _files(work)
@@ -98,6 +100,7 @@ def test_check_mode_on_a_fresh_workdir_writes_nothing(tmp_path):
     assert not work.exists() or _files(work) == {}
 
 
+@pytest.mark.slow  # a whole site.yml --check (~65 s alone); the marks also start this module first (tests/conftest.py)
 def test_check_mode_on_a_finished_workdir_predicts_no_change(pipeline):
     work, _ = pipeline
     r = run_playbook(REPO / "site.yml", INVENTORY, extravars=_vars(work), tags=TAGS, check=True)
