@@ -16,7 +16,8 @@ time budget"): the tests that share a module-scoped fixture run together on one 
 modules of a directory in ``SHARED_GROUPS`` run together (shared session fixtures), every other test may
 run on any worker, and an ``xdist_group("name")`` mark keeps tests together; the heaviest groups start
 first (marks ``qemu`` > ``slow`` > ``nspawn``). Session fixtures are built once per worker: keep them cheap,
-or cache what they make under ``hosts.nspawn.CACHE_DIR``. Reusable session fixtures: ``nspawn_ready``
+build them once per run for every worker with ``tests/run_cache.py``, or cache what they make across runs under
+``hosts.nspawn.CACHE_DIR``. Reusable session fixtures: ``nspawn_ready``
 (cached rootfs + ssh key), ``session_host_factory``; tests/unit: ``tiny_target``; tests/reliability:
 ``zygote``, ``tiny_model``, ``prepared``, ``reference``, ``figures``.
 """

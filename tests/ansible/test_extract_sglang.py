@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import run_cache
 from eagle3ops import sglang_patch
 from eagle3ops.store import HiddenStateStore
 
@@ -32,7 +33,7 @@ sys.path.insert(0, str(REPO / "tests" / "unit"))
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from runner import run_playbook
 from sglang_standin import offline_role_inputs, pristine_deepseek_v2, standin_server
-from tinymodels import build_prepared_dataset, build_tiny_target
+from tinymodels import build_prepared_dataset
 
 SPEC = sglang_patch.SPECS["0.5.23"]
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7]
@@ -46,7 +47,7 @@ RESTORE_TASK = "Restore the capture patch byte-exact (SGLang as shipped; serving
 def env(tmp_path_factory):
     base = tmp_path_factory.mktemp("extract-sglang")
     role_vars, inv = offline_role_inputs(base)
-    model = build_tiny_target(base / "model")
+    model = run_cache.tiny_target(tmp_path_factory)  # once per run, shared with tests/unit (read-only here)
     xv = {
         "runtime_eagle3ops_bin": str(BIN / "eagle3ops"),
         # sglang phase: the real wheel into a fresh venv, offline, --no-deps (its CUDA deps cannot install here)
@@ -104,6 +105,7 @@ def _reference(env, tmp_path):
     return HiddenStateStore(ref)
 
 
+@pytest.mark.slow  # minutes in the CI run (the mark also starts it early: tests/conftest.py)
 def test_sglang_backend_extracts_restores_and_a_rerun_changes_nothing(env, tmp_path):
     _, inv, model, _ = env
     data, xv = _data(env, "data")
@@ -156,6 +158,7 @@ def test_sglang_backend_extracts_restores_and_a_rerun_changes_nothing(env, tmp_p
         assert check.rc == 0 and check.host("localhost")["changed"] == 0, check.changed_tasks()
 
 
+@pytest.mark.slow
 def test_other_backend_leaves_the_patch_alone_and_sglang_refuses_an_unpatched_server(env, tmp_path):
     """Rows are left, but the extract phase uses transformers: the sglang phase does not patch. The sglang
     backend then refuses to send rows to a server without the patch, before contacting it."""

@@ -11,7 +11,8 @@ conversion code path itself is exercised fast on a tiny GGUF in tests/unit/test_
 Measured on the shared 2-core box under load (2026-12-01, load average ~15): the Paris test 2.5 min with a warm
 cache (first fill: ~6 min for the conversion), the five-phase playbook ~15 min (8 min in a calmer moment: the whole file passed in 9 min 52 s; each phase is a fresh eagle3ops
 process loading torch and SmolLM2; one train step alone took 4 min). Far above the ~3 min target: run it with
-``-m slow`` deliberately, or deselect it (``-m 'not slow'``) where the suite must stay short.
+``-m slow`` deliberately, or deselect it (``-m 'not slow'``) where the suite must stay short. Since session 5
+(256-token train batches, a 2 s extraction poll) the whole file took 291 s alone at load ~4 (422 s before, load ~6).
 """
 
 from __future__ import annotations
@@ -93,7 +94,12 @@ def _vars(work: Path, cache: Path) -> dict:
         "runtime_assets_sharegpt_heldout": 2,
         "runtime_assets_verify_prompt": "",
         "prepare_max_length": 128,
+        # the detached extraction is polled every extract_poll_interval (30 s by default): up to 30 s idle
+        "extract_poll_interval": 2,
         "train_max_steps": 2,
+        # rows are <= 128 tokens (prepare_max_length): 256-token batches instead of the profile's 1024 (each CPU
+        # step through SmolLM2's 49152-word vocabulary costs ~4x less); every row still fits a batch
+        "train_total_seq_len": 256,
         "benchmark_limit": 2,
         "benchmark_max_new_tokens": 8,
         "benchmark_random_baseline": False,

@@ -55,6 +55,7 @@ def _vars(demo, work: Path, src: Path, server) -> dict:
     }
 
 
+@pytest.mark.slow  # minutes in the CI run (the mark also starts it early: tests/conftest.py)
 def test_regenerate_then_prepare_then_nothing_to_do(setup):
     demo, root, src, server = setup
     work = root / "work"

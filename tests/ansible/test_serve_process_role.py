@@ -78,6 +78,7 @@ def env(tmp_path_factory):
         os.killpg(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # minutes in the CI run (the mark also starts it early: tests/conftest.py)
 def test_serve_as_a_process_guard_idempotence_and_stop(env):
     root, ev = env
     run_dir = root / "work" / "serve" / "run"
@@ -134,6 +135,7 @@ def test_serve_as_a_process_guard_idempotence_and_stop(env):
     assert not (run_dir / "eagle3ops-sglang-serve.pid").exists()
 
 
+@pytest.mark.slow  # minutes in the CI run (the mark also starts it early: tests/conftest.py)
 def test_benchmark_live_with_and_without_the_draft_then_nothing_to_do(env):
     """The benchmark phase against the serve phase's process servers: per prompt set and concurrency, tok/s with
     and without the draft (the baseline is started from servers.json while the draft server is stopped, then the

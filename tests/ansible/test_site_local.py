@@ -22,12 +22,18 @@ TAGS = "runtime,prepare,extract,gpu_free,train"
 
 
 def _vars(workdir: Path) -> dict:
-    # a smaller demo than `make run` (same code path), to keep the suite fast on 2 cores
+    # a smaller demo than `make run` (same code path), to keep the suite fast on 2 cores: 20 conversations
+    # (~60 rows: extract and prepare scale with the rows; 60 conversations cost 99 s of extraction), 512-token
+    # training batches instead of the local default's 2048 (a CPU step costs ~4x less; rows are <= 512 tokens,
+    # prepare_max_length, so every row still fits a batch), 6 steps. What is asserted does not depend on the size.
     return {
         "eagle3ops_workdir": str(workdir),
-        "prepare_demo_conversations": 60,
+        "prepare_demo_conversations": 20,
         "train_epochs": 1,
         "train_max_steps": 6,
+        "train_total_seq_len": 512,
+        # the detached extraction is polled every extract_poll_interval (30 s by default): up to 30 s idle
+        "extract_poll_interval": 2,
     }
 
 
@@ -47,6 +53,7 @@ def _files(root: Path) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow  # its setup is the whole first site.yml run (minutes); the marks also start this module first (tests/conftest.py)
 def test_first_run_builds_everything(pipeline):
     work, first = pipeline
     s = first.host("localhost")
@@ -75,6 +82,7 @@ def test_first_run_builds_everything(pipeline):
     assert tr.get("layer_ids") == [2, 4, 5], tr
 
 
+@pytest.mark.slow  # a whole site.yml run (~35 s alone); the marks also start this module first (tests/conftest.py)
 def test_second_run_changes_nothing(pipeline):
     work, _ = pipeline
     before = _files(work)
@@ -92,6 +100,7 @@ def test_check_mode_on_a_fresh_workdir_writes_nothing(tmp_path):
     assert not work.exists() or _files(work) == {}
 
 
+@pytest.mark.slow  # a whole site.yml --check (~65 s alone); the marks also start this module first (tests/conftest.py)
 def test_check_mode_on_a_finished_workdir_predicts_no_change(pipeline):
     work, _ = pipeline
     r = run_playbook(REPO / "site.yml", INVENTORY, extravars=_vars(work), tags=TAGS, check=True)

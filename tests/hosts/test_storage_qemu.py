@@ -9,7 +9,10 @@ the disk removed, the VM still boots (``nofail``) and /data is simply not mounte
 the testinfra checks run once, after the reboot.
 
 Stand-in: a virtio disk for the NVMe drive (same udev by-id path scheme, ``nvme-`` prefix instead of
-``virtio-``). Slow (TCG boots in 20-60 s on this machine); marked ``qemu`` and ``slow``.
+``virtio-``). Slow (TCG boots in 20-60 s on this machine, minutes under load); marked ``qemu`` and ``slow``.
+Not part of ``make test`` (TCG without KVM takes ~20 min and both cores there): ``make test-vm`` runs it alone
+(docs/conventions.md, "Test time budget"). The boot and reboot waits are generous upper bounds (a boot that
+succeeds returns at once): in the CI run beside 3 other workers a reboot took more than the 240 s it had.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ class VM:
             "storage_mount_opts=defaults,noatime,nofail,x-systemd.device-timeout=180s\n"
         )
 
-    def start(self, timeout=180) -> None:
+    def start(self, timeout=300) -> None:
         for _attempt in range(2):  # about one TCG boot in seven froze early here: one retry
             cmd = [
                 QEMU, "-accel", "tcg,thread=multi", "-cpu", "max", "-m", "1536", "-smp", "2",
@@ -169,7 +172,7 @@ class VM:
             time.sleep(1.0)
             return s.recv(65536).decode(errors="replace")
 
-    def reboot(self, timeout=240, until="system") -> None:
+    def reboot(self, timeout=600, until="system") -> None:
         self.ssh("systemctl reboot", check=False, timeout=20)
         time.sleep(10)
         assert self.wait_ssh(timeout, until), (
@@ -261,7 +264,7 @@ def test_hotplugged_disk_is_migrated_and_data_survives_reboot(vm, run_playbook):
     time.sleep(3)
     # multi-user.target reached while data.mount still waits for its device (x-systemd.device-timeout, 180 s here):
     # without nofail, local-fs.target would need /data and the boot would stop in emergency mode, without sshd
-    vm.reboot(timeout=300, until="target")
+    vm.reboot(timeout=600, until="target")
     assert vm.ssh("mountpoint -q /data; echo $?").stdout.strip() == "32"
     assert vm.ssh("systemctl is-active emergency.target rescue.target", check=False).stdout.split() == [
         "inactive",

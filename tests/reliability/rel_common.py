@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 
 import pytest
+import run_cache
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE / "faulthook"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))  # tinymodels
 
-from tinymodels import build_prepared_dataset, build_tiny_target
+from tinymodels import build_prepared_dataset
 
 # 40 rows of 3..120 tokens, fixed by the seed
 LENGTHS = [random.Random(10).randint(3, 120) for _ in range(40)]
@@ -144,7 +145,7 @@ def zygote(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
-    return build_tiny_target(tmp_path_factory.mktemp("rel-model") / "model")
+    return run_cache.tiny_target(tmp_path_factory)  # once per run, shared with tests/unit's tiny_target
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import run_cache
 from rel_common import EXTRACT_ARGS, fresh_data, hs_files
 from tinymodels import build_prepared_dataset
 
@@ -38,8 +39,9 @@ def demo_done(zygote, tmp_path_factory):
     """The demo target, its conversations prepared and extracted: a finished data directory."""
     base = tmp_path_factory.mktemp("bad-inputs")
     # the same path and parameters as tests/unit/test_prepare.py's demo: built once per pytest session
-    demo_dir = tmp_path_factory.getbasetemp() / "eagle3ops-demo"
-    r = zygote.run(["demo", "--out", demo_dir, "--json"])
+    demo_dir = run_cache.demo_dir(tmp_path_factory)  # built once per run (tests/run_cache.py)
+    with run_cache.run_lock(tmp_path_factory, run_cache.DEMO):
+        r = zygote.run(["demo", "--out", demo_dir, "--json"])
     assert r.rc == 0, r.stderr[-3000:]
     demo = r.json
     model, convs = demo["model_path"], demo["conversations_path"]

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import run_cache
 from eagle3ops.store import HiddenStateStore
 from rel_common import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files
 
@@ -188,8 +189,9 @@ def _alive(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def demo(zygote, tmp_path_factory):
     """The demo target and its conversations (the same path as tests/unit/test_prepare.py: built once)."""
-    demo_dir = tmp_path_factory.getbasetemp() / "eagle3ops-demo"
-    r = zygote.run(["demo", "--out", demo_dir, "--json"])
+    demo_dir = run_cache.demo_dir(tmp_path_factory)  # built once per run (tests/run_cache.py)
+    with run_cache.run_lock(tmp_path_factory, run_cache.DEMO):
+        r = zygote.run(["demo", "--out", demo_dir, "--json"])
     assert r.rc == 0, r.stderr[-3000:]
     return {"model": Path(r.json["model_path"]), "convs": Path(r.json["conversations_path"])}
 

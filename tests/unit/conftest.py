@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from tinymodels import build_tiny_target
+import run_cache
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -13,4 +13,5 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory):
-    return build_tiny_target(tmp_path_factory.mktemp("tiny-target") / "model")
+    """Built once per run for every xdist worker (tests/run_cache.py); read-only: copy it to change it."""
+    return run_cache.tiny_target(tmp_path_factory)

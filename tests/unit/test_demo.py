@@ -1,7 +1,8 @@
 """The embedded demo: a real tiny DeepSeek-V3 target, a real locally trained tokenizer, real files.
 
-The demo is built once per session under pytest's base temp dir (``demo`` fixture); test_prepare.py
-builds at the same path, so the second build is the idempotent no-op.
+The demo is built once per run under pytest's base temp dir, shared by the xdist workers (``demo`` fixture,
+tests/run_cache.py); test_prepare.py, test_regenerate.py, tests/ansible/test_regenerate_role.py and
+tests/reliability build at the same path, so every later build is the idempotent no-op.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import run_cache
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -26,7 +28,10 @@ from eagle3ops.store import read_safetensors_header
 
 
 def build_session_demo(tmp_path_factory) -> dict:
-    return demo_mod.build_demo(tmp_path_factory.getbasetemp() / "eagle3ops-demo", log=lambda m: None)
+    """The default demo, built once per run for every xdist worker (tests/run_cache.py); later calls are the
+    real idempotent no-op."""
+    with run_cache.run_lock(tmp_path_factory, run_cache.DEMO):
+        return demo_mod.build_demo(run_cache.demo_dir(tmp_path_factory), log=lambda m: None)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """``prepare`` against real parts: the demo's tokenizer, speculators 0.9.0's own preprocessing and its
-``ArrowDataset`` loader, real files on disk. The demo is built once per session (shared path with
-test_demo.py, so whichever runs second gets the idempotent no-op).
+``ArrowDataset`` loader, real files on disk. The demo is built once per run (test_demo.build_session_demo,
+shared by the xdist workers, so whichever runs second gets the idempotent no-op).
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def quiet(msg: str) -> None:
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory):
-    return demo_mod.build_demo(tmp_path_factory.getbasetemp() / "eagle3ops-demo", log=quiet)
+    from test_demo import build_session_demo
+
+    return build_session_demo(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,80 @@
+"""What one pytest run builds once for all its xdist workers (docs/conventions.md, "Test time budget").
+
+A session-scoped fixture is built once *per worker* (``make test`` runs 4): a deterministic input that costs
+minutes (the demo target trained on 300 conversations) would be built up to four times side by side on two
+cores. :func:`run_dir` is a directory shared by every worker of this run (the controller's base temp dir;
+the base temp dir itself without xdist), removed with pytest's own temp dirs; :func:`run_lock` serialises the
+workers on one name (``fcntl.flock`` on a file there): the first one builds, the others wait and then find it
+built. The builders used under it are idempotent (they check what is there, e.g. ``demo.build_demo`` by its
+fingerprints), so a worker that finds the thing built still runs the real code path that says so.
+
+Nothing here outlives the run: a cache across runs belongs under ``hosts.nspawn.CACHE_DIR``, keyed by its recipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from pathlib import Path
+
+
+def run_dir(tmp_path_factory) -> Path:
+    """``<this run's base temp dir>/e3t-run-shared``: the same directory in every xdist worker of one run."""
+    base = Path(tmp_path_factory.getbasetemp())
+    # xdist gives worker gwN the base temp dir <controller's base temp>/popen-gwN
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    d = root / "e3t-run-shared"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@contextlib.contextmanager
+def run_lock(tmp_path_factory, name: str):
+    """Hold the run-wide lock ``name`` (blocks while another worker holds it)."""
+    path = run_dir(tmp_path_factory) / f".{name}.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+DEMO = "eagle3ops-demo"
+
+
+def demo_dir(tmp_path_factory) -> Path:
+    """Where this run's default demo (300 conversations, seed 0) is built: take ``run_lock(.., DEMO)`` around
+    every build (``demo.build_demo``, ``eagle3ops demo --out``) so that one worker builds it and the others find
+    it current."""
+    return run_dir(tmp_path_factory) / DEMO
+
+
+def build_once(tmp_path_factory, name: str, build) -> Path:
+    """``run_dir/name``, made by ``build(path)`` by the first worker that asks, found there by the others (a
+    ``.name.ready`` stamp beside it says the build finished). For read-only inputs only: a test that changes
+    what it gets must copy it first."""
+    path = run_dir(tmp_path_factory) / name
+    ready = path.parent / f".{name}.ready"
+    with run_lock(tmp_path_factory, name):
+        if not ready.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            build(path)
+            ready.write_text("ok\n")
+    return path
+
+
+def tiny_target(tmp_path_factory) -> Path:
+    """The default tiny DeepSeek-V3 target of tests/unit/tinymodels.py (8 layers, vocab 300, seed 0), built once
+    per run: tests/unit's ``tiny_target``, tests/reliability's ``tiny_model`` and tests/ansible/test_extract_sglang.py
+    share it (read-only)."""
+    import sys
+
+    unit = str(Path(__file__).resolve().parent / "unit")
+    if unit not in sys.path:
+        sys.path.insert(0, unit)
+    from tinymodels import build_tiny_target
+
+    return build_once(tmp_path_factory, "tiny-target", lambda d: build_tiny_target(d / "model")) / "model"
