@@ -25,7 +25,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch._dynamo  # noqa: F401 - before any ansible import: see below
 import yaml
+
+# Importing ansible.module_utils.common / ansible.parsing / ansible.template replaces sys.intern by an object
+# (ansible's SysInternPatch); torch._dynamo, imported later in the same xdist worker (transformers' generation
+# code does it), then refuses to start ("substitute_in_graph expects a function") and every later torch test of
+# that worker errors. Dynamo imported first has registered its substitutions already.
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
