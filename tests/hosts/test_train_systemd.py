@@ -74,7 +74,7 @@ def _result(cp) -> dict:
 
 def test_systemd_transient_unit_launch_liveness_and_stop(nspawn_host):
     h = nspawn_host
-    for rel in ("__init__.py", "store.py", "train.py"):
+    for rel in ("__init__.py", "durable.py", "store.py", "train.py"):
         h.put(f"/opt/e3/python/eagle3ops/{rel}", (ROOT / "python" / "eagle3ops" / rel).read_text())
     h.put("/opt/e3/fake_trainer.py", FAKE_TRAINER)
     h.put("/opt/e3/fakepy", '#!/bin/sh\nexec python3 /opt/e3/fake_trainer.py "$@"\n', mode="0755")
