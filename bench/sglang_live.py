@@ -397,6 +397,29 @@ def lane_smol(a) -> None:
 
         conv()
 
+    # the baseline again, beside the draft servers: each EAGLE3 measurement is paired with a baseline one taken
+    # right after it, so each with/without ratio compares one time window (the demo lane shares the box)
+    paired: dict = {}
+
+    def start_base():
+        try:
+            paired["server"] = Server("smol_base_paired", m, 30013, cuda_graph=a.cuda_graphs).start()
+        except Exception as e:  # the unpaired baseline above still stands
+            paired["error"] = f"{type(e).__name__}: {e}"
+
+    base_thread = threading.Thread(target=start_base, name="base_paired")
+    base_thread.start()
+
+    def paired_baseline() -> dict:
+        base_thread.join()
+        s = paired.get("server")
+        if s is None:
+            return {"error": paired.get("error", "no baseline server")}
+        return {
+            "batch1": measure(s.url, qs, a.bench_tokens, 1, render),
+            f"conc{a.bench_concurrency}": measure(s.url, qs, a.bench_tokens, a.bench_concurrency, render),
+        }
+
     configs = [("regen", (3, 1, 4)), ("orig", (3, 1, 4)), ("regen", (5, 1, 6))]
     for key, spec in configs:
         draft = d / f"draft-{key}"
@@ -408,15 +431,24 @@ def lane_smol(a) -> None:
             with start_server(
                 f"smol_eagle3_{key}_{spec[0]}", m, 30011, draft=draft, spec=spec, cuda_graph=a.cuda_graphs
             ) as s:
-                return {
+                out = {
                     "ready_s": s.ready_s,
                     "batch1": measure(s.url, qs, a.bench_tokens, 1, render),
                     f"conc{a.bench_concurrency}": measure(
                         s.url, qs, a.bench_tokens, a.bench_concurrency, render
                     ),
                 }
+            out["baseline_paired"] = paired_baseline()
+            for b in ("batch1", f"conc{a.bench_concurrency}"):
+                with_, without = out[b].get("output_tok_s"), out["baseline_paired"].get(b, {}).get("output_tok_s")
+                out[f"speedup_{b}"] = round(with_ / without, 3) if with_ and without else None
+            return out
 
         serve_measure()
+
+    base_thread.join()
+    if paired.get("server"):
+        paired["server"].stop()
 
     # the guard (#17): the regenerated draft passes it; the same draft with wrong aux layer ids must fail it
     if (d / "draft-regen" / "config.json").exists():
