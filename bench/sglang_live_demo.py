@@ -107,7 +107,8 @@ def main() -> int:
         srv.start(timeout=240, env=env)
         done("server_ready_s", srv.ready_s)
         r = L.cli("sglang-extract", "--data", str(sg), "--model", str(model), "--url", srv.url, "--concurrency",
-                  "32", "--sglang-version", SGLANG_VERSION, "--no-progress", name="sglang_extract")  # fmt: skip
+                  "32", "--sglang-version", SGLANG_VERSION, "--no-progress", "--server-pid", str(srv.proc.pid),
+                  "--health-timeout", "120", name="sglang_extract", timeout=max(60, L.left() - 120))  # fmt: skip
         done("extract_sglang", r)
         # the same rows again as plain prefills: request ids the hook ignores
         from datasets import load_from_disk

@@ -62,6 +62,7 @@ class SGLangExtractConfig:
     margin_frac: float = 0.05
     margin_bytes: int = 64 * 1024 * 1024
     server_unit: str | None = None  # systemd unit to start; None = attach to ``url``
+    server_pid: int | None = None  # the attached server's PID: its death ends a wait for /health at once
     stop_server: bool = True  # stop ``server_unit`` at the end (only a unit this run started)
     restore_patch: str | None = None  # deepseek_v2.py to restore when every row is done
     restore_patch_always: bool = False  # restore even when rows failed
@@ -83,10 +84,43 @@ def _request(url: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
         return e.code, e.read() or b""
 
 
-def wait_health(url: str, timeout: float, *, sleep=time.sleep, poll: float = 1.0) -> float:
-    """Wait until ``GET /health`` answers 200; returns the seconds waited."""
+def server_gone(pid: int | None = None, unit: str | None = None) -> str | None:
+    """Why the server cannot come back (its process is dead, its unit failed or stopped), or None.
+
+    A unit that is restarting (``activating``) or a live process is not gone: waiting for it is right."""
+    if pid:
+        try:
+            stat = Path(f"/proc/{int(pid)}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            return f"its process (PID {pid}) is gone"
+        except OSError:
+            stat = ""
+        if stat and stat.rpartition(")")[2].split()[:1] == ["Z"]:
+            return f"its process (PID {pid}) has exited (a zombie its parent has not reaped)"
+    if unit:
+        try:
+            r = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None  # cannot tell: keep waiting, the timeout still bounds it
+        state = r.stdout.strip()
+        if state in ("failed", "inactive"):
+            return f"its systemd unit {unit} is {state} (journalctl -u {unit} says why)"
+    return None
+
+
+def wait_health(
+    url: str,
+    timeout: float,
+    *,
+    sleep=time.sleep,
+    poll: float = 1.0,
+    gone: Callable[[], str | None] | None = None,
+) -> float:
+    """Wait until ``GET /health`` answers 200; returns the seconds waited. ``gone`` says (cheaply) whether the
+    server can still come back; when it says why not, the wait ends at once instead of at ``timeout``."""
     t0 = time.monotonic()
     last = "no answer"
+    checked = 0.0
     while True:
         try:
             code, body = _request(url.rstrip("/") + "/health", None, timeout=10)
@@ -95,6 +129,15 @@ def wait_health(url: str, timeout: float, *, sleep=time.sleep, poll: float = 1.0
             last = f"HTTP {code} {body[:200]!r}"
         except (OSError, urllib.error.URLError) as e:
             last = str(getattr(e, "reason", e))
+        if gone is not None and time.monotonic() - checked >= 2.0:
+            checked = time.monotonic()
+            why = gone()
+            if why:
+                raise SGLangClientError(
+                    f"the SGLang server at {url} stopped answering and cannot come back: {why} (last: {last}). "
+                    "Its log says why (a crash of the capture hook is in hidden_states/"
+                    f"{sglang_hook.ERRORS_NAME}); start it again and re-run: finished rows are kept."
+                )
         if time.monotonic() - t0 > timeout:
             raise SGLangClientError(
                 f"the SGLang server at {url} did not become healthy within {timeout:.0f} s (last: {last}). "
@@ -142,7 +185,10 @@ class _Runner:
         """The server is down (restarting?): one thread polls /health, the others queue behind it."""
         with self._health_lock:
             self.health_waits += 1
-            wait_health(self.cfg.url, self.cfg.health_timeout, poll=0.5)
+            wait_health(self.cfg.url, self.cfg.health_timeout, poll=0.5, gone=self._gone)
+
+    def _gone(self) -> str | None:
+        return server_gone(self.cfg.server_pid, self.cfg.server_unit)
 
     def _server_error_for(self, index: int, since: float) -> str | None:
         if not self.errors_path.exists():
@@ -312,7 +358,15 @@ def run_sglang_extraction(
                 store.clean_temp_files()  # no server of ours is running yet: temp files are leftovers
                 _systemctl("start", cfg.server_unit)
                 started = True
-            result["health_wait_seconds"] = round(wait_health(cfg.url, cfg.health_timeout, poll=0.5), 3)
+            result["health_wait_seconds"] = round(
+                wait_health(
+                    cfg.url,
+                    cfg.health_timeout,
+                    poll=0.5,
+                    gone=lambda: server_gone(cfg.server_pid, cfg.server_unit),
+                ),
+                3,
+            )
             if on_progress is None and cfg.progress:
                 from eagle3ops.extract import _progress_reporter
 

@@ -169,11 +169,12 @@ class _PinnedPool:
         import torch
 
         with self._lock:
-            fits = [b for b in self._free if b.numel() >= nbytes]
+            # by position, never list.remove: that compares tensors with ==, elementwise (seen crashing the
+            # live server when two buffers of different sizes were free)
+            fits = [i for i, b in enumerate(self._free) if b.numel() >= nbytes]
             if fits:
-                best = min(fits, key=lambda b: b.numel())
-                self._free.remove(best)
-                return best
+                best = min(fits, key=lambda i: self._free[i].numel())
+                return self._free.pop(best)
         size = max(nbytes, 1 << 20)
         size = 1 << (size - 1).bit_length()  # power of two: few distinct sizes, good reuse
         return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
@@ -366,6 +367,16 @@ class DumpHook:
         pieces = self._pieces(forward_batch, n_rows)
         if not pieces:
             return
+        try:
+            self._queue_batch(forward_batch, pieces, aux, last, n_rows, k, hidden)
+        except HookError:
+            raise
+        except Exception as e:  # a fault of ours must not take the server down: fail these rows, go on
+            self._record_error([p.index for p in pieces], e)
+
+    def _queue_batch(self, forward_batch, pieces, aux, last, n_rows: int, k: int, hidden: int) -> None:
+        import torch
+
         block = torch.empty((n_rows, k + 1, hidden), dtype=self._dtype, device=last.device)
         block[:, :k].copy_(aux.view(n_rows, k, hidden))
         block[:, k].copy_(last)

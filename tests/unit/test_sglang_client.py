@@ -174,6 +174,40 @@ def test_the_server_restarting_mid_run_is_waited_for(tmp_path, data_dir, tiny_ta
     _assert_equal_to_reference(data_dir, reference)
 
 
+def test_a_server_that_died_ends_the_run_at_once(tmp_path, data_dir, tiny_target):
+    """Seen on the live box: the server crashed mid-run and the client waited for /health up to its 1800 s
+    timeout. With the server's PID known (--server-pid; the role passes its systemd unit), a dead server ends the
+    run within seconds, naming the PID; the rows already written stay."""
+    args = ("--batch-delay", "0.3", "--max-batch", "1")
+    box = {}
+    with standin_server(tmp_path, data_dir, tiny_target, *args) as url:
+        cfg = _cfg(
+            data_dir, tiny_target, url, concurrency=2, retries=3, request_timeout=20, server_pid=url.pid
+        )
+        assert cfg.health_timeout == 180
+
+        def run():
+            try:
+                box["res"] = run_sglang_extraction(cfg)
+            except SGLangClientError as e:
+                box["err"] = str(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        store = HiddenStateStore(data_dir)
+        t0 = time.monotonic()
+        while len(store.scan_manifest().entries) < 2:
+            assert t.is_alive() and time.monotonic() - t0 < 120
+            time.sleep(0.05)
+    died = time.monotonic()
+    t.join(timeout=60)
+    assert not t.is_alive(), "the client still waits for a server that is gone"
+    assert time.monotonic() - died < 60
+    assert "res" not in box, box.get("res")
+    assert f"its process (PID {url.pid}) is gone" in box["err"] and url in box["err"]
+    assert len(HiddenStateStore(data_dir).scan_manifest().entries) >= 2
+
+
 def test_plan_contacts_no_server(data_dir, tiny_target):
     r = subprocess.run(
         [

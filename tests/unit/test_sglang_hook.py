@@ -178,3 +178,45 @@ def test_a_prefill_that_skipped_the_final_norm_capture_is_refused(tmp_path, tiny
     fb, aux, _last = sglang_like_forward([_req(rows, 0)], states)
     with pytest.raises(HookError, match="--disable-prefill-cuda-graph"):
         DumpHook(d, LAYERS).on_forward(StandInModel(LAYERS), fb, aux)
+
+
+def test_pinned_pool_hands_back_the_smallest_fitting_buffer_by_identity():
+    """Seen on the live server (0.5.17, H200): with free buffers of two sizes, taking one out of the free list
+    compared tensors elementwise (list.remove) and the RuntimeError killed the scheduler."""
+    pool = sglang_hook._PinnedPool(pin=False)
+    small1, big, small2 = pool.acquire(10), pool.acquire(3 << 20), pool.acquire(10)
+    assert (small1.numel(), big.numel(), small2.numel()) == (1 << 20, 4 << 20, 1 << 20)
+    for b in (small1, small2, big):
+        pool.release(b)
+    assert pool.acquire(2 << 20) is big  # the only one that fits, not first in the list
+    got = pool.acquire(10)
+    assert got is small1 or got is small2
+    assert len(pool._free) == 1 and pool._free[0] is (small2 if got is small1 else small1)
+
+
+def test_a_fault_inside_the_hook_fails_its_rows_and_the_server_goes_on(tmp_path, tiny_target, states):
+    """A bug of ours in the forward path must not take the serving process down: the batch's rows are recorded
+    in the errors file (the client fails exactly those rows, naming the error) and the next batch is written."""
+    d = _fresh_store(tmp_path, tiny_target)
+    rows = _rows(d)
+    hook, model = DumpHook(d, LAYERS), StandInModel(LAYERS)
+    run_patched_calls(hook, model, *sglang_like_forward([_req(rows, 0), _req(rows, 1)], states))
+    real_acquire = hook._pool.acquire
+
+    def broken(nbytes):
+        raise RuntimeError("pool broke")
+
+    hook._pool.acquire = broken
+    run_patched_calls(hook, model, *sglang_like_forward([_req(rows, 2), _req(rows, 3)], states))  # no raise
+    hook._pool.acquire = real_acquire
+    run_patched_calls(hook, model, *sglang_like_forward([_req(rows, 4)], states))
+    hook.flush(timeout=60)
+    hook.close()
+    assert hook.stats.errors == 1 and "pool broke" in hook.stats.last_error
+    import json
+
+    errs = [json.loads(x) for x in (d / "hidden_states" / sglang_hook.ERRORS_NAME).read_text().splitlines()]
+    assert [e["rows"] for e in errs] == [[2, 3]] and "RuntimeError: pool broke" in errs[0]["error"]
+    store = HiddenStateStore(d)
+    assert sorted(store.scan_manifest().entries) == [0, 1, 4]
+    assert not store.path(2).exists() and not store.path(3).exists()

@@ -49,6 +49,12 @@ def register(sub) -> None:
     e.add_argument(
         "--server-unit", default=None, help="systemd unit to start and stop (default: attach to --url)"
     )
+    e.add_argument(
+        "--server-pid",
+        type=int,
+        default=None,
+        help="the attached server's PID: when it dies, stop waiting for /health at once (exit 2)",
+    )
     e.add_argument("--keep-server", action="store_true", help="leave --server-unit running at the end")
     e.add_argument(
         "--restore-patch",
@@ -137,6 +143,7 @@ def cmd_extract(args) -> int:
         margin_frac=args.margin,
         margin_bytes=disk_margin_bytes(args.disk_margin_mib),
         server_unit=args.server_unit,
+        server_pid=args.server_pid,
         stop_server=not args.keep_server,
         restore_patch=args.restore_patch,
         restore_patch_always=args.restore_patch_always,
