@@ -39,7 +39,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from eagle3ops import sglang_versions
+from eagle3ops import layers, sglang_versions
 from eagle3ops.durable import sha256_file
 
 SGLANG_VERSION = sglang_versions.DEFAULT_VERSION
@@ -53,6 +53,7 @@ STAMP = "eagle3ops_convert.json"
 # (sglang_versions.VERSIONS[v].layer_id_rules; checked against each real wheel by tests/unit/test_convert.py).
 #   as_is_unless_first_is_1: layers_to_capture = ids, but [v+1 for v in ids] when ids[0] == 1
 #   plus_one:                layers_to_capture = [v+1 for v in ids]
+# (applied by eagle3ops.layers.capture_ids, the one home of the layer-id rule)
 LAYER_ID_RULES: dict[str, tuple[str, str]] = sglang_versions.get(SGLANG_VERSION).layer_id_rules
 
 
@@ -116,22 +117,14 @@ def sglang_layer_ids(
             target_arch=target_arch,
         )
     fname, rule = rules[target_arch]
-    if rule == "plus_one":
-        out = [i - 1 for i in ids]
-        if min(out) < 0:
-            raise ConvertError(
-                f"layer id 0 (the embeddings) cannot be captured by SGLang {sv}'s {fname}, which "
-                f"captures the output of layer id (input of id+1); retrain with ids >= 1 (ids {ids}).",
-                layer_ids=ids,
-            )
-    else:
-        out = list(ids)
-        if out and out[0] == 1:
-            raise ConvertError(
-                f"SGLang {sv}'s {fname} shifts ids that start with 1 by +1, so the draft trained on "
-                f"the input of layers {ids} cannot be served as trained; retrain with a first id != 1.",
-                layer_ids=ids,
-            )
+    try:  # the rule itself: eagle3ops.layers.capture_ids
+        out = layers.capture_ids(ids, rule)
+    except layers.LayerIdError as e:
+        raise ConvertError(
+            f"SGLang {sv}'s {fname}: {e}. The draft was trained on the input of layers {ids}, so it cannot be "
+            "served as trained: retrain it on ids that fit (layer_ids of the extract phase).",
+            layer_ids=ids,
+        ) from None
     if num_target_layers is not None and max(ids) >= num_target_layers:
         raise ConvertError(
             f"layer ids {ids} reach past the target's {num_target_layers} layers", layer_ids=ids

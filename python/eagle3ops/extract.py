@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3ops import layers
 from eagle3ops import store as _store
 from eagle3ops.store import (
     DTYPE_SIZES,
@@ -40,46 +41,23 @@ from eagle3ops.store import (
     sample_nbytes,
 )
 
-LAYER_CONVENTIONS = ("input", "output")
-
 
 class ExtractError(RuntimeError):
     """A user-actionable extraction error."""
 
 
 # ----------------------------------------------------------------------------------------------------------
-# layer ids
+# layer ids: the rule lives in eagle3ops.layers; this name stays for extract's callers (sglang_client, tests)
 # ----------------------------------------------------------------------------------------------------------
-def default_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's low/mid/high capture points, input-of-layer convention: [2, N//2, N-3]."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
 def resolve_layer_ids(
     num_layers: int, layer_ids: Sequence[int] | None = None, convention: str = "input"
 ) -> list[int]:
-    """Validate and normalise aux layer ids to the input-of-layer convention.
-
-    ``convention="output"`` (SpecForge / ModelOpt) names layer *outputs*; the output of layer i is the input of
-    layer i+1, so those ids are shifted by one.
-    """
-    if convention not in LAYER_CONVENTIONS:
-        raise ExtractError(f"layer id convention {convention!r}: use one of {LAYER_CONVENTIONS}")
-    if num_layers < 4:
-        raise ExtractError(f"the target has {num_layers} decoder layers; EAGLE-3 needs at least 4")
-    ids = list(default_layer_ids(num_layers) if layer_ids is None else layer_ids)
-    if convention == "output":
-        ids = [i + 1 for i in ids]
-    bad = [i for i in ids if not 0 <= int(i) < num_layers]
-    if bad:
-        raise ExtractError(
-            f"aux layer ids {list(layer_ids or ids)} ({convention} convention) are out of range for a target with "
-            f"{num_layers} layers: input-of-layer ids must be in 0..{num_layers - 1} (default "
-            f"{default_layer_ids(num_layers)}). If your ids come from SpecForge/ModelOpt, pass convention=output."
-        )
-    if len(set(ids)) != len(ids):
-        raise ExtractError(f"aux layer ids {ids} must be distinct (speculators refuses duplicates)")
-    return sorted(int(i) for i in ids)
+    """:func:`eagle3ops.layers.resolve` (default or given ids, input convention, checked, sorted), its
+    refusal as an :class:`ExtractError`."""
+    try:
+        return layers.resolve(num_layers, layer_ids, convention)
+    except layers.LayerIdError as e:
+        raise ExtractError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -226,7 +204,7 @@ def _facts_from_config_json(path: Path) -> tuple[int, int, str | None] | None:
         return None
     if not isinstance(cfg, dict) or any(k in cfg for k in ("text_encoder", "decoder", "generator")):
         return None  # sub-configs transformers' get_text_config() would pick: let it
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text = layers.text_config(cfg)
     try:
         return int(text["num_hidden_layers"]), int(text["hidden_size"]), cfg.get("model_type")
     except (KeyError, TypeError, ValueError):

@@ -51,6 +51,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3ops import layers
 from eagle3ops.store import HiddenStateStore
 
 log = logging.getLogger("eagle3ops.sglang_hook")
@@ -203,12 +204,10 @@ class DumpHook:
         rank_fn=_tp_rank,
     ):
         self.data_dir = Path(data_dir)
-        self.layer_ids = [int(x) for x in layer_ids]
-        if self.layer_ids != sorted(set(self.layer_ids)):
-            raise HookError(
-                f"{ENV_LAYER_IDS}={self.layer_ids}: ids must be distinct and ascending "
-                "(SGLang packs aux states in layer order)"
-            )
+        try:  # SGLang packs the aux states in layer order (eagle3ops.layers)
+            self.layer_ids = layers.check_ascending(layer_ids)
+        except layers.LayerIdError as e:
+            raise HookError(f"{ENV_LAYER_IDS}: {e}") from None
         self.max_pending = max(1, int(max_pending))
         self.fsync = fsync
         self.writers = max(1, int(writers))

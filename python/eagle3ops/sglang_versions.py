@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 # Target architecture -> (its model file, how that file's set_eagle3_layers_to_capture reads the ids):
 #   as_is_unless_first_is_1: layers_to_capture = ids, but [v+1 for v in ids] when ids[0] == 1
 #   plus_one:                layers_to_capture = [v+1 for v in ids]
+# (what each rule means for eagle3ops' input-of-layer ids is coded once, in eagle3ops.layers.capture_ids)
 # Read from the 0.5.17 and 0.5.23 wheels (identical rules in both; tests/unit/test_convert.py checks each).
 _LAYER_ID_RULES = {
     "DeepseekV3ForCausalLM": ("deepseek_v2.py", "as_is_unless_first_is_1"),

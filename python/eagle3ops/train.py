@@ -47,6 +47,7 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from eagle3ops import layers
 from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore, atomic_write_bytes, atomic_write_json
 
 SHIM_MODULE = "eagle3ops.speculators_shim"
@@ -167,7 +168,9 @@ def read_extract_meta(data_dir: str | os.PathLike) -> tuple[dict, Path]:
         raise TrainError(f"{path}: not valid JSON ({e}); re-run the extract phase to rewrite it.") from e
 
 
-def resolve_layer_ids(meta: dict, meta_path: Path, given: list[int] | None) -> list[int]:
+def layer_ids_from_meta(meta: dict, meta_path: Path, given: list[int] | None) -> list[int]:
+    """The aux layer ids the hidden states were extracted with (extract_meta.json), checked: input convention,
+    distinct, and equal to the train setting ``given`` when there is one (ids are never re-typed)."""
     ids = meta.get("layer_ids")
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
         raise TrainError(f"{meta_path}: no usable layer_ids ({ids!r}); re-run the extract phase.")
@@ -197,7 +200,7 @@ def verifier_facts(verifier_path: str) -> dict:
             inputs_pending=True,
         )
     cfg = json.loads(cfg_path.read_text())
-    text = cfg.get("text_config") or cfg
+    text = layers.text_config(cfg)
     return {
         "num_layers": text.get("num_hidden_layers"),
         "hidden_size": text.get("hidden_size"),
@@ -456,7 +459,7 @@ def plan(spec: TrainSpec) -> Plan:
     data = Path(spec.data_dir).resolve()
     run_dir = Path(spec.run_dir).resolve()
     meta, meta_path = read_extract_meta(data)
-    layer_ids = resolve_layer_ids(meta, meta_path, spec.layer_ids)
+    layer_ids = layer_ids_from_meta(meta, meta_path, spec.layer_ids)
     facts = verifier_facts(spec.verifier_path)
     warnings = check_verifier_matches(meta, meta_path, facts, spec.verifier_path)
     samples = check_samples(str(data), meta, spec.on_missing)

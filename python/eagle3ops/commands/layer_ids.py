@@ -1,0 +1,60 @@
+"""``eagle3ops layer-ids``: a target's aux layer ids, resolved and checked by :mod:`eagle3ops.layers`.
+
+Reads the model directory's ``config.json`` only (no torch, no transformers): what the sglang role calls to
+decide ``sglang_resolved_layer_ids``, so the role holds no copy of the rule.
+"""
+
+from __future__ import annotations
+
+from eagle3ops.cli import CommandError, add_json_flag, emit
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "layer-ids",
+        help="resolve and check a target's aux layer ids (default [2, N//2, N-3] from its config.json)",
+        description="Prints the aux layer ids (input-of-layer convention) for the model in --model: the given "
+        "--ids, checked against its layer count, or the default [2, N//2, N-3]. Reads config.json only.",
+    )
+    p.add_argument("--model", required=True, help="the target model directory (its config.json gives N)")
+    p.add_argument("--ids", type=int, nargs="+", help="aux layer ids to check (default: [2, N//2, N-3])")
+    p.add_argument(
+        "--convention",
+        choices=("input", "output"),
+        default="input",
+        help="what --ids name: layer inputs (SGLang, speculators; default) or outputs (SpecForge, ModelOpt)",
+    )
+    p.add_argument(
+        "--sglang",
+        action="store_true",
+        help="also refuse what SGLang's set_eagle3_layers_to_capture would shift: ids must come distinct "
+        "and ascending, the first not 1",
+    )
+    add_json_flag(p)
+    p.set_defaults(func=cmd_layer_ids)
+
+
+def cmd_layer_ids(args) -> int:
+    from eagle3ops import layers
+
+    given = list(args.ids) if args.ids else None
+    n = None
+    try:
+        n = layers.num_layers_of(args.model)
+        ids = layers.resolve(n, given, args.convention, keep_order=args.sglang)
+        if args.sglang:
+            layers.check_sglang(ids)
+    except layers.LayerIdError as e:
+        raise CommandError(str(e), layer_ids=given, num_layers=n, model=str(args.model)) from None
+    res = {
+        "layer_ids": ids,
+        "num_layers": n,
+        "given": given,
+        "convention": args.convention,
+        "sglang_checked": bool(args.sglang),
+        "model": str(args.model),
+        "changed": False,
+    }
+    source = f"given {given} ({args.convention} convention)" if given else "the default [2, N//2, N-3]"
+    emit(args, res, f"aux layer ids {ids} (input of layer i) for {args.model}, {n} layers: {source}")
+    return 0
