@@ -20,14 +20,15 @@ help:
 	@echo "make test-vm - the QEMU VM storage test alone (~20 min under TCG: docs/conventions.md)"
 	@echo "make lint  - ruff + ansible-lint only"
 
-$(STAMP): requirements/workload.txt requirements/control.txt requirements/speculators.txt requirements/constraints.txt collections/requirements.yml pyproject.toml
+$(STAMP): requirements/workload.txt requirements/control.txt requirements/speculators.txt requirements/constraints.txt collections/requirements.yml collections/install.py pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11: the CPU torch wheel is pinned for it)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -c requirements/constraints.txt -r requirements/workload.txt -r requirements/control.txt
 	$(BIN)/pip install -q --no-deps -r requirements/speculators.txt
 	$(BIN)/pip install -q --no-deps -e .
-	$(BIN)/ansible-galaxy collection install -r collections/requirements.yml
+	$(BIN)/python collections/install.py
+	$(BIN)/ansible-galaxy collection install --offline -r collections/requirements.yml
 	touch $@
 
 venv: $(STAMP)
@@ -39,8 +40,8 @@ run: $(STAMP)
 	$(BIN)/ansible-playbook site.yml $(ARGS)
 
 # the whole lint, one shell line (make lint, and make test beside pytest)
-LINT = $(BIN)/ruff check python library module_utils tests bench \
-	&& $(BIN)/ruff format --check python library module_utils tests bench \
+LINT = $(BIN)/ruff check python library module_utils tests bench collections \
+	&& $(BIN)/ruff format --check python library module_utils tests bench collections \
 	&& PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint --profile production --offline site.yml playbooks roles \
 	&& $(BIN)/python tests/lint/validate_modules.py
 
