@@ -19,7 +19,7 @@ first (marks ``qemu`` > ``slow`` > ``nspawn``). Session fixtures are built once 
 build them once per run for every worker with ``tests/run_cache.py``, or cache what they make across runs under
 ``hosts.nspawn.CACHE_DIR``. Reusable session fixtures: ``nspawn_ready``
 (cached rootfs + ssh key), ``session_host_factory``; tests/unit: ``tiny_target``; tests/reliability:
-``zygote``, ``tiny_model``, ``prepared``, ``reference``, ``figures``.
+``zygote``, ``tiny_model``, ``prepared``, ``reference``, ``figures``, ``demo``.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 from runner import run_playbook
+from store_helpers import hs_files, manifest_rows
 from tinymodels import build_prepared_dataset, build_tiny_target
 
 pytestmark = [pytest.mark.slow]
@@ -57,26 +58,13 @@ def _inventory(tmp: Path, stores: dict[str, tuple[Path, int]]) -> Path:
     return inv
 
 
-def _manifest_rows(data: Path) -> list[int]:
-    return [
-        json.loads(ln)["i"]
-        for f in sorted((data / "hidden_states").glob("manifest-rank*.jsonl"))
-        for ln in f.read_text().splitlines()
-        if ln.strip().endswith("}")
-    ]
-
-
-def _hs(data: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in (data / "hidden_states").glob("hs_*.safetensors")}
-
-
 def _kill_when_written(data: Path, rows: int, killed: dict) -> None:
     """SIGKILL the extraction holding ``data`` once it has recorded ``rows`` rows (its lock's holder PID)."""
     from eagle3ops.runlock import holder
 
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        if (data / "hidden_states").is_dir() and len(_manifest_rows(data)) >= rows:
+        if (data / "hidden_states").is_dir() and len(manifest_rows(data, torn_ok=True)) >= rows:
             h = holder(data)
             if h and h.get("pid"):
                 os.kill(int(h["pid"]), signal.SIGKILL)  # the extraction this test's playbook started
@@ -116,8 +104,8 @@ def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path):
     text = json.dumps(summary["msg"])
     assert "hostB: ranks [1, 2] of 3" in text and "FAILED" in text and "missing on hostB" in text, text
     assert "hostA: ranks [0] of 3, 4/4 rows done, 0 missing" in text, text
-    assert sorted(_manifest_rows(a)) == list(range(0, len(LENGTHS), 3))
-    left = [i for i in range(len(LENGTHS)) if i % 3 and i not in _manifest_rows(b)]
+    assert manifest_rows(a) == list(range(0, len(LENGTHS), 3))
+    left = [i for i in range(len(LENGTHS)) if i % 3 and i not in manifest_rows(b, torn_ok=True)]
     assert left, "hostB finished before it was killed: the test proves nothing about the re-run"
 
     # the re-run: hostA has nothing to do, hostB extracts only what it had left
@@ -133,7 +121,7 @@ def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path):
     assert "all hosts: 12/12 rows done" in json.dumps(summary["msg"]), summary
 
     # disjoint and complete: every row in exactly one manifest line over both stores, each on its own host
-    rows_a, rows_b = _manifest_rows(a), _manifest_rows(b)
+    rows_a, rows_b = manifest_rows(a), manifest_rows(b, torn_ok=True)  # b was killed mid-append
     assert sorted(rows_a + rows_b) == list(range(len(LENGTHS))), (rows_a, rows_b)
     assert all(i % 3 == 0 for i in rows_a) and all(i % 3 for i in rows_b)
     assert json.loads((b / "hidden_states" / "shard.json").read_text())["ranks"] == [1, 2]
@@ -145,8 +133,8 @@ def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path):
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
-    union = {**_hs(a), **_hs(b)}
-    reference = _hs(ref)
+    union = {**hs_files(a), **hs_files(b)}
+    reference = hs_files(ref)
     assert sorted(union) == sorted(reference)
     different = [n for n in reference if union[n] != reference[n]]
     assert not different, f"files differ from the one-host run: {different}"

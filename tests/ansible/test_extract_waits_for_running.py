@@ -24,6 +24,7 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 from runner import run_playbook
+from store_helpers import manifest_rows
 from tinymodels import build_prepared_dataset, build_tiny_target
 
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7]
@@ -94,10 +95,4 @@ def test_rerun_waits_for_the_running_extraction_and_does_only_what_is_left(tmp_p
         f"a second extraction started: {kinds}"
     )
     assert r.stats["localhost"]["changed"] == 0, r.summary()
-    lines = [
-        json.loads(ln)
-        for f in sorted((data / "hidden_states").glob("manifest-rank*.jsonl"))
-        for ln in f.read_text().splitlines()
-        if ln.strip()
-    ]
-    assert sorted(d["i"] for d in lines) == list(range(len(LENGTHS))), "rows written twice"
+    assert manifest_rows(data) == list(range(len(LENGTHS))), "rows written twice"

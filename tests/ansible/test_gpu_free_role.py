@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import alive
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = "playbooks/gpu_free.yml"
@@ -37,13 +38,6 @@ def _result(r, task):
     """The one module result of ``task`` (runner_on_start events carry no result)."""
     (res,) = [x for x in r.task_results(task) if x]
     return res
-
-
-def _alive(pid):
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="this host has an NVIDIA driver")
@@ -111,7 +105,7 @@ def test_check_mode_diff_stop_and_second_run_unchanged(run_playbook, inventory, 
     res = _result(r, task)
     assert [w["pid"] for w in res["would_stop"]] == [mine.pid]
     assert f"PID {mine.pid} GPU 0" in res["diff"]["before"]
-    assert _alive(mine.pid), "check mode must stop nothing"
+    assert alive(mine.pid), "check mode must stop nothing"
 
     r = run_playbook(PLAYBOOK, inventory, extravars=xv)
     assert r.rc == 0 and r.host("localhost")["changed"] == 1, r.summary()
@@ -140,4 +134,4 @@ def test_foreign_holder_fails_the_role_with_the_list(run_playbook, inventory, st
     res = _result(r, "Wait until every selected GPU's memory is free")
     assert f"PID {other.pid}" in res["msg"] and "GPU 0: 1234 MiB" in res["msg"]
     assert [h["pid"] for h in res["holders"]] == [other.pid]
-    assert _alive(other.pid)
+    assert alive(other.pid)

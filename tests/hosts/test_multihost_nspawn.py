@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import probe_records, run_together
+from store_helpers import hs_files, manifest_rows
 
 from hosts import nspawn
 
@@ -58,19 +60,6 @@ def _link(hosts) -> None:
     for h in hosts:
         nspawn._run(["sysctl", "-q", "-w", f"net.ipv4.conf.ve-{h.name}.forwarding=1"])
         h.ssh(f"ip route replace 10.213.0.0/16 via {h.controller_ip}")
-
-
-def _rows(data: Path) -> list[int]:
-    return [
-        json.loads(ln)["i"]
-        for f in sorted((data / "hidden_states").glob("manifest-rank*.jsonl"))
-        for ln in f.read_text().splitlines()
-        if ln.strip().endswith("}")
-    ]
-
-
-def _hs(data: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in (data / "hidden_states").glob("hs_*.safetensors")}
 
 
 def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
@@ -109,7 +98,7 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     def power_off_b_mid_run():
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            if (store_b / "hidden_states").is_dir() and len(_rows(store_b)) >= 1:
+            if (store_b / "hidden_states").is_dir() and len(manifest_rows(store_b, torn_ok=True)) >= 1:
                 # the host's PID 1 (nspawn's child): the kernel kills every process of its PID namespace at
                 # once, as in a power loss (SIGKILL to nspawn alone would leave the container running)
                 init = int(Path(f"/proc/{b.pid}/task/{b.pid}/children").read_text().split()[0])
@@ -131,7 +120,8 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
 
     b.start()  # the host comes back with its disk; the re-run goes on with its rows
     _link(hosts)
-    assert 0 < len(_rows(store_b)) < 8, _rows(store_b)  # it died with rows left
+    died_with = manifest_rows(store_b, torn_ok=True)
+    assert 0 < len(died_with) < 8, died_with  # it died with rows left
     r2 = run_playbook("playbooks/extract.yml", inv, extravars=xv)
     assert r2.rc == 0, r2.summary()
     assert r2.host(a.name)["changed"] == 0, r2.changed_tasks(a.name)
@@ -139,7 +129,7 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     assert "all hosts: 16/16 rows done" in json.dumps(summary["msg"]), summary
 
     store_a = a.merged / "srv/e3/data"
-    rows_a, rows_b = _rows(store_a), _rows(store_b)
+    rows_a, rows_b = manifest_rows(store_a), manifest_rows(store_b, torn_ok=True)  # b lost mid-append
     assert sorted(rows_a + rows_b) == list(range(len(LENGTHS))), (rows_a, rows_b)  # each row once
     assert rows_a and all(i % 2 == 0 for i in rows_a) and all(i % 2 == 1 for i in rows_b)
 
@@ -151,7 +141,7 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
-    union, reference = {**_hs(store_a), **_hs(store_b)}, _hs(ref)
+    union, reference = {**hs_files(store_a), **hs_files(store_b)}, hs_files(ref)
     assert sorted(union) == sorted(reference)
     assert [n for n in reference if union[n] != reference[n]] == [], "differs from one host's run"
 
@@ -162,30 +152,17 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
         h.ssh(f"printf %s {shlex.quote(names)} >> /etc/hosts")
     from eagle3ops.train import torchrun_argv
 
-    procs = []
+    argvs = []
     for rank, h in enumerate(hosts):
         argv = torchrun_argv(
             f"{VENV}/bin/python", ["-m", "eagle3ops.ddp_probe", "--out", "/srv/probe"], nproc=1, nnodes=2,
             node_rank=rank, rdzv_endpoint=f"{a.ip}:29400", rdzv_id="e3t-nspawn",
         )  # fmt: skip
         cmd = "PYTHONPATH=/opt/e3/python OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=host0 " + shlex.join(argv)
-        procs.append(subprocess.Popen(
-            ["ssh", "-F", str(h.ssh_config), "-o", "BatchMode=yes", h.name, cmd],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        ))  # fmt: skip
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=300)[0])
-        finally:
-            if p.poll() is None:
-                p.kill()  # our own ssh client
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
+        argvs.append(["ssh", "-F", str(h.ssh_config), "-o", "BatchMode=yes", h.name, cmd])
+    run_together(argvs)  # our own ssh clients; the nodes run on the hosts
     # c10d hands out the global ranks in order of arrival: one process per host, ranks 0 and 1
-    recs = sorted(
-        (json.loads(f.read_text()) for h in hosts for f in (h.merged / "srv/probe").glob("rank*.json")),
-        key=lambda d: d["rank"],
-    )
+    recs = probe_records(*(h.merged / "srv/probe" for h in hosts))
     assert [(d["rank"], d["world_size"]) for d in recs] == [(0, 2), (1, 2)], recs
     assert sorted(d["host"] for d in recs) == sorted([a.name, b.name]), recs
     assert all(d["all_reduce_sum"] == 1.0 for d in recs) and recs[0]["grad"] == recs[1]["grad"]

@@ -29,7 +29,7 @@ PLAYBOOK = "playbooks/storage.yml"
 MARKER = ".eagle3ops-storage.json"
 TOOLS = ("losetup", "parted", "mkfs.xfs", "mkfs.ext4", "rsync", "wipefs", "blkid", "partx", "findmnt")
 
-pytestmark = [
+NEEDS_ROOT_AND_TOOLS = [  # this module's marks, shared by the tests that use its harness
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (loop devices, mounts); CI runs as root"),
     pytest.mark.skipif(
@@ -37,6 +37,7 @@ pytestmark = [
         reason=f"needs {', '.join(TOOLS)}: run `make system-deps`",
     ),
 ]
+pytestmark = NEEDS_ROOT_AND_TOOLS
 
 
 def sh(*cmd, check=True) -> subprocess.CompletedProcess:

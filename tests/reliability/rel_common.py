@@ -27,6 +27,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE / "faulthook"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))  # tinymodels
 
+from store_helpers import hs_files  # noqa: F401 - the suite imports it from here
 from tinymodels import build_prepared_dataset
 
 # 40 rows of 3..120 tokens, fixed by the seed
@@ -154,6 +155,16 @@ def prepared(tmp_path_factory):
     return build_prepared_dataset(tmp_path_factory.mktemp("rel-data") / "data", LENGTHS)
 
 
+@pytest.fixture(scope="module")
+def demo(zygote, tmp_path_factory):
+    """The demo target and its conversations (the same path as tests/unit/test_prepare.py: built once)."""
+    demo_dir = run_cache.demo_dir(tmp_path_factory)  # built once per run (tests/run_cache.py)
+    with run_cache.run_lock(tmp_path_factory, run_cache.DEMO):
+        r = zygote.run(["demo", "--out", demo_dir, "--json"])
+    assert r.rc == 0, r.stderr[-3000:]
+    return {"model": Path(r.json["model_path"]), "convs": Path(r.json["conversations_path"])}
+
+
 def fresh_data(prepared: Path, dest: Path) -> Path:
     shutil.copytree(prepared, dest)
     return dest
@@ -169,11 +180,6 @@ def reference(zygote, tiny_model, prepared, tmp_path_factory):
     res = r.json
     assert res["written"] == len(LENGTHS)
     return {"data": data, "counts": r.counts, "seconds": time.monotonic() - t0, "result": res}
-
-
-def hs_files(data: Path) -> dict[str, bytes]:
-    d = data / "hidden_states"
-    return {p.name: p.read_bytes() for p in sorted(d.glob("hs_*.safetensors"))}
 
 
 def leftovers(data: Path) -> list[str]:

@@ -17,7 +17,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import run_cache
 from rel_common import EXTRACT_ARGS, fresh_data, hs_files
 from tinymodels import build_prepared_dataset
 
@@ -35,23 +34,17 @@ def snapshot(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def demo_done(zygote, tmp_path_factory):
+def demo_done(zygote, demo, tmp_path_factory):
     """The demo target, its conversations prepared and extracted: a finished data directory."""
     base = tmp_path_factory.mktemp("bad-inputs")
-    # the same path and parameters as tests/unit/test_prepare.py's demo: built once per pytest session
-    demo_dir = run_cache.demo_dir(tmp_path_factory)  # built once per run (tests/run_cache.py)
-    with run_cache.run_lock(tmp_path_factory, run_cache.DEMO):
-        r = zygote.run(["demo", "--out", demo_dir, "--json"])
-    assert r.rc == 0, r.stderr[-3000:]
-    demo = r.json
-    model, convs = demo["model_path"], demo["conversations_path"]
+    model, convs = demo["model"], demo["convs"]  # rel_common's demo: built once per run
     argv = ["prepare", "--model", model, "--input", convs, "--out", base / "data", "--max-samples", "24"]
     r = zygote.run([*argv, "--json"])
     assert r.rc == 0, r.stderr[-3000:]
     r = zygote.run(["extract", "--data", base / "data", "--model", model, "--json", "--no-progress"])
     assert r.rc == 0, r.stderr[-3000:]
     assert r.json["written"] > 0
-    return {"base": base, "model": Path(model), "convs": Path(convs), "data": base / "data"}
+    return {"base": base, "model": model, "convs": convs, "data": base / "data"}
 
 
 def _refused(r, figures) -> str:

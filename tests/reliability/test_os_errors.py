@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-import run_cache
 from eagle3ops.store import HiddenStateStore
 from rel_common import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files, leftovers
 
@@ -198,16 +197,6 @@ def test_lengths_names_a_missing_data_dir_and_a_missing_out_folder(zygote, refer
     assert json.loads((tmp_path / "lengths.json").read_text()) == {str(i): n for i, n in enumerate(LENGTHS)}
     _one_line_error(zygote.run(["status", "--data", missing, "--json"]), str(missing))
     figures["bad_inputs_refused"] += 3
-
-
-@pytest.fixture(scope="module")
-def demo(zygote, tmp_path_factory):
-    """The demo target and its conversations (the same path as tests/unit/test_prepare.py: built once)."""
-    demo_dir = run_cache.demo_dir(tmp_path_factory)  # built once per run (tests/run_cache.py)
-    with run_cache.run_lock(tmp_path_factory, run_cache.DEMO):
-        r = zygote.run(["demo", "--out", demo_dir, "--json"])
-    assert r.rc == 0, r.stderr[-3000:]
-    return {"model": Path(r.json["model_path"]), "convs": Path(r.json["conversations_path"])}
 
 
 @pytest.mark.slow  # builds the demo target (shared with tests/unit/test_prepare.py in a full run)

@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-import run_cache
 from eagle3ops.store import HiddenStateStore
+from proc_helpers import alive
 from rel_common import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files
+from store_helpers import manifest_rows
 
 EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")
 
@@ -105,13 +106,7 @@ def test_second_extract_on_one_directory_fails_naming_the_first_and_writes_nothi
     res = json.loads(out.strip().splitlines()[-1])
     assert res["written"] == len(LENGTHS) and res["stale_lock"] is None
     # one manifest line per row: nothing was done twice
-    lines = [
-        json.loads(ln)
-        for f in sorted((data / "hidden_states").glob("manifest-rank*.jsonl"))
-        for ln in f.read_text().splitlines()
-        if ln.strip()
-    ]
-    assert sorted(d["i"] for d in lines) == list(range(len(LENGTHS)))
+    assert manifest_rows(data) == list(range(len(LENGTHS)))
     assert hs_files(data) == hs_files(reference["data"])
 
 
@@ -160,40 +155,22 @@ def test_workers_die_with_their_parent(tiny_model, prepared, tmp_path):
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         deadline = time.monotonic() + 5
-        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        while any(alive(w) for w in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(w) for w in workers), f"workers {workers} outlived their parent"
+        assert not any(alive(w) for w in workers), f"workers {workers} outlived their parent"
         files = sorted(p.name for p in (data / "hidden_states").iterdir())
         go.touch()  # a worker still alive would go on writing now
         time.sleep(1.5)
         assert sorted(p.name for p in (data / "hidden_states").iterdir()) == files
     finally:
         for w in workers:  # first: a surviving worker keeps the parent's stderr pipe open
-            if _alive(w):
+            if alive(w):
                 os.kill(w, signal.SIGKILL)  # a worker of this test's own extract run, by PID
         _kill(parent)
     # the samples that were written are whole: a re-run resumes from them
     store = HiddenStateStore(data)
     for i, e in store.scan_manifest().entries.items():
         assert store.path(i).stat().st_size == e.nbytes
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
-
-
-@pytest.fixture(scope="module")
-def demo(zygote, tmp_path_factory):
-    """The demo target and its conversations (the same path as tests/unit/test_prepare.py: built once)."""
-    demo_dir = run_cache.demo_dir(tmp_path_factory)  # built once per run (tests/run_cache.py)
-    with run_cache.run_lock(tmp_path_factory, run_cache.DEMO):
-        r = zygote.run(["demo", "--out", demo_dir, "--json"])
-    assert r.rc == 0, r.stderr[-3000:]
-    return {"model": Path(r.json["model_path"]), "convs": Path(r.json["conversations_path"])}
 
 
 @pytest.mark.slow  # builds the demo target (shared with tests/unit/test_prepare.py in a full run)

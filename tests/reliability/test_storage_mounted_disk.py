@@ -10,19 +10,11 @@ mid-copy, the empty-/data-after-restart refusal, a disk too small, a disk with a
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
-from hosts.test_storage_local import TOOLS, Env, fs_uuid, run, sh, snapshot
+from hosts.test_storage_local import NEEDS_ROOT_AND_TOOLS, Env, fs_uuid, run, sh, snapshot
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (loop devices, mounts); CI runs as root"),
-    pytest.mark.skipif(
-        any(shutil.which(t) is None for t in TOOLS),
-        reason=f"needs {', '.join(TOOLS)}: run `make system-deps`",
-    ),
-]
+pytestmark = NEEDS_ROOT_AND_TOOLS  # the harness's own marks: root, loop devices, the storage tools
 
 
 @pytest.fixture

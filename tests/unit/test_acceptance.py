@@ -339,39 +339,12 @@ def test_serve_unit_renders_valid_sglang_flags(tmp_path):
         assert v.returncode == 0, v.stderr
 
 
-def _sglang_wheel(version: str) -> Path:
-    """The sglang wheel of ``version``, cached under tests/.artifacts/sglang (downloaded once, --no-deps)."""
-    import subprocess
-
-    from sglang_standin import ARTIFACTS
-
-    def find():
-        return sorted(ARTIFACTS.glob(f"sglang-{version}-*.whl")) + sorted(
-            Path("/work/cache").glob(f"sglang-{version}-*.whl")
-        )
-
-    if not find():
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-            str(ARTIFACTS),
-        ]
-        subprocess.run([*cmd, f"sglang=={version}"], capture_output=True, timeout=900)
-    found = find()
-    assert found, f"no sglang {version} wheel in {ARTIFACTS} and pip download failed"
-    return found[0]
-
-
 def _cli_flags(version: str) -> set[str]:
     """Every command-line flag of that SGLang version's launch_server: ServerArgs fields without no_cli (in
     arg_groups/fields/*.py from 0.5.23 on, in srt/server_args.py before) and the extra parser.add_argument ones."""
-    with zipfile.ZipFile(_sglang_wheel(version)) as z:
+    from sglang_standin import sglang_wheel
+
+    with zipfile.ZipFile(sglang_wheel(version)) as z:
         names = [
             n for n in z.namelist() if n.startswith("sglang/srt/arg_groups/fields/") and n.endswith(".py")
         ]

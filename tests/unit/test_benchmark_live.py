@@ -20,7 +20,7 @@ from eagle3ops import serve_process as sp
 from eagle3ops.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_serve_live import free_port, standin_argv
+from test_serve_live import start_with_and_without
 
 MT = [
     {
@@ -167,27 +167,11 @@ def test_contamination_check_finds_mtbench_turns_in_training_data(files, tmp_pat
 def test_live_benchmark_and_report_with_and_without_the_draft(files, tmp_path, capsys):
     mt, held = files
     run_dir = tmp_path / "run"
-    pw, po = free_port(), free_port()
-    uw, uo = f"http://127.0.0.1:{pw}", f"http://127.0.0.1:{po}"
-    step = ["--standin-step-seconds", "0.01"]
     (tmp_path / "config.json").write_text("{}")  # the stand-in's "model" and "draft" directory
     sets = ["--set", f"heldout={held}", "--set", f"mtbench={mt}"]
     common = [*sets, "--concurrency", "1", "4", "--num-requests", "4", "--max-new-tokens", "30"]
     try:
-        sp.start(
-            run_dir,
-            "w",
-            sp.make_spec(standin_argv(tmp_path, pw, tmp_path, *step), {}, uw),
-            health_timeout=30,
-            interval=0.1,
-        )
-        sp.start(
-            run_dir,
-            "o",
-            sp.make_spec(standin_argv(tmp_path, po, None, *step), {}, uo),
-            health_timeout=30,
-            interval=0.1,
-        )
+        uw, uo = start_with_and_without(run_dir, tmp_path, tmp_path, step_seconds=0.01)
         ow, oo = tmp_path / "live_with.json", tmp_path / "live_without.json"
         base = ["benchmark-live", *common, "--mtbench-turns", "both", "--server-key", "k1"]
         assert main([*base, "--url", uw, "--out", str(ow), "--check", "--json"]) == 0

@@ -25,18 +25,10 @@ from pathlib import Path
 
 import pytest
 from eagle3ops import gpu
-from nvml_standin import StandInNVML
+from nvml_standin import StandInNVML, alive
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 @pytest.fixture
@@ -154,7 +146,7 @@ def test_foreign_holder_fails_with_pid_user_cmdline_and_mib(dev, spawn):
     with pytest.raises(gpu.GpuFreeError) as e:
         run(nvml, dev, timeout_s=0.5)
     assert 0.5 <= time.monotonic() - t0 < 3  # waited the timeout, not longer
-    assert _alive(p.pid), "a holder that is not allow-listed must never be signalled"
+    assert alive(p.pid), "a holder that is not allow-listed must never be signalled"
     (h,) = e.value.details["holders"]
     assert h["pid"] == p.pid and h["gpus"] == {0: 40960.0}
     assert h["user"] == "root" or h["user"] == os.environ.get("USER")
@@ -190,7 +182,7 @@ def test_run_id_as_command_line_token_and_other_run_ids_untouched(dev, spawn):
     nvml = StandInNVML([{"procs": {mine.pid: 100}}, {"procs": {other.pid: 100}}])
     with pytest.raises(gpu.GpuFreeError) as e:
         run(nvml, dev, allow=gpu.AllowList(run_ids=["train-7"]), timeout_s=0.5)
-    assert not _alive(mine.pid) and _alive(other.pid)
+    assert not alive(mine.pid) and alive(other.pid)
     assert [h["pid"] for h in e.value.details["holders"]] == [other.pid]
     assert "run id train-8 is not allow-listed" in str(e.value)
     assert [s["pid"] for s in e.value.details["stopped"]] == [mine.pid]
@@ -231,11 +223,11 @@ def test_check_mode_reports_what_would_be_stopped_and_stops_nothing(dev, spawn):
     assert [w["pid"] for w in r["would_stop"]] == [mine.pid] and r["would_stop"][0]["action"] == "would_stop"
     assert "stopped" not in r
     time.sleep(0.1)
-    assert _alive(mine.pid)
+    assert alive(mine.pid)
     # and without the allow-list, check mode predicts the failure
     with pytest.raises(gpu.GpuFreeError, match="check mode: 1 GPU"):
         run(nvml, dev, check_mode=True, timeout_s=0.2)
-    assert _alive(mine.pid)
+    assert alive(mine.pid)
 
 
 def test_pid_of_another_namespace_is_reported_with_local_device_users(dev, spawn):
@@ -252,7 +244,7 @@ def test_pid_of_another_namespace_is_reported_with_local_device_users(dev, spawn
     assert f"PID {ghost} on GPU 0: not in this PID namespace" in msg
     assert f"PID {local.pid} (" in msg and "GPU 0: device file open" in msg and "may be the holder" in msg
     assert e.value.details["gpus"][0]["device_users"] == [local.pid]
-    assert _alive(local.pid)
+    assert alive(local.pid)
 
 
 def test_inside_a_container_the_allow_listed_local_process_behind_a_host_pid_is_stopped(dev, spawn):
@@ -264,10 +256,10 @@ def test_inside_a_container_the_allow_listed_local_process_behind_a_host_pid_is_
     nvml = StandInNVML([{"procs": {host_pid: 50000}}, {}], aliases={host_pid: local.pid})
     allow = gpu.AllowList(run_ids=["extract-9"])
     r = run(nvml, dev, allow=allow, check_mode=True)
-    assert r["free"] and [w["pid"] for w in r["would_stop"]] == [local.pid] and _alive(local.pid)
+    assert r["free"] and [w["pid"] for w in r["would_stop"]] == [local.pid] and alive(local.pid)
     r = run(nvml, dev, allow=allow)
     assert r["free"] and [(x["pid"], x["source"]) for x in r["stopped"]] == [(local.pid, "device-file")]
-    assert local.wait(timeout=5) == -signal.SIGTERM and _alive(bystander.pid)
+    assert local.wait(timeout=5) == -signal.SIGTERM and alive(bystander.pid)
 
 
 def test_memory_used_by_no_listed_process_names_the_device_users(dev, spawn):
@@ -290,7 +282,7 @@ def test_visible_pid_without_nvidia_device_open_is_unverified_and_not_stopped(de
     (h,) = e.value.details["holders"]
     assert h["verified"] is False and h["allowed_by"] is None
     assert "no /dev/nvidia* open here" in h["hint"]
-    assert _alive(bystander.pid)
+    assert alive(bystander.pid)
 
 
 def test_no_driver_fails_clearly_or_skips_when_not_required(monkeypatch):
@@ -397,7 +389,7 @@ def test_holder_in_a_systemd_unit_names_the_unit_and_the_services_phase(dev, spa
     (h,) = e.value.details["holders"]
     assert h["unit"] == "vllm.service" and h["cgroup"].endswith(".slice/vllm.service")
     assert "held by vllm.service: add it to the services phase" in str(e.value)
-    assert _alive(p.pid)
+    assert alive(p.pid)
 
 
 @needs_cgroup_root
@@ -410,7 +402,20 @@ def test_allow_listed_unit_is_stopped_by_signal_without_systemd(dev, spawn, cgro
     nvml = StandInNVML([{"procs": {p.pid: 1000}}, {}])
     r = run(nvml, dev, allow=gpu.AllowList(units=["sglang-*.service"]), gpus=["0"])
     assert r["free"] and r["stopped"][0]["allowed_by"] == "unit:sglang-*.service"
-    assert p.wait(timeout=5) == -signal.SIGTERM and _alive(q.pid)
+    assert p.wait(timeout=5) == -signal.SIGTERM and alive(q.pid)
+
+
+def _systemctl_standin(tmp_path, monkeypatch, then: str = "") -> Path:
+    """A STAND-IN ``systemctl`` first on PATH (systemd is not PID 1 here) that appends its arguments to the
+    returned log and then runs the shell line ``then``; and ``eagle3ops.gpu`` told that systemd runs."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "systemctl.log"
+    (bindir / "systemctl").write_text(f'#!/bin/bash\necho "$@" >> {log}\n{then}\n')
+    (bindir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setattr(gpu, "_systemd_running", lambda: True)
+    return log
 
 
 @needs_cgroup_root
@@ -421,13 +426,7 @@ def test_allow_listed_unit_is_stopped_with_systemctl_when_systemd_runs(
     arguments and kills the processes of the unit's real cgroup, as ``systemctl stop`` would."""
     p = spawn(0)
     cg = cgroups(p.pid, "vllm.service")
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    log = tmp_path / "systemctl.log"
-    (bindir / "systemctl").write_text(f'#!/bin/bash\necho "$@" >> {log}\nkill $(cat {cg}/cgroup.procs)\n')
-    (bindir / "systemctl").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    monkeypatch.setattr(gpu, "_systemd_running", lambda: True)
+    log = _systemctl_standin(tmp_path, monkeypatch, f"kill $(cat {cg}/cgroup.procs)")
     nvml = StandInNVML([{"procs": {p.pid: 1000}}])
     r = run(nvml, dev, allow=gpu.AllowList(units=["vllm.service"]))
     assert r["free"] and r["stopped"][0]["action"] == "systemctl-stopped"
@@ -443,13 +442,7 @@ def test_unit_inside_a_container_is_signalled_not_systemctl_stopped(
     (``systemctl`` here is a STAND-IN that records calls; systemd is not PID 1 on this machine)."""
     p = spawn(0)
     cgroups(p.pid, "lxc.payload.105/system.slice/vllm.service")
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    log = tmp_path / "systemctl.log"
-    (bindir / "systemctl").write_text(f'#!/bin/bash\necho "$@" >> {log}\n')
-    (bindir / "systemctl").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    monkeypatch.setattr(gpu, "_systemd_running", lambda: True)
+    log = _systemctl_standin(tmp_path, monkeypatch)
     nvml = StandInNVML([{"procs": {p.pid: 1000}}])
     r = run(nvml, dev, allow=gpu.AllowList(units=["vllm.service"]))
     (s,) = r["stopped"]
@@ -572,21 +565,11 @@ def test_gpu_proof_script_runs_end_to_end_on_the_standins(tmp_path):
 
 
 def test_module_documentation_parses_and_matches_its_options():
-    import ast
-    import re
-
     import yaml
+    from test_module_docs import module_docs
 
-    src = (REPO / "library/gpu_vram_free.py").read_text()
-    docs = {
-        n.targets[0].id: yaml.safe_load(n.value.value)
-        for n in ast.parse(src).body
-        if isinstance(n, ast.Assign)
-        and getattr(n.targets[0], "id", "") in ("DOCUMENTATION", "EXAMPLES", "RETURN")
-    }
-    assert set(docs) == {"DOCUMENTATION", "EXAMPLES", "RETURN"}
-    spec = set(re.findall(r"^\s{12}(\w+)=dict\(", src, re.M))
-    assert spec and set(docs["DOCUMENTATION"]["options"]) == spec
+    docs, spec = module_docs(REPO / "library/gpu_vram_free.py")
+    assert spec and set(docs["DOCUMENTATION"]["options"]) == set(spec)
     role_defaults = yaml.safe_load((REPO / "roles/gpu_free/defaults/main.yml").read_text())
     assert all(k.startswith("gpu_free_") for k in role_defaults)
     assert role_defaults["gpu_free_gpu_required"] is False  # the local CPU default skips
@@ -615,4 +598,4 @@ except gpu.GpuFreeError as e:
     (h,) = json.loads(r.stdout.strip().splitlines()[-1])
     assert h["pid"] == p.pid and h["visible"] is True and h["verified"] is None and h["allowed_by"] is None
     assert "cannot read its open files (run as root)" in h["hint"]
-    assert _alive(p.pid)
+    assert alive(p.pid)

@@ -45,6 +45,19 @@ def _argument_spec(path: Path) -> dict:
     raise AssertionError(f"{path}: no AnsibleModule(argument_spec=...) found")
 
 
+def module_docs(path: Path) -> tuple[dict, dict]:
+    """A library/ module's DOCUMENTATION, EXAMPLES and RETURN (each YAML, read from its source; all three must be
+    there) and its argument_spec, for the per-module tests that check more than this file does."""
+    docs = {
+        n.targets[0].id: yaml.safe_load(n.value.value)
+        for n in ast.parse(path.read_text()).body
+        if isinstance(n, ast.Assign)
+        and getattr(n.targets[0], "id", "") in ("DOCUMENTATION", "EXAMPLES", "RETURN")
+    }
+    assert set(docs) == {"DOCUMENTATION", "EXAMPLES", "RETURN"}, f"{path}: {sorted(docs)}"
+    return docs, _argument_spec(path)
+
+
 @pytest.mark.parametrize("name", MODULES)
 def test_ansible_doc_parses_and_options_match(name):
     p = subprocess.run(

@@ -66,19 +66,8 @@ def test_show(capsys):
 
 def test_module_documentation_parses_and_matches_its_argument_spec():
     """library/proxmox_lxc_gpu.py: DOCUMENTATION/EXAMPLES/RETURN are YAML and document every option."""
-    import ast
-    import re
+    from test_module_docs import module_docs
 
-    import yaml
-
-    src = (FIX.parents[2] / "library" / "proxmox_lxc_gpu.py").read_text()
-    docs = {
-        n.targets[0].id: yaml.safe_load(n.value.value)
-        for n in ast.parse(src).body
-        if isinstance(n, ast.Assign)
-        and getattr(n.targets[0], "id", "") in ("DOCUMENTATION", "EXAMPLES", "RETURN")
-    }
-    assert set(docs) == {"DOCUMENTATION", "EXAMPLES", "RETURN"}
-    spec = set(re.findall(r"^\s{12}(\w+)=dict\(", src, flags=re.M))
-    assert spec and spec == set(docs["DOCUMENTATION"]["options"])
+    docs, spec = module_docs(FIX.parents[2] / "library" / "proxmox_lxc_gpu.py")
+    assert spec and set(spec) == set(docs["DOCUMENTATION"]["options"])
     assert {"restart_needed", "plan", "devices"} <= set(docs["RETURN"])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from eagle3ops.runlock import LockHeld, RunLock, holder, lock_path
+from proc_helpers import alive
 
 HOLD = (
     "import sys, time\nfrom eagle3ops.runlock import RunLock\n"
@@ -116,19 +117,10 @@ def test_a_child_works_under_its_parents_lock_and_dies_with_it(tmp_path):
         parent.send_signal(signal.SIGKILL)
         parent.wait()
         deadline = time.monotonic() + 5
-        while _alive(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child), "the child outlived its parent"
+        assert not alive(child), "the child outlived its parent"
     finally:
         _end(parent)
-        if _alive(child):
+        if alive(child):
             os.kill(child, signal.SIGKILL)  # this test's own child, by PID
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its new parent to reap it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")

@@ -33,6 +33,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_with_and_without(run_dir, model_dir, draft, *, step_seconds: float) -> tuple[str, str]:
+    """Two stand-in servers under ``run_dir``, started and healthy, each on a free port: ``w`` with the EAGLE3
+    draft, ``o`` without; returns their URLs. The caller stops both (``sp.stop(run_dir, "w")``, ``"o"``)."""
+    step = ["--standin-step-seconds", str(step_seconds)]
+    urls = []
+    for name, d in (("w", draft), ("o", None)):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        sp.start(run_dir, name, sp.make_spec(standin_argv(model_dir, port, d, *step), {}, url), health_timeout=30,
+                 interval=0.1)  # fmt: skip
+        urls.append(url)
+    return urls[0], urls[1]
+
+
 @pytest.fixture
 def model(tmp_path):
     m = tmp_path / "model"
@@ -236,20 +250,8 @@ def test_load_generator_numbers_come_from_real_timings(model, run_dir):
     them concurrently the wall time shrinks; with the draft (2.5 tokens per 20 ms step) a request is faster than
     without (1 token per 20 ms step). The steps are long enough that a busy CPU does not hide them."""
     m, d = model
-    pw, po = free_port(), free_port()
-    uw, uo = f"http://127.0.0.1:{pw}", f"http://127.0.0.1:{po}"
-    step = ["--standin-step-seconds", "0.02"]
     try:
-        sp.start(
-            run_dir, "w", sp.make_spec(standin_argv(m, pw, d, *step), {}, uw), health_timeout=30, interval=0.1
-        )
-        sp.start(
-            run_dir,
-            "o",
-            sp.make_spec(standin_argv(m, po, None, *step), {}, uo),
-            health_timeout=30,
-            interval=0.1,
-        )
+        uw, uo = start_with_and_without(run_dir, m, d, step_seconds=0.02)
         reqs = [[f"question {i}"] for i in range(4)]
         w1 = loadgen.run_load(uw, reqs, concurrency=1, max_new_tokens=50)
         o1 = loadgen.run_load(uo, reqs, concurrency=1, max_new_tokens=50)

@@ -60,6 +60,26 @@ def _cfg(data_dir, model, url, **kw):
     return SGLangExtractConfig(data_dir=str(data_dir), model_path=str(model), url=url, progress=False, **kw)
 
 
+def _cli(data_dir, model, url, *extra) -> list[str]:
+    """``eagle3ops sglang-extract`` as a process (the real CLI), with ``--json``."""
+    return [sys.executable, "-m", "eagle3ops", "sglang-extract", "--data", str(data_dir), "--model", str(model),
+            "--url", url, *extra, "--json"]  # fmt: skip
+
+
+def _wait_for_rows(data_dir, n, writer) -> None:
+    """Poll the manifests until ``n`` rows are recorded (2 min at most) while ``writer`` (the extraction: a
+    process or a thread) still runs."""
+    store = HiddenStateStore(data_dir)
+    t0 = time.monotonic()
+    while len(store.scan_manifest().entries) < n:
+        if isinstance(writer, subprocess.Popen):
+            assert writer.poll() is None, writer.communicate()
+        else:
+            assert writer.is_alive(), "the extraction ended before it was interrupted"
+        assert time.monotonic() - t0 < 120
+        time.sleep(0.05)
+
+
 def _stats(url):
     return json.loads(_request(url + "/standin/stats", None, 5)[1])
 
@@ -114,29 +134,10 @@ def test_a_permanent_error_fails_its_row_only(tmp_path, data_dir, tiny_target):
 
 def test_kill_9_of_the_client_mid_run_then_resume(tmp_path, data_dir, tiny_target, reference):
     with standin_server(tmp_path, data_dir, tiny_target, "--batch-delay", "0.4", "--max-batch", "1") as url:
-        cmd = [
-            sys.executable,
-            "-m",
-            "eagle3ops",
-            "sglang-extract",
-            "--data",
-            str(data_dir),
-            "--model",
-            str(tiny_target),
-            "--url",
-            url,
-            "--concurrency",
-            "1",
-            "--no-progress",
-            "--json",
-        ]
+        cmd = _cli(data_dir, tiny_target, url, "--concurrency", "1", "--no-progress")
         client = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _wait_for_rows(data_dir, 3, client)
         store = HiddenStateStore(data_dir)
-        t0 = time.monotonic()
-        while len(store.scan_manifest().entries) < 3:
-            assert client.poll() is None, client.communicate()
-            assert time.monotonic() - t0 < 120
-            time.sleep(0.05)
         os.kill(client.pid, signal.SIGKILL)
         client.wait()
         done_at_kill = len(store.scan_manifest().entries)
@@ -160,11 +161,7 @@ def test_the_server_restarting_mid_run_is_waited_for(tmp_path, data_dir, tiny_ta
         cfg = _cfg(data_dir, tiny_target, url, concurrency=2, retries=3, request_timeout=20)
         t = threading.Thread(target=lambda: box.update(res=run_sglang_extraction(cfg)))
         t.start()
-        store = HiddenStateStore(data_dir)
-        t0 = time.monotonic()
-        while len(store.scan_manifest().entries) < 3:
-            assert t.is_alive() and time.monotonic() - t0 < 120
-            time.sleep(0.05)
+        _wait_for_rows(data_dir, 3, t)
     assert t.is_alive()  # the server is gone, the client is waiting
     with standin_server(tmp_path, data_dir, tiny_target, *args):
         t.join(timeout=300)
@@ -194,11 +191,7 @@ def test_a_server_that_died_ends_the_run_at_once(tmp_path, data_dir, tiny_target
 
         t = threading.Thread(target=run)
         t.start()
-        store = HiddenStateStore(data_dir)
-        t0 = time.monotonic()
-        while len(store.scan_manifest().entries) < 2:
-            assert t.is_alive() and time.monotonic() - t0 < 120
-            time.sleep(0.05)
+        _wait_for_rows(data_dir, 2, t)
     died = time.monotonic()
     t.join(timeout=60)
     assert not t.is_alive(), "the client still waits for a server that is gone"
@@ -210,22 +203,7 @@ def test_a_server_that_died_ends_the_run_at_once(tmp_path, data_dir, tiny_target
 
 def test_plan_contacts_no_server(data_dir, tiny_target):
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eagle3ops",
-            "sglang-extract",
-            "--data",
-            str(data_dir),
-            "--model",
-            str(tiny_target),
-            "--url",
-            "http://127.0.0.1:9",
-            "--plan",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+        _cli(data_dir, tiny_target, "http://127.0.0.1:9", "--plan"), capture_output=True, text=True
     )
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert r.returncode == 0 and out["to_extract"] == len(LENGTHS) and out["changed"] is True

@@ -10,15 +10,14 @@ over several nodes on CPU (``test_speculators_distributed_setup_needs_an_acceler
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from eagle3ops import train
+from proc_helpers import probe_records, run_together
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,8 +97,8 @@ def test_two_nodes_meet_at_the_c10d_rendezvous_and_all_reduce_with_gloo(tmp_path
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
     }
-    procs = [
-        subprocess.Popen(
+    run_together(
+        [
             train.torchrun_argv(
                 sys.executable,
                 ["-m", "eagle3ops.ddp_probe", "--out", str(out)],
@@ -108,23 +107,12 @@ def test_two_nodes_meet_at_the_c10d_rendezvous_and_all_reduce_with_gloo(tmp_path
                 node_rank=r,
                 rdzv_endpoint=f"127.0.0.1:{port}",
                 rdzv_id="e3t-probe",
-            ),
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in (0, 1)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=300)[0])
-        finally:
-            if p.poll() is None:
-                p.kill()  # our own child
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
-    recs = sorted((json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)), key=lambda d: d["rank"])
+            )
+            for r in (0, 1)
+        ],
+        env=env,
+    )
+    recs = probe_records(out)
     assert [(d["rank"], d["world_size"], d["backend"]) for d in recs] == [(0, 2, "gloo"), (1, 2, "gloo")]
     assert all(d["all_reduce_sum"] == 1.0 for d in recs)  # 0 + 1: a real collective over both nodes
     assert recs[0]["grad"] == recs[1]["grad"]  # DDP averaged the two ranks' different gradients
