@@ -367,9 +367,9 @@ def lane_smol(a) -> None:
     def train(key):
         @stage(f"smol_train_{key}", 90)
         def tr():
-            # the same budget for both; what is left after it must still fit the serving stages (~450 s:
+            # the same budget for both; what is left after it must still fit the serving stages (~600 s:
             # three EAGLE3 servers measured, two guard servers, each started without CUDA graphs)
-            t_train = int(min(a.train_timeout, max(60, left() - 450)))
+            t_train = int(min(a.train_timeout, max(60, left() - 600)))
             r = cli("train", "--data", str(d / f"data-{key}"), "--verifier", str(m), "--run-dir",
                     str(d / f"run-{key}"), "--device", "gpu" if a.device == "cuda" else "cpu", "--epochs", str(a.epochs), "--total-seq-len",
                     str(a.total_seq_len), "--launcher", "setsid", "--wait", "--timeout", str(t_train),
