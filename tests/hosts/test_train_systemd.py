@@ -72,9 +72,32 @@ def _result(cp) -> dict:
     return json.loads(line[-1][len("RESULT ") :])
 
 
+def _module_closure(start: str) -> list[str]:
+    """``start`` and every eagle3ops module it imports at module level, transitively (what the guest needs
+    to import it; the guest has no torch, so lazy imports inside functions are left out on purpose)."""
+    import ast
+
+    pkg = ROOT / "python" / "eagle3ops"
+    todo, seen = [start], {"__init__.py"}
+    while todo:
+        rel = todo.pop()
+        if rel in seen:
+            continue
+        seen.add(rel)
+        for node in ast.parse((pkg / rel).read_text()).body:
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "eagle3ops":
+                sub = node.module.split(".")[1:]
+                names = [sub[0]] if sub else [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name.split(".")[1] for a in node.names if a.name.startswith("eagle3ops.")]
+            todo += [f"{n}.py" for n in names if (pkg / f"{n}.py").exists()]
+    return sorted(seen)
+
+
 def test_systemd_transient_unit_launch_liveness_and_stop(nspawn_host):
     h = nspawn_host
-    for rel in ("__init__.py", "durable.py", "store.py", "train.py"):
+    for rel in _module_closure("train.py"):
         h.put(f"/opt/e3/python/eagle3ops/{rel}", (ROOT / "python" / "eagle3ops" / rel).read_text())
     h.put("/opt/e3/fake_trainer.py", FAKE_TRAINER)
     h.put("/opt/e3/fakepy", '#!/bin/sh\nexec python3 /opt/e3/fake_trainer.py "$@"\n', mode="0755")
