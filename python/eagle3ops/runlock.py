@@ -89,7 +89,8 @@ def _now_iso(t: float) -> str:
     return _dt.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
 
-def _pid_alive(pid) -> bool:
+def pid_alive(pid) -> bool:
+    """True while process ``pid`` runs (a zombie, exited but not reaped, counts as gone)."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
@@ -171,7 +172,7 @@ class RunLock:
                     break
                 except BlockingIOError:
                     rec = _read_record(fd)
-                    live = rec is not None and _pid_alive(rec.get("pid"))
+                    live = rec is not None and pid_alive(rec.get("pid"))
                     # no record yet (its holder is between flock and the write, or a check-mode probe): retry
                     # for up to a second; a live holder: fail at once unless asked to wait
                     if time.monotonic() >= deadline or (live and self.wait <= 0):

@@ -89,14 +89,10 @@ def server_gone(pid: int | None = None, unit: str | None = None) -> str | None:
 
     A unit that is restarting (``activating``) or a live process is not gone: waiting for it is right."""
     if pid:
-        try:
-            stat = Path(f"/proc/{int(pid)}/stat").read_text()
-        except (FileNotFoundError, ProcessLookupError):
-            return f"its process (PID {pid}) is gone"
-        except OSError:
-            stat = ""
-        if stat and stat.rpartition(")")[2].split()[:1] == ["Z"]:
-            return f"its process (PID {pid}) has exited (a zombie its parent has not reaped)"
+        from eagle3ops.runlock import pid_alive
+
+        if not pid_alive(int(pid)):
+            return f"its process (PID {pid}) is gone (exited, or a zombie its parent has not reaped)"
     if unit:
         try:
             r = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30)
