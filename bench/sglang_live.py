@@ -218,6 +218,14 @@ def measure(url: str, questions: list[str], max_new: int, concurrency: int, rend
     return r
 
 
+def measure_pair(url: str, qs: list[str], a, render) -> dict:
+    """batch 1 and ``a.bench_concurrency`` on one server: the measurement every serving stage reports."""
+    return {
+        "batch1": measure(url, qs, a.bench_tokens, 1, render),
+        f"conc{a.bench_concurrency}": measure(url, qs, a.bench_tokens, a.bench_concurrency, render),
+    }
+
+
 def norm(s: str) -> str:
     return " ".join(s.lower().split())
 
@@ -326,13 +334,7 @@ def lane_smol(a) -> None:
 
         @stage("smol_baseline_measure", 60)
         def baseline():
-            return {
-                "cuda_graphs": True,
-                "batch1": measure(base.url, qs, a.bench_tokens, 1, render),
-                f"conc{a.bench_concurrency}": measure(
-                    base.url, qs, a.bench_tokens, a.bench_concurrency, render
-                ),
-            }
+            return {"cuda_graphs": True, **measure_pair(base.url, qs, a, render)}
 
         baseline()
     finally:
@@ -411,20 +413,18 @@ def lane_smol(a) -> None:
         except Exception as e:  # the unpaired baseline above still stands
             paired["error"] = f"{type(e).__name__}: {e}"
 
+    configs = [("regen", (3, 1, 4)), ("orig", (3, 1, 4)), ("regen", (5, 1, 6))]
     base_thread = threading.Thread(target=start_base, name="base_paired")
-    base_thread.start()
+    if any((d / f"draft-{key}" / "config.json").exists() for key, _ in configs):  # else nothing to pair
+        base_thread.start()
 
     def paired_baseline() -> dict:
         base_thread.join()
         s = paired.get("server")
         if s is None:
             return {"error": paired.get("error", "no baseline server")}
-        return {
-            "batch1": measure(s.url, qs, a.bench_tokens, 1, render),
-            f"conc{a.bench_concurrency}": measure(s.url, qs, a.bench_tokens, a.bench_concurrency, render),
-        }
+        return measure_pair(s.url, qs, a, render)
 
-    configs = [("regen", (3, 1, 4)), ("orig", (3, 1, 4)), ("regen", (5, 1, 6))]
     for key, spec in configs:
         draft = d / f"draft-{key}"
         if not (draft / "config.json").exists():
@@ -435,13 +435,7 @@ def lane_smol(a) -> None:
             with start_server(
                 f"smol_eagle3_{key}_{spec[0]}", m, 30011, draft=draft, spec=spec, cuda_graph=a.cuda_graphs
             ) as s:
-                out = {
-                    "ready_s": s.ready_s,
-                    "batch1": measure(s.url, qs, a.bench_tokens, 1, render),
-                    f"conc{a.bench_concurrency}": measure(
-                        s.url, qs, a.bench_tokens, a.bench_concurrency, render
-                    ),
-                }
+                out = {"ready_s": s.ready_s, **measure_pair(s.url, qs, a, render)}
             out["baseline_paired"] = paired_baseline()
             for b in ("batch1", f"conc{a.bench_concurrency}"):
                 with_, without = (
@@ -453,7 +447,8 @@ def lane_smol(a) -> None:
 
         serve_measure()
 
-    base_thread.join()
+    if base_thread.is_alive():
+        base_thread.join()
     if paired.get("server"):
         paired["server"].stop()
 
