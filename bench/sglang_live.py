@@ -7,16 +7,26 @@ the regenerated and the original answers are each prepared, extracted (transform
 (speculators, same budget, in parallel); each draft is converted and served with EAGLE3, and MT-bench first
 turns (never in the training data: checked) are measured: acceptance length from the server
 (completion tokens / spec_verify_ct, per request and overall) and output tok/s with and without the draft at
-batch 1 and at a higher concurrency, at steps/topk/draft tokens 3/1/4 and 5/1/6.
+batch 1 and at a higher concurrency, at steps/topk/draft tokens 3/1/4 and 5/1/6; the offline estimate of the
+CPU path (``eagle3ops benchmark-acceptance``) on the same prompts; the serve guard passing on the right draft
+and firing on a copy whose aux layer ids are wrong; then, if the budget allows, the serve and benchmark phases
+themselves (``playbooks/serve.yml`` + ``playbooks/benchmark.yml`` with ``inventory/gpu-box``) on the draft.
 
-Lane ``demo`` (#17): the demo target (tiny DeepSeek-V3, MLA + MoE) through the real server: the capture patch
-applied to the installed SGLang, hidden states extracted through the patched server, compared with the
-transformers backend's files, the patch restored byte-exact; the demo draft served, and the serve guard shown
-passing on it and firing on a deliberately wrong draft config.
+Lane ``demo`` (#17, ``bench/sglang_live_demo.py``): the demo target (tiny DeepSeek-V3, MLA + MoE) through the
+real server: the capture patch applied to the installed SGLang, hidden states extracted through the patched
+server, compared with the transformers backend's files, the patch restored byte-exact; a demo draft trained
+and served by the serve and benchmark phases (the playbooks) against the real server.
+
+Every server runs with CUDA graphs (the box's wheelhouse carries ``sgl-deep-gemm``, which 0.5.17's EAGLE worker
+imports when graphs are on); one that fails to start with them is started once more without, and its
+measurements are then paired with a baseline server started the same way. Several servers share the GPU:
+each takes half of the memory free when it starts (0.5.17's profile) and caps its KV pool
+(``--max-total-tokens``), so servers that start at the same time cannot starve each other.
 
 Everything is bounded by ``--budget-s``; a stage that would not fit is skipped and says so. Results:
-``WORK/res/<stage>.json``, one ``WORK/summary.json``; logs in ``WORK/logs``. Harness only: servers are started
-here with plain ``python -m sglang.launch_server`` (the serve phase's own launcher is exercised by lane demo).
+``WORK/res/<stage>.json``, one ``WORK/summary.json``; logs in ``WORK/logs``. The harness starts its own
+measuring servers with the server command (``python -m sglang.launch_server``; ``LIVE_SERVER_CMD`` replaces it,
+e.g. by ``tests/fixtures/sglang_standin_server.py`` for ``--smoke``, a CPU dry run of the whole control flow).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import concurrent.futures as cf
 import gzip
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -44,6 +55,10 @@ DEADLINE = [T0 + 1e9]
 W = Path("/tmp/live")
 SUMMARY: dict = {}
 _LOCK = threading.Lock()
+SERVER_CMD = shlex.split(os.environ.get("LIVE_SERVER_CMD", "")) or [PY, "-m", "sglang.launch_server"]
+# set when lane demo no longer uses the GPU: lane smol's measurements wait for it (bounded), so its tok/s
+# figures are not taken while the other lane serves or trains
+DEMO_QUIET = threading.Event()
 
 BOX_FLAGS = [  # what the trimmed kernels of the box's wheelhouse need (../shared/notes/gpu-box-sglang.md)
     "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
@@ -134,15 +149,26 @@ def http(url: str, body: dict | None = None, timeout: float = 300) -> dict:
 
 
 class Server:
-    """One SGLang server process (plain or EAGLE3), its log under WORK/logs/NAME.log."""
+    """One SGLang server process (plain or EAGLE3), its log under WORK/logs/NAME.log.
 
-    def __init__(self, name, model, port, draft=None, spec=(3, 1, 4), extra=(), cuda_graph=True, mem=0.2):
+    ``mem``: --mem-fraction-static, a share of the memory free at its start (0.5.17); ``max_tokens`` caps the KV
+    pool, so the server takes little of the GPU whatever ``mem`` says. ``graph_bs``: the largest batch captured
+    in a CUDA graph (fewer graphs, faster start; the measurements use batch 1 and a small concurrency)."""
+
+    def __init__(self, name, model, port, draft=None, spec=(3, 1, 4), extra=(), cuda_graph=True, mem=0.5,
+                 max_tokens=262144, graph_bs=None):  # fmt: skip
         self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
-        self.argv = [PY, "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port),
-                     "--host", "127.0.0.1", "--dtype", "bfloat16", "--mem-fraction-static", str(mem),
-                     "--log-level", "info", *BOX_FLAGS, *extra]  # fmt: skip
+        self.cuda_graph, self.spec, self.draft = cuda_graph, spec, draft
+        self.args = (name, model, port)
+        self.kw = {"draft": draft, "spec": spec, "extra": extra, "mem": mem, "max_tokens": max_tokens,
+                   "graph_bs": graph_bs}  # fmt: skip
+        self.argv = [*SERVER_CMD, "--model-path", str(model), "--port", str(port), "--host", "127.0.0.1",
+                     "--dtype", "bfloat16", "--mem-fraction-static", str(mem), "--max-total-tokens",
+                     str(max_tokens), "--log-level", "info", *BOX_FLAGS, *extra]  # fmt: skip
         if not cuda_graph:
             self.argv.append("--disable-cuda-graph")
+        elif graph_bs:
+            self.argv += ["--cuda-graph-max-bs", str(graph_bs)]
         if draft:
             n, k, d = spec
             self.argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
@@ -152,7 +178,7 @@ class Server:
         self.proc = None
         self.ready_s = None
 
-    def start(self, timeout: float = 240, env: dict | None = None) -> Server:
+    def start(self, timeout: float = 300, env: dict | None = None) -> Server:
         (W / "logs").mkdir(parents=True, exist_ok=True)
         logf = open(W / "logs" / f"{self.name}.log", "w")  # noqa: SIM115 - lives as long as the server
         t = time.time()
@@ -166,7 +192,9 @@ class Server:
             try:
                 urllib.request.urlopen(self.url + "/health", timeout=2).read()
                 self.ready_s = round(time.time() - t, 1)
-                log(f"{self.name}: healthy after {self.ready_s} s")
+                log(
+                    f"{self.name}: healthy after {self.ready_s} s (CUDA graphs {'on' if self.cuda_graph else 'off'})"
+                )
                 return self
             except (urllib.error.URLError, OSError):
                 time.sleep(1)
@@ -193,15 +221,22 @@ class Server:
         self.stop()
 
 
-def start_server(*a, **k) -> Server:
-    """Start with CUDA graphs; fall back to --disable-cuda-graph once if that start fails."""
+def start_server(*a, timeout: float = 300, env: dict | None = None, **k) -> Server:
+    """Start with CUDA graphs; fall back to --disable-cuda-graph once if that start fails (the failure is kept in
+    WORK/logs/NAME.graphs-failed.log and in the server's ``graph_error``)."""
     s = Server(*a, **k)
     try:
-        return s.start()
+        return s.start(timeout=timeout, env=env)
     except RuntimeError as e:
+        if not s.cuda_graph:
+            raise
         log(f"{s.name}: start with CUDA graphs failed ({str(e)[-300:]}); retrying with --disable-cuda-graph")
-        k = {**k, "cuda_graph": False}
-        return Server(*a, **k).start()
+        failed = W / "logs" / f"{s.name}.log"
+        if failed.exists():
+            failed.replace(W / "logs" / f"{s.name}.graphs-failed.log")
+        s2 = Server(*a, **{**k, "cuda_graph": False})
+        s2.graph_error = str(e)[-600:]
+        return s2.start(timeout=timeout, env=env)
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -214,20 +249,81 @@ def measure(url: str, questions: list[str], max_new: int, concurrency: int, rend
     r = run_load(
         url, [[q] for q in questions], concurrency=concurrency, max_new_tokens=max_new, render=render
     )
+    # acceptance_per_request stays: completion tokens / spec_verify_ct of each request
     r.pop("per_turn", None)
     return r
 
 
-def measure_pair(url: str, qs: list[str], a, render) -> dict:
+def measure_pair(url: str, qs: list[str], a, render, tokens: int) -> dict:
     """batch 1 and ``a.bench_concurrency`` on one server: the measurement every serving stage reports."""
     return {
-        "batch1": measure(url, qs, a.bench_tokens, 1, render),
-        f"conc{a.bench_concurrency}": measure(url, qs, a.bench_tokens, a.bench_concurrency, render),
+        "batch1": measure(url, qs, tokens, 1, render),
+        f"conc{a.bench_concurrency}": measure(url, qs, tokens, a.bench_concurrency, render),
     }
 
 
 def norm(s: str) -> str:
     return " ".join(s.lower().split())
+
+
+def eagle3ops_wrapper() -> Path:
+    """/tmp/e3bin/eagle3ops: ``python -m eagle3ops`` with this checkout first on the path (the roles' executable)."""
+    d = Path(os.environ.get("LIVE_E3BIN", "/tmp/e3bin"))
+    d.mkdir(parents=True, exist_ok=True)
+    w = d / "eagle3ops"
+    w.write_text(f'#!/bin/sh\nexec "{PY}" -m eagle3ops "$@"\n')
+    w.chmod(0o755)
+    return w
+
+
+def ansible_playbook() -> list[str] | None:
+    """How to run ansible-playbook here: next to this interpreter, in /tmp/sglsite/bin (pip --target), on PATH."""
+    for c in (Path(PY).parent / "ansible-playbook", Path("/tmp/sglsite/bin/ansible-playbook")):
+        if c.exists():
+            return [PY, str(c)]
+    w = shutil.which("ansible-playbook")
+    return [w] if w else None
+
+
+def run_playbooks(name: str, extravars: dict, timeout: float) -> dict:
+    """playbooks/serve.yml + playbooks/benchmark.yml on inventory/gpu-box (connection local), with the run's own
+    paths as extra variables. Returns the recap counts, the guard's and the report's results and the log tail."""
+    apb = ansible_playbook()
+    if not apb:
+        return {"error": "no ansible-playbook (carry ansible-core)"}
+    d = W / f"pb-{name}"
+    d.mkdir(parents=True, exist_ok=True)
+    ev = {
+        "eagle3ops_workdir": str(d / "work"),
+        "runtime_eagle3ops_bin": str(eagle3ops_wrapper()),
+        **extravars,
+    }
+    (d / "vars.json").write_text(json.dumps(ev, indent=1))
+    argv = [*apb, "-i", str(ROOT / "inventory" / "gpu-box"), "-e", f"@{d / 'vars.json'}",
+            str(ROOT / "playbooks" / "serve.yml"), str(ROOT / "playbooks" / "benchmark.yml")]  # fmt: skip
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8",
+           "ANSIBLE_LOCAL_TEMP": str(d / "tmp"), "ANSIBLE_HOME": str(d / "ansible-home")}  # fmt: skip
+    t = time.time()
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
+        out, rc = r.stdout + "\n--- stderr\n" + r.stderr, r.returncode
+    except subprocess.TimeoutExpired as e:
+        out, rc = f"{e.stdout or ''}\n--- timed out after {timeout:.0f} s\n{e.stderr or ''}", None
+    (W / "logs").mkdir(parents=True, exist_ok=True)
+    (W / "logs" / f"playbook-{name}.log").write_text(out if isinstance(out, str) else str(out))
+    res: dict = {"rc": rc, "wall_s": round(time.time() - t, 1), "argv": " ".join(argv)}
+    recap = [ln for ln in out.splitlines() if "ok=" in ln and "changed=" in ln and "failed=" in ln]
+    res["recap"] = recap[-1].strip() if recap else None
+    bdir = d / "work" / "benchmark"
+    for f in ("report.json", "live_with_draft.json", "live_without_draft.json", "acceptance.json"):
+        if (bdir / f).exists():
+            try:
+                res[f] = json.loads((bdir / f).read_text())
+            except ValueError as e:
+                res[f] = f"unreadable: {e}"
+    if rc != 0:
+        res["log_tail"] = out[-4000:]
+    return res
 
 
 # --------------------------------------------------------------------------------------------- lane smol
@@ -283,63 +379,71 @@ def lane_smol(a) -> None:
         if x.strip()
     ]
     mt_first = {norm(q["turns"][0]) for q in mt}
-    train_rows = [r for r in rows if norm(r["conversations"][0]["value"]) not in mt_first][: a.n_conv]
+    clean = [r for r in rows if norm(r["conversations"][0]["value"]) not in mt_first]
+    train_rows, heldout_rows = clean[: a.n_conv], clean[a.n_conv : a.n_conv + 64]
     contaminated = sum(
         1
         for r in train_rows
         for t in r["conversations"]
         if t["from"] == "human" and norm(t["value"]) in mt_first
     )
-    qs = [q["turns"][0] for q in mt][: a.mt_prompts]  # MT-bench first turns
+    qs_all = [q["turns"][0] for q in mt]  # MT-bench first turns
     orig = d / "original.jsonl"
     orig.write_text("".join(json.dumps(r) + "\n" for r in train_rows))
-    save("smol_data", {"train_conversations": len(train_rows), "mtbench_questions": len(mt),
-                       "mtbench_in_training": contaminated})  # fmt: skip
+    heldout = d / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps(r) + "\n" for r in heldout_rows))
+    mt_prompts = d / "mtbench_first_turns.jsonl"  # the offline estimate's prompts: the same questions
+    mt_prompts.write_text(
+        "".join(json.dumps({"id": f"mt-{q['question_id']}", "prompt": q["turns"][0]}) + "\n" for q in mt)
+    )
+    save("smol_data", {"train_conversations": len(train_rows), "heldout_conversations": len(heldout_rows),
+                       "mtbench_questions": len(mt), "mtbench_in_training": contaminated})  # fmt: skip
 
-    base = None
+    # the base server regenerates (with CUDA graphs: without them the 135M target is launch-bound, 4.6x slower
+    # on 2026-12-02) and stays up as the baseline each EAGLE3 measurement is paired with
+    base = start_server("smol_base", m, 30010, cuda_graph=True)
+    servers: dict[str, Server] = {"base": base}
     try:
-        # this server regenerates (throughput matters: without CUDA graphs the 135M target is launch-bound, 4.6x
-        # slower on 2026-12-02), so it captures graphs; the with/without-draft comparison is the paired one below,
-        # every server of it started alike (without graphs unless --cuda-graphs)
-        base = start_server("smol_base", m, 30010, cuda_graph=True)
-
-        @stage("smol_sanity", 20)
-        def sanity():
-            o = http(base.url + "/v1/chat/completions", {"model": "m", "temperature": 0, "max_tokens": 24,
-                     "messages": [{"role": "user", "content": "What is the capital of France?"}]})  # fmt: skip
-            return {"answer": o["choices"][0]["message"]["content"], "ready_s": base.ready_s}
-
-        sanity()
-        regen = d / "regenerated.jsonl"
-
-        @stage("smol_regenerate", 120)
-        def regenerate():
-            r = cli("regenerate", "--backend", "openai", "--url", base.url, "--model", str(m), "--input", str(orig),
-                    "--out", str(regen), "--concurrency", str(a.concurrency), "--max-new-tokens", str(a.max_tokens),
-                    name="regenerate", timeout=max(60, left() - 300))  # fmt: skip
-            r.pop("failures", None)
-            return r
-
-        rg = regenerate() or {}
-
-        @stage("smol_loadgen", 60)
-        def loadgen():
-            lg = _loadgen(base.url, orig, a.concurrency, a.max_tokens, limit=min(len(train_rows), 1500))
-            tps = rg.get("tok_per_s")
-            lg["regenerate_tok_s"] = tps
-            lg["ratio_regenerate_vs_loadgen"] = round(tps / lg["tok_s"], 3) if tps else None
-            return lg
-
-        loadgen()
-
-        @stage("smol_baseline_measure", 60)
-        def baseline():
-            return {"cuda_graphs": True, **measure_pair(base.url, qs, a, render)}
-
-        baseline()
+        _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs_all, train_rows)
     finally:
-        if base:
-            base.stop()
+        for s in servers.values():
+            s.stop()
+    _smol_playbook(a, m, d, heldout, orig)
+
+
+def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs_all, train_rows) -> None:
+    @stage("smol_sanity", 20)
+    def sanity():
+        o = http(base.url + "/v1/chat/completions", {"model": "m", "temperature": 0, "max_tokens": 24,
+                 "messages": [{"role": "user", "content": "What is the capital of France?"}]})  # fmt: skip
+        return {"answer": o["choices"][0]["message"]["content"], "ready_s": base.ready_s,
+                "cuda_graph": base.cuda_graph}  # fmt: skip
+
+    sanity()
+    regen = d / "regenerated.jsonl"
+
+    @stage("smol_regenerate", 120)
+    def regenerate():
+        r = cli("regenerate", "--backend", "openai", "--url", base.url, "--model", str(m), "--input", str(orig),
+                "--out", str(regen), "--concurrency", str(a.concurrency), "--max-new-tokens", str(a.max_tokens),
+                name="regenerate", timeout=max(60, left() - 300))  # fmt: skip
+        r.pop("failures", None)
+        return r
+
+    rg = regenerate() or {}
+
+    @stage("smol_loadgen", 60)
+    def loadgen():
+        lg = _loadgen(
+            base.url, orig, a.concurrency, a.max_tokens, limit=min(len(train_rows), a.loadgen_requests)
+        )
+        tps = rg.get("tok_per_s")
+        lg["regenerate_tok_s"] = tps
+        lg["ratio_regenerate_vs_loadgen"] = round(tps / lg["tok_s"], 3) if tps else None
+        lg["cuda_graph"] = base.cuda_graph
+        return lg
+
+    loadgen()
 
     sets = {"orig": orig}
     if regen.exists():
@@ -356,28 +460,31 @@ def lane_smol(a) -> None:
     with cf.ThreadPoolExecutor(2) as ex:  # CPU work, independent: both at once
         list(ex.map(prepare, list(sets)))
 
-    for key in sets:
-
+    def extract(key):
         @stage(f"smol_extract_{key}", 60)
-        def ext(key=key):
+        def ext():
             return cli("extract", "--data", str(d / f"data-{key}"), "--model", str(m), "--device", a.device,
                        "--workers", "1", "--no-progress", name=f"extract_{key}")  # fmt: skip
 
-        ext()
+        return ext()
+
+    with cf.ThreadPoolExecutor(2) as ex:  # disk-bound, each well under the NVMe's ceiling: both at once
+        list(ex.map(extract, [k for k in sets if (d / f"data-{k}" / "prepare_meta.json").exists()]))
 
     # train both with the same budget, in parallel (the GPU has room for both)
     def train(key):
         @stage(f"smol_train_{key}", 90)
         def tr():
-            # the same budget for both; what is left after it must still fit the serving stages (~600 s:
-            # three EAGLE3 servers measured, two guard servers, each started without CUDA graphs)
-            t_train = int(min(a.train_timeout, max(60, left() - 600)))
+            # the same budget for both; what is left after it must still fit the serving stages
+            t_train = int(min(a.train_timeout, max(60, left() - a.reserve_s)))
             r = cli("train", "--data", str(d / f"data-{key}"), "--verifier", str(m), "--run-dir",
-                    str(d / f"run-{key}"), "--device", "gpu" if a.device == "cuda" else "cpu", "--epochs", str(a.epochs), "--total-seq-len",
-                    str(a.total_seq_len), "--launcher", "setsid", "--wait", "--timeout", str(t_train),
-                    "--no-gpu-free-check", "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
-                    "--draft-vocab-size", str(a.draft_vocab), "--checkpoint-freq", str(a.checkpoint_freq), "--env", json.dumps({"TORCH_COMPILE_DISABLE": "1"}),
+                    str(d / f"run-{key}"), "--device", "gpu" if a.device == "cuda" else "cpu", "--epochs",
+                    str(a.epochs), "--total-seq-len", str(a.total_seq_len), "--launcher", "setsid", "--wait",
+                    "--timeout", str(t_train), "--no-gpu-free-check", "--draft-attn-impl", "sdpa",
+                    "--loss-implementation", "eager", "--draft-vocab-size", str(a.draft_vocab),
+                    "--checkpoint-freq", str(a.checkpoint_freq), "--env", json.dumps({"TORCH_COMPILE_DISABLE": "1"}),
                     name=f"train_{key}", timeout=t_train + 300)  # fmt: skip
+            r["budget_s"] = t_train
             if r.get("status") not in ("finished", "done"):
                 cli(
                     "train-stop",
@@ -387,6 +494,10 @@ def lane_smol(a) -> None:
                     "20",
                     name=f"train_stop_{key}",
                 )
+            st = cli("train-status", "--run-dir", str(d / f"run-{key}"), name=f"train_status_{key}")
+            r["train_status"] = {
+                k: st.get(k) for k in ("status", "metrics", "checkpoint", "save_path") if k in st
+            }
             return r
 
         return tr()
@@ -403,97 +514,162 @@ def lane_smol(a) -> None:
 
         conv()
 
-    # the baseline again, beside the draft servers: each EAGLE3 measurement is paired with a baseline one taken
-    # right after it, so each with/without ratio compares one time window (the demo lane shares the box)
-    paired: dict = {}
+    drafts = {k: d / f"draft-{k}" for k in sets if (d / f"draft-{k}" / "config.json").exists()}
+    if not drafts:
+        return
+    # a copy of the regenerated draft whose aux layer ids are wrong: the guard must fire on it
+    if "regen" in drafts:
+        wrong = d / "draft-wrong-layers"
+        shutil.rmtree(wrong, ignore_errors=True)
+        shutil.copytree(drafts["regen"], wrong)
+        cfg = json.loads((wrong / "config.json").read_text())
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [5, 9, 20]
+        (wrong / "config.json").write_text(json.dumps(cfg, indent=1))
+        drafts["wrong"] = wrong
 
-    def start_base():
+    # every EAGLE3 server at once (each caps its KV pool: they fit side by side), measured one after the other
+    configs = [("regen", (3, 1, 4)), ("orig", (3, 1, 4)), ("regen", (5, 1, 6)), ("wrong", (3, 1, 4))]
+    configs = [(k, sp) for k, sp in configs if k in drafts]
+    starts: dict[str, object] = {}
+
+    def start_one(i_cfg):
+        i, (key, spec) = i_cfg
+        name = f"smol_eagle3_{key}_{'-'.join(map(str, spec))}"
         try:
-            paired["server"] = Server("smol_base_paired", m, 30013, cuda_graph=a.cuda_graphs).start()
-        except Exception as e:  # the unpaired baseline above still stands
-            paired["error"] = f"{type(e).__name__}: {e}"
+            starts[name] = start_server(
+                name, m, 30040 + i, draft=drafts[key], spec=spec, graph_bs=16, timeout=360
+            )
+        except Exception as e:  # recorded; the other configurations still run
+            starts[name] = e
 
-    configs = [("regen", (3, 1, 4)), ("orig", (3, 1, 4)), ("regen", (5, 1, 6))]
-    base_thread = threading.Thread(target=start_base, name="base_paired")
-    if any((d / f"draft-{key}" / "config.json").exists() for key, _ in configs):  # else nothing to pair
-        base_thread.start()
+    # the offline estimate (the CPU path's benchmark-acceptance) of the regenerated draft on the same MT-bench
+    # questions, on a few CPU cores while the servers start
+    offline: dict = {}
 
-    def paired_baseline() -> dict:
-        base_thread.join()
-        s = paired.get("server")
-        if s is None:
-            return {"error": paired.get("error", "no baseline server")}
-        return measure_pair(s.url, qs, a, render)
+    def offline_estimate():
+        if "regen" not in drafts:
+            return
+        offline["res"] = cli("benchmark-acceptance", "--checkpoint", str(d / "run-regen"), "--target", str(m),
+                             "--prompts", str(mt_prompts), "--out", str(d / "offline-regen.json"), "--k", "3",
+                             "--max-new-tokens", str(a.offline_tokens), "--limit", str(a.offline_prompts),
+                             "--threads", str(a.offline_threads), "--no-baseline", name="offline_regen",
+                             timeout=max(60, left() - 60))  # fmt: skip
+
+    off_thread = threading.Thread(target=offline_estimate, name="offline")
+    off_thread.start()
+    t = time.time()
+    with cf.ThreadPoolExecutor(len(configs)) as ex:
+        list(ex.map(start_one, enumerate(configs)))
+    save("smol_eagle3_starts", {n: (f"FAILED {s}" if isinstance(s, Exception) else
+                                    {"ready_s": s.ready_s, "cuda_graph": s.cuda_graph,
+                                     "graph_error": getattr(s, "graph_error", None)})
+                                for n, s in starts.items()} | {"parallel_start_s": round(time.time() - t, 1)})  # fmt: skip
+    for n, s in starts.items():
+        if isinstance(s, Server):
+            servers[n] = s
+
+    waited = time.time()
+    DEMO_QUIET.wait(timeout=max(0.0, min(a.quiet_wait_s, left() - 240)))
+    save("smol_quiet_wait", {"waited_s": round(time.time() - waited, 1), "demo_quiet": DEMO_QUIET.is_set()})
+
+    # the baseline each measurement is paired with: the base server when the EAGLE3 server has CUDA graphs too,
+    # else one started like it, without graphs (like for like)
+    nograph_base: list[Server] = []
+
+    def baseline_for(s: Server) -> Server:
+        if s.cuda_graph or not base.cuda_graph:
+            return base
+        if not nograph_base:
+            nograph_base.append(Server("smol_base_nograph", m, 30019, cuda_graph=False).start())
+            servers["base_nograph"] = nograph_base[0]
+        return nograph_base[0]
 
     for key, spec in configs:
-        draft = d / f"draft-{key}"
-        if not (draft / "config.json").exists():
+        name = f"smol_eagle3_{key}_{'-'.join(map(str, spec))}"
+        s = servers.get(name)
+        if s is None or key == "wrong":
             continue
 
-        @stage(f"smol_eagle3_{key}_{'-'.join(map(str, spec))}", 90)
-        def serve_measure(key=key, spec=spec, draft=draft):
-            with start_server(
-                f"smol_eagle3_{key}_{spec[0]}", m, 30011, draft=draft, spec=spec, cuda_graph=a.cuda_graphs
-            ) as s:
-                out = {"ready_s": s.ready_s, **measure_pair(s.url, qs, a, render)}
-            out["baseline_paired"] = paired_baseline()
-            for b in ("batch1", f"conc{a.bench_concurrency}"):
-                with_, without = (
-                    out[b].get("output_tok_s"),
-                    out["baseline_paired"].get(b, {}).get("output_tok_s"),
-                )
-                out[f"speedup_{b}"] = round(with_ / without, 3) if with_ and without else None
+        @stage(name, 60)
+        def serve_measure(s=s):
+            qs, toks = (qs_all[: a.mt_prompts], a.bench_tokens) if s.cuda_graph else (qs_all[:24], 128)
+            out = {"ready_s": s.ready_s, "cuda_graph": s.cuda_graph, "prompts": len(qs), "max_new_tokens": toks,
+                   **measure_pair(s.url, qs, a, render, toks)}  # fmt: skip
+            b = baseline_for(s)
+            out["baseline_paired"] = {"server": b.name, "cuda_graph": b.cuda_graph,
+                                      **measure_pair(b.url, qs, a, render, toks)}  # fmt: skip
+            for k in ("batch1", f"conc{a.bench_concurrency}"):
+                with_, without = out[k].get("output_tok_s"), out["baseline_paired"][k].get("output_tok_s")
+                out[f"speedup_{k}"] = round(with_ / without, 3) if with_ and without else None
             return out
 
         serve_measure()
 
-    if base_thread.is_alive():
-        base_thread.join()
-    if paired.get("server"):
-        paired["server"].stop()
+    # the guard (#17): the serve phase's probe, on the right draft (must pass) and the wrong-layer copy (must fail)
+    right, wrong_s = servers.get("smol_eagle3_regen_3-1-4"), servers.get("smol_eagle3_wrong_3-1-4")
+    if right or wrong_s:
 
-    # the guard (#17): the regenerated draft passes it; the same draft with wrong aux layer ids must fail it
-    if (d / "draft-regen" / "config.json").exists():
-
-        @stage("smol_guard", 120)
+        @stage("smol_guard", 30)
         def guard():
-            wrong = d / "draft-wrong-layers"
-            shutil.rmtree(wrong, ignore_errors=True)
-            shutil.copytree(d / "draft-regen", wrong)
-            cfg = json.loads((wrong / "config.json").read_text())
-            cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [5, 9, 20]
-            (wrong / "config.json").write_text(json.dumps(cfg, indent=1))
             out = {}
-            for key, draft in (("right", d / "draft-regen"), ("wrong_layer_ids", wrong)):
-                with start_server(f"smol_guard_{key}", m, 30012, draft=draft, cuda_graph=a.cuda_graphs) as s:
-                    out[key] = cli("benchmark-spec-probe", "--url", s.url, "--min-accept-length",
-                                   str(a.guard_floor), "--chat-template", str(m), name=f"guard_{key}")  # fmt: skip
-            out["fired_on_wrong"] = out["wrong_layer_ids"].get("rc") == 2
-            out["passed_right"] = out["right"].get("rc") == 0
+            for key, s in (("right", right), ("wrong_layer_ids", wrong_s)):
+                if s is not None:
+                    out[key] = cli("benchmark-spec-probe", "--url", s.url, "--min-accept-length", str(a.guard_floor),
+                                   "--chat-template", str(m), name=f"guard_{key}")  # fmt: skip
+            out["passed_right"] = out.get("right", {}).get("rc") == 0 if right else None
+            out["fired_on_wrong"] = out.get("wrong_layer_ids", {}).get("rc") == 2 if wrong_s else None
             return out
 
         guard()
+
+    off_thread.join(timeout=max(1.0, left() - 200))
+    save("smol_offline_regen", offline.get("res") or {"error": "not finished within the budget"})
+
+
+def _smol_playbook(a, m, d, heldout, orig) -> None:
+    """The serve and benchmark phases themselves on the regenerated draft, when the budget still allows."""
+    if not (d / "run-regen").is_dir() or not (d / "draft-regen" / "config.json").exists():
+        return
+    graphs = SUMMARY.get("smol_eagle3_starts", {}).get("smol_eagle3_regen_3-1-4", {})
+    nograph = isinstance(graphs, dict) and graphs.get("cuda_graph") is False
+
+    @stage("smol_playbook", a.playbook_need_s)
+    def pb():
+        return run_playbooks("smol", {
+            "serve_checkpoint": str(d / "run-regen"), "serve_model_path": str(m),
+            "serve_port": 30030, "serve_baseline_port": 30031, "serve_disable_cuda_graph": nograph,
+            "serve_min_accept_length": a.guard_floor,
+            "benchmark_offline": False,
+            "benchmark_prompt_sets": {"mtbench": str(Path(a.assets) / "mtbench_question.jsonl"),
+                                      "heldout": str(heldout)},
+            "benchmark_training_data": [str(orig), str(d / "regenerated.jsonl")],
+            **({"serve_server_command": SERVER_CMD, "serve_sglang_site_packages": a.smoke_site} if a.smoke else {}),
+        }, timeout=max(60, left() - 20))  # fmt: skip
+
+    pb()
 
 
 # --------------------------------------------------------------------------------------------- lane demo
 
 
 def lane_demo(a) -> None:
-    script = ROOT / "bench" / "sglang_live_demo.py"
-    if not script.exists():
-        save("demo", {"skipped": "bench/sglang_live_demo.py not in this checkout"})
-        return
-    (W / "logs").mkdir(parents=True, exist_ok=True)
-    with open(W / "logs" / "demo.log", "w") as logf:  # streamed: a poll packs it while the lane runs
-        r = subprocess.run([PY, str(script), "--work", str(W / "demo"), "--budget-s", str(max(0, left() - 30))],
-                           stdout=logf, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    res = W / "demo" / "result.json"
-    save(
-        "demo",
-        json.loads(res.read_text())
-        if res.exists()
-        else {"rc": r.returncode, "tail": (W / "logs" / "demo.log").read_text(errors="replace")[-3000:]},
-    )
+    try:
+        script = ROOT / "bench" / "sglang_live_demo.py"
+        (W / "logs").mkdir(parents=True, exist_ok=True)
+        argv = [PY, str(script), "--work", str(W / "demo"), "--budget-s", str(max(0, left() - 30))]
+        if a.smoke:
+            argv += ["--site", a.smoke_site, "--device", "cpu"]
+        with open(W / "logs" / "demo.log", "w") as logf:  # streamed: a poll packs it while the lane runs
+            r = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, text=True)
+        res = W / "demo" / "result.json"
+        save(
+            "demo",
+            json.loads(res.read_text())
+            if res.exists()
+            else {"rc": r.returncode, "tail": (W / "logs" / "demo.log").read_text(errors="replace")[-3000:]},
+        )
+    finally:
+        DEMO_QUIET.set()
 
 
 def main() -> int:
@@ -505,36 +681,61 @@ def main() -> int:
     ap.add_argument("--n-conv", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=384)
+    ap.add_argument(
+        "--loadgen-requests", type=int, default=600, help="first turns the plain load generator sends"
+    )
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--total-seq-len", type=int, default=8192)
-    ap.add_argument("--train-timeout", type=int, default=300)
+    ap.add_argument("--train-timeout", type=int, default=300, help="training budget of each draft, seconds")
+    ap.add_argument(
+        "--reserve-s", type=float, default=560, help="seconds kept after training for the servers"
+    )
     ap.add_argument("--checkpoint-freq", type=float, default=0.5, help="epochs between checkpoints")
     ap.add_argument("--draft-vocab", type=int, default=16384)
-    ap.add_argument("--mt-prompts", type=int, default=24)
-    ap.add_argument(
-        "--cuda-graphs",
-        action="store_true",
-        help="capture CUDA graphs (off by default: on the box, EAGLE3 with CUDA graphs imports deep_gemm, which "
-        "its wheelhouse lacks; baseline and draft servers are measured alike, without them)",
-    )
-    # without CUDA graphs the 135M target decodes at ~44 tok/s at batch 1 on the box (2026-12-02): 24 prompts x 128
-    # new tokens keep one batch-1 measurement near 70 s, so 3 drafts, each paired with a baseline, fit the budget
-    ap.add_argument("--bench-tokens", type=int, default=128)
+    # with CUDA graphs the 135M target decodes at ~730 tok/s at batch 1 on the box (2026-12-01): all 80 MT-bench
+    # first turns x 256 new tokens take ~30 s per batch-1 run; a server without graphs is measured on 24 x 128
+    ap.add_argument("--mt-prompts", type=int, default=80)
+    ap.add_argument("--bench-tokens", type=int, default=256)
     ap.add_argument("--bench-concurrency", type=int, default=8)
+    ap.add_argument("--quiet-wait-s", type=float, default=150, help="how long measuring waits for lane demo")
+    ap.add_argument("--offline-prompts", type=int, default=12)
+    ap.add_argument("--offline-tokens", type=int, default=64)
+    ap.add_argument("--offline-threads", type=int, default=6)
+    ap.add_argument(
+        "--playbook-need-s", type=float, default=330, help="the smol playbook stage runs if this is left"
+    )
     ap.add_argument(
         "--guard-floor", type=float, default=1.3, help="serve_min_accept_length of the guard stage"
     )
     ap.add_argument(
         "--device", default="cuda", help="cpu: a local smoke run of the harness (stand-in server)"
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU dry run of the control flow here: the stand-in server (tests/fixtures) instead of SGLang, "
+        "tiny sizes, the real 0.5.17 wheel unpacked in --smoke-site for the patch",
+    )
+    ap.add_argument("--smoke-site", default="/tmp/sgl017")
     a = ap.parse_args()
-    global W
+    global W, SERVER_CMD
     W = Path(a.work)
     W.mkdir(parents=True, exist_ok=True)
+    if a.smoke:
+        SERVER_CMD = [PY, str(ROOT / "tests" / "fixtures" / "sglang_standin_server.py")]
+        os.environ["LIVE_SERVER_CMD"] = shlex.join(SERVER_CMD)
+        a.device = "cpu"
+        for k, v in {"n_conv": 12, "max_tokens": 16, "loadgen_requests": 8, "max_length": 256, "epochs": 1,
+                     "total_seq_len": 512, "train_timeout": 600, "reserve_s": 60, "draft_vocab": 512,
+                     "mt_prompts": 4, "bench_tokens": 16, "offline_prompts": 1, "offline_tokens": 8,
+                     "offline_threads": 1, "quiet_wait_s": 5, "playbook_need_s": 30}.items():  # fmt: skip
+            setattr(a, k, v)
     DEADLINE[0] = T0 + a.budget_s
     os.environ["PYTHONPATH"] = f"{ROOT / 'python'}:{os.environ.get('PYTHONPATH', '')}"
     lanes = {"smol": lane_smol, "demo": lane_demo}
+    if "demo" not in a.lanes.split(","):
+        DEMO_QUIET.set()
 
     def guarded(name):
         try:

@@ -19,7 +19,9 @@ cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 
 pack() {  # results and logs back through $OUT (at most 8 files, 16 MiB each)
-  [ -d "$W/res" ] && (cd "$W" && tar czf "$OUT/res.tgz" res 2>/dev/null)
+  # results, and the benchmark phase's own report (JSON, markdown, PNG) from each playbook run
+  [ -d "$W/res" ] && (cd "$W" && tar czf "$OUT/res.tgz" res $(ls -d pb-*/work/benchmark demo/pb-*/work/benchmark \
+    2>/dev/null) 2>/dev/null)
   [ -d "$W/logs" ] && (cd "$W" && tar czf "$OUT/logs.tgz" --exclude='*.safetensors' logs 2>/dev/null)
   # lane demo (#17) writes its result.json stage by stage: bring it back even while it still runs
   [ -d "$W/demo" ] && (cd "$W" && tar czf "$OUT/demo.tgz" --exclude='*.safetensors' --exclude='*.pt' \
@@ -68,6 +70,9 @@ PY
     export PYTHONPATH="$S:$ROOT/python" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
       HF_DATASETS_OFFLINE=1 SGLANG_ENABLE_JIT_DEEPGEMM=0 TVM_FFI_CACHE_DIR=/tmp/tvmffi TOKENIZERS_PARALLELISM=false
     python3 -c "import sglang, sgl_kernel, speculators, datasets, torch; print('sglang', sglang.__version__, 'speculators', speculators.__version__, 'torch', torch.__version__)" 2>&1 | tail -2
+    # byte-compile SGLang on all cores while the run converts the model (the first server's imports then read .pyc)
+    (nohup python3 -m compileall -q -j 0 "$S/sglang" > "$W/compileall.log" 2>&1 &)
+    python3 -c "import deep_gemm; print('deep_gemm', deep_gemm.__file__)" 2>&1 | tail -1
     rm -f "$W/done"
     # shellcheck disable=SC2086
     setsid bash -c "python3 bench/sglang_live.py --work $W ${LIVE_ARGS:-} > $W/live.log 2>&1; touch $W/done" \

