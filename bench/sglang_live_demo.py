@@ -39,7 +39,7 @@ def compare(tf_dir: Path, sg_dir: Path, limit: int | None = None) -> dict:
     from safetensors.torch import load_file
 
     files = sorted((tf_dir / "hidden_states").glob("hs_*.safetensors"), key=lambda p: int(p.stem[3:]))[:limit]
-    worst_rel, worst_abs, rels, missing, id_mismatch = 0.0, 0.0, [], 0, 0
+    worst_rel, worst_abs, rels, missing, id_mismatch, per_file = 0.0, 0.0, [], 0, 0, []
     for f in files:
         g = sg_dir / "hidden_states" / f.name
         if not g.exists():
@@ -52,10 +52,16 @@ def compare(tf_dir: Path, sg_dir: Path, limit: int | None = None) -> dict:
         x, y = a["hidden_states"].float(), b["hidden_states"].float()
         rel = (x - y).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-6)  # [T, K+1]
         rels.append(rel.flatten())
+        per_file.append(rel)
         worst_rel = max(worst_rel, rel.max().item())
         worst_abs = max(worst_abs, (x - y).abs().max().item())
     allrel = torch.cat(rels) if rels else torch.zeros(1)
+    per_state = torch.stack([r.mean(0) for r in per_file]).mean(0).tolist() if per_file else []
     return {
+        # how rare the large errors are (a token whose MoE routing flipped between the two backends)
+        "share_rel_l2_over_0.05": round((allrel > 0.05).float().mean().item(), 6),
+        "share_rel_l2_over_0.2": round((allrel > 0.2).float().mean().item(), 6),
+        "rel_l2_mean_per_state": [round(x, 5) for x in per_state],  # the aux layers, then the last state
         "files_compared": len(rels),
         "missing_in_sglang_store": missing,
         "token_id_mismatches": id_mismatch,

@@ -165,6 +165,8 @@ class _Outcome:
     attempts: int = 0
     retried: int = 0
     error: str | None = None
+    request_s: float = 0.0  # the answered request's round trip (prefill + 1 token on the server)
+    confirm_s: float = 0.0  # from the answer until the row's file was confirmed on disk (the hook's write)
 
 
 class _Runner:
@@ -246,6 +248,7 @@ class _Runner:
                 "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
             }
             since = time.time()
+            t_req = time.monotonic()
             try:
                 code, raw = _request(self.gen_url, body, cfg.request_timeout)
             except (TimeoutError, OSError, urllib.error.URLError) as e:
@@ -269,8 +272,10 @@ class _Runner:
             if "prompt_tokens" in meta and int(meta["prompt_tokens"]) != n:
                 out.error = f"the server counted {meta['prompt_tokens']} prompt tokens, the row has {n}"
                 return out
+            t_ans = time.monotonic()
             why = self._confirm(index, ids, since)
             if why is None:
+                out.request_s, out.confirm_s = t_ans - t_req, time.monotonic() - t_ans
                 out.ok, out.tokens = True, n
                 out.nbytes = self.store.path(index).stat().st_size
                 return out
@@ -403,6 +408,8 @@ def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progr
             result["requests"] += o.attempts
             result["retries"] += o.retried
             if o.ok:
+                timings["request_s"].append(o.request_s)
+                timings["confirm_s"].append(o.confirm_s)
                 result["written"] += 1
                 result["tokens"] += o.tokens
                 result["bytes"] += o.nbytes
@@ -413,6 +420,7 @@ def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progr
                 if len(result["errors"]) < 50:
                     result["errors"].append({"index": o.index, "error": o.error})
 
+    timings: dict[str, list[float]] = {"request_s": [], "confirm_s": []}
     pool = ThreadPoolExecutor(max_workers=conc, thread_name_prefix="e3o-sglang")
     aborted = False
     try:
@@ -437,6 +445,19 @@ def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progr
         # on an abort, do not wait for requests in flight (the server still finishes and writes them)
         pool.shutdown(wait=not aborted, cancel_futures=True)
         result["health_waits"] = runner.health_waits
+        result["row_seconds"] = {k: _spread(v) for k, v in timings.items()}
+
+
+def _spread(xs: list[float]) -> dict | None:
+    """Median, p90 and sum of per-row seconds (where a row's time goes: the request, or waiting for its file)."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return {
+        "median": round(xs[len(xs) // 2], 4),
+        "p90": round(xs[min(len(xs) - 1, int(len(xs) * 0.9))], 4),
+        "sum": round(sum(xs), 2),
+    }
 
 
 def server_args(

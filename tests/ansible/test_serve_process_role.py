@@ -3,9 +3,10 @@
 command line, health-checked and probed by the guard; a second run changes nothing; a server that accepts no
 draft token (acceptance 1.00) fails the phase with the likely causes; ``serve_state: stopped`` stops it.
 
-STAND-IN: the server. SGLang needs CUDA, so ``serve_server_command`` points at
-``tests/fixtures/sglang_standin_server.py`` (serve mode: the real launch_server flags, ``/health``, ``/generate``
-with ``spec_verify_ct``, a fixed acceptance length). Inputs as in test_serve_benchmark_roles: a tiny random
+STAND-IN: the server. SGLang needs CUDA, so the ``sglang`` package on the server's PYTHONPATH
+(``serve_environment``) is two lines whose ``launch_server`` runs ``tests/fixtures/sglang_standin_server.py`` (serve mode: the real launch_server flags, ``/health``, ``/generate`` with ``spec_verify_ct``, a fixed acceptance
+length). The role's own default server command is used, as on a real host: the live box run of 2026-12-02 found
+that a registered stat of the interpreter overwrote ``serve_sglang_python`` when ``serve_server_enabled`` is true. Inputs as in test_serve_benchmark_roles: a tiny random
 DeepseekV3 target and a speculators checkpoint made by speculators' own code. The capture-patch query is off
 (``serve_check_capture_patch: false``: no SGLang is installed here; tests/ansible/test_extract_sglang covers it).
 """
@@ -18,6 +19,7 @@ import signal
 import socket
 import sys
 import urllib.request
+import venv
 from pathlib import Path
 
 import pytest
@@ -46,16 +48,24 @@ def env(tmp_path_factory):
     verifier = make_tiny_verifier(root / "verifier", vocab_size=512)
     make_draft_checkpoint(root / "run" / "checkpoints" / "0", verifier)
     port, bport = _port(), _port()
+    # "python -m sglang.launch_server FLAGS" runs the stand-in with FLAGS: a package named sglang on PYTHONPATH
+    fake = root / "fake-sglang" / "sglang"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    standin = REPO / "tests" / "fixtures" / "sglang_standin_server.py"
+    (fake / "launch_server.py").write_text(
+        f"import runpy\nrunpy.run_path({str(standin)!r}, run_name='__main__')\n"
+    )
+    # SGLang's own venv (the stand-in needs only the standard library); serve_sglang_python is left to the role's
+    # default ({{ serve_sglang_venv_dir }}/bin/python), as an inventory leaves it
+    venv.create(root / "sglang-venv", with_pip=False, symlinks=True)
     ev = {
         "eagle3ops_workdir": str(root / "work"),
         "serve_checkpoint": str(root / "run"),
         "serve_server_enabled": True,
         "serve_launcher": "process",
         "serve_check_capture_patch": False,
-        "serve_server_command": [
-            sys.executable,
-            str(REPO / "tests" / "fixtures" / "sglang_standin_server.py"),
-        ],
+        "serve_sglang_venv_dir": str(root / "sglang-venv"),
         "serve_model_path": str(verifier),
         "serve_tp_size": 1,
         "serve_port": port,
@@ -66,7 +76,7 @@ def env(tmp_path_factory):
         "serve_sampling_backend": "pytorch",
         "serve_grammar_backend": "none",
         "serve_disable_cuda_graph": True,
-        "serve_environment": {"PYTHONPATH": "/tmp/sglsite", "SGLANG_ENABLE_JIT_DEEPGEMM": "0"},
+        "serve_environment": {"PYTHONPATH": str(fake.parent), "SGLANG_ENABLE_JIT_DEEPGEMM": "0"},
         "serve_health_timeout": 60,
         "serve_probe_prompts": "",
         "serve_probe_max_new_tokens": 40,  # 16 verify steps of 2.5 tokens: acceptance exactly 2.5
@@ -104,9 +114,11 @@ def test_serve_as_a_process_guard_idempotence_and_stop(env):
         "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
     ):
         assert flag in joined, flag
-    assert info["environ"] == {"PYTHONPATH": "/tmp/sglsite", "SGLANG_ENABLE_JIT_DEEPGEMM": "0"}
+    assert info["environ"] == {"PYTHONPATH": str(root / "fake-sglang"), "SGLANG_ENABLE_JIT_DEEPGEMM": "0"}
     servers = json.loads((run_dir / "servers.json").read_text())
-    assert servers["launcher"] == "process" and servers["serve"]["argv"][2:] == info["argv"]
+    sglang_python = str(root / "sglang-venv" / "bin" / "python")
+    assert servers["serve"]["argv"][:3] == [sglang_python, "-m", "sglang.launch_server"]
+    assert servers["launcher"] == "process" and servers["serve"]["argv"][3:] == info["argv"]
     assert "--speculative-algorithm" not in servers["baseline"]["argv"]
     assert f"--port {ev['serve_baseline_port']}" in " ".join(servers["baseline"]["argv"])
 

@@ -101,6 +101,12 @@ def test_full_run_bounded_concurrency_then_nothing_left(tmp_path, data_dir, tiny
         assert res["written"] == len(LENGTHS) and res["failed"] == 0 and res["done_before"] == 0
         assert res["tokens"] == sum(LENGTHS) and res["health_wait_seconds"] > 0.5
         assert res["requests"] == len(LENGTHS) and res["retries"] == 0
+        # where each row's time went: every forward of the stand-in sleeps 0.05 s, so a request takes at least
+        # that; the wait for the hook's file is recorded apart
+        rs = res["row_seconds"]
+        assert rs["request_s"]["median"] >= 0.05 and rs["request_s"]["p90"] >= rs["request_s"]["median"]
+        assert 0 <= rs["confirm_s"]["median"] <= rs["confirm_s"]["p90"] < 30
+        assert rs["request_s"]["sum"] >= 0.05 * len(LENGTHS)
         st = _stats(url)
         assert 1 < st["max_inflight"] <= 3  # concurrent, but never more than asked
         assert st["max_batch_seen"] > 1  # several requests shared a forward batch

@@ -1,0 +1,73 @@
+"""Plot a live SGLang run (bench/sglang_live.py's raw JSON in bench/results/) for docs/performance.md.
+
+Three panels: acceptance length per served draft (MT-bench first turns, batch 1 and the higher concurrency,
+overall = completion tokens / spec_verify_ct); the per-request acceptance of the regenerated vs the original
+draft at the same settings (what regeneration is worth); output tok/s with and without the draft, each pair
+measured one right after the other.
+
+    python bench/plot_live.py bench/results/sglang_live_2026-12-02_run3.json docs/img/live-smol-2026-12-02.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(src: str, out: str) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = json.loads(Path(src).read_text())
+    smol = run["smol"]
+    configs = [
+        k
+        for k in ("smol_eagle3_regen_3-1-4", "smol_eagle3_orig_3-1-4", "smol_eagle3_regen_5-1-6")
+        if k in smol
+    ]
+    labels = [k.removeprefix("smol_eagle3_").replace("_", " ") for k in configs]
+    conc = next(k for k in smol[configs[0]] if k.startswith("conc"))
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+
+    x = range(len(configs))
+    for off, key in ((-0.2, "batch1"), (0.2, conc)):
+        ax[0].bar(
+            [i + off for i in x], [smol[c][key]["acceptance_length"] for c in configs], width=0.4, label=key
+        )
+    ax[0].set_xticks(list(x), labels)
+    ax[0].set_ylabel("acceptance length (tokens / verify step)")
+    ax[0].axhline(1.0, color="grey", lw=0.8)
+    ax[0].set_title("SGLang 0.5.17, MT-bench first turns")
+    ax[0].legend()
+
+    per = [smol[c]["batch1"]["acceptance_per_request"] for c in configs[:2]]
+    ax[1].boxplot(per, tick_labels=labels[:2])
+    ax[1].set_ylabel("acceptance length per request (batch 1)")
+    ax[1].set_title("regenerated vs original answers, same budget")
+
+    width = 0.2
+    for j, (key, name) in enumerate((("batch1", "batch 1"), (conc, conc))):
+        w = [smol[c][key]["output_tok_s"] for c in configs]
+        wo = [smol[c]["baseline_paired"][key]["output_tok_s"] for c in configs]
+        ax[2].bar([i + (2 * j - 1.5) * width for i in x], w, width=width, label=f"{name} with draft")
+        ax[2].bar([i + (2 * j - 0.5) * width for i in x], wo, width=width, label=f"{name} without", alpha=0.6)
+    ax[2].set_xticks(list(x), labels)
+    ax[2].set_yscale("log")
+    ax[2].set_ylabel("output tok/s")
+    ax[2].set_title("with vs without the draft (paired)")
+    ax[2].legend(fontsize=7)
+    fig.suptitle(
+        f"{run.get('date', '')}: SmolLM2-135M-Instruct target, EAGLE-3 drafts trained 300 s on 3000 conversations"
+    )
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))

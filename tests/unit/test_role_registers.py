@@ -1,0 +1,60 @@
+"""No task registers its result under the name of a role variable.
+
+A registered result outranks inventory variables and role defaults, so such a task silently replaces the
+variable for every later task of the play. Found live on 2026-12-02: the serve role's stat of the SGLang
+interpreter was registered as ``serve_sglang_python``; when ``serve_server_enabled`` is true the stat is skipped,
+and the server command became ``[{'skipped': True, ...}, '-m', 'sglang.launch_server', ...]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+ROLES = Path(__file__).resolve().parents[2] / "roles"
+
+
+def _tasks(node):
+    """Every task mapping in a tasks file, blocks (block/rescue/always) included."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _tasks(item)
+    elif isinstance(node, dict):
+        yield node
+        for key in ("block", "rescue", "always"):
+            if key in node:
+                yield from _tasks(node[key])
+
+
+def _role_variables() -> dict[str, str]:
+    names: dict[str, str] = {}
+    for role in sorted(p for p in ROLES.iterdir() if p.is_dir()):
+        defaults = role / "defaults" / "main.yml"
+        if defaults.exists():
+            for k in yaml.safe_load(defaults.read_text()) or {}:
+                names[k] = f"{role.name}/defaults/main.yml"
+        specs = role / "meta" / "argument_specs.yml"
+        if specs.exists():
+            for ep in (yaml.safe_load(specs.read_text()) or {}).get("argument_specs", {}).values():
+                for k in ep.get("options", {}):
+                    names.setdefault(k, f"{role.name}/meta/argument_specs.yml")
+    return names
+
+
+def test_no_register_shadows_a_role_variable():
+    variables = _role_variables()
+    assert "serve_sglang_python" in variables  # the scan sees the role variables at all
+    clashes = []
+    registered = 0
+    for path in sorted(ROLES.glob("*/tasks/*.yml")) + sorted(ROLES.glob("*/handlers/*.yml")):
+        for task in _tasks(yaml.safe_load(path.read_text())):
+            name = task.get("register")
+            if name:
+                registered += 1
+                if name in variables:
+                    clashes.append(
+                        f"{path.relative_to(ROLES)}: register {name} (a variable of {variables[name]})"
+                    )
+    assert registered > 20  # the walk reaches the tasks, blocks included
+    assert not clashes, "\n".join(clashes)
