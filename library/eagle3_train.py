@@ -19,6 +19,9 @@ description:
     finished gives C(changed=false). A killed or crashed run is relaunched, and speculators resumes from its last
     checkpoint (an incomplete last checkpoint, cut by a kill during the save, is moved aside first), with C(changed=true).
     A configuration that differs from the run's fails, unless O(restart_on_change).
+  - Over several hosts (O(nnodes) > 1) a node belongs to the job named by O(rdzv_id), recorded in its state; a node
+    running or finished with another id is stopped if need be and relaunched into this one, resuming from the newest
+    checkpoint in its save path. The train role decides the id for every node at once (docs/scale.md).
   - On GPUs it runs C(torchrun --nproc_per_node=<visible GPUs>), after the C(gpu_free) check of eagle3ops.gpu. On a
     host without GPUs it trains on CPU (the shim in C(eagle3ops.speculators_shim), pinned to speculators 0.9.0).
   - O(wait=true) blocks until the run ends (or O(timeout)) and returns the final metrics; O(wait=false) returns
@@ -137,11 +140,23 @@ options:
     description: C(HOST:PORT) of the rendezvous (the first host, reachable from every node), with O(nnodes) > 1.
     type: str
   rdzv_id:
-    description: Rendezvous id, the same on every node; default from the path of O(run_dir).
+    description:
+      - Rendezvous id, the same on every node; default from the path of O(run_dir). It names the job - a node
+        that runs (or finished) a job with another id is stopped and relaunched into this one, resuming from the
+        newest checkpoint. The train role passes a new id whenever one node has to be restarted.
     type: str
   nic:
     description: Network interface NCCL and gloo use between the nodes (C(NCCL_SOCKET_IFNAME), C(GLOO_SOCKET_IFNAME)).
     type: str
+  trainer:
+    description:
+      - C(speculators), or C(ddp_probe) - the minimal DDP job of C(eagle3ops.ddp_probe) (a linear model on the
+        same data, checkpoints and records) through the same launcher and rendezvous. It checks a cluster's
+        launch, data and restart in seconds before a long run, and it is the only trainer that runs over several
+        CPU hosts.
+    type: str
+    choices: [speculators, ddp_probe]
+    default: speculators
   extra_config:
     description:
       - Other speculators settings as a mapping of group to a mapping of speculators keys and values (groups
@@ -228,6 +243,18 @@ attempt:
   description: Launch count of this run directory.
   returned: always
   type: int
+job:
+  description:
+    - The rendezvous id of the multi-node job this node is asked to run (null on one host). A node running or
+      finished with another job is stopped and joins this one (C(other_job) says which it left).
+  returned: always
+  type: str
+other_job:
+  description:
+    - When this node ran (or had finished) another job than O(rdzv_id) - C(previous_status), C(previous_job) and
+      C(job) - and was stopped if still running and relaunched into this one (check mode - would be).
+  returned: always
+  type: dict
 layer_ids:
   description: Aux layer ids used (from extract_meta.json).
   returned: always
@@ -299,6 +326,7 @@ def main():
             "rdzv_endpoint": {"type": "str"},
             "rdzv_id": {"type": "str"},
             "nic": {"type": "str"},
+            "trainer": {"type": "str", "choices": ["speculators", "ddp_probe"], "default": "speculators"},
             "extra_config": {"type": "dict", "default": {}},
             "env": {"type": "dict", "default": {}},
             "restart_on_change": {"type": "bool", "default": False},
@@ -342,6 +370,8 @@ def main():
         p["device"],
         "--loss-implementation",
         p["loss_implementation"],
+        "--trainer",
+        p["trainer"],
         "--launcher",
         p["launcher"],
         "--timeout",

@@ -20,7 +20,8 @@ It is what the ``train`` phase launches (directly, or under ``torchrun -m``), in
    ``$EAGLE3OPS_METRICS`` (rank 0 only), which the launcher parses (val loss, per-step accuracy).
 3. **An honest exit record**: speculators turns SIGINT/SIGTERM into an "interrupted" checkpoint and a
    normal return; the shim notices that and writes ``$EAGLE3OPS_EXIT`` (JSON) with ``status``
-   ``finished`` only for a run that really completed, ``interrupted``/``failed`` otherwise.
+   ``finished`` only for a run that really completed, ``interrupted``/``failed`` otherwise (each node's
+   first process writes its node's record).
 """
 
 from __future__ import annotations
@@ -164,9 +165,12 @@ def _hook_metrics(path: str) -> None:
     cli.setup_metric_logger = setup_metric_logger
 
 
-def _write_exit(status: str, **extra) -> None:
+def write_exit(status: str, **extra) -> None:
+    """The exit record of this node's run directory, by its first process (LOCAL_RANK 0): on several hosts
+    every node has its own run directory, and each must know how its trainer ended (rank 0 alone would leave
+    the other nodes' runs looking killed after a finished job)."""
     path = os.environ.get(ENV_EXIT)
-    if not path or _rank() != 0:
+    if not path or int(os.environ.get("LOCAL_RANK", "0")) != 0:
         return
     rec = {"status": status, "pid": os.getpid(), "time": time.time(), **extra}
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -184,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         version = check_version()
     except UnsupportedSpeculatorsVersion as e:
         print(f"eagle3ops.speculators_shim: {e}", file=sys.stderr)
-        _write_exit("failed", error=str(e))
+        write_exit("failed", error=str(e))
         return 2
     device = "accelerator"
     if not accelerator_available():
@@ -209,17 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 2
         if code:
-            _write_exit("failed", rc=code, error=f"exited {code} (configuration error? see the log)")
+            write_exit("failed", rc=code, error=f"exited {code} (configuration error? see the log)")
         raise
     except BaseException as e:
-        _write_exit(
-            "failed", rc=1, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:]
-        )
+        write_exit("failed", rc=1, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         raise
     if _interrupted:
-        _write_exit("interrupted", rc=143, signal=_interrupted["signal"], seconds=time.time() - started)
+        write_exit("interrupted", rc=143, signal=_interrupted["signal"], seconds=time.time() - started)
         return 143
-    _write_exit("finished", rc=0, seconds=round(time.time() - started, 3))
+    write_exit("finished", rc=0, seconds=round(time.time() - started, 3))
     return 0
 
 

@@ -51,6 +51,9 @@ from eagle3ops import layers
 from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore, atomic_write_bytes, atomic_write_json
 
 SHIM_MODULE = "eagle3ops.speculators_shim"
+# what a run trains with: speculators (through the shim), or the minimal DDP job of eagle3ops.ddp_probe, which
+# goes through the same launcher, rendezvous, data and checkpoints (a cluster check; the multi-node trainer on CPU)
+TRAINERS = {"speculators": SHIM_MODULE, "ddp_probe": "eagle3ops.ddp_probe"}
 TEMPLATE = "speculators_train.yaml.j2"
 STATE = "state.json"
 CONFIG = "config.yaml"
@@ -141,6 +144,7 @@ class TrainSpec:
     rdzv_endpoint: str | None = None  # HOST:PORT, the same on every node
     rdzv_id: str | None = None  # the same on every node; default from the run directory's path
     nic: str | None = None  # network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
+    trainer: str = "speculators"  # a key of TRAINERS
 
 
 # ---------------------------------------------------------------- inputs ---------------------------------
@@ -344,13 +348,14 @@ def check_nodes(spec: TrainSpec, device: str) -> None:
             f"train over {spec.nnodes} nodes needs rdzv_endpoint HOST:PORT (the first host, reachable from every "
             f"node), got {ep!r}"
         )
-    if device == "cpu":
+    if device == "cpu" and spec.trainer == "speculators":
         raise TrainError(
             f"train over {spec.nnodes} nodes on CPU: speculators 0.9.0 cannot - its "
             "speculators/train/distributed.py maybe_setup_distributed() calls "
             "torch.accelerator.set_device_index(LOCAL_RANK) ('Cannot access accelerator device when none is "
             "available') and shards the draft with FSDP on that device. Train on GPU hosts (NCCL), or on one "
-            "host (train_hosts: [one host]). The launcher's rendezvous itself runs on CPU: eagle3ops.ddp_probe."
+            "host (train_hosts: [one host]). The launcher's rendezvous itself runs on CPU: train_trainer: ddp_probe "
+            "runs the minimal DDP job of eagle3ops.ddp_probe through it."
         )
 
 
@@ -454,6 +459,8 @@ class Plan:
 def plan(spec: TrainSpec) -> Plan:
     """Read the inputs and render the config; writes nothing."""
     check_extra(spec.extra)
+    if spec.trainer not in TRAINERS:
+        raise TrainError(f"train trainer must be one of {sorted(TRAINERS)}, got {spec.trainer!r}")
     if spec.attention not in ("full", "sliding"):
         raise TrainError(f"train attention must be 'full' or 'sliding', got {spec.attention!r}")
     data = Path(spec.data_dir).resolve()
@@ -486,6 +493,7 @@ def plan(spec: TrainSpec) -> Plan:
     vocab_dir = run_dir / "vocab" / tf_sha[:12]
     values = {
         "speculators_version": speculators_version(),
+        "trainer_module": TRAINERS[spec.trainer],
         "meta_path": str(meta_path),
         "token_freq_path": str(tf_path),
         "token_freq_sha256": tf_sha,
@@ -566,14 +574,14 @@ def cmdline(pid: int) -> list[str] | None:
 
 
 def is_our_trainer(pid: int | None, config_path: Path) -> bool:
-    """PID alive (not a zombie) and its command line runs our shim on this run's config."""
+    """PID alive (not a zombie) and its command line runs one of our trainers on this run's config."""
     if not pid or pid <= 0:
         return False
     st = _proc_state(pid)
     if st is None or st in ("Z", "X"):
         return False
     argv = cmdline(pid) or []
-    return SHIM_MODULE in argv and str(config_path) in argv
+    return any(m in argv for m in TRAINERS.values()) and str(config_path) in argv
 
 
 def systemd_is_pid1() -> bool:
@@ -589,11 +597,12 @@ def unit_name_for(run_dir: Path, given: str | None) -> str:
 def build_command(plan_: Plan, python: str) -> list[str]:
     cfg = str(plan_.run_dir / CONFIG)
     spec = plan_.spec
+    module = TRAINERS[spec.trainer]
     if plan_.device == "cpu" and spec.nnodes == 1:
-        return [python, "-m", SHIM_MODULE, "--config", cfg]
+        return [python, "-m", module, "--config", cfg]
     return torchrun_argv(
         python,
-        ["-m", SHIM_MODULE, "--config", cfg],
+        ["-m", module, "--config", cfg],
         nproc=plan_.nproc,
         nnodes=spec.nnodes,
         node_rank=spec.node_rank,
@@ -713,6 +722,9 @@ def launch(plan_: Plan, attempt: int, launcher: str, log, resume_from: dict | No
         "nproc": plan_.nproc,
         "nnodes": plan_.spec.nnodes,
         "node_rank": plan_.spec.node_rank,
+        # the job this node belongs to (docs/scale.md): the train role restarts every node when they differ
+        "rdzv_id": rdzv_id_for(plan_.spec) if plan_.spec.nnodes > 1 else None,
+        "trainer": plan_.spec.trainer,
         "save_path": str(plan_.save_path),
         "resume_from": resume_from,
     }
@@ -721,8 +733,32 @@ def launch(plan_: Plan, attempt: int, launcher: str, log, resume_from: dict | No
     return state
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc's parent links), children first."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2 :].split(" ", 2)[1])
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def stop_run(run_dir: Path, state: dict, grace_s: float = 60, log=lambda s: None) -> bool:
-    """Stop the trainer of ``state`` (whole process group / unit). True when something was stopped."""
+    """Stop the trainer of ``state`` (whole process group / unit). True when something was stopped.
+
+    torchrun starts each worker in a session of its own: the agent's process group does not hold them, and
+    an agent killed with SIGKILL leaves them running (and, on GPUs, holding memory). SIGTERM lets the agent
+    stop them; the SIGKILL after ``grace_s`` goes to the agent's group and to every descendant found before."""
     pid = state.get("pid")
     if not is_our_trainer(pid, run_dir / CONFIG):
         return False
@@ -735,8 +771,12 @@ def stop_run(run_dir: Path, state: dict, grace_s: float = 60, log=lambda s: None
     while time.monotonic() < deadline and is_our_trainer(pid, run_dir / CONFIG):
         time.sleep(0.2)
     if is_our_trainer(pid, run_dir / CONFIG):
+        tree = descendants(pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+        for child in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
         time.sleep(0.5)
     log(f"stopped PID {pid}")
     return True
@@ -1057,7 +1097,11 @@ def ensure_run(
         status, ex = run_status(run_dir, state)
         if status == "running" and state is None:  # adopted from train.pid (see run_status)
             state = {"pid": int((run_dir / PIDFILE).read_text().strip()), "attempt": 1, "launcher": "unknown"}
-        before = {"status": status, "attempt": (state or {}).get("attempt", 0)}
+        before = {
+            "status": status,
+            "attempt": (state or {}).get("attempt", 0),
+            "job": (state or {}).get("rdzv_id"),
+        }
         old_text = cfg_path.read_text() if cfg_path.exists() else None
         restarted = None
         if state is not None and old_text is not None and old_text != p.config_text:
@@ -1080,7 +1124,17 @@ def ensure_run(
                     restarted["old_checkpoints"] = str(dest)
                 (run_dir / METRICS).unlink(missing_ok=True)
             status = "new"
-        result = dict(base, before=before, restarted=restarted)
+        job = rdzv_id_for(spec) if spec.nnodes > 1 else None
+        other_job = None
+        if job and state is not None and status in ("running", "finished") and state.get("rdzv_id") != job:
+            # several hosts: this node runs (or finished) another job than the one every node is asked to join
+            # now - a node that died meanwhile is being restarted. Stop it (the role stops every node first) and
+            # join the new job, resuming from the newest checkpoint, never leaving half a job running.
+            other_job = {"previous_status": status, "previous_job": state.get("rdzv_id"), "job": job}
+            if status == "running" and not check:
+                stop_run(run_dir, state, log=log)
+            status = "other-job"
+        result = dict(base, before=before, restarted=restarted, job=job, other_job=other_job)
         if status in ("running", "finished"):
             result.update(
                 changed=False,
@@ -1103,7 +1157,15 @@ def ensure_run(
                     after={"status": "running"},
                     resume_from=resume_point(p.save_path) if status != "new" else None,
                 )
-                result["gpu_free"] = gpu_free(p, True, log)
+                held = other_job and other_job["previous_status"] == "running"
+                # its own trainer holds this node's GPUs until the stop: nothing to predict from them now
+                result["gpu_free"] = (
+                    {
+                        "skipped": "this node's GPUs are held by its own trainer of the previous job until it stops"
+                    }
+                    if held
+                    else gpu_free(p, True, log)
+                )
                 return result
             result["gpu_free"] = gpu_free(p, False, log)
             scheduler = (spec.extra.get("scheduler") or {}).get("scheduler_type", "linear") != "none"

@@ -135,3 +135,58 @@ def test_foreign_holder_fails_the_role_with_the_list(run_playbook, inventory, st
     assert f"PID {other.pid}" in res["msg"] and "GPU 0: 1234 MiB" in res["msg"]
     assert [h["pid"] for h in res["holders"]] == [other.pid]
     assert alive(other.pid)
+
+
+def test_two_hosts_one_combined_verdict_naming_the_host_and_gpu(run_playbook, tmp_path):
+    """gpu_free over the inventory: each host checked, then one report; a GPU held on one host fails every host
+    and the plays after it (the train phase) do not start anywhere. STAND-IN, as above: per host an ``eagle3ops``
+    launcher with NVML replaced by ``nvml_standin.StandInNVML`` (its own GPUs) and ``/dev`` by a temp dir; the
+    two hosts are two inventory hosts with ``ansible_connection: local``. The holder is a real ``sleep``."""
+    sys.path.insert(0, str(REPO / "tests" / "unit"))
+    import nvml_standin
+
+    hosts = {}
+    for name in ("hostA", "hostB"):
+        d = tmp_path / name
+        (d / "dev").mkdir(parents=True)
+        for i in (0, 1):
+            (d / "dev" / f"nvidia{i}").write_text("")
+        nvml_standin.write_launcher(d / "eagle3ops", python=sys.executable, paths=[REPO / "python", REPO / "tests" / "unit"],
+                                    config=d / "nvml.json", dev=d / "dev")  # fmt: skip
+        (d / "nvml.json").write_text(json.dumps([{}, {}]))
+        hosts[name] = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                       "gpu_free_executable": str(d / "eagle3ops")}  # fmt: skip
+    inv = tmp_path / "inventory.json"
+    inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": hosts}}}}))
+    play = tmp_path / "then_train.yml"
+    play.write_text(
+        f"- name: GPU free\n  ansible.builtin.import_playbook: {REPO}/{PLAYBOOK}\n"
+        "- name: Stands for the train phase\n  hosts: gpu_hosts\n  gather_facts: false\n  tasks:\n"
+        "    - name: Train would start here\n      ansible.builtin.debug:\n        msg: started\n"
+    )
+    xv = {"gpu_free_gpu_required": True, "gpu_free_timeout": 0.5}
+    summary = "Sum up the GPUs of every host (fails naming each host and GPU that is not free)"
+    holder = subprocess.Popen(["bash", "-c", f"exec sleep 300 3<{tmp_path}/hostB/dev/nvidia1"])
+    try:
+        for _ in range(500):
+            if Path(f"/proc/{holder.pid}/cmdline").read_bytes().startswith(b"sleep"):
+                break
+            time.sleep(0.01)
+        (tmp_path / "hostB/nvml.json").write_text(json.dumps([{}, {"procs": {str(holder.pid): 1234}}]))
+        r = run_playbook(play, inv, extravars=xv)
+        assert r.rc != 0, r.summary()
+        (res,) = [x for x in r.task_results(summary) if x]
+        text = json.dumps(res["msg"])
+        assert f"hostB: GPU 1 NOT FREE (1234.0 MiB used): held by PID {holder.pid}" in text, text
+        assert "hostA: 2 GPU(s) free" in text and "not free on hostB" in text, text
+        assert not r.task_results("Train would start here"), "a later play ran although hostB's GPU is held"
+        assert alive(holder.pid)  # not allow-listed: named, never signalled
+    finally:
+        holder.kill()
+        holder.wait()
+    r = run_playbook(play, inv, extravars=xv)
+    assert r.rc == 0, r.summary()
+    assert r.host("hostA")["changed"] == 0 and r.host("hostB")["changed"] == 0, r.changed_tasks()
+    (res,) = [x for x in r.task_results(summary) if x]
+    assert res["msg"][-1] == "every host: 2 host(s) checked", res["msg"]
+    assert len([x for x in r.task_results("Train would start here") if x]) == 2

@@ -32,34 +32,15 @@ import pytest
 from proc_helpers import probe_records, run_together
 from store_helpers import hs_files, manifest_rows
 
-from hosts import nspawn
+from hosts import multihost, nspawn
 
 pytestmark = [pytest.mark.root, pytest.mark.nspawn, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7, 14, 3, 26, 11, 8, 19, 4, 15]
-# a host that is gone: ssh gives up connecting after 10 s, and an open (multiplexed) connection to it after
-# 3 unanswered keep-alives 5 s apart, instead of waiting on TCP for many minutes (docs/scale.md)
-SSH_ARGS = (
-    "'-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o LogLevel=ERROR "
-    "-o ServerAliveInterval=5 -o ServerAliveCountMax=3'"
-)
-HOST_VARS = {"extract_workers": 1, "ansible_ssh_timeout": 10, "ansible_ssh_common_args": SSH_ARGS}
+HOST_VARS = {"extract_workers": 1, **multihost.HOST_VARS}
 SUMMARY = "Sum up the extraction over every host that shares the rows"
-VENV = Path(sys.prefix)  # the controller's venv, bound into the hosts at the same path
-BASE = Path(os.path.realpath(sys.base_prefix))  # its interpreter's installation
-WRAPPER = (
-    "#!/bin/sh\nexport PYTHONPATH=/opt/e3/python HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 "
-    f'OMP_NUM_THREADS=1\nexec {VENV}/bin/python -m eagle3ops "$@"\n'
-)
-
-
-def _link(hosts) -> None:
-    """Route the hosts to each other through this machine (forwarding on their veth interfaces only)."""
-    for h in hosts:
-        nspawn._run(["sysctl", "-q", "-w", f"net.ipv4.conf.ve-{h.name}.forwarding=1"])
-        h.ssh(f"ip route replace 10.213.0.0/16 via {h.controller_ip}")
 
 
 def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
@@ -69,19 +50,14 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
 
     model = build_tiny_target(tmp_path / "model")
     prepared = build_prepared_dataset(tmp_path / "prepared", LENGTHS)
-    ro = {
-        str(BASE): str(BASE),
-        str(VENV): str(VENV),
-        str(REPO / "python"): "/opt/e3/python",
-        str(model): "/srv/model",
-    }
+    ro = multihost.ro_binds({model: "/srv/model"})
     a = make_host(ro_binds=ro, groups=("gpu_hosts",), host_vars=HOST_VARS)
     b = make_host(ro_binds=ro, groups=("gpu_hosts",), host_vars=HOST_VARS)
     hosts = [a, b]
-    _link(hosts)
+    multihost.link(hosts)
+    multihost.install_cli(hosts)
     for h in hosts:
         shutil.copytree(prepared, h.merged / "srv/e3/data")  # each host's own disk
-        h.put("/opt/e3/eagle3ops", WRAPPER, mode="0755")
     inv = tmp_path / "inventory.ini"
     inv.write_text(nspawn.inventory_ini(hosts))
     xv = {
@@ -91,7 +67,7 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
         "extract_max_batch_tokens": 1,  # one row per batch: byte identity needs the same batch shapes
         "extract_writer_threads": 1,
         "extract_poll_interval": 1,
-        "extract_executable": "/opt/e3/eagle3ops",
+        "extract_executable": multihost.EXE,
     }
     store_b = b.merged / "srv/e3/data"
 
@@ -119,7 +95,7 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     assert f"missing on {b.name}" in json.dumps(summary["msg"]), summary
 
     b.start()  # the host comes back with its disk; the re-run goes on with its rows
-    _link(hosts)
+    multihost.link(hosts)
     died_with = manifest_rows(store_b, torn_ok=True)
     assert 0 < len(died_with) < 8, died_with  # it died with rows left
     r2 = run_playbook("playbooks/extract.yml", inv, extravars=xv)
@@ -147,15 +123,13 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
 
     # training's launcher across the hosts: torchrun on each, rendezvous on the first, gloo over host0. torchrun
     # hands the workers the first node's hostname as MASTER_ADDR: every node must resolve it (DNS in a cluster)
-    names = "".join(f"{h.ip} {h.name}\n" for h in hosts)
-    for h in hosts:
-        h.ssh(f"printf %s {shlex.quote(names)} >> /etc/hosts")
+    multihost.name(hosts)
     from eagle3ops.train import torchrun_argv
 
     argvs = []
     for rank, h in enumerate(hosts):
         argv = torchrun_argv(
-            f"{VENV}/bin/python", ["-m", "eagle3ops.ddp_probe", "--out", "/srv/probe"], nproc=1, nnodes=2,
+            f"{multihost.VENV}/bin/python", ["-m", "eagle3ops.ddp_probe", "--out", "/srv/probe"], nproc=1, nnodes=2,
             node_rank=rank, rdzv_endpoint=f"{a.ip}:29400", rdzv_id="e3t-nspawn",
         )  # fmt: skip
         cmd = "PYTHONPATH=/opt/e3/python OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=host0 " + shlex.join(argv)

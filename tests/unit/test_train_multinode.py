@@ -1,23 +1,30 @@
-"""Issue #21: training over several hosts - the torchrun command line of each node, the refusals, and a real
-two-node c10d rendezvous with gloo on this machine.
+"""Issue #21: training over several hosts - the torchrun command line of each node, the refusals, a real
+two-node c10d rendezvous with gloo on this machine, and a node's run across jobs (a node of another job is
+stopped and joins the new one; nodes holding different checkpoints refuse to train).
 
 Real: ``python -m torch.distributed.run`` (torchrun) twice, as node 0 and node 1 of 2, meeting at a c10d
 rendezvous on 127.0.0.1 with the argv ``eagle3ops.train.torchrun_argv`` builds for the train phase; each
 runs ``eagle3ops.ddp_probe`` (gloo all-reduce + one DDP step). STAND-IN: the two nodes are two process trees
 on this machine (loopback), not two hosts; the trainer is the probe, because speculators 0.9.0 cannot train
-over several nodes on CPU (``test_speculators_distributed_setup_needs_an_accelerator`` pins why).
+over several nodes on CPU (``test_speculators_distributed_setup_needs_an_accelerator`` pins why). The training
+inputs are ``eagle3ops.train_fixtures``' (test_train.py's ``inputs``: a tiny verifier, random hidden states).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from eagle3ops import train
-from proc_helpers import probe_records, run_together
+from proc_helpers import alive, probe_records, run_together
+from test_train import inputs  # noqa: F401 - the module-scoped training inputs fixture
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,6 +71,66 @@ def test_each_node_gets_nnodes_its_rank_and_the_rendezvous_of_the_first(tmp_path
 def test_multinode_refusals_name_what_to_set(tmp_path, kw, device, needle):
     with pytest.raises(train.TrainError, match=needle):
         train.check_nodes(train.TrainSpec(data_dir="d", verifier_path="v", run_dir="r", **kw), device)
+
+
+def test_the_ddp_probe_trainer_runs_over_cpu_nodes_through_the_same_launcher(tmp_path):
+    kw = {"nnodes": 2, "node_rank": 1, "rdzv_endpoint": "h:1", "trainer": "ddp_probe"}
+    train.check_nodes(
+        train.TrainSpec(data_dir="d", verifier_path="v", run_dir="r", **kw), "cpu"
+    )  # no refusal
+    argv = train.build_command(_plan(tmp_path, device="cpu", nproc=1, **kw), "py")
+    assert argv[argv.index("--rdzv-conf=is_host=0") + 1 :] == [
+        "-m", "eagle3ops.ddp_probe", "--config", str(tmp_path / "run" / train.CONFIG),
+    ]  # fmt: skip
+    with pytest.raises(train.TrainError, match="trainer must be one of"):
+        train.plan(train.TrainSpec(data_dir="d", verifier_path="v", run_dir="r", trainer="other"))
+
+
+def test_a_stopped_trainer_takes_the_workers_of_its_own_sessions_along(tmp_path):
+    """torchrun's workers run in sessions of their own: an agent that ignores SIGTERM is killed after the grace
+    with every descendant, not only its process group (real processes: a parent ignoring SIGTERM and a child
+    in a new session, both with the trainer's command line)."""
+    cfg = tmp_path / train.CONFIG
+    cfg.write_text("")
+    script = (
+        "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "c = subprocess.Popen(sys.argv[1:], start_new_session=True); print(c.pid, flush=True); time.sleep(300)"
+    )
+    worker = [sys.executable, "-c", "import time; time.sleep(300)", train.SHIM_MODULE, "--config", str(cfg)]
+    agent = subprocess.Popen(
+        [sys.executable, "-c", script, *worker], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    child = int(agent.stdout.readline())
+    try:
+        state = {"pid": agent.pid, "launcher": "setsid"}
+        assert train.is_our_trainer(agent.pid, cfg) and alive(child)
+        assert train.stop_run(tmp_path, state, grace_s=1)
+        agent.wait(timeout=10)
+        for _ in range(100):
+            if not alive(child):
+                break
+            time.sleep(0.05)
+        assert not alive(child), "the worker in its own session outlived the stop"
+    finally:
+        for pid in (agent.pid, child):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)  # this test's own processes
+
+
+def test_the_shim_writes_every_node_its_exit_record(tmp_path, monkeypatch):
+    """Each node's first process (LOCAL_RANK 0) writes its node's exit.json, not only global rank 0's node: a
+    finished job must not look killed on the other nodes."""
+    from eagle3ops import speculators_shim
+
+    path = tmp_path / "exit.json"
+    monkeypatch.setenv(speculators_shim.ENV_EXIT, str(path))
+    monkeypatch.setenv("RANK", "8")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    speculators_shim.write_exit("finished", rc=0)
+    assert not path.exists()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    speculators_shim.write_exit("finished", rc=0)
+    assert json.loads(path.read_text())["status"] == "finished"
 
 
 @pytest.mark.slow  # importing speculators (~5 s quiet, 30 s at load 6)
@@ -117,3 +184,61 @@ def test_two_nodes_meet_at_the_c10d_rendezvous_and_all_reduce_with_gloo(tmp_path
     assert all(d["all_reduce_sum"] == 1.0 for d in recs)  # 0 + 1: a real collective over both nodes
     assert recs[0]["grad"] == recs[1]["grad"]  # DDP averaged the two ranks' different gradients
     assert recs[0]["master"] == recs[1]["master"]
+
+
+@pytest.mark.slow  # five launches of torchrun (agents + workers): ~40 s quiet, minutes at load 8
+def test_a_node_of_another_job_is_stopped_and_joins_the_new_one(inputs, tmp_path):  # noqa: F811
+    """Two nodes as two run directories on this machine (STAND-IN for two hosts, loopback), trained by
+    ``eagle3ops.ddp_probe`` through ``train.ensure_run``: node 0 alone waits at the rendezvous (half a job);
+    asked to run another job it stops that trainer first and joins the new one with node 1; finished nodes
+    of job 2 are left alone; asked for job 3 while only one node holds the checkpoints, both refuse to train,
+    naming both save paths (the train role copies the newest checkpoint before such a restart)."""
+    verifier, data = inputs
+    port = _free_port()
+    env = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+    def node(rank, job):
+        return train.TrainSpec(
+            data_dir=str(data), verifier_path=str(verifier), run_dir=str(tmp_path / f"node{rank}"),
+            trainer="ddp_probe", device="cpu", nnodes=2, node_rank=rank, rdzv_endpoint=f"127.0.0.1:{port}",
+            rdzv_id=job, epochs=2, launcher="setsid", env=env,
+        )  # fmt: skip
+
+    first = train.ensure_run(node(0, "job-1"))
+    try:
+        time.sleep(2)
+        assert first["status"] == "launched" and first["job"] == "job-1" and alive(first["pid"])
+        chk = train.ensure_run(node(0, "job-2"), check=True)
+        assert chk["would"] == "relaunch" and alive(first["pid"]), chk
+        assert chk["other_job"] == {"previous_status": "running", "previous_job": "job-1", "job": "job-2"}
+        moved = train.ensure_run(node(0, "job-2"))
+        assert not alive(first["pid"]) and moved["status"] == "relaunched" and moved["attempt"] == 2
+        assert moved["other_job"]["previous_status"] == "running"
+        joined = train.ensure_run(node(1, "job-2"), wait=True, timeout=240, poll_s=0.5)
+        assert joined["status"] == "finished", joined
+        done0 = train.ensure_run(node(0, "job-2"), wait=True, timeout=240, poll_s=0.5)
+        assert done0["status"] == "finished" and done0["changed"] is False, done0
+    finally:
+        for r in (0, 1):
+            train.stop(str(tmp_path / f"node{r}"), grace_s=5)
+    exits = [json.loads((tmp_path / f"node{r}" / train.EXIT).read_text()) for r in (0, 1)]
+    assert [(e["job"], e["world_size"], e["start_epoch"]) for e in exits] == [("job-2", 2, 0)] * 2, exits
+    for r in (0, 1):  # finished, the same job: nothing to do
+        assert train.ensure_run(node(r, "job-2"))["changed"] is False
+
+    # only the node of global rank 0 wrote checkpoints: a job 3 on both would start in different epochs
+    saved = [r for r in (0, 1) if (tmp_path / f"node{r}" / "checkpoints" / "1").is_dir()]
+    assert len(saved) == 1, saved
+    for r in (0, 1):
+        assert train.ensure_run(node(r, "job-3"))["other_job"]["previous_status"] == "finished"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not all(
+        (train.read_exit(tmp_path / f"node{r}") or {}).get("job") == "job-3" for r in (0, 1)
+    ):
+        time.sleep(0.5)
+    for r in (0, 1):
+        ex = train.read_exit(tmp_path / f"node{r}")
+        assert ex["status"] == "failed" and "hold different checkpoints" in ex["error"], ex
+        assert (
+            f"node{saved[0]}/checkpoints" in ex["error"] and f"node{1 - saved[0]}/checkpoints" in ex["error"]
+        )

@@ -55,6 +55,13 @@ def register(sub) -> None:
     p.add_argument(
         "--nic", help="network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)"
     )
+    p.add_argument(
+        "--trainer",
+        choices=["speculators", "ddp_probe"],
+        default="speculators",
+        help="speculators, or ddp_probe: the minimal DDP job through the same launcher (a cluster check; the "
+        "multi-node trainer on CPU)",
+    )
     p.add_argument("--draft-attn-impl", choices=["simple_flex_attention", "sdpa", "eager"])
     p.add_argument(
         "--loss-implementation",
@@ -137,6 +144,7 @@ def cmd_train(args) -> int:
         rdzv_endpoint=args.rdzv_endpoint,
         rdzv_id=args.rdzv_id,
         nic=args.nic,
+        trainer=args.trainer,
         draft_attn_impl=args.draft_attn_impl,
         loss_implementation=args.loss_implementation,
         extra=_json_arg(args.extra, "extra"),

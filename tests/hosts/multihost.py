@@ -1,0 +1,74 @@
+"""Several nspawn hosts as one cluster (issue #21 tests): what the multi-host tests share.
+
+STAND-INS, said here and in each test's docstring: the hosts run the controller's venv (torch, transformers)
+and this checkout's ``python/`` bound read-only at the same paths (the runtime phase would install them; tests/
+hosts/test_runtime_remote.py proves that part), through the ``/opt/e3/eagle3ops`` wrapper. The hosts reach each
+other through this machine: the harness gives each its own veth /30; :func:`link` routes 10.213.0.0/16 via the
+controller in each guest and turns on forwarding on those veth interfaces only (removed with them).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from hosts import nspawn
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = Path(sys.prefix)  # the controller's venv, bound into the hosts at the same path
+BASE = Path(os.path.realpath(sys.base_prefix))  # its interpreter's installation
+# a host that is gone: ssh gives up connecting after 10 s, and an open (multiplexed) connection to it after
+# 3 unanswered keep-alives 5 s apart, instead of waiting on TCP for many minutes (docs/scale.md)
+SSH_ARGS = (
+    "'-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o LogLevel=ERROR "
+    "-o ServerAliveInterval=5 -o ServerAliveCountMax=3'"
+)
+HOST_VARS = {"ansible_ssh_timeout": 10, "ansible_ssh_common_args": SSH_ARGS}
+EXE = "/opt/e3/eagle3ops"
+WRAPPER = (
+    "#!/bin/sh\nexport PYTHONPATH=/opt/e3/python HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 "
+    f'OMP_NUM_THREADS=1\nexec {VENV}/bin/python -m eagle3ops "$@"\n'
+)
+
+
+def ro_binds(extra: dict | None = None) -> dict[str, str]:
+    """The read-only binds of a cluster host: the venv, its interpreter, this checkout's ``python/`` at
+    /opt/e3/python, and ``extra`` (controller path -> guest path)."""
+    binds = {str(BASE): str(BASE), str(VENV): str(VENV), str(REPO / "python"): "/opt/e3/python"}
+    binds.update({str(src): str(dst) for src, dst in (extra or {}).items()})
+    return binds
+
+
+def install_cli(hosts) -> None:
+    for h in hosts:
+        h.put(EXE, WRAPPER, mode="0755")
+
+
+def link(hosts) -> None:
+    """Route the hosts to each other through this machine (forwarding on their veth interfaces only)."""
+    for h in hosts:
+        nspawn._run(["sysctl", "-q", "-w", f"net.ipv4.conf.ve-{h.name}.forwarding=1"])
+        h.ssh(f"ip route replace 10.213.0.0/16 via {h.controller_ip}")
+
+
+def name(hosts) -> None:
+    """Every host resolves every other's name (torchrun hands its workers the rank-0 node's name as
+    MASTER_ADDR; DNS in a cluster)."""
+    names = "".join(f"{h.ip} {h.name}\n" for h in hosts)
+    for h in hosts:
+        h.ssh(f"printf %s {shlex.quote(names)} >> /etc/hosts")
+
+
+def trust(hosts) -> None:
+    """Root on every host may ssh to every other, checking their host keys (a cluster's keys and
+    known_hosts): the harness key as root's own key, every host's ed25519 host key in known_hosts."""
+    key = Path(hosts[0].key).read_text()
+    known = ""
+    for h in hosts:
+        kind, b64 = (h.merged / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2]
+        known += f"{h.ip} {kind} {b64}\n"
+    for h in hosts:
+        h.put("/root/.ssh/id_ed25519", key, mode="0600")
+        h.put("/root/.ssh/known_hosts", known, mode="0644")
