@@ -534,9 +534,22 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
         cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [5, 9, 20]
         (wrong / "config.json").write_text(json.dumps(cfg, indent=1))
         drafts["wrong"] = wrong
+        # ... and one that is never accepted (sglang#21272's 1.00: a draft answering in another vocabulary, as one
+        # trained for another target or tokenizer does): its lm_head rows rolled by one, so every proposal is the
+        # neighbour of what it means. The 2026-12-02 run showed wrong layer ids cost only ~20 % (1.46)
+        broken = d / "draft-never-accepted"
+        shutil.rmtree(broken, ignore_errors=True)
+        shutil.copytree(drafts["regen"], broken)
+        from safetensors.torch import load_file, save_file
+
+        w = load_file(str(broken / "model.safetensors"))
+        w["lm_head.weight"] = w["lm_head.weight"].roll(1, dims=0).contiguous()
+        save_file(w, str(broken / "model.safetensors"))
+        drafts["broken"] = broken
 
     # every EAGLE3 server at once (each caps its KV pool: they fit side by side), measured one after the other
-    configs = [("regen", (3, 1, 4)), ("orig", (3, 1, 4)), ("regen", (5, 1, 6)), ("wrong", (3, 1, 4))]
+    configs = [("regen", (3, 1, 4)), ("orig", (3, 1, 4)), ("regen", (5, 1, 6)), ("wrong", (3, 1, 4)),
+               ("broken", (3, 1, 4))]  # fmt: skip
     configs = [(k, sp) for k, sp in configs if k in drafts]
     starts: dict[str, object] = {}
 
@@ -595,7 +608,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
     for key, spec in configs:
         name = f"smol_eagle3_{key}_{'-'.join(map(str, spec))}"
         s = servers.get(name)
-        if s is None or key == "wrong":
+        if s is None or key in ("wrong", "broken"):
             continue
 
         @stage(name, 60)
@@ -615,17 +628,21 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
 
     # the guard (#17): the serve phase's probe, on the right draft (must pass) and the wrong-layer copy (must fail)
     right, wrong_s = servers.get("smol_eagle3_regen_3-1-4"), servers.get("smol_eagle3_wrong_3-1-4")
-    if right or wrong_s:
+    broken_s = servers.get("smol_eagle3_broken_3-1-4")
+    if right or wrong_s or broken_s:
 
         @stage("smol_guard", 30)
         def guard():
             out = {}
-            for key, s in (("right", right), ("wrong_layer_ids", wrong_s)):
+            for key, s in (("right", right), ("wrong_layer_ids", wrong_s), ("never_accepted", broken_s)):
                 if s is not None:
                     out[key] = cli("benchmark-spec-probe", "--url", s.url, "--min-accept-length", str(a.guard_floor),
                                    "--chat-template", str(m), name=f"guard_{key}")  # fmt: skip
             out["passed_right"] = out.get("right", {}).get("rc") == 0 if right else None
             out["fired_on_wrong"] = out.get("wrong_layer_ids", {}).get("rc") == 2 if wrong_s else None
+            out["fired_on_never_accepted"] = (
+                out.get("never_accepted", {}).get("rc") == 2 if broken_s else None
+            )
             return out
 
         guard()
