@@ -18,7 +18,8 @@ description:
   - Check mode writes nothing and predicts C(changed).
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
-extends_documentation_fragment: [eagle3ops]
+extends_documentation_fragment:
+  - eagle3ops
 options:
   model:
     description: Target model directory whose tokenizer and chat template are used.

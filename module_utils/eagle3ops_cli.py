@@ -91,4 +91,6 @@ class CliRunner:
 
     def run(self, check=None, env=None, check_rc=True, **overrides):
         """Run it; the parsed JSON result (fail_json on a failure, as run_cli)."""
-        return run_cli(self.module, self.executable, self.argv(check, **overrides), env=env, check_rc=check_rc)
+        return run_cli(
+            self.module, self.executable, self.argv(check, **overrides), env=env, check_rc=check_rc
+        )

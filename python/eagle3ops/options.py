@@ -239,7 +239,8 @@ class Command:
     """One ``eagle3ops`` sub-command and the module that drives it.
 
     module: the library/ module that runs this command (its argument_spec is :meth:`argument_spec`).
-    role: the role whose variables feed that module (``<role>_<param>`` unless an option says otherwise).
+    role: the role whose variables feed that module; its variables are ``<role_prefix>_<param>`` (role_prefix:
+      the role's name unless given) unless an option names its own.
     check: the command has the check-mode flag (``--check``; ``--plan`` still works).
     renamed: {old flag: new flag}: an old flag fails with one line naming the new one (exit 2).
     """
@@ -253,6 +254,7 @@ class Command:
         description=None,
         module=None,
         role=None,
+        role_prefix=None,
         check=True,
         check_help="write nothing; report what would change",
         renamed=None,
@@ -263,6 +265,7 @@ class Command:
         self.description = description
         self.module = module
         self.role = role
+        self.role_prefix = role_prefix or role
         self.check = check
         self.check_help = check_help
         self.renamed = dict(renamed or {})
@@ -337,7 +340,7 @@ class Command:
         for o in self.module_options():
             if o.role is False:
                 continue
-            var = o.role or (f"{self.role}_{o.param}" if self.role else None)
+            var = o.role or (f"{self.role_prefix}_{o.param}" if self.role else None)
             if var:
                 out[var] = o
         return out
