@@ -87,7 +87,7 @@ class Option:
         self.help = help
         self.choices = list(choices) if choices is not None else None
         self.elements = elements
-        self.required = required
+        self.required = required or positional  # argparse requires a positional argument
         self.positional = positional
         self.flag = name if positional else (flag or "--" + name.replace("_", "-"))
         self.aliases = tuple(aliases)
@@ -273,6 +273,10 @@ class Command:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup or "check" in names:
             raise ValueError(f"command {name}: options named twice or reserved: {dup or ['check']}")
+        params = {o.param for o in self.options if o.param}
+        clash = sorted(o.name for o in self.options if not o.param and o.name in params)
+        if clash:  # argv() takes CLI-only values by name beside the module params
+            raise ValueError(f"command {name}: CLI-only options named like module parameters: {clash}")
 
     def __repr__(self):
         return f"Command({self.name!r}, {len(self.options)} options)"
@@ -318,14 +322,17 @@ class Command:
         return {o.param: o.spec() for o in self.module_options()}
 
     def argv(self, params, check=False) -> list:
-        """``[name, ...]``: the command line that gives the command these module params (None = left out);
-        CLI-only options with a ``module_value`` get that value."""
+        """``[name, ...]``: the command line that gives the command these module params (None = left out). A
+        CLI-only option takes its value from ``params`` by its name when the module computed one (e.g.
+        ``action``), else its ``module_value`` if it has one."""
         words = [self.name]
         for o in self.options:
             if not o.cli:
                 continue
             if o.param:
                 words += o.argv(params.get(o.param))
+            elif o.name in params:
+                words += o.argv(params[o.name])
             elif o.module_value is not _UNSET:
                 words += o.argv(o.module_value)
         if check:

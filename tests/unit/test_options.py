@@ -181,27 +181,33 @@ def test_role_variables_agree_with_the_definition(name):
                 f"roles/{role}: {var} (feeds {cmd.module}.{o.param}) missing from argument_specs/defaults"
             )
             continue
-        value = defaults[var]
-        if _templated(value):
-            # it points at other phases' variables (the documented default is what it renders to alone:
-            # tests/unit/test_role_argument_specs.py); where the definition has a default, that is documented
-            documented = spec[var].get("default")
-            doc_want = documented if want is None else want
+        value, templated = defaults[var], _templated(defaults[var])
+        # a required parameter is required of the role's user too, unless the role fills it (a template that
+        # points at other phases' variables) or the definition gives the role its own default
+        required = o.required and not templated and o.role_default is options._UNSET
+        if templated:
+            # the documented default is what it renders to alone (tests/unit/test_role_argument_specs.py); where
+            # the definition has a default, that is the one documented
+            doc_want = spec[var].get("default") if want is None else want
+        elif required:
+            if value not in ("", [], None):
+                problems.append(f"roles/{role}/defaults/main.yml: {var}: {value!r} for a required parameter")
+            doc_want = None
         else:
-            if o.required and value in ("", [], None):
-                value = None  # a placeholder the inventory must replace
-            elif value != want:
+            if value != want:
                 problems.append(f"roles/{role}/defaults/main.yml: {var}: {value!r}, the definition {want!r}")
-            doc_want = None if o.required else want
-            documented = spec[var].get("default")
-        # a required parameter the role fills from other variables (a template) is not required of the user
-        as_role = o.but(required=o.required and not _templated(defaults[var]))
-        wider = set(spec[var].get("choices") or []) - set(o.choices or spec[var].get("choices") or [])
-        if wider and var in asserted:  # one variable, two modules: the role asserts the narrower set
-            as_role = as_role.but(choices=spec[var]["choices"])
+            doc_want = want
+        as_role = o.but(required=required)
+        role_choices = set(spec[var].get("choices") or [])
+        if o.choices and role_choices and role_choices < set(o.choices):
+            as_role = as_role.but(
+                choices=spec[var]["choices"]
+            )  # the role offers fewer (serve_state: no status)
+        elif o.choices and role_choices > set(o.choices) and var in asserted:
+            as_role = as_role.but(choices=spec[var]["choices"])  # one variable, two modules: asserted there
         problems += _disagreements(
             f"roles/{role}/meta/argument_specs.yml: {var}",
-            {**spec[var], "default": documented},
+            spec[var],
             as_role,
             doc_want,
         )
@@ -259,7 +265,8 @@ def test_module_params_reach_the_cli_unchanged(name, values):
         o.param: (_sample(o) if values == "samples" or o.required else o.default)
         for o in cmd.module_options()
     }
-    argv = eagle3ops_cli.CliRunner(_Module(params, check_mode=cmd.check), cmd).argv()
+    computed = {o.name: _sample(o) for o in cmd.options if o.cli and not o.param and o.required}
+    argv = eagle3ops_cli.CliRunner(_Module(params, check_mode=cmd.check), cmd).argv(**computed)
     assert argv[0] == name and (argv[-1] == "--check") == cmd.check
     args = _generated(cmd).parse_args(argv[1:])
     got = {o.param: getattr(args, o.name) for o in cmd.module_options() if o.cli}
