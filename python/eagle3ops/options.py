@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["CHECK_FLAG", "EXECUTABLE", "Command", "Option", "module_spec"]
+__all__ = ["CHECK_FLAG", "EXECUTABLE", "Command", "Module", "Option"]
 
 _UNSET = object()
 CHECK_FLAG = "--check"
@@ -50,8 +50,10 @@ class Option:
     module_value: for a CLI-only option, the value the module always passes (e.g. ``progress=False``).
     cli: False for a module-only parameter (``executable``: where the CLI is; ``state``: mapped by the module).
     role: the role variable that feeds the module parameter (default ``<role prefix>_<param>``), or False.
-    role_default: the role's default where it deliberately differs from the CLI's (the agreement test checks
-      ``defaults/main.yml`` and ``meta/argument_specs.yml`` against it).
+    module_default: the module parameter's default where it deliberately differs from the CLI's (say why beside
+      it); the module always passes its value, so the CLI's default only serves direct CLI calls.
+    role_default: the role's default where it deliberately differs from the module's (the agreement test checks
+      ``defaults/main.yml`` and ``meta/argument_specs.yml`` against it, else against the module's default).
     no_log: passed to the argument_spec (Ansible asks for it on names that look like secrets: ``*_tokens``).
     """
 
@@ -72,6 +74,7 @@ class Option:
         metavar=None,
         param=None,
         module_value=_UNSET,
+        module_default=_UNSET,
         cli=True,
         role=None,
         role_default=_UNSET,
@@ -95,6 +98,7 @@ class Option:
         self.metavar = metavar
         self.param = name if param is None else param
         self.module_value = module_value
+        self.module_default = default if module_default is _UNSET else module_default
         self.cli = cli
         self.role = role
         self.role_default = role_default
@@ -130,8 +134,9 @@ class Option:
             s["elements"] = self.elements
         if self.required:
             s["required"] = True
-        if self.default is not None:
-            s["default"] = list(self.default) if isinstance(self.default, tuple) else self.default
+        if self.module_default is not None:
+            d = self.module_default
+            s["default"] = list(d) if isinstance(d, tuple) else d
         if self.choices is not None:
             s["choices"] = list(self.choices)
         if self.no_log is not None:
@@ -139,8 +144,9 @@ class Option:
         return s
 
     def argv(self, value) -> list:
-        """The command-line words that give this option ``value`` (nothing for None / an empty list)."""
-        if value is None:
+        """The command-line words that give this option ``value``: nothing for None, an empty list, or an empty
+        string where the option has no default (a role's ``""`` means "not set")."""
+        if value is None or (value == "" and self.default is None):
             return []
         if self.type == "bool":
             if self.negatable:
@@ -212,13 +218,16 @@ class _Append(argparse.Action):
 
 
 class _PairsAction(argparse.Action):
-    """``--flag NAME=VALUE`` (repeatable) -> a dict."""
+    """``--flag NAME=VALUE`` (repeatable) -> a dict; a flag given replaces the default, a name given twice is
+    refused."""
 
     def __call__(self, parser, namespace, value, option_string=None):
         name, sep, v = value.partition("=")
         if not sep or not name:
             parser.error(f"{option_string} {value!r}: expected NAME=VALUE")
-        d = dict(getattr(namespace, self.dest) or {})
+        d = {} if getattr(namespace, self.dest) is self.default else dict(getattr(namespace, self.dest) or {})
+        if name in d:
+            parser.error(f"{option_string} {name}: given twice")
         d[name] = v
         setattr(namespace, self.dest, d)
 
@@ -353,15 +362,48 @@ class Command:
         return out
 
 
-def module_spec(*commands, only=None) -> dict:
-    """The argument_spec of a module that runs several commands: the union of their parameters (one
-    parameter used by several commands must be defined alike); ``only``: keep just these parameters."""
-    spec = {}
-    for c in commands:
-        for param, s in c.argument_spec().items():
-            if only is not None and param not in only:
+class Module:
+    """A module that runs one of several commands, picked by its ``action`` parameter.
+
+    actions: {action: Command}. Its parameters are the union of the commands' (a parameter several commands
+    share must have one type, elements and choices; its default is the first command's, so a command whose CLI
+    default differs says so with ``module_default``), none of them ``required`` (the module's ``required_if``
+    says what each action needs), plus ``extra`` module-only options (the ``action`` itself, ...).
+    """
+
+    def __init__(self, name, actions, extra=()):
+        self.name = name
+        self.actions = dict(actions)
+        self.extra = list(extra)
+        for c in self.actions.values():
+            if c.module != name:
+                raise ValueError(f"module {name}: command {c.name} names module {c.module}")
+        self.options()  # refuse a definition whose shared parameters disagree, at import
+
+    def __repr__(self):
+        return f"Module({self.name!r}, {sorted(self.actions)})"
+
+    def options(self) -> dict:
+        """{parameter: option} as the module has them (not required; the first command's default)."""
+        out = {o.param: o for o in self.extra}
+        for o in (o for c in self.actions.values() for o in c.module_options()):
+            mine = o.but(required=False)
+            if o.param not in out:
+                out[o.param] = mine
                 continue
-            if param in spec and spec[param] != s:
-                raise ValueError(f"module parameter {param}: {spec[param]} in one command, {s} in {c.name}")
-            spec[param] = s
-    return spec
+            first = out[o.param].spec()
+            if {k: v for k, v in mine.spec().items() if k != "default"} != {
+                k: v for k, v in first.items() if k != "default"
+            }:
+                raise ValueError(
+                    f"module {self.name} parameter {o.param}: {first} in one action, {mine.spec()} in another"
+                )
+            if mine.module_default != out[o.param].module_default:
+                raise ValueError(
+                    f"module {self.name} parameter {o.param}: default {out[o.param].module_default!r} in one "
+                    f"action, {mine.module_default!r} in another (give the second a module_default)"
+                )
+        return out
+
+    def argument_spec(self) -> dict:
+        return {param: o.spec() for param, o in self.options().items()}

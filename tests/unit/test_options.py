@@ -23,6 +23,7 @@ import argparse
 import functools
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,15 +42,16 @@ PKG = REPO / "python" / "eagle3ops"
 DEFINITIONS = sorted(p.stem for p in PKG.glob("*_options.py"))
 
 
-def _commands() -> list[options.Command]:
+def _defined(kind) -> list:
     out = []
     for name in DEFINITIONS:
         mod = importlib.import_module(f"eagle3ops.{name}")
-        out += [v for v in vars(mod).values() if isinstance(v, options.Command)]
+        out += [v for v in vars(mod).values() if isinstance(v, kind)]
     return out
 
 
-COMMANDS = {c.name: c for c in _commands()}
+COMMANDS = {c.name: c for c in _defined(options.Command)}
+MULTI = {m.name: m for m in _defined(options.Module)}  # modules that run one of several commands
 MODULES = sorted({c.module for c in COMMANDS.values() if c.module})
 WITH_ROLE = sorted(n for n, c in COMMANDS.items() if c.role)
 
@@ -99,12 +101,15 @@ def test_the_cli_is_generated_from_the_definition(name):
 
 
 def _module_options(module: str) -> dict:
-    """{parameter: option} of a module: the module parameters of every command it runs."""
-    return {o.param: o for c in COMMANDS.values() if c.module == module for o in c.module_options()}
+    """{parameter: option} of a module: its Module's, or the parameters of the one command it runs."""
+    if module in MULTI:
+        return MULTI[module].options()
+    (cmd,) = [c for c in COMMANDS.values() if c.module == module]
+    return {o.param: o for o in cmd.module_options()}
 
 
 def _module_spec(module: str) -> dict:
-    return options.module_spec(*[c for c in COMMANDS.values() if c.module == module])
+    return {param: o.spec() for param, o in _module_options(module).items()}
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -160,7 +165,7 @@ def test_module_documentation_agrees_with_the_definition(module):
     problems = [
         p
         for param, o in opts.items()
-        for p in _disagreements(f"{module}.{param}", documented[param], o, o.default)
+        for p in _disagreements(f"{module}.{param}", documented[param], o, o.module_default)
     ]
     assert not problems, "\n".join(problems)
 
@@ -168,14 +173,24 @@ def test_module_documentation_agrees_with_the_definition(module):
 # ---- (d) the role ------------------------------------------------------------------------------------
 
 
+def _when(role: str, module: str) -> set[str]:
+    """Role variables named in the ``when`` of a task calling ``module`` (they guard what it gets)."""
+    return {
+        n
+        for _f, t, m in _module_calls(role)
+        if m == module
+        for n in re.findall(r"[a-z][a-z0-9_]*", str(t.get("when")))
+    }
+
+
 @pytest.mark.parametrize("name", WITH_ROLE)
 def test_role_variables_agree_with_the_definition(name):
     cmd = COMMANDS[name]
     role = cmd.role
-    spec, defaults, asserted = _options(role), _defaults(role), _asserted(role)
+    spec, defaults, asserted = _options(role), _defaults(role), _asserted(role) | _when(role, cmd.module)
     problems = []
     for var, o in cmd.role_variables().items():
-        want = o.default if o.role_default is options._UNSET else o.role_default
+        want = o.module_default if o.role_default is options._UNSET else o.role_default
         if var not in spec or var not in defaults:
             problems.append(
                 f"roles/{role}: {var} (feeds {cmd.module}.{o.param}) missing from argument_specs/defaults"
