@@ -24,7 +24,6 @@ import functools
 import importlib
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from eagle3ops import cli, options
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "module_utils"))
 import eagle3ops_cli  # the runner as the modules use it (stdlib only, importable as a plain file)
-from test_module_docs import _argument_spec
+from test_module_docs import _argument_spec, ansible_doc
 from test_role_argument_specs import PASS_THROUGH, _asserted, _defaults, _module_calls, _options, _templated
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,19 +118,6 @@ def test_the_module_builds_its_argument_spec_from_the_definition(module):
     assert got == want, f"library/{module}.py: argument_spec is not the definition's"
 
 
-@functools.cache
-def _ansible_doc() -> dict:
-    r = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-doc")), "-M", str(REPO / "library"), "--json", *MODULES],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout)
-
-
 def _norm_type(t: str | None) -> str:
     return {"path": "str"}.get(t or "str", t or "str")
 
@@ -156,7 +142,7 @@ def _disagreements(where: str, doc: dict, opt: options.Option, default) -> list[
 
 @pytest.mark.parametrize("module", MODULES)
 def test_module_documentation_agrees_with_the_definition(module):
-    documented = _ansible_doc()[module]["doc"].get("options") or {}
+    documented = ansible_doc()[module]["doc"].get("options") or {}
     spec = _module_spec(module)
     assert set(documented) == set(spec), (
         f"library/{module}.py documents {sorted(documented)}, defines {sorted(spec)}"
