@@ -44,7 +44,8 @@ class Option:
     default, choices, help, required: as in argparse and Ansible (one default for the CLI and the module).
     flag: the CLI flag (default ``--name-with-dashes``); ``positional=True`` makes it a positional argument.
       A bool whose default is True gets ``--flag/--no-flag``; one whose default is False ``--flag``.
-    aliases: older CLI flags that still work (same meaning).
+    aliases: older CLI flags that still work (same meaning); false_aliases: older flags that set a bool to False
+      (``--gpu-optional`` for ``gpu_required``).
     nargs: for a list, ``"+"`` (``--flag a b``, the default) or ``"append"`` (``--flag a --flag b``).
     param: the module parameter's name, or False when the module has no such parameter (CLI only).
     module_value: for a CLI-only option, the value the module always passes (e.g. ``progress=False``).
@@ -69,6 +70,7 @@ class Option:
         required=False,
         flag=None,
         aliases=(),
+        false_aliases=(),
         positional=False,
         nargs=None,
         metavar=None,
@@ -94,6 +96,7 @@ class Option:
         self.positional = positional
         self.flag = name if positional else (flag or "--" + name.replace("_", "-"))
         self.aliases = tuple(aliases)
+        self.false_aliases = tuple(false_aliases)
         self.nargs = nargs or ("+" if type == "list" else None)
         self.metavar = metavar
         self.param = name if param is None else param
@@ -159,11 +162,15 @@ class Option:
             if self.positional:
                 return words
             if self.nargs == "append":
-                return [w for v in words for w in (self.flag, v)]
+                return [w for v in words for w in self._one(v)]
             return [self.flag, *words]
         if self.type == "dict":
-            return [w for k, v in sorted(value.items()) for w in (self.flag, f"{k}={v}")]
-        return [str(value)] if self.positional else [self.flag, str(value)]
+            return [w for k, v in sorted(value.items()) for w in self._one(f"{k}={v}")]
+        return [str(value)] if self.positional else self._one(str(value))
+
+    def _one(self, word: str) -> list:
+        """``--flag VALUE``, or ``--flag=VALUE`` for a value argparse would take for a flag (``-m sglang``)."""
+        return [f"{self.flag}={word}"] if word.startswith("-") else [self.flag, word]
 
     # ---- the CLI side ----------------------------------------------------------------------------------
     def add_to(self, parser) -> None:
@@ -193,6 +200,8 @@ class Option:
         if self.required:
             kw["required"] = True
         parser.add_argument(self.flag, *self.aliases, dest=self.name, **kw)
+        for old in self.false_aliases:
+            parser.add_argument(old, dest=self.name, action="store_false", help=f"the same as {self.no_flag}")
 
     def _help(self) -> str:
         text = self.help

@@ -80,7 +80,8 @@ def _argument_spec(path: Path) -> dict:
 
 def module_docs(path: Path) -> tuple[dict, dict]:
     """A library/ module's DOCUMENTATION, EXAMPLES and RETURN (each YAML, read from its source; all three must be
-    there) and its argument_spec, for the per-module tests that check more than this file does."""
+    there; the DOCUMENTATION's options with its doc fragments' merged in, as ansible-doc renders them) and its
+    argument_spec, for the per-module tests that check more than this file does."""
     docs = {
         n.targets[0].id: yaml.safe_load(n.value.value)
         for n in ast.parse(path.read_text()).body
@@ -88,6 +89,8 @@ def module_docs(path: Path) -> tuple[dict, dict]:
         and getattr(n.targets[0], "id", "") in ("DOCUMENTATION", "EXAMPLES", "RETURN")
     }
     assert set(docs) == {"DOCUMENTATION", "EXAMPLES", "RETURN"}, f"{path}: {sorted(docs)}"
+    if docs["DOCUMENTATION"].get("extends_documentation_fragment"):
+        docs["DOCUMENTATION"]["options"] = ansible_doc()[path.stem]["doc"]["options"]
     return docs, _argument_spec(path)
 
 

@@ -291,6 +291,38 @@ def test_check_mode_is_check_and_plan_still_works(name):
     assert parser.parse_args(required).check is False
 
 
+ALIASED = sorted((n, o.name) for n, c in COMMANDS.items() for o in c.options if o.aliases or o.false_aliases)
+
+
+@pytest.mark.parametrize(("name", "option"), ALIASED)
+def test_older_flags_still_work(name, option):
+    """``--allow-unit`` is ``--stop-unit``, ``--grace`` ``--stop-grace``, ``--gpu-optional`` ``--no-gpu-required``."""
+    cmd = COMMANDS[name]
+    o = cmd.option(option)
+    required = [w for r in cmd.options if r.required and r.cli and r is not o for w in r.argv(_sample(r))]
+    parser = _real_parsers()[name]
+    new = o.argv(_sample(o))
+    want = getattr(parser.parse_args([*required, *new]), o.name)
+    for old in o.aliases:
+        assert (
+            getattr(parser.parse_args([*required, *[old if w == o.flag else w for w in new]]), o.name) == want
+        )
+    for old in o.false_aliases:
+        assert getattr(parser.parse_args([*required, old]), o.name) is False
+
+
+def test_a_value_that_looks_like_a_flag_reaches_the_cli():
+    """A command-line pattern such as ``-m sglang`` is passed as ``--flag=VALUE`` (argparse would take it for a
+    flag otherwise); the parser gets it back unchanged."""
+    cmd = COMMANDS["gpu-free"]
+    params = {o.param: o.module_default for o in cmd.module_options()}
+    params |= {"stop_cmdline_patterns": ["-m sglang", "^python"], "stop_units": ["-weird.service"]}
+    argv = cmd.argv(params)
+    assert "--stop-cmdline=-m sglang" in argv, argv
+    args = _generated(cmd).parse_args(argv[1:])
+    assert args.stop_cmdline_patterns == ["-m sglang", "^python"] and args.stop_units == ["-weird.service"]
+
+
 def test_a_renamed_flag_fails_with_one_line_naming_the_new_one(capsys):
     cmd = options.Command("demo", [options.Option("allow_unit", "list", elements="str", nargs="append")],
                           help="x", renamed={"--old-unit": "--allow-unit"})  # fmt: skip
