@@ -15,6 +15,22 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
 
+
+def _allow_list(name, flag, old, metavar, what):
+    """Who may be stopped, one kind: repeatable, empty by default (nobody)."""
+    return Option(
+        name,
+        "list",
+        elements="str",
+        nargs="append",
+        default=[],
+        flag=flag,
+        aliases=(old,),
+        metavar=metavar,
+        help=f"{what} whose processes may be stopped; repeatable",
+    )
+
+
 GPU_FREE = Command(
     "gpu-free",
     help="assert free VRAM on every (selected) GPU, naming and optionally stopping the holders",
@@ -44,38 +60,16 @@ GPU_FREE = Command(
             aliases=("--grace",),
             help="seconds between SIGTERM and SIGKILL",
         ),
-        Option(
-            "stop_units",
-            "list",
-            elements="str",
-            nargs="append",
-            default=[],
-            flag="--stop-unit",
-            aliases=("--allow-unit",),
-            metavar="UNIT",
-            help="systemd unit (glob) whose processes may be stopped; repeatable",
+        _allow_list("stop_units", "--stop-unit", "--allow-unit", "UNIT", "systemd unit (glob)"),
+        _allow_list(
+            "stop_cmdline_patterns", "--stop-cmdline", "--allow-cmdline", "REGEX", "command-line regex"
         ),
-        Option(
-            "stop_cmdline_patterns",
-            "list",
-            elements="str",
-            nargs="append",
-            default=[],
-            flag="--stop-cmdline",
-            aliases=("--allow-cmdline",),
-            metavar="REGEX",
-            help="command-line regular expression whose processes may be stopped; repeatable",
-        ),
-        Option(
+        _allow_list(
             "stop_run_ids",
-            "list",
-            elements="str",
-            nargs="append",
-            default=[],
-            flag="--stop-run-id",
-            aliases=("--allow-run-id",),
-            metavar="ID",
-            help="EAGLE3OPS_RUN_ID value (environment or command-line token) whose processes may be stopped",
+            "--stop-run-id",
+            "--allow-run-id",
+            "ID",
+            "EAGLE3OPS_RUN_ID value (environment or argv)",
         ),
         Option(
             "gpu_required",

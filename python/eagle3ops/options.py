@@ -205,7 +205,11 @@ class Option:
 
     def _help(self) -> str:
         text = self.help
-        if self.default not in (None, False, [], (), {}) and not self.required:
+        if self.negatable:
+            text += f" (default: {self.flag})"
+        elif not (
+            self.required or self.default is None or self.default is False or self.default in ([], (), {})
+        ):
             shown = (
                 " ".join(map(str, self.default)) if isinstance(self.default, (list, tuple)) else self.default
             )

@@ -57,13 +57,12 @@ def _captured() -> dict:
     """{library/x.py: the keyword arguments its main() gives AnsibleModule}: what the module really passes,
     whether written out or built from a definition (the way ansible-test's validate-modules reads it)."""
     paths = [str(p) for p in sorted((REPO / "library").glob("*.py"))]
-    r = subprocess.run(
-        [sys.executable, "-c", _CAPTURE, str(REPO / "module_utils"), *paths],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-    )
+    return _json_of([sys.executable, "-c", _CAPTURE, str(REPO / "module_utils"), *paths])
+
+
+def _json_of(argv: list[str]):
+    """The JSON a child process prints (run in the repository, so ansible.cfg applies); its stderr on a failure."""
+    r = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
 
@@ -98,15 +97,9 @@ def module_docs(path: Path) -> tuple[dict, dict]:
 def ansible_doc() -> dict:
     """{module: what ``ansible-doc --json`` renders for it} for every module in library/ (doc fragments merged,
     through ansible.cfg's doc_fragment_plugins), one ansible-doc run for all."""
-    p = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-doc")), "-M", str(REPO / "library"), "--json", *MODULES],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
+    return _json_of(
+        [str(Path(sys.executable).with_name("ansible-doc")), "-M", str(REPO / "library"), "--json", *MODULES]
     )
-    assert p.returncode == 0, p.stderr[-2000:]
-    return json.loads(p.stdout)
 
 
 @pytest.mark.parametrize("name", MODULES)
