@@ -6,15 +6,16 @@ checked against it here.
     user gets it) holds exactly the definition's flags, no argument added by hand;
 (b) the module runs the definition: the argument_spec its ``main()`` gives AnsibleModule is the definition's;
 (c) the module's DOCUMENTATION (as ansible-doc renders it, doc fragments merged) names the same options with
-    the same type, elements, default, choices and required flag;
+    the same type, elements, default (the module's: ``module_default`` where it differs), choices and required;
 (d) the role: each option a role variable feeds is in ``meta/argument_specs.yml`` with the same type (``str``
-    and ``path`` alike), elements, choices and default, and in ``defaults/main.yml`` with that default (the
-    definition's, or its ``role_default``; a templated value only where the definition has no default, a
+    and ``path`` alike), elements, choices (the role may offer fewer, or more where an assert or the task's
+    ``when`` guards them) and default, and in ``defaults/main.yml`` with that default (the module's, or the
+    definition's ``role_default``; a template, pointing at other phases' variables, documents it; an empty
     placeholder only for a required option), and a task of the role really passes it to that module parameter;
 (e) params -> argv -> the generated parser gives every value back (the runner loses and renames nothing), for
-    non-default values and for the defaults;
-(f) check mode is ``--check`` in every command, ``--plan`` still works; a renamed flag fails with one line
-    naming the new one, exit 2.
+    non-default values, for the defaults, and for a value that starts with ``-``;
+(f) check mode is ``--check`` in every command, ``--plan`` still works; older flags (``--allow-unit``,
+    ``--gpu-optional``, ...) still work; a renamed flag fails with one line naming the new one, exit 2.
 """
 
 from __future__ import annotations
