@@ -18,6 +18,8 @@ description:
   - Check mode writes nothing and predicts C(changed).
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops
 options:
   model:
     description: Target model directory whose tokenizer and chat template are used.
@@ -62,11 +64,6 @@ options:
         re-plans, so a finished identical run gives C(changed=false). 0 fails at once, naming the holder.
     type: float
     default: 0
-  executable:
-    description:
-      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
-      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
-    type: path
 attributes:
   check_mode:
     support: full
@@ -114,53 +111,13 @@ stale_lock:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_prepare_options import PREPARE
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "model": {"type": "path", "required": True},
-            "inputs": {"type": "list", "elements": "path", "required": True},
-            "out": {"type": "path", "required": True},
-            "max_length": {"type": "int", "default": 2048},
-            "on_error": {"type": "str", "choices": ["fail", "skip"], "default": "fail"},
-            "max_samples": {"type": "int"},
-            "seed": {"type": "int", "default": 0},
-            "force": {"type": "bool", "default": False},
-            "trust_remote_code": {"type": "bool", "default": False},
-            "lock_wait": {"type": "float", "default": 0},
-            "executable": {"type": "path"},
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    argv = [
-        "prepare",
-        "--model",
-        p["model"],
-        "--out",
-        p["out"],
-        "--max-length",
-        str(p["max_length"]),
-        "--on-error",
-        p["on_error"],
-        "--seed",
-        str(p["seed"]),
-        "--lock-wait",
-        str(p["lock_wait"]),
-    ]
-    for src in p["inputs"]:
-        argv += ["--input", src]
-    if p["max_samples"] is not None:
-        argv += ["--max-samples", str(p["max_samples"])]
-    if p["force"]:
-        argv.append("--force")
-    if p["trust_remote_code"]:
-        argv.append("--trust-remote-code")
-    if module.check_mode:
-        argv.append("--check")
-    module.exit_json(**run_cli(module, p["executable"], argv))
+    module = AnsibleModule(argument_spec=PREPARE.argument_spec(), supports_check_mode=True)
+    module.exit_json(**CliRunner(module, PREPARE).run())
 
 
 if __name__ == "__main__":

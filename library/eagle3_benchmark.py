@@ -27,6 +27,8 @@ description:
     I(out) from the acceptance result and SGLang's bench results - written only when those inputs changed.
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops
 options:
   action:
     description: What to run.
@@ -156,9 +158,6 @@ options:
   spec_probe:
     description: C(eagle3ops benchmark-spec-probe) result (completion tokens / spec_verify_ct); C(report) only.
     type: path
-  executable:
-    description: The C(eagle3ops) command (default next to the module's Python, then on E(PATH)).
-    type: path
 attributes:
   check_mode:
     support: full
@@ -228,51 +227,15 @@ paths:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_benchmark_options import BENCHMARK
+from ansible.module_utils.eagle3ops_cli import CliRunner
+
+REPORT_INPUTS = ("acceptance", "sglang_with", "sglang_without", "live_with", "live_without")
 
 
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "action": {
-                "type": "str",
-                "choices": ["acceptance", "report", "guard", "live", "contamination"],
-                "required": True,
-            },
-            "prompt_sets": {"type": "dict"},
-            "mtbench_turns": {"type": "str", "choices": ["first", "both"], "default": "first"},
-            "concurrency": {"type": "list", "elements": "int", "default": [1, 8]},
-            "num_requests": {"type": "int"},
-            "time_budget": {"type": "float", "default": 600},
-            "request_timeout": {"type": "float", "default": 600},
-            "ignore_eos": {"type": "bool", "default": False},
-            "template_model": {"type": "path"},
-            "label": {"type": "str", "default": "with_draft"},
-            "server_key": {"type": "str", "default": "", "no_log": False},
-            "plan": {"type": "bool", "default": False},
-            "training_data": {"type": "list", "elements": "path", "default": []},
-            "contamination_mode": {"type": "str", "choices": ["fail", "warn"], "default": "fail"},
-            "live_with": {"type": "path"},
-            "live_without": {"type": "path"},
-            "contamination": {"type": "path"},
-            "url": {"type": "str"},
-            "min_accept_length": {"type": "float", "default": 1.3},
-            "chat_template": {"type": "path"},
-            "out": {"type": "path"},
-            "checkpoint": {"type": "path"},
-            "target": {"type": "path"},
-            "prompts": {"type": "path"},
-            "k": {"type": "int", "default": 3},
-            "max_new_tokens": {"type": "int", "default": 64, "no_log": False},
-            "limit": {"type": "int"},
-            "baseline": {"type": "bool", "default": True},
-            "max_target_gb": {"type": "float"},
-            "acceptance": {"type": "path"},
-            "sglang_with": {"type": "path"},
-            "sglang_without": {"type": "path"},
-            "spec_probe": {"type": "path"},
-            "executable": {"type": "path"},
-        },
+        argument_spec=BENCHMARK.argument_spec(),
         required_if=[
             ("action", "acceptance", ("checkpoint", "target", "prompts", "out")),
             ("action", "guard", ("url",)),
@@ -283,45 +246,9 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    if p["action"] == "acceptance":
-        argv = [
-            "benchmark-acceptance",
-            "--checkpoint",
-            p["checkpoint"],
-            "--target",
-            p["target"],
-            "--prompts",
-            p["prompts"],
-            "--out",
-            p["out"],
-            "--k",
-            str(p["k"]),
-            "--max-new-tokens",
-            str(p["max_new_tokens"]),
-        ]
-        if p["limit"]:
-            argv += ["--limit", str(p["limit"])]
-        if not p["baseline"]:
-            argv.append("--no-baseline")
-        if p["max_target_gb"]:
-            argv += ["--max-target-gb", str(p["max_target_gb"])]
-    elif p["action"] == "live":
-        argv = ["benchmark-live", "--url", p["url"], "--out", p["out"], "--label", p["label"]]
-        for name, path in sorted((p["prompt_sets"] or {}).items()):
-            argv += ["--set", f"{name}={path}"]
-        argv += ["--mtbench-turns", p["mtbench_turns"], "--concurrency", *[str(c) for c in p["concurrency"]]]
-        argv += ["--max-new-tokens", str(p["max_new_tokens"])]
-        if p["num_requests"]:
-            argv += ["--num-requests", str(p["num_requests"])]
-        argv += ["--time-budget", str(p["time_budget"]), "--timeout", str(p["request_timeout"])]
-        argv += ["--server-key", p["server_key"]]
-        if p["ignore_eos"]:
-            argv.append("--ignore-eos")
-        if p["template_model"]:
-            argv += ["--template-model", p["template_model"]]
-        if p["plan"] or module.check_mode:
-            argv.append("--check")
-        module.exit_json(**run_cli(module, p["executable"], argv))
+    runner = CliRunner(module, BENCHMARK.actions[p["action"]])
+    if p["action"] == "live":
+        module.exit_json(**runner.run(check=p["plan"] or module.check_mode))
     elif p["action"] == "contamination":
         missing = [
             path
@@ -333,46 +260,21 @@ def main():
                 changed=False,
                 msg=f"contamination check after the earlier phases wrote {', '.join(missing)} (check mode)",
             )
-        argv = ["benchmark-contamination", "--mode", p["contamination_mode"]]
-        for name, path in sorted((p["prompt_sets"] or {}).items()):
-            argv += ["--set", f"{name}={path}"]
-        for t in p["training_data"]:
-            argv += ["--training", t]
-        if p["out"] and not module.check_mode:
-            argv += ["--out", p["out"]]
-        module.exit_json(**run_cli(module, p["executable"], argv))
+        # the command has no check mode: it only reads, and writes its result only outside check mode
+        module.exit_json(**runner.run(check=False, out=None if module.check_mode else p["out"]))
     elif p["action"] == "guard":
         if module.check_mode:
             module.exit_json(
                 changed=False, skipped=True, msg="the guard probes a running server: not in check mode"
             )
-        argv = ["benchmark-spec-probe", "--url", p["url"], "--min-accept-length", str(p["min_accept_length"])]
-        argv += ["--max-new-tokens", str(p["max_new_tokens"])]
-        if p["prompts"]:
-            argv += ["--prompts", p["prompts"]]
-        if p["limit"]:
-            argv += ["--limit", str(p["limit"])]
-        if p["chat_template"]:
-            argv += ["--chat-template", p["chat_template"]]
-        res = run_cli(module, p["executable"], argv)
+        res = runner.run()
         res["changed"] = False  # read-only: it only sends requests
         module.exit_json(**res)
-    else:
-        argv = ["benchmark-report", "--out-dir", p["out"]]
-        for opt in ("acceptance", "sglang_with", "sglang_without", "spec_probe", "live_with", "live_without"):
-            if p[opt]:
-                argv += [f"--{opt.replace('_', '-')}", p[opt]]
-        if p["contamination"]:
-            argv += ["--contamination", p["contamination"]]
-        if not (
-            p["acceptance"] or p["sglang_with"] or p["sglang_without"] or p["live_with"] or p["live_without"]
-        ):
-            module.fail_json(
-                msg="action=report needs acceptance and/or sglang_with/sglang_without or live_with/live_without result files"
-            )
-    if module.check_mode:
-        argv.append("--check")
-    module.exit_json(**run_cli(module, p["executable"], argv))
+    elif p["action"] == "report" and not any(p[k] for k in REPORT_INPUTS):
+        module.fail_json(
+            msg="action=report needs acceptance and/or sglang_with/sglang_without or live_with/live_without result files"
+        )
+    module.exit_json(**runner.run())
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ description:
   - Runs C(eagle3ops convert) (logic in C(eagle3ops.convert)).
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops
 options:
   checkpoint:
     description: A checkpoint directory, a speculators save path (C(checkpoint_best) or the newest epoch) or a train run directory.
@@ -42,9 +44,6 @@ options:
         C(eagle3ops.sglang_versions) (0.5.17, 0.5.23); another is refused with that list.
     type: str
     default: "0.5.23"
-  executable:
-    description: The C(eagle3ops) command (default next to the module's Python, then on E(PATH)).
-    type: path
 attributes:
   check_mode:
     support: full
@@ -93,41 +92,13 @@ config:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_serve_options import CONVERT
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "checkpoint": {"type": "path", "required": True},
-            "out": {"type": "path", "required": True},
-            "serve_window": {"type": "int"},
-            "target_arch": {"type": "str"},
-            "sglang_layer_ids": {"type": "list", "elements": "int"},
-            "sglang_version": {"type": "str", "default": "0.5.23"},
-            "executable": {"type": "path"},
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    argv = [
-        "convert",
-        "--checkpoint",
-        p["checkpoint"],
-        "--out",
-        p["out"],
-        "--sglang-version",
-        p["sglang_version"],
-    ]
-    if p["serve_window"]:
-        argv += ["--serve-window", str(p["serve_window"])]
-    if p["target_arch"]:
-        argv += ["--target-arch", p["target_arch"]]
-    if p["sglang_layer_ids"]:
-        argv += ["--sglang-layer-ids", *[str(i) for i in p["sglang_layer_ids"]]]
-    if module.check_mode:
-        argv.append("--check")
-    result = run_cli(module, p["executable"], argv)
+    module = AnsibleModule(argument_spec=CONVERT.argument_spec(), supports_check_mode=True)
+    result = CliRunner(module, CONVERT).run()
     result.pop("stamp", None)
     module.exit_json(**result)
 

@@ -20,6 +20,8 @@ description:
     serve role writes it for the benchmark role).
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops
 options:
   name:
     description: The server's name (its files in I(run_dir)).
@@ -63,9 +65,6 @@ options:
     description: Seconds from SIGTERM to SIGKILL.
     type: float
     default: 60
-  executable:
-    description: The C(eagle3ops) command (default next to the module's Python, then on E(PATH)).
-    type: path
 attributes:
   check_mode:
     support: full
@@ -117,54 +116,28 @@ running:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_serve_options import SERVE_PROCESS
 
 
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "name": {"type": "str", "required": True},
-            "run_dir": {"type": "path", "required": True},
-            "state": {"type": "str", "choices": ["started", "stopped", "status"], "default": "started"},
-            "argv": {"type": "list", "elements": "str"},
-            "environment": {"type": "dict", "default": {}},
-            "url": {"type": "str"},
-            "stamp": {"type": "str"},
-            "spec_file": {"type": "path"},
-            "health_timeout": {"type": "float", "default": 600},
-            "interval": {"type": "float", "default": 2},
-            "stop_grace": {"type": "float", "default": 60},
-            "executable": {"type": "path"},
-        },
+        argument_spec=SERVE_PROCESS.argument_spec(),
         mutually_exclusive=[("argv", "spec_file")],
         required_if=[("state", "started", ("argv", "spec_file"), True)],
         supports_check_mode=True,
     )
     p = module.params
+    runner = CliRunner(module, SERVE_PROCESS)
     action = {"started": "start", "stopped": "stop", "status": "status"}[p["state"]]
-    argv = ["serve-process", action, "--run-dir", p["run_dir"], "--name", p["name"]]
-    argv += ["--health-timeout", str(p["health_timeout"]), "--interval", str(p["interval"])]
-    argv += ["--stop-grace", str(p["stop_grace"])]
-    if module.check_mode:
-        argv.append("--check")
-    if action == "start":
-        if p["spec_file"]:
-            argv += ["--spec-file", p["spec_file"]]
-        else:
-            if p["url"]:
-                argv += ["--url", p["url"]]
-            argv += ["--env-json", json.dumps({k: str(v) for k, v in p["environment"].items()})]
-            argv += ["--argv-json", json.dumps(p["argv"])]
-            if p["stamp"]:
-                argv += ["--stamp", p["stamp"]]
+    cli = {"action": action}
+    if action == "start" and not p["spec_file"]:
+        cli["env_json"] = json.dumps({k: str(v) for k, v in p["environment"].items()})
+        cli["argv_json"] = json.dumps(p["argv"])
     before = None
     if action != "status" and module._diff:
-        before = run_cli(
-            module,
-            p["executable"],
-            ["serve-process", "status", "--run-dir", p["run_dir"], "--name", p["name"]],
-        )
-    res = run_cli(module, p["executable"], argv)
+        before = runner.run(check=False, action="status")
+    res = runner.run(**cli)
     if before is not None and res.get("changed"):
         old = before.get("spec") if before.get("running") else None
         new = res.get("spec") if action == "start" else None

@@ -25,6 +25,8 @@ description:
   - Check mode writes nothing and contacts no server; it predicts C(changed) and the conversations and answers left.
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops
 options:
   model:
     description: The target - a local model directory (C(transformers)), or the path/name the server serves (C(openai)).
@@ -134,11 +136,6 @@ options:
     description: Let the model run its own code. Only for trusted model directories.
     type: bool
     default: false
-  executable:
-    description:
-      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
-      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
-    type: path
 attributes:
   check_mode:
     support: full
@@ -231,82 +228,14 @@ unreadable_done_lines:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_regenerate_options import REGENERATE
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "model": {"type": "str", "required": True},
-            "inputs": {"type": "list", "elements": "path", "required": True},
-            "out": {"type": "path", "required": True},
-            "backend": {"type": "str", "choices": ["transformers", "openai"], "default": "transformers"},
-            "urls": {"type": "list", "elements": "str", "default": ["http://127.0.0.1:30000"]},
-            "served_model_name": {"type": "str"},
-            "max_new_tokens": {"type": "int", "default": 512, "no_log": False},
-            "temperature": {"type": "float", "default": 0.0},
-            "top_p": {"type": "float", "default": 1.0},
-            "seed": {"type": "int", "default": 0},
-            "system": {"type": "str", "choices": ["keep", "drop"], "default": "keep"},
-            "think": {"type": "str", "choices": ["keep", "strip"], "default": "keep"},
-            "concurrency": {"type": "int", "default": 8},
-            "retries": {"type": "int", "default": 3},
-            "backoff": {"type": "float", "default": 1.0},
-            "backoff_max": {"type": "float", "default": 30.0},
-            "request_timeout": {"type": "float", "default": 600.0},
-            "health_timeout": {"type": "float", "default": 60.0},
-            "limit": {"type": "int"},
-            "on_error": {"type": "str", "choices": ["fail", "skip"], "default": "fail"},
-            "force": {"type": "bool", "default": False},
-            "device": {"type": "str", "default": "auto"},
-            "dtype": {
-                "type": "str",
-                "choices": ["auto", "float32", "bfloat16", "float16"],
-                "default": "auto",
-            },
-            "threads": {"type": "int", "default": 0},
-            "trust_remote_code": {"type": "bool", "default": False},
-            "executable": {"type": "path"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=REGENERATE.argument_spec(), supports_check_mode=True)
     p = module.params
-    argv = ["regenerate", "--model", p["model"], "--out", p["out"], "--backend", p["backend"]]
-    for src in p["inputs"]:
-        argv += ["--input", src]
-    if p["backend"] == "openai":
-        for url in p["urls"]:
-            argv += ["--url", url]
-    for opt in (
-        "max_new_tokens",
-        "temperature",
-        "top_p",
-        "seed",
-        "system",
-        "think",
-        "concurrency",
-        "retries",
-        "backoff",
-        "backoff_max",
-        "request_timeout",
-        "health_timeout",
-        "on_error",
-        "device",
-        "dtype",
-        "threads",
-    ):
-        argv += ["--" + opt.replace("_", "-"), str(p[opt])]
-    if p["served_model_name"]:
-        argv += ["--served-model-name", p["served_model_name"]]
-    if p["limit"] is not None:
-        argv += ["--limit", str(p["limit"])]
-    if p["force"]:
-        argv.append("--force")
-    if p["trust_remote_code"]:
-        argv.append("--trust-remote-code")
-    if module.check_mode:
-        argv.append("--plan")
-    result = run_cli(module, p["executable"], argv)
+    result = CliRunner(module, REGENERATE).run()
     for warning in result.pop("warnings", None) or []:
         module.warn(warning)
     if module._diff and result.get("changed"):

@@ -28,6 +28,8 @@ description:
   - Check mode reads the GPUs, reports in RV(would_stop) what would be stopped, and stops nothing.
   - Without an NVIDIA driver the task fails with what to do, or is skipped when O(gpu_required=false).
 version_added: "0.1.0"
+extends_documentation_fragment:
+  - eagle3ops
 options:
   gpus:
     description: Which GPUs; C(all), or NVML indices and/or GPU UUIDs. NVML ignores C(CUDA_VISIBLE_DEVICES).
@@ -83,11 +85,6 @@ options:
     description: MiB of the v1 struct's C(used) taken as driver-reserved on drivers without the v2 struct.
     type: float
     default: 1024
-  executable:
-    description:
-      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
-      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
-    type: path
 notes:
   - Supports check mode (predicts C(changed=true) when an allow-listed holder would be stopped) and diff mode
     (the holders before, what is left after).
@@ -155,7 +152,8 @@ holders:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_gpu_free_options import GPU_FREE
 
 
 def _holder_line(h):
@@ -165,50 +163,8 @@ def _holder_line(h):
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            gpus=dict(type="list", elements="str", default=["all"]),
-            threshold_mib=dict(type="float", default=0),
-            timeout=dict(type="float", default=60),
-            poll_interval=dict(type="float", default=0.1),
-            stop_grace=dict(type="float", default=15),
-            stop_units=dict(type="list", elements="str", default=[]),
-            stop_cmdline_patterns=dict(type="list", elements="str", default=[]),
-            stop_run_ids=dict(type="list", elements="str", default=[]),
-            gpu_required=dict(type="bool", default=True),
-            v1_reserved_allowance_mib=dict(type="float", default=1024),
-            executable=dict(type="path"),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    argv = [
-        "gpu-free",
-        "--gpus",
-        ",".join(p["gpus"]) or "all",
-        "--threshold-mib",
-        str(p["threshold_mib"]),
-        "--timeout",
-        str(p["timeout"]),
-        "--poll-interval",
-        str(p["poll_interval"]),
-        "--grace",
-        str(p["stop_grace"]),
-        "--v1-allowance-mib",
-        str(p["v1_reserved_allowance_mib"]),
-    ]
-    for flag, key in (
-        ("--allow-unit", "stop_units"),
-        ("--allow-cmdline", "stop_cmdline_patterns"),
-        ("--allow-run-id", "stop_run_ids"),
-    ):
-        for value in p[key]:
-            argv += [f"{flag}={value}"]
-    if module.check_mode:
-        argv.append("--check")
-    if not p["gpu_required"]:
-        argv.append("--gpu-optional")
-    result = run_cli(module, p["executable"], argv)
+    module = AnsibleModule(argument_spec=GPU_FREE.argument_spec(), supports_check_mode=True)
+    result = CliRunner(module, GPU_FREE).run()
     result.pop("failed", None)
     if result.get("skipped"):
         module.exit_json(**result)

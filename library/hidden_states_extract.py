@@ -19,11 +19,10 @@ description:
   - Long runs work with C(async)/C(poll).
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops
+  - eagle3ops.extract
 options:
-  data_dir:
-    description: Prepared data directory (output of the C(prepare) phase).
-    type: path
-    required: true
   model:
     description: Target model directory (transformers format, local).
     type: path
@@ -33,12 +32,6 @@ options:
       - Aux layer ids. Default C([2, N//2, N-3]) for an N-layer target (Kimi-K2.5 with 61 layers gets C([2, 30, 58])).
     type: list
     elements: int
-  layer_convention:
-    description:
-      - C(input) (id i names the input of layer i; SGLang, vLLM, speculators) or C(output) (SpecForge, ModelOpt).
-    type: str
-    choices: [input, output]
-    default: input
   dtype:
     description:
       - Stored dtype of the hidden states.
@@ -82,24 +75,6 @@ options:
     description: fsync every file before its rename (power-loss safe). Kill-safety does not depend on it.
     type: bool
     default: true
-  margin:
-    description: Free-space margin over the exact need, as a fraction.
-    type: float
-    default: 0.05
-  wait_running:
-    description:
-      - Check mode only; while another run holds O(data_dir) (an interrupted playbook's extraction), wait up to
-        this many seconds for it to end (its lock to be free) before planning. 0 does not wait.
-    type: float
-    default: 0
-  disk_margin_mib:
-    description:
-      - Free space kept on top of the exact need and O(margin), in MiB (the preflight refuses below it).
-    type: float
-    default: 64
-  limit:
-    description: Only the first N rows (smoke runs).
-    type: int
   verify:
     description:
       - How finished files are checked against the disk before resuming. C(size) (cheap, no tensor bytes read)
@@ -127,11 +102,6 @@ options:
         model once per run, slow for large models). A copy with new timestamps then resumes.
     type: bool
     default: false
-  executable:
-    description:
-      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
-      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
-    type: path
 attributes:
   check_mode:
     support: full
@@ -243,88 +213,18 @@ layer_ids:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_extract_options import EXTRACT
 
 
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "data_dir": {"type": "path", "required": True},
-            "model": {"type": "path", "required": True},
-            "layer_ids": {"type": "list", "elements": "int"},
-            "layer_convention": {"type": "str", "choices": ["input", "output"], "default": "input"},
-            "dtype": {
-                "type": "str",
-                "choices": ["bfloat16", "float16", "float32", "float8_e4m3fn"],
-                "default": "bfloat16",
-            },
-            "device": {"type": "str", "default": "auto"},
-            "workers": {"type": "str", "default": "1"},
-            "world_size": {"type": "int"},
-            "first_rank": {"type": "int"},
-            "max_batch_tokens": {"type": "int", "default": 16384, "no_log": False},
-            "writer_threads": {"type": "int", "default": 4},
-            "fsync": {"type": "bool", "default": True},
-            "margin": {"type": "float", "default": 0.05},
-            "disk_margin_mib": {"type": "float", "default": 64.0},
-            "wait_running": {"type": "float", "default": 0},
-            "limit": {"type": "int"},
-            "verify": {"type": "str", "choices": ["size", "checksum"], "default": "size"},
-            "on_model_change": {
-                "type": "str",
-                "choices": ["refuse", "discard", "accept"],
-                "default": "refuse",
-            },
-            "model_hash": {"type": "bool", "default": False},
-            "executable": {"type": "path"},
-        },
+        argument_spec=EXTRACT.argument_spec(),
         supports_check_mode=True,
         required_together=[("world_size", "first_rank")],
     )
     p = module.params
-    argv = [
-        "extract",
-        "--data",
-        p["data_dir"],
-        "--model",
-        p["model"],
-        "--layer-convention",
-        p["layer_convention"],
-        "--dtype",
-        p["dtype"],
-        "--device",
-        p["device"],
-        "--workers",
-        p["workers"],
-        "--max-batch-tokens",
-        str(p["max_batch_tokens"]),
-        "--margin",
-        str(p["margin"]),
-        "--disk-margin-mib",
-        str(p["disk_margin_mib"]),
-        "--writer-threads",
-        str(p["writer_threads"]),
-        "--verify",
-        p["verify"],
-        "--on-model-change",
-        p["on_model_change"],
-        "--no-progress",
-    ]
-    if p["world_size"] is not None:
-        argv += ["--world-size", str(p["world_size"]), "--first-rank", str(p["first_rank"])]
-    if p["model_hash"]:
-        argv.append("--model-hash")
-    if p["layer_ids"]:
-        argv += ["--layer-ids", *[str(i) for i in p["layer_ids"]]]
-    if not p["fsync"]:
-        argv.append("--no-fsync")
-    if p["limit"] is not None:
-        argv += ["--limit", str(p["limit"])]
-    if module.check_mode:
-        argv.append("--plan")
-        if p["wait_running"] > 0:
-            argv += ["--wait-running", str(p["wait_running"])]
-    result = run_cli(module, p["executable"], argv)
+    result = CliRunner(module, EXTRACT).run()
     if module.check_mode:
         result.setdefault("written", 0)
         result.setdefault("failed", 0)

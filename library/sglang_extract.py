@@ -20,11 +20,10 @@ description:
   - Check mode contacts no server and writes nothing; it reports how many rows would be sent and the bytes needed.
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops
+  - eagle3ops.extract
 options:
-  data_dir:
-    description: Prepared data directory (output of the C(prepare) phase).
-    type: path
-    required: true
   model:
     description: The target model directory the server serves (its config gives layers and hidden size).
     type: path
@@ -44,11 +43,6 @@ options:
     description: Aux layer ids (default C([2, N//2, N-3])); must match the server's C(EAGLE3OPS_SGLANG_LAYER_IDS).
     type: list
     elements: int
-  layer_convention:
-    description: C(input) (SGLang, vLLM, speculators) or C(output) (SpecForge, ModelOpt).
-    type: str
-    choices: [input, output]
-    default: input
   dtype:
     description: Stored dtype.
     type: str
@@ -83,29 +77,6 @@ options:
       - One of the versions in C(eagle3ops.sglang_versions) (0.5.17, 0.5.23); another is refused with that list.
     type: str
     default: "0.5.23"
-  margin:
-    description: Free-space margin over the exact need, as a fraction.
-    type: float
-    default: 0.05
-  wait_running:
-    description:
-      - Check mode only; while another run holds O(data_dir) (an interrupted playbook's extraction), wait up to
-        this many seconds for it to end (its lock to be free) before planning. 0 does not wait.
-    type: float
-    default: 0
-  disk_margin_mib:
-    description:
-      - Free space kept on top of the exact need and O(margin), in MiB (the preflight refuses below it).
-    type: float
-    default: 64
-  limit:
-    description: Only the first N rows.
-    type: int
-  executable:
-    description:
-      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
-      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
-    type: path
 attributes:
   check_mode:
     support: full
@@ -194,82 +165,14 @@ layer_ids:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_extract_options import SGLANG_EXTRACT
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "data_dir": {"type": "path", "required": True},
-            "model": {"type": "path", "required": True},
-            "url": {"type": "str", "default": "http://127.0.0.1:30000"},
-            "server_unit": {"type": "str"},
-            "keep_server": {"type": "bool", "default": False},
-            "layer_ids": {"type": "list", "elements": "int"},
-            "layer_convention": {"type": "str", "choices": ["input", "output"], "default": "input"},
-            "dtype": {"type": "str", "choices": ["bfloat16", "float16", "float32"], "default": "bfloat16"},
-            "concurrency": {"type": "int", "default": 8},
-            "request_timeout": {"type": "float", "default": 600},
-            "retries": {"type": "int", "default": 5},
-            "health_timeout": {"type": "float", "default": 1800},
-            "restore_patch": {"type": "path"},
-            "restore_patch_always": {"type": "bool", "default": False},
-            "sglang_version": {"type": "str", "default": "0.5.23"},
-            "margin": {"type": "float", "default": 0.05},
-            "disk_margin_mib": {"type": "float", "default": 64.0},
-            "wait_running": {"type": "float", "default": 0},
-            "limit": {"type": "int"},
-            "executable": {"type": "path"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=SGLANG_EXTRACT.argument_spec(), supports_check_mode=True)
     p = module.params
-    argv = [
-        "sglang-extract",
-        "--data",
-        p["data_dir"],
-        "--model",
-        p["model"],
-        "--url",
-        p["url"],
-        "--layer-convention",
-        p["layer_convention"],
-        "--dtype",
-        p["dtype"],
-        "--concurrency",
-        str(p["concurrency"]),
-        "--request-timeout",
-        str(p["request_timeout"]),
-        "--retries",
-        str(p["retries"]),
-        "--health-timeout",
-        str(p["health_timeout"]),
-        "--margin",
-        str(p["margin"]),
-        "--disk-margin-mib",
-        str(p["disk_margin_mib"]),
-        "--sglang-version",
-        p["sglang_version"],
-        "--no-progress",
-    ]
-    if p["layer_ids"]:
-        argv += ["--layer-ids", *[str(i) for i in p["layer_ids"]]]
-    if p["limit"] is not None:
-        argv += ["--limit", str(p["limit"])]
-    if module.check_mode:
-        argv.append("--plan")
-        if p["wait_running"] > 0:
-            argv += ["--wait-running", str(p["wait_running"])]
-    else:
-        if p["server_unit"]:
-            argv += ["--server-unit", p["server_unit"]]
-            if p["keep_server"]:
-                argv.append("--keep-server")
-        if p["restore_patch"]:
-            argv += ["--restore-patch", p["restore_patch"]]
-            if p["restore_patch_always"]:
-                argv.append("--restore-patch-always")
-    result = run_cli(module, p["executable"], argv)
+    result = CliRunner(module, SGLANG_EXTRACT).run()
     if module.check_mode and result.get("to_extract") and not result.get("fits"):
         module.fail_json(
             msg=f"{p['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "

@@ -65,3 +65,32 @@ def run_cli(module, executable, argv, *, env=None, check_rc=True):
             **{k: v for k, v in result.items() if k not in ("msg", "failed")},
         )
     return result
+
+
+class CliRunner:
+    """Runs one ``eagle3ops`` command for a module, its argv built from the command's option definition
+    (``eagle3ops.<phase>_options``, shipped as ``module_utils/eagle3ops_<phase>_options.py``): every module
+    parameter the definition maps to a CLI option is passed with its value, in the definition's order and
+    format (:meth:`eagle3ops.options.Option.argv`); check mode adds ``--check``. The module's own logic (what it
+    reads back, diff, fail_json) stays in the module; what the command line is, is not written there.
+
+        runner = CliRunner(module, PREPARE)
+        module.exit_json(**runner.run())
+    """
+
+    def __init__(self, module, command, executable=None):
+        self.module = module
+        self.command = command
+        self.executable = executable if executable is not None else module.params.get("executable")
+
+    def argv(self, check=None, **overrides):
+        """The argv for the module's params (``overrides`` replace some of them); check mode by default when
+        the module runs in check mode."""
+        params = dict(self.module.params, **overrides)
+        return self.command.argv(params, check=self.module.check_mode if check is None else check)
+
+    def run(self, check=None, env=None, check_rc=True, **overrides):
+        """Run it; the parsed JSON result (fail_json on a failure, as run_cli)."""
+        return run_cli(
+            self.module, self.executable, self.argv(check, **overrides), env=env, check_rc=check_rc
+        )

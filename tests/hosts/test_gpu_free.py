@@ -36,6 +36,8 @@ SHIPPED = [
     "python/eagle3ops/__main__.py",
     "python/eagle3ops/cli.py",
     "python/eagle3ops/gpu.py",
+    "python/eagle3ops/gpu_free_options.py",
+    "python/eagle3ops/options.py",
     "python/eagle3ops/commands/__init__.py",
     "python/eagle3ops/commands/gpu_free.py",
     "tests/unit/nvml_standin.py",

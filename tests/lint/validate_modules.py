@@ -3,8 +3,8 @@
 ``ansible-test sanity --test validate-modules`` needs a collection layout and bootstraps a venv with a pip
 script it downloads from a host this project's machines cannot reach; the validator itself ships inside the
 ``ansible-test`` package. So this script lays out a throwaway collection copy in a temporary directory
-(``ansible_collections/eagle3ops/pipeline/plugins/{modules,module_utils}``, imports of our module_utils rewritten to
-the collection path, a ``galaxy.yml``) and runs that validator on it with the pinned ``voluptuous`` and
+(``ansible_collections/eagle3ops/pipeline/plugins/{modules,module_utils,doc_fragments}``, imports of our module_utils
+and the doc fragments' names rewritten to the collection's, a ``galaxy.yml``) and runs that validator on it with the pinned ``voluptuous`` and
 ``antsibull-docs-parser`` of requirements/control.txt, in this venv. Exit 0 when clean, 1 with the findings.
 
 Ignored, with the reason (the same thing a collection's ``tests/sanity/ignore-2.19.txt`` would say):
@@ -27,16 +27,25 @@ ROOT = Path(__file__).resolve().parents[2]
 NS, NAME, VERSION = "eagle3ops", "pipeline", "0.1.0"
 IGNORED = {"missing-gplv3-license": "eagle3ops is Apache-2.0; the GPLv3 header rule is ansible-core's own"}
 _IMPORT = re.compile(r"\bansible\.module_utils\.(eagle3ops_\w+)")
+# ``extends_documentation_fragment`` items (doc_fragments/, by short name) become the collection's FQCNs
+_FRAGMENTS = re.compile(r"^extends_documentation_fragment:\n(?:  - .+\n)+", re.M)
+_FRAGMENT = re.compile(r"^(  - )(\S+)$", re.M)
 
 
 def layout(base: Path) -> Path:
     coll = base / "ansible_collections" / NS / NAME
     (coll / "plugins" / "modules").mkdir(parents=True)
     (coll / "plugins" / "module_utils").mkdir(parents=True)
+    (coll / "plugins" / "doc_fragments").mkdir(parents=True)
     (coll / "meta").mkdir()
-    for src, sub in ((ROOT / "library", "modules"), (ROOT / "module_utils", "module_utils")):
+    for src, sub in (
+        (ROOT / "library", "modules"),
+        (ROOT / "module_utils", "module_utils"),
+        (ROOT / "doc_fragments", "doc_fragments"),
+    ):
         for f in sorted(src.glob("*.py")):
             text = _IMPORT.sub(rf"ansible_collections.{NS}.{NAME}.plugins.module_utils.\1", f.read_text())
+            text = _FRAGMENTS.sub(lambda m: _FRAGMENT.sub(rf"\1{NS}.{NAME}.\2", m[0]), text)
             (coll / "plugins" / sub / f.name).write_text(text)
     (coll / "galaxy.yml").write_text(
         f"namespace: {NS}\nname: {NAME}\nversion: {VERSION}\nreadme: README.md\nauthors: [eagle3ops]\n"

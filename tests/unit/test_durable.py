@@ -1,5 +1,6 @@
 """eagle3ops.durable: the one sha256 / atomic-write / directory-swap implementation, and the rule that the host
-wing (storage, pve, services and durable itself) needs only the standard library.
+wing (storage, pve, services and durable itself) and every other file shipped as a module_util (the option
+definitions: options.py, <phase>_options.py) need only the standard library.
 
 Real files in tmp_path throughout. Faults are real where the OS can make them cheaply: a write that exceeds
 RLIMIT_FSIZE (EFBIG from the kernel, mid-write), a rename onto a directory, a missing parent. The fsync test wraps
@@ -25,7 +26,17 @@ from eagle3ops import durable
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "python" / "eagle3ops"
 # The host wing: runs on targets where eagle3ops is not installed (shipped as module_utils/eagle3ops_<name>.py)
-HOST_MODULES = ("durable", "pve", "services", "storage")
+HOST_WING = ("durable", "pve", "services", "storage")
+# Every file shipped that way, under the same rule: the host wing and the option definitions the modules import
+# (options.py and each phase's <phase>_options.py; tests/unit/test_options.py)
+HOST_MODULES = tuple(
+    sorted(
+        p.resolve().stem
+        for p in (REPO / "module_utils").glob("eagle3ops_*.py")
+        if p.is_symlink() and p.resolve().parent == PKG
+    )
+)
+assert set(HOST_WING) <= set(HOST_MODULES) and "options" in HOST_MODULES, HOST_MODULES
 
 
 def _leftovers(d: Path) -> list[str]:
@@ -339,7 +350,7 @@ def test_the_blocker_refuses_a_third_party_package():
     assert r.returncode != 0 and "blocked non-stdlib import 'yaml'" in r.stderr
 
 
-@pytest.mark.parametrize("name", ["storage", "services", "pve"])
+@pytest.mark.parametrize("name", [n for n in HOST_MODULES if n != "durable"])
 def test_shipped_module_utils_import_on_a_host_without_eagle3ops(tmp_path, name):
     """What Ansible ships: the module_utils files as ``ansible.module_utils.eagle3ops_*`` in an interpreter with
     no site-packages at all (-I -S), eagle3ops blocked as well. The ``ansible`` package here is the smallest

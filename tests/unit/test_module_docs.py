@@ -5,6 +5,7 @@ is declared."""
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -17,37 +18,69 @@ REPO = Path(__file__).resolve().parents[2]
 MODULES = sorted(p.stem for p in (REPO / "library").glob("*.py"))
 
 
-def _literal(node):
-    """A spec value: a literal, or dict(...) with literal keyword arguments (both spellings are in use)."""
-    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict" and not node.args:
-        return {kw.arg: _literal(kw.value) for kw in node.keywords}
-    if isinstance(node, ast.Dict):
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True)}
-    return ast.literal_eval(node)
+# Run in a child interpreter: importing ansible.module_utils.basic here would patch sys.intern for every later
+# test of this xdist worker (see tests/unit/test_role_argument_specs.py).
+_CAPTURE = """
+import importlib.util, json, sys
+import ansible.module_utils
+ansible.module_utils.__path__.append(sys.argv[1])  # ansible.module_utils.eagle3ops_* as Ansiballz ships them
+import ansible.module_utils.basic as basic
+
+
+class Captured(Exception):
+    pass
+
+
+class Capture:
+    def __init__(self, *args, **kwargs):
+        raise Captured(kwargs)
+
+
+basic.AnsibleModule = Capture
+out = {}
+for path in sys.argv[2:]:
+    spec = importlib.util.spec_from_file_location("library_" + path.rsplit("/", 1)[1][:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        mod.main()
+    except Captured as c:
+        out[path] = c.args[0]
+    else:
+        raise SystemExit(f"{path}: main() did not build an AnsibleModule")
+print(json.dumps(out, default=list))
+"""
+
+
+@functools.cache
+def _captured() -> dict:
+    """{library/x.py: the keyword arguments its main() gives AnsibleModule}: what the module really passes,
+    whether written out or built from a definition (the way ansible-test's validate-modules reads it)."""
+    paths = [str(p) for p in sorted((REPO / "library").glob("*.py"))]
+    return _json_of([sys.executable, "-c", _CAPTURE, str(REPO / "module_utils"), *paths])
+
+
+def _json_of(argv: list[str]):
+    """The JSON a child process prints (run in the repository, so ansible.cfg applies); its stderr on a failure."""
+    r = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def module_kwargs(path: Path) -> dict:
+    """The keyword arguments of the module's AnsibleModule(...) call (argument_spec, mutually_exclusive, ...)."""
+    return _captured()[str(path)]
 
 
 def _argument_spec(path: Path) -> dict:
-    """The module's AnsibleModule(argument_spec=...) (inline, or a module-level name), evaluated from the AST."""
-    tree = ast.parse(path.read_text())
-    names = {
-        t.id: n.value
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Assign)
-        for t in n.targets
-        if isinstance(t, ast.Name)
-    }
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "AnsibleModule":
-            for kw in node.keywords:
-                if kw.arg == "argument_spec":
-                    v = names.get(kw.value.id, kw.value) if isinstance(kw.value, ast.Name) else kw.value
-                    return _literal(v)
-    raise AssertionError(f"{path}: no AnsibleModule(argument_spec=...) found")
+    """The module's argument_spec as its main() passes it to AnsibleModule."""
+    return module_kwargs(path)["argument_spec"]
 
 
 def module_docs(path: Path) -> tuple[dict, dict]:
     """A library/ module's DOCUMENTATION, EXAMPLES and RETURN (each YAML, read from its source; all three must be
-    there) and its argument_spec, for the per-module tests that check more than this file does."""
+    there; the DOCUMENTATION's options with its doc fragments' merged in, as ansible-doc renders them) and its
+    argument_spec, for the per-module tests that check more than this file does."""
     docs = {
         n.targets[0].id: yaml.safe_load(n.value.value)
         for n in ast.parse(path.read_text()).body
@@ -55,19 +88,24 @@ def module_docs(path: Path) -> tuple[dict, dict]:
         and getattr(n.targets[0], "id", "") in ("DOCUMENTATION", "EXAMPLES", "RETURN")
     }
     assert set(docs) == {"DOCUMENTATION", "EXAMPLES", "RETURN"}, f"{path}: {sorted(docs)}"
+    if docs["DOCUMENTATION"].get("extends_documentation_fragment"):
+        docs["DOCUMENTATION"]["options"] = ansible_doc()[path.stem]["doc"]["options"]
     return docs, _argument_spec(path)
+
+
+@functools.cache
+def ansible_doc() -> dict:
+    """{module: what ``ansible-doc --json`` renders for it} for every module in library/ (doc fragments merged,
+    through ansible.cfg's doc_fragment_plugins), one ansible-doc run for all."""
+    return _json_of(
+        [str(Path(sys.executable).with_name("ansible-doc")), "-M", str(REPO / "library"), "--json", *MODULES]
+    )
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_ansible_doc_parses_and_options_match(name):
-    p = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-doc")), "-M", str(REPO / "library"), "--json", name],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    assert p.returncode == 0, p.stderr[-2000:]
-    doc = json.loads(p.stdout)[name]
+    doc = ansible_doc().get(name)
+    assert doc, f"ansible-doc rendered no documentation for library/{name}.py"
     assert doc["doc"]["short_description"] and doc["examples"] and doc["return"] is not None
     yaml.safe_load(doc["examples"])
     options = doc["doc"].get("options") or {}

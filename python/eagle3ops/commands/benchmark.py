@@ -8,131 +8,20 @@ import os
 import sys
 from pathlib import Path
 
-from eagle3ops.cli import CommandError, add_json_flag, emit
+from eagle3ops.cli import CommandError, emit
 
 BIG = 1 << 30  # files above this are fingerprinted by size + mtime instead of sha256
 
 
 def register(sub) -> None:
-    a = sub.add_parser(
-        "benchmark-acceptance",
-        help="offline acceptance length of a draft: greedy chain drafting verified by the target (transformers)",
-        description="Written only when its inputs (checkpoint, target, prompts, settings) changed.",
-    )
-    a.add_argument(
-        "--checkpoint", required=True, help="speculators checkpoint dir, save path or train run dir"
-    )
-    a.add_argument("--target", required=True, help="target model directory (transformers)")
-    a.add_argument("--prompts", required=True, help="held-out prompts JSONL (not used in training)")
-    a.add_argument("--out", required=True, help="result JSON file")
-    a.add_argument("--k", type=int, default=3, help="draft tokens per verify step (speculative-num-steps)")
-    a.add_argument("--max-new-tokens", type=int, default=64)
-    a.add_argument("--limit", type=int, help="use only the first N prompts")
-    a.add_argument("--no-baseline", action="store_true", help="skip the random-draft baseline")
-    a.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a busy machine)"
-    )
-    a.add_argument(
-        "--max-target-gb",
-        type=float,
-        help="skip (not fail) when the target's weights exceed this size: the target runs in float32 here",
-    )
-    a.add_argument("--check", action="store_true", help="only say whether it would run")
-    add_json_flag(a)
-    a.set_defaults(func=cmd_acceptance)
+    from eagle3ops import benchmark_options as bo
 
-    r = sub.add_parser("benchmark-report", help="JSON + markdown table + PNG plot of the benchmark results")
-    r.add_argument("--out-dir", required=True)
-    r.add_argument("--acceptance", help="benchmark-acceptance result JSON")
-    r.add_argument("--sglang-with", help="SGLang bench JSONL of the server with the draft")
-    r.add_argument("--sglang-without", help="SGLang bench JSONL of the server without the draft")
-    r.add_argument(
-        "--spec-probe", help="benchmark-spec-probe result JSON (completion tokens / spec_verify_ct)"
-    )
-    r.add_argument("--live-with", help="benchmark-live result of the server with the draft")
-    r.add_argument("--live-without", help="benchmark-live result of the server without the draft")
-    r.add_argument("--contamination", help="benchmark-contamination result JSON")
-    r.add_argument("--check", action="store_true")
-    add_json_flag(r)
-    r.set_defaults(func=cmd_report)
-
-    q = sub.add_parser(
-        "benchmark-spec-probe",
-        help="acceptance length of a running SGLang EAGLE3 server: completion tokens / spec_verify_ct",
-    )
-    q.add_argument("--url", required=True, help="the server's base URL")
-    q.add_argument("--prompts", help="held-out prompts JSONL (default: eagle3ops' built-in probe prompts)")
-    q.add_argument("--out", help="result JSON (default: none written)")
-    q.add_argument("--max-new-tokens", type=int, default=128)
-    q.add_argument("--limit", type=int)
-    q.add_argument(
-        "--chat-template",
-        metavar="MODEL_DIR",
-        help="render each prompt with this target's chat template (its tokenizer files), as real traffic is: an "
-        "instruct model given a raw prompt may answer EOS at once, and such an answer has no verify step",
-    )
-    q.add_argument(
-        "--min-accept-length",
-        type=float,
-        help="the guard: fail (exit 2, with likely causes) when the acceptance length is below this floor",
-    )
-    add_json_flag(q)
-    q.set_defaults(func=cmd_spec_probe)
-
-    lv = sub.add_parser(
-        "benchmark-live",
-        help="measure a running SGLang server: output tok/s and acceptance per prompt set and concurrency",
-        description=(
-            "Our own load generator (threads over http.client, POST /generate, greedy): for each named prompt set "
-            "and each concurrency, a bounded number of requests within a time budget; output tok/s = completion "
-            "tokens / wall time; acceptance = completion tokens / spec_verify_ct, per request and overall. "
-            "Written only when its inputs (prompt files, settings, --server-key) changed."
-        ),
-    )
-    lv.add_argument("--url", required=True, help="the server's base URL")
-    lv.add_argument("--label", default="with_draft", help="what this server is (with_draft / without_draft)")
-    lv.add_argument("--set", action="append", required=True, metavar="NAME=PATH", help="a named prompt set")
-    lv.add_argument("--mtbench-turns", choices=["first", "both"], default="first")
-    lv.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    lv.add_argument(
-        "--num-requests",
-        type=int,
-        help="requests per set and concurrency: the first N prompts, repeated when the set is smaller (default: each once)",
-    )
-    lv.add_argument("--max-new-tokens", type=int, default=256)
-    lv.add_argument(
-        "--time-budget", type=float, default=600.0, help="seconds per run; no new request after it"
-    )
-    lv.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
-    lv.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
-    lv.add_argument("--template-model", help="render prompts with this model's chat template (tokenizer dir)")
-    lv.add_argument("--server-key", default="", help="identity of the server (a new one measures again)")
-    lv.add_argument("--out", required=True, help="result JSON")
-    lv.add_argument("--check", action="store_true", help="only say whether it would measure")
-    add_json_flag(lv)
-    lv.set_defaults(func=cmd_live)
-
-    c = sub.add_parser(
-        "benchmark-contamination",
-        help="benchmark prompts must never be in the training data: compare them with the training user turns",
-    )
-    c.add_argument("--set", action="append", required=True, metavar="NAME=PATH")
-    c.add_argument("--mtbench-turns", choices=["first", "both"], default="both")
-    c.add_argument(
-        "--training", action="append", default=[], help="training conversations (JSONL/dir/HF dataset)"
-    )
-    c.add_argument("--mode", choices=["fail", "warn"], default="fail", help="fail (exit 2) or only report")
-    c.add_argument("--out", help="result JSON (default: none written)")
-    add_json_flag(c)
-    c.set_defaults(func=cmd_contamination)
-
-    d = sub.add_parser(
-        "benchmark-dataset", help="held-out prompts -> the JSONL SGLang's bench reads (--dataset-name custom)"
-    )
-    d.add_argument("--prompts", required=True)
-    d.add_argument("--out", required=True)
-    add_json_flag(d)
-    d.set_defaults(func=cmd_dataset)
+    bo.ACCEPTANCE.add_parser(sub).set_defaults(func=cmd_acceptance)
+    bo.REPORT.add_parser(sub).set_defaults(func=cmd_report)
+    bo.SPEC_PROBE.add_parser(sub).set_defaults(func=cmd_spec_probe)
+    bo.LIVE.add_parser(sub).set_defaults(func=cmd_live)
+    bo.CONTAMINATION.add_parser(sub).set_defaults(func=cmd_contamination)
+    bo.DATASET.add_parser(sub).set_defaults(func=cmd_dataset)
 
 
 def _fingerprint(paths: list[Path]) -> dict:
@@ -171,7 +60,7 @@ def acceptance_inputs(args) -> dict:
             "k": args.k,
             "max_new_tokens": args.max_new_tokens,
             "limit": args.limit,
-            "baseline": not args.no_baseline,
+            "baseline": args.baseline,
         },
     }
 
@@ -224,7 +113,7 @@ def cmd_acceptance(args) -> int:
             k=args.k,
             max_new_tokens=args.max_new_tokens,
             limit=args.limit,
-            baseline=not args.no_baseline,
+            baseline=args.baseline,
         )
     except acc.AcceptanceError as e:
         raise CommandError(str(e)) from None
@@ -378,18 +267,15 @@ def _sets(args, turns: str, skip_ids: bool = False) -> dict:
     from eagle3ops import promptsets as ps
 
     sets = {}
-    for arg in args.set:
-        name, path = ps.parse_set_arg(arg)
-        if name in sets:
-            raise ps.PromptSetError(f"--set {name}: given twice")
+    for pair in args.set.items():
+        name, path = ps.parse_set_arg("=".join(pair))  # a usable name and a path
         sets[name] = {"path": path, **ps.load_set(path, turns=turns, skip_ids=skip_ids)}
     return sets
 
 
 def live_inputs(args) -> dict:
     files = {}
-    for arg in args.set:
-        name, path = arg.partition("=")[::2]
+    for name, path in args.set.items():
         files[name] = _fingerprint([Path(path)])[str(Path(path))] if Path(path).is_file() else None
     return {
         "sets": files,

@@ -4,43 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.cli import CommandError, add_json_flag, emit
-from eagle3ops.sglang_versions import DEFAULT_VERSION, KNOWN
+from eagle3ops.cli import CommandError, emit
+from eagle3ops.serve_options import CONVERT
+from eagle3ops.sglang_versions import KNOWN
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "convert",
-        help="convert a speculators eagle3 checkpoint for SGLang (LlamaForCausalLMEagle3)",
-        description="Refuses drafts SGLang cannot serve as trained (norm_before_residual, a sliding window "
-        "the server would not match, trained embeddings...). Idempotent: an up-to-date output is left alone.",
-    )
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        help="a checkpoint dir, a speculators save path (checkpoint_best / newest epoch) or a train run dir",
-    )
-    p.add_argument("--out", required=True, help="output directory (--speculative-draft-model-path)")
-    p.add_argument(
-        "--serve-window",
-        type=int,
-        help="the --speculative-draft-window-size the server will use (needed for a sliding-window draft)",
-    )
-    p.add_argument("--target-arch", help="the target's architecture (default: the checkpoint's verifier's)")
-    p.add_argument(
-        "--sglang-layer-ids",
-        type=int,
-        nargs="+",
-        help="write these ids into eagle_config as is (for a target outside eagle3ops' convention table)",
-    )
-    p.add_argument(
-        "--sglang-version",
-        default=DEFAULT_VERSION,
-        help=f"the SGLang version that serves the draft, one of {', '.join(KNOWN)} (default {DEFAULT_VERSION})",
-    )
-    p.add_argument("--check", action="store_true", help="check and predict; write nothing")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_convert)
+    CONVERT.add_parser(sub).set_defaults(func=cmd_convert)
 
 
 def cmd_convert(args) -> int:

@@ -11,133 +11,13 @@ import time
 from pathlib import Path
 
 
-def _add_common(p):
-    p.add_argument(
-        "--data", required=True, help="prepared data directory (Arrow dataset from `eagle3ops prepare`)"
-    )
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
-
-
 def register(sub) -> None:
-    p = sub.add_parser("extract", help="extract target hidden states for every prepared row (resumable)")
-    _add_common(p)
-    p.add_argument("--model", required=True, help="target model directory (transformers format)")
-    p.add_argument(
-        "--layer-ids",
-        type=int,
-        nargs="+",
-        default=None,
-        help="aux layer ids (default [2, N//2, N-3]); see --layer-convention",
-    )
-    p.add_argument(
-        "--layer-convention",
-        choices=["input", "output"],
-        default="input",
-        help="input: id i = input of layer i (SGLang/vLLM/speculators); output: SpecForge/ModelOpt",
-    )
-    p.add_argument(
-        "--dtype",
-        default="bfloat16",
-        choices=["bfloat16", "float16", "float32", "float8_e4m3fn"],
-        help="stored dtype (float8_e4m3fn: e4m3 + a float32 scale per token and state; half the bytes)",
-    )
-    p.add_argument(
-        "--compute-dtype", default="auto", help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)"
-    )
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward batch")
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument(
-        "--workers",
-        default="1",
-        help="'auto' = one worker per visible GPU (1 on CPU), or a number; each takes a disjoint shard",
-    )
-    p.add_argument(
-        "--world-size",
-        type=int,
-        default=None,
-        help="number of shards over all hosts (several hosts: the sum of their workers; docs/scale.md)",
-    )
-    p.add_argument("--rank", type=int, default=None, help="(internal/advanced) this worker's one shard")
-    p.add_argument(
-        "--first-rank",
-        type=int,
-        default=None,
-        help="with --world-size: this host's workers take the global ranks FIRST .. FIRST+workers-1 "
-        "(recorded in hidden_states/shard.json; a later run with other ranks is refused)",
-    )
-    p.add_argument(
-        "--no-fsync", action="store_true", help="skip fsync per file (faster; crash-safe, not power-safe)"
-    )
-    p.add_argument(
-        "--writer-threads",
-        type=int,
-        default=4,
-        help="parallel file writers (their fsyncs overlap; 4 beat 2 by 1.09-1.22x on an H200 box's NVMe)",
-    )
-    p.add_argument(
-        "--margin", type=float, default=0.05, help="free-space margin over the exact need (fraction)"
-    )
-    p.add_argument(
-        "--disk-margin-mib",
-        type=float,
-        default=64.0,
-        help="free space kept on top of the need and --margin, in MiB (default 64)",
-    )
-    p.add_argument("--limit", type=int, default=None, help="only the first N rows")
-    p.add_argument(
-        "--verify",
-        choices=["size", "checksum"],
-        default="size",
-        help="check of finished files before resuming: size (size + safetensors header, cheap) or checksum "
-        "(re-reads every file); damaged ones are moved to hidden_states/damaged/ and extracted again",
-    )
-    p.add_argument(
-        "--on-model-change",
-        choices=["refuse", "discard", "accept"],
-        default="refuse",
-        help="the target's weights changed since the store was started: refuse (default); discard = move "
-        "hidden_states aside (hidden_states.old-<time>) and start over; accept = same model, record it",
-    )
-    p.add_argument(
-        "--model-hash",
-        action="store_true",
-        help="compare the target by a hash of every weight byte (slow) instead of sizes, mtimes and headers",
-    )
-    p.add_argument(
-        "--plan",
-        action="store_true",
-        help="report what would be done (and a run holding the directory); load no weights, write nothing",
-    )
-    p.add_argument(
-        "--wait-running",
-        type=float,
-        default=0,
-        metavar="SECONDS",
-        help="with --plan: while another run holds the directory, wait up to this long for it to end first",
-    )
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=cmd_extract)
+    from eagle3ops.extract_options import EXTRACT, LENGTHS, STATUS, WORKERS
 
-    s = sub.add_parser("status", help="extraction progress from the manifests (no tensors loaded)")
-    s.add_argument(
-        "--data",
-        required=True,
-        action="append",
-        help="prepared data directory; repeat it for the stores of several hosts (one merged view)",
-    )
-    s.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
-    s.set_defaults(func=cmd_status)
-
-    w = sub.add_parser("workers", help="how many extraction workers --workers SPEC means on this host")
-    w.add_argument("--workers", default="auto", help="'auto' (one per visible GPU, 1 on CPU) or a number")
-    w.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
-    w.set_defaults(func=cmd_workers)
-
-    lp = sub.add_parser("lengths", help="index -> seq_len of finished samples, from the manifests")
-    _add_common(lp)
-    lp.add_argument("--out", help="also write them as JSON here (the seed's sample_lengths.json)")
-    lp.set_defaults(func=cmd_lengths)
+    EXTRACT.add_parser(sub).set_defaults(func=cmd_extract)
+    STATUS.add_parser(sub).set_defaults(func=cmd_status)
+    WORKERS.add_parser(sub).set_defaults(func=cmd_workers)
+    LENGTHS.add_parser(sub).set_defaults(func=cmd_lengths)
 
 
 def _config(args):
@@ -155,12 +35,12 @@ def _config(args):
         max_batch_size=args.max_batch_size,
         world_size=args.world_size or 1,
         rank=args.rank or 0,
-        fsync=not args.no_fsync,
+        fsync=args.fsync,
         writer_threads=args.writer_threads,
         margin_frac=args.margin,
         margin_bytes=disk_margin_bytes(args.disk_margin_mib),
         limit=args.limit,
-        progress=not args.no_progress,
+        progress=args.progress,
         verify=args.verify,
         on_model_change=args.on_model_change,
         model_hash=args.model_hash,
@@ -374,7 +254,7 @@ def cmd_extract(args) -> int:
 
     worker_start()
     try:
-        if args.plan:
+        if args.check:
             running = holder(args.data)  # check mode takes no lock; it reports a run in progress
             if running and args.wait_running > 0:
                 print(

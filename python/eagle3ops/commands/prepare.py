@@ -4,52 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.cli import CommandError, add_json_flag, emit
+from eagle3ops.cli import CommandError, emit
+from eagle3ops.prepare_options import PREPARE
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "prepare",
-        help="tokenise conversations into speculators' offline training rows (input_ids, loss_mask)",
-        description=(
-            "Render conversations with the target's chat template, one row per assistant turn with the "
-            "loss mask on that turn (speculators 0.9.0 semantics), and write DATA_DIR as an Arrow dataset "
-            "plus token_freq.pt and prepare_meta.json. Idempotent; atomic; refuses to orphan extracted "
-            "hidden states."
-        ),
-    )
-    p.add_argument("--model", required=True, metavar="PATH", help="target model directory (its tokenizer)")
-    p.add_argument(
-        "--input",
-        required=True,
-        action="append",
-        metavar="PATH",
-        help="JSONL/JSON file, directory of them, or a datasets.save_to_disk directory (repeatable)",
-    )
-    p.add_argument("--out", required=True, metavar="DATA_DIR")
-    p.add_argument("--max-length", type=int, default=512, help="tokens per row (default 512)")
-    p.add_argument(
-        "--on-error",
-        choices=["fail", "skip"],
-        default="fail",
-        help="bad input rows: fail (default; nothing is written) or skip (listed in the result)",
-    )
-    p.add_argument("--max-samples", type=int, default=None, metavar="N", help="keep at most N rows")
-    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
-    p.add_argument(
-        "--force", action="store_true", help="replace a dataset whose hidden states were already extracted"
-    )
-    p.add_argument("--check", action="store_true", help="write nothing; report whether it would change")
-    p.add_argument(
-        "--lock-wait",
-        type=float,
-        default=0,
-        metavar="SECONDS",
-        help="while another run holds DATA_DIR, wait up to this long for it (default 0: fail at once)",
-    )
-    p.add_argument("--trust-remote-code", action="store_true", help="allow the tokenizer's own code")
-    add_json_flag(p)
-    p.set_defaults(func=run)
+    PREPARE.add_parser(subparsers).set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -6,39 +6,12 @@ import json
 import sys
 from pathlib import Path
 
-from eagle3ops.cli import CommandError, add_json_flag, emit
+from eagle3ops.cli import CommandError, emit
+from eagle3ops.serve_options import SERVE_PROCESS
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "serve-process",
-        help="start/stop/status of a server run as a detached process (where PID 1 is not systemd)",
-        description=(
-            "The server's spec (argv, environment, health URL) is given by --argv-json/--url/--env or read "
-            "from --spec-file (a JSON object {NAME: {argv, env, url}}). start is idempotent: the same spec "
-            "already running -> changed false; a different one -> restarted. State, PID and log files: "
-            "RUN_DIR/NAME.{json,pid,log}."
-        ),
-    )
-    p.add_argument("action", choices=["start", "stop", "status"])
-    p.add_argument("--run-dir", required=True, help="directory of the state, PID and log files")
-    p.add_argument("--name", required=True, help="the server's name (file names in RUN_DIR)")
-    p.add_argument("--spec-file", help="JSON {NAME: {argv: [...], env: {...}, url: ...}}")
-    p.add_argument("--url", help="base URL; start waits for GET URL/health = 200")
-    p.add_argument("--env", action="append", default=[], metavar="K=V", help="environment of the server")
-    p.add_argument("--cwd", help="working directory of the server")
-    p.add_argument("--stamp", help="free-form identity beyond argv/env (a changed stamp restarts the server)")
-    p.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between /health polls")
-    p.add_argument("--stop-grace", type=float, default=60.0, help="seconds from SIGTERM to SIGKILL")
-    p.add_argument("--check", action="store_true", help="only say what would change")
-    p.add_argument(
-        "--argv-json",
-        help='the server command as a JSON list, e.g. \'["python3", "-m", "sglang.launch_server", ...]\'',
-    )
-    p.add_argument("--env-json", help="the server's environment as a JSON object (added to --env)")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_serve_process)
+    SERVE_PROCESS.add_parser(sub).set_defaults(func=cmd_serve_process)
 
 
 def _spec(args) -> dict:

@@ -27,64 +27,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     p.set_defaults(func=cmd_patch)
 
-    e = sub.add_parser(
-        "sglang-extract", help="extract hidden states through a patched SGLang server (resumable)"
-    )
-    e.add_argument("--data", required=True, help="prepared data directory")
-    e.add_argument("--model", required=True, help="the target's model directory (as the server serves it)")
-    e.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL")
-    e.add_argument(
-        "--layer-ids", type=int, nargs="+", default=None, help="aux layer ids (default [2, N//2, N-3])"
-    )
-    e.add_argument("--layer-convention", choices=["input", "output"], default="input")
-    e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    e.add_argument("--concurrency", type=int, default=8, help="requests in flight")
-    e.add_argument("--request-timeout", type=float, default=600.0)
-    e.add_argument("--retries", type=int, default=5)
-    e.add_argument("--backoff", type=float, default=1.0, help="first retry delay (s); doubles, with jitter")
-    e.add_argument("--backoff-max", type=float, default=60.0)
-    e.add_argument("--health-timeout", type=float, default=1800.0)
-    e.add_argument("--confirm-timeout", type=float, default=120.0, help="wait this long for a row's file")
-    e.add_argument("--limit", type=int, default=None, help="only the first N rows")
-    e.add_argument(
-        "--server-unit", default=None, help="systemd unit to start and stop (default: attach to --url)"
-    )
-    e.add_argument(
-        "--server-pid",
-        type=int,
-        default=None,
-        help="the attached server's PID: when it dies, stop waiting for /health at once (exit 2)",
-    )
-    e.add_argument("--keep-server", action="store_true", help="leave --server-unit running at the end")
-    e.add_argument(
-        "--restore-patch",
-        default=None,
-        metavar="FILE",
-        help="deepseek_v2.py to restore byte-exact when every row is done",
-    )
-    e.add_argument("--restore-patch-always", action="store_true", help="restore even when rows failed")
-    e.add_argument(
-        "--sglang-version",
-        default=DEFAULT_VERSION,
-        help=f"the server's SGLang version (the patch --restore-patch checks), one of {', '.join(KNOWN)}",
-    )
-    e.add_argument("--margin", type=float, default=0.05)
-    e.add_argument(
-        "--disk-margin-mib", type=float, default=64.0, help="free space kept on top of the need, in MiB"
-    )
-    e.add_argument(
-        "--wait-running",
-        type=float,
-        default=0,
-        metavar="SECONDS",
-        help="with --plan: while another run holds the directory, wait up to this long for it to end first",
-    )
-    e.add_argument("--no-progress", action="store_true")
-    e.add_argument(
-        "--plan", action="store_true", help="report what would be sent; contact no server, write nothing"
-    )
-    e.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
-    e.set_defaults(func=cmd_extract)
+    from eagle3ops.extract_options import SGLANG_EXTRACT
+
+    SGLANG_EXTRACT.add_parser(sub).set_defaults(func=cmd_extract)
 
 
 def _check_version(version: str) -> None:
@@ -148,10 +93,10 @@ def cmd_extract(args) -> int:
         restore_patch=args.restore_patch,
         restore_patch_always=args.restore_patch_always,
         sglang_version=args.sglang_version,
-        progress=not args.no_progress,
+        progress=args.progress,
     )
     try:
-        if args.plan:
+        if args.check:
             from eagle3ops.extract import ExtractConfig, plan_extraction
 
             running = holder(args.data)  # check mode takes no lock; it reports a run in progress

@@ -1,0 +1,50 @@
+# Shared option documentation of the modules in library/ (ansible.cfg: doc_fragment_plugins = doc_fragments).
+# A module takes one with ``extends_documentation_fragment: [eagle3ops]`` (DOCUMENTATION below) or
+# ``eagle3ops.<name>`` (the attribute of that name in capitals). The options' names, types, defaults and choices
+# are the definitions' in python/eagle3ops/*_options.py; tests/unit/test_options.py fails when they disagree.
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    # every module that runs the eagle3ops CLI
+    DOCUMENTATION = r"""
+options:
+  executable:
+    description:
+      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
+      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
+    type: path
+"""
+
+    # hidden_states_extract and sglang_extract: the store they both write (eagle3ops.extract_options)
+    EXTRACT = r"""
+options:
+  data_dir:
+    description: Prepared data directory (output of the C(prepare) phase); C(hidden_states/) is written inside it.
+    type: path
+    required: true
+  layer_convention:
+    description:
+      - C(input) (id i names the input of layer i; SGLang, vLLM, speculators) or C(output) (SpecForge, ModelOpt).
+    type: str
+    choices: [input, output]
+    default: input
+  margin:
+    description: Free-space margin over the exact need, as a fraction.
+    type: float
+    default: 0.05
+  disk_margin_mib:
+    description:
+      - Free space kept on top of the exact need and O(margin), in MiB (the preflight refuses below it).
+    type: float
+    default: 64
+  limit:
+    description: Only the first N rows (smoke runs).
+    type: int
+  wait_running:
+    description:
+      - Check mode only; while another run holds O(data_dir) (an interrupted playbook's extraction), wait up to
+        this many seconds for it to end (its lock to be free) before planning. 0 does not wait.
+    type: float
+    default: 0
+"""

@@ -1,0 +1,1 @@
+../python/eagle3ops/sglang_versions.py

@@ -1,0 +1,241 @@
+"""The extract phase's options, once: ``eagle3ops extract|status|workers|lengths|sglang-extract``, the
+``hidden_states_extract`` and ``sglang_extract`` modules and the ``extract`` role's variables come from here
+(eagle3ops.options says how; standard library only, shipped as module_utils/eagle3ops_extract_options.py)."""
+
+from __future__ import annotations
+
+try:
+    from eagle3ops import options as _o
+    from eagle3ops import sglang_versions as _versions
+except ImportError:  # on a target without eagle3ops: the copies Ansible ships
+    from ansible.module_utils import eagle3ops_options as _o
+    from ansible.module_utils import eagle3ops_sglang_versions as _versions
+
+Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+
+# ---- shared by both backends -------------------------------------------------------------------------
+DATA = Option(
+    "data",
+    "path",
+    required=True,
+    param="data_dir",
+    help="prepared data directory (Arrow dataset from `eagle3ops prepare`); hidden_states/ is written inside it",
+)
+MODEL = Option(
+    "model",
+    "path",
+    required=True,
+    role="extract_model_path",
+    help="target model directory (transformers format; for sglang, as the server serves it)",
+)
+LAYER_IDS = Option(
+    "layer_ids", "list", elements="int", help="aux layer ids (default [2, N//2, N-3]); see --layer-convention"
+)
+LAYER_CONVENTION = Option(
+    "layer_convention",
+    choices=["input", "output"],
+    default="input",
+    help="input: id i = input of layer i (SGLang/vLLM/speculators); output: SpecForge/ModelOpt",
+)
+DTYPE = Option(
+    "dtype",
+    choices=["bfloat16", "float16", "float32", "float8_e4m3fn"],
+    default="bfloat16",
+    help="stored dtype (float8_e4m3fn: e4m3 + a float32 scale per token and state; half the bytes)",
+)
+MARGIN = Option("margin", "float", default=0.05, help="free-space margin over the exact need (fraction)")
+DISK_MARGIN_MIB = Option(
+    "disk_margin_mib", "float", default=64.0, help="free space kept on top of the need and --margin, in MiB"
+)
+LIMIT = Option("limit", "int", help="only the first N rows")
+WAIT_RUNNING = Option(
+    "wait_running",
+    "float",
+    default=0,
+    metavar="SECONDS",
+    role=False,  # the role passes extract_async_timeout when its plan found a run in progress
+    help="with --check: while another run holds the directory, wait up to this long for it to end first",
+)
+PROGRESS = Option(
+    "progress", "bool", default=True, param=False, module_value=False, help="a progress bar on stderr"
+)
+
+EXTRACT = Command(
+    "extract",
+    help="extract target hidden states for every prepared row (resumable)",
+    check_help="report what would be done (and a run holding the directory); load no weights, write nothing",
+    module="hidden_states_extract",
+    role="extract",
+    options=[
+        DATA,
+        MODEL,
+        LAYER_IDS,
+        LAYER_CONVENTION,
+        DTYPE,
+        Option(
+            "compute_dtype",
+            default="auto",
+            param=False,
+            help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+        ),
+        Option("device", default="auto", help="auto, cpu, cuda, cuda:N"),
+        Option(
+            "max_batch_tokens", "int", default=16384, no_log=False, help="padded tokens per forward batch"
+        ),
+        Option("max_batch_size", "int", default=64, param=False, help="rows per forward batch"),
+        Option(
+            "workers",
+            default="1",
+            role_default="auto",  # the playbook uses every GPU; a plain CLI call one process
+            help="'auto' = one worker per visible GPU (1 on CPU), or a number; each takes a disjoint shard",
+        ),
+        Option(
+            "world_size",
+            "int",
+            role=False,  # the role computes it from extract_shard_hosts
+            help="number of shards over all hosts (several hosts: the sum of their workers; docs/scale.md)",
+        ),
+        Option("rank", "int", param=False, help="(internal/advanced) this worker's one shard"),
+        Option(
+            "first_rank",
+            "int",
+            role=False,
+            help="with --world-size: this host's workers take the global ranks FIRST .. FIRST+workers-1 "
+            "(recorded in hidden_states/shard.json; a later run with other ranks is refused)",
+        ),
+        Option(
+            "fsync",
+            "bool",
+            default=True,
+            help="fsync each file before its rename (--no-fsync: crash-safe, not power-safe)",
+        ),
+        Option(
+            "writer_threads",
+            "int",
+            default=4,
+            help="parallel file writers (their fsyncs overlap; docs/performance.md)",
+        ),
+        MARGIN,
+        DISK_MARGIN_MIB,
+        LIMIT,
+        Option(
+            "verify",
+            choices=["size", "checksum"],
+            default="size",
+            help="check of finished files before resuming: size (size + safetensors header, cheap) or checksum "
+            "(re-reads every file); damaged ones are moved to hidden_states/damaged/ and extracted again",
+        ),
+        Option(
+            "on_model_change",
+            choices=["refuse", "discard", "accept"],
+            default="refuse",
+            help="the target's weights changed since the store was started: refuse; discard = move "
+            "hidden_states aside (hidden_states.old-<time>) and start over; accept = same model, record it",
+        ),
+        Option(
+            "model_hash",
+            "bool",
+            default=False,
+            help="compare the target by a hash of every weight byte (slow) instead of sizes, mtimes and headers",
+        ),
+        WAIT_RUNNING,
+        PROGRESS,
+        EXECUTABLE,
+    ],
+)
+
+STATUS = Command(
+    "status",
+    help="extraction progress from the manifests (no tensors loaded)",
+    check=False,
+    options=[
+        DATA.but(
+            type="list",
+            elements="path",
+            nargs="append",
+            help="prepared data directory; repeat it for the stores of several hosts (one merged view)",
+        )
+    ],
+)
+
+WORKERS = Command(
+    "workers",
+    help="how many extraction workers --workers SPEC means on this host",
+    check=False,
+    options=[Option("workers", default="auto", help="'auto' (one per visible GPU, 1 on CPU) or a number")],
+)
+
+LENGTHS = Command(
+    "lengths",
+    help="index -> seq_len of finished samples, from the manifests",
+    check=False,
+    options=[
+        DATA,
+        Option("out", "path", help="also write them as JSON here (the seed's sample_lengths.json)"),
+    ],
+)
+
+SGLANG_EXTRACT = Command(
+    "sglang-extract",
+    help="extract hidden states through a patched SGLang server (resumable)",
+    check_help="report what would be sent; contact no server, write nothing",
+    module="sglang_extract",
+    role="extract",
+    role_prefix="extract_sglang",
+    options=[
+        DATA.but(role="extract_data_dir"),
+        MODEL,
+        Option("url", default="http://127.0.0.1:30000", help="the server's base URL"),
+        LAYER_IDS.but(role="extract_layer_ids"),
+        LAYER_CONVENTION.but(role="extract_layer_convention"),
+        DTYPE.but(choices=["bfloat16", "float16", "float32"], role="extract_dtype"),
+        Option("concurrency", "int", default=8, help="requests in flight"),
+        Option(
+            "request_timeout",
+            "float",
+            default=600.0,
+            help="seconds one /generate may take before it is retried",
+        ),
+        Option(
+            "retries", "int", default=5, help="retries per row (5xx, 408, 429, timeouts, connection errors)"
+        ),
+        Option(
+            "backoff", "float", default=1.0, param=False, help="first retry delay (s); doubles, with jitter"
+        ),
+        Option("backoff_max", "float", default=60.0, param=False, help="longest retry delay (s)"),
+        Option("health_timeout", "float", default=1800.0, help="seconds to wait for the server's /health"),
+        Option(
+            "confirm_timeout", "float", default=120.0, param=False, help="wait this long for a row's file"
+        ),
+        LIMIT.but(role="extract_limit"),
+        Option("server_unit", help="systemd unit to start and stop (default: attach to --url)"),
+        Option(
+            "server_pid",
+            "int",
+            param=False,
+            help="the attached server's PID: when it dies, stop waiting for /health at once (exit 2)",
+        ),
+        Option("keep_server", "bool", default=False, help="leave --server-unit running at the end"),
+        Option(
+            "restore_patch",
+            "path",
+            metavar="FILE",
+            role=False,  # the role restores the patch with sglang_capture_patch (extract_sglang_restore_patch)
+            help="deepseek_v2.py to restore byte-exact when every row is done",
+        ),
+        Option(
+            "restore_patch_always", "bool", default=False, role=False, help="restore even when rows failed"
+        ),
+        Option(
+            "sglang_version",
+            default=_versions.DEFAULT_VERSION,
+            role="extract_sglang_version",
+            help=f"the server's SGLang version (the patch --restore-patch checks), one of {', '.join(_versions.KNOWN)}",
+        ),
+        MARGIN.but(role="extract_margin"),
+        DISK_MARGIN_MIB.but(role="extract_disk_margin_mib"),
+        WAIT_RUNNING,
+        PROGRESS,
+        EXECUTABLE.but(role="extract_executable"),
+    ],
+)

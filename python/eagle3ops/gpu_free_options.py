@@ -1,0 +1,91 @@
+"""The gpu_free phase's options, once: ``eagle3ops gpu-free``'s CLI, the ``gpu_vram_free`` module's parameters
+and the ``gpu_free`` role's variables come from here (eagle3ops.options says how; standard library only,
+shipped as module_utils/eagle3ops_gpu_free_options.py).
+
+One name per option now: ``stop_units`` is ``--stop-unit`` and ``gpu_free_stop_units`` (``--allow-unit`` still
+works), ``gpu_required`` is ``--gpu-required/--no-gpu-required`` (``--gpu-optional`` still works), ``stop_grace``
+is ``--stop-grace`` (``--grace`` still works)."""
+
+from __future__ import annotations
+
+try:
+    from eagle3ops import options as _o
+except ImportError:  # on a target without eagle3ops: the copy Ansible ships
+    from ansible.module_utils import eagle3ops_options as _o
+
+Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+
+
+def _allow_list(name, flag, old, metavar, what):
+    """Who may be stopped, one kind: repeatable, empty by default (nobody)."""
+    return Option(
+        name,
+        "list",
+        elements="str",
+        nargs="append",
+        default=[],
+        flag=flag,
+        aliases=(old,),
+        metavar=metavar,
+        help=f"{what} whose processes may be stopped; repeatable",
+    )
+
+
+GPU_FREE = Command(
+    "gpu-free",
+    help="assert free VRAM on every (selected) GPU, naming and optionally stopping the holders",
+    description=(
+        "Wait until the GPUs' memory is free, stopping only allow-listed holders. Exit 0 with free: true (or "
+        "skipped: true with --no-gpu-required on a host without the NVIDIA driver); exit 2 with the full holder "
+        "list when a GPU is still held after --timeout."
+    ),
+    check_help="report what would be stopped; stop nothing",
+    module="gpu_vram_free",
+    role="gpu_free",
+    options=[
+        Option(
+            "gpus",
+            "list",
+            elements="str",
+            default=["all"],
+            help="'all', or NVML indices and/or GPU UUIDs (also comma-separated)",
+        ),
+        Option("threshold_mib", "float", default=0, help="used MiB still counted as free"),
+        Option("timeout", "float", default=60, help="seconds to wait for free memory"),
+        Option("poll_interval", "float", default=0.1, help="seconds between NVML reads"),
+        Option(
+            "stop_grace",
+            "float",
+            default=15,
+            aliases=("--grace",),
+            help="seconds between SIGTERM and SIGKILL",
+        ),
+        _allow_list("stop_units", "--stop-unit", "--allow-unit", "UNIT", "systemd unit (glob)"),
+        _allow_list(
+            "stop_cmdline_patterns", "--stop-cmdline", "--allow-cmdline", "REGEX", "command-line regex"
+        ),
+        _allow_list(
+            "stop_run_ids",
+            "--stop-run-id",
+            "--allow-run-id",
+            "ID",
+            "EAGLE3OPS_RUN_ID value (environment or argv)",
+        ),
+        Option(
+            "gpu_required",
+            "bool",
+            default=True,
+            false_aliases=("--gpu-optional",),
+            role_default=False,  # the local CPU default skips; GPU inventories set gpu_free_gpu_required: true
+            help="without an NVIDIA driver, fail (--no-gpu-required: skip, exit 0, skipped: true)",
+        ),
+        Option(
+            "v1_reserved_allowance_mib",
+            "float",
+            default=1024,
+            aliases=("--v1-allowance-mib",),
+            help="without NVML's v2 memory struct: MiB of v1 'used' taken as driver-reserved",
+        ),
+        EXECUTABLE.but(role=False),  # the role passes gpu_free_executable, its "" meaning "beside the Python"
+    ],
+)

@@ -1,0 +1,422 @@
+"""Typed option definitions: each phase's options are written once, and its CLI, its Ansible module's
+``argument_spec`` and the module's argv are derived from them.
+
+A phase's definition is a ``<phase>_options.py`` beside its code (``prepare_options.py``, ...): one
+:class:`Command` per ``eagle3ops`` sub-command, each a list of :class:`Option` (name, type, default, choices,
+help; the CLI flag, the module parameter and the role variable where they differ from the name). From it:
+
+- ``eagle3ops.commands.<x>`` generates the sub-command's argparse parser (:meth:`Command.add_parser`): the
+  parsed ``args.<name>`` is what the phase's function takes;
+- the module in ``library/`` builds ``AnsibleModule(argument_spec=COMMAND.argument_spec())`` and hands its
+  params to ``module_utils/eagle3ops_cli.CliRunner``, which turns them into argv with :meth:`Option.argv`;
+- ``tests/unit/test_options.py`` fails when the module's DOCUMENTATION, the role's ``meta/argument_specs.yml``
+  or ``defaults/main.yml`` disagree with the definition (names, types, defaults, choices), and proves that
+  params -> argv -> the generated parser gives every value back.
+
+**Standard library only, and no other eagle3ops import** (Python >= 3.9): the modules run on the target with
+the system Python, where Ansible ships this file as ``module_utils/eagle3ops_options.py`` (a symlink to it) and
+each phase's definition as ``module_utils/eagle3ops_<phase>_options.py``; ``tests/unit/test_durable.py``
+enforces the rule for every shipped file.
+
+Check mode is one flag everywhere: ``--check`` (``--plan``, its older name in some commands, is an alias).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["CHECK_FLAG", "EXECUTABLE", "Command", "Module", "Option"]
+
+_UNSET = object()
+CHECK_FLAG = "--check"
+CHECK_ALIASES = ("--plan",)  # what extract, sglang-extract and regenerate called it before
+_ARG_TYPES = {"str": str, "path": str, "int": int, "float": float}
+
+
+class Option:
+    """One option of one command.
+
+    name: the Python name (``args.<name>``; the function parameter); also the module parameter and the role
+      variable's suffix unless ``param`` / ``role`` say otherwise.
+    type: an Ansible type: str, path, int, float, bool, list (with ``elements``), dict (``NAME=VALUE`` pairs on
+      the command line).
+    default, choices, help, required: as in argparse and Ansible (one default for the CLI and the module).
+    flag: the CLI flag (default ``--name-with-dashes``); ``positional=True`` makes it a positional argument.
+      A bool whose default is True gets ``--flag/--no-flag``; one whose default is False ``--flag``.
+    aliases: older CLI flags that still work (same meaning); false_aliases: older flags that set a bool to False
+      (``--gpu-optional`` for ``gpu_required``).
+    nargs: for a list, ``"+"`` (``--flag a b``, the default) or ``"append"`` (``--flag a --flag b``).
+    param: the module parameter's name, or False when the module has no such parameter (CLI only).
+    module_value: for a CLI-only option, the value the module always passes (e.g. ``progress=False``).
+    cli: False for a module-only parameter (``executable``: where the CLI is; ``state``: mapped by the module).
+    role: the role variable that feeds the module parameter (default ``<role prefix>_<param>``), or False.
+    module_default: the module parameter's default where it deliberately differs from the CLI's (say why beside
+      it); the module always passes its value, so the CLI's default only serves direct CLI calls.
+    role_default: the role's default where it deliberately differs from the module's (the agreement test checks
+      ``defaults/main.yml`` and ``meta/argument_specs.yml`` against it, else against the module's default).
+    no_log: passed to the argument_spec (Ansible asks for it on names that look like secrets: ``*_tokens``).
+    """
+
+    def __init__(
+        self,
+        name,
+        type="str",
+        *,
+        default=None,
+        help="",
+        choices=None,
+        elements=None,
+        required=False,
+        flag=None,
+        aliases=(),
+        false_aliases=(),
+        positional=False,
+        nargs=None,
+        metavar=None,
+        param=None,
+        module_value=_UNSET,
+        module_default=_UNSET,
+        cli=True,
+        role=None,
+        role_default=_UNSET,
+        no_log=None,
+    ):
+        if type not in ("str", "path", "int", "float", "bool", "list", "dict"):
+            raise ValueError(f"option {name}: unknown type {type!r}")
+        if type == "list" and not elements:
+            raise ValueError(f"option {name}: a list needs elements")
+        self.name = name
+        self.type = type
+        self.default = default
+        self.help = help
+        self.choices = list(choices) if choices is not None else None
+        self.elements = elements
+        self.required = required or positional  # argparse requires a positional argument
+        self.positional = positional
+        self.flag = name if positional else (flag or "--" + name.replace("_", "-"))
+        self.aliases = tuple(aliases)
+        self.false_aliases = tuple(false_aliases)
+        self.nargs = nargs or ("+" if type == "list" else None)
+        self.metavar = metavar
+        self.param = name if param is None else param
+        self.module_value = module_value
+        self.module_default = default if module_default is _UNSET else module_default
+        self.cli = cli
+        self.role = role
+        self.role_default = role_default
+        self.no_log = no_log
+
+    def __repr__(self):
+        return f"Option({self.name!r}, {self.type!r}, default={self.default!r})"
+
+    def but(self, **changes) -> Option:
+        """A copy with some fields changed (one option shared by two commands with, say, fewer choices)."""
+        new = object.__new__(Option)
+        new.__dict__.update(self.__dict__)
+        for k, v in changes.items():
+            if k not in new.__dict__:
+                raise TypeError(f"option {self.name}: no field {k}")
+            new.__dict__[k] = list(v) if k == "choices" and v is not None else v
+        return new
+
+    @property
+    def negatable(self) -> bool:
+        """A bool that is on by default: the CLI offers ``--no-<flag>``."""
+        return self.type == "bool" and self.default is True
+
+    @property
+    def no_flag(self) -> str:
+        return "--no-" + self.flag[2:]
+
+    # ---- the module side -------------------------------------------------------------------------------
+    def spec(self) -> dict:
+        """This option's entry in the module's argument_spec."""
+        s = {"type": self.type}
+        if self.elements:
+            s["elements"] = self.elements
+        if self.required:
+            s["required"] = True
+        if self.module_default is not None:
+            d = self.module_default
+            s["default"] = list(d) if isinstance(d, tuple) else d
+        if self.choices is not None:
+            s["choices"] = list(self.choices)
+        if self.no_log is not None:
+            s["no_log"] = self.no_log
+        return s
+
+    def argv(self, value) -> list:
+        """The command-line words that give this option ``value``: nothing for None, an empty list, or an empty
+        string where the option has no default (a role's ``""`` means "not set")."""
+        if value is None or (value == "" and self.default is None):
+            return []
+        if self.type == "bool":
+            if self.negatable:
+                return [self.flag] if value else [self.no_flag]
+            return [self.flag] if value else []
+        if self.type == "list":
+            if not value:
+                return []
+            words = [str(v) for v in value]
+            if self.positional:
+                return words
+            if self.nargs == "append":
+                return [w for v in words for w in self._one(v)]
+            return [self.flag, *words]
+        if self.type == "dict":
+            return [w for k, v in sorted(value.items()) for w in self._one(f"{k}={v}")]
+        return [str(value)] if self.positional else self._one(str(value))
+
+    def _one(self, word: str) -> list:
+        """``--flag VALUE``, or ``--flag=VALUE`` for a value argparse would take for a flag (``-m sglang``)."""
+        return [f"{self.flag}={word}"] if word.startswith("-") else [self.flag, word]
+
+    # ---- the CLI side ----------------------------------------------------------------------------------
+    def add_to(self, parser) -> None:
+        kw = {"help": self._help()}
+        if self.metavar:
+            kw["metavar"] = self.metavar
+        if self.type == "bool":
+            kw["action"] = argparse.BooleanOptionalAction if self.negatable else "store_true"
+            kw["default"] = bool(self.default)
+        elif self.type == "dict":
+            kw.update(action=_PairsAction, default=dict(self.default or {}))
+            kw.setdefault("metavar", "NAME=VALUE")
+        else:
+            kw["type"] = _ARG_TYPES[self.elements if self.type == "list" else self.type]
+            if self.choices is not None:
+                kw["choices"] = self.choices
+            if self.type == "list":
+                if self.nargs == "append":
+                    kw["action"] = _Append
+                else:
+                    kw["nargs"] = "+"
+            kw["default"] = list(self.default) if isinstance(self.default, (list, tuple)) else self.default
+        if self.positional:
+            kw.pop("default", None)
+            parser.add_argument(self.name, **kw)
+            return
+        if self.required:
+            kw["required"] = True
+        parser.add_argument(self.flag, *self.aliases, dest=self.name, **kw)
+        for old in self.false_aliases:
+            parser.add_argument(old, dest=self.name, action="store_false", help=f"the same as {self.no_flag}")
+
+    def _help(self) -> str:
+        text = self.help
+        if self.negatable:
+            text += f" (default: {self.flag})"
+        elif not (
+            self.required or self.default is None or self.default is False or self.default in ([], (), {})
+        ):
+            shown = (
+                " ".join(map(str, self.default)) if isinstance(self.default, (list, tuple)) else self.default
+            )
+            text += f" (default: {shown})"
+        return text.replace("%", "%%")
+
+
+# every module that runs the CLI has it: where the eagle3ops command is on the target (doc fragment eagle3ops)
+EXECUTABLE = Option("executable", "path", cli=False, help="the eagle3ops command on the target")
+
+
+class _Append(argparse.Action):
+    """``--flag a --flag b`` -> [a, b]; a given flag replaces the default list instead of adding to it."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        current = getattr(namespace, self.dest)
+        items = [] if current is None or current is self.default else list(current)
+        setattr(namespace, self.dest, [*items, value])
+
+
+class _PairsAction(argparse.Action):
+    """``--flag NAME=VALUE`` (repeatable) -> a dict; a flag given replaces the default, a name given twice is
+    refused."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        name, sep, v = value.partition("=")
+        if not sep or not name:
+            parser.error(f"{option_string} {value!r}: expected NAME=VALUE")
+        d = {} if getattr(namespace, self.dest) is self.default else dict(getattr(namespace, self.dest) or {})
+        if name in d:
+            parser.error(f"{option_string} {name}: given twice")
+        d[name] = v
+        setattr(namespace, self.dest, d)
+
+
+class _Renamed(argparse.Action):
+    """A flag that no longer exists: one line naming the new one, exit 2."""
+
+    def __init__(self, option_strings, dest, new="", why="", **kw):
+        self.new, self.why = new, why
+        super().__init__(option_strings, dest, nargs=0, help=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: error: {option_string} was replaced by {self.new}{self.why}", file=sys.stderr)
+        sys.exit(2)
+
+
+class Command:
+    """One ``eagle3ops`` sub-command and the module that drives it.
+
+    module: the library/ module that runs this command (its argument_spec is :meth:`argument_spec`).
+    role: the role whose variables feed that module; its variables are ``<role_prefix>_<param>`` (role_prefix:
+      the role's name unless given) unless an option names its own.
+    check: the command has the check-mode flag (``--check``; ``--plan`` still works).
+    renamed: {old flag: new flag}: an old flag fails with one line naming the new one (exit 2).
+    """
+
+    def __init__(
+        self,
+        name,
+        options,
+        *,
+        help,
+        description=None,
+        module=None,
+        role=None,
+        role_prefix=None,
+        check=True,
+        check_help="write nothing; report what would change",
+        renamed=None,
+    ):
+        self.name = name
+        self.options = list(options)
+        self.help = help
+        self.description = description
+        self.module = module
+        self.role = role
+        self.role_prefix = role_prefix or role
+        self.check = check
+        self.check_help = check_help
+        self.renamed = dict(renamed or {})
+        names = [o.name for o in self.options]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup or "check" in names:
+            raise ValueError(f"command {name}: options named twice or reserved: {dup or ['check']}")
+        params = {o.param for o in self.options if o.param}
+        clash = sorted(o.name for o in self.options if not o.param and o.name in params)
+        if clash:  # argv() takes CLI-only values by name beside the module params
+            raise ValueError(f"command {name}: CLI-only options named like module parameters: {clash}")
+
+    def __repr__(self):
+        return f"Command({self.name!r}, {len(self.options)} options)"
+
+    def option(self, name) -> Option:
+        for o in self.options:
+            if o.name == name:
+                return o
+        raise KeyError(f"{self.name}: no option {name}")
+
+    # ---- the CLI side ----------------------------------------------------------------------------------
+    def add_parser(self, subparsers):
+        """The sub-command's parser, every option on it, ``--check`` and ``--json``."""
+        kw = {"help": self.help}
+        if self.description:
+            kw["description"] = self.description
+        p = subparsers.add_parser(self.name, **kw)
+        self.add_arguments(p)
+        return p
+
+    def add_arguments(self, parser) -> None:
+        for o in self.options:
+            if o.cli:
+                o.add_to(parser)
+        if self.check:
+            parser.add_argument(
+                CHECK_FLAG, *CHECK_ALIASES, dest="check", action="store_true", help=self.check_help
+            )
+        for old, new in self.renamed.items():
+            parser.add_argument(
+                old, action=_Renamed, new=new, dest="_renamed_" + old.strip("-").replace("-", "_")
+            )
+        parser.add_argument(
+            "--json", action="store_true", help="print the result as one JSON object on stdout"
+        )
+
+    # ---- the module side -------------------------------------------------------------------------------
+    def module_options(self) -> list:
+        """The options that are module parameters, in definition order."""
+        return [o for o in self.options if o.param]
+
+    def argument_spec(self) -> dict:
+        return {o.param: o.spec() for o in self.module_options()}
+
+    def argv(self, params, check=False) -> list:
+        """``[name, ...]``: the command line that gives the command these module params (None = left out). A
+        CLI-only option takes its value from ``params`` by its name when the module computed one (e.g.
+        ``action``), else its ``module_value`` if it has one."""
+        words = [self.name]
+        for o in self.options:
+            if not o.cli:
+                continue
+            if o.param:
+                words += o.argv(params.get(o.param))
+            elif o.name in params:
+                words += o.argv(params[o.name])
+            elif o.module_value is not _UNSET:
+                words += o.argv(o.module_value)
+        if check:
+            if not self.check:
+                raise ValueError(f"eagle3ops {self.name} has no check mode")
+            words.append(CHECK_FLAG)
+        return words
+
+    def role_variables(self) -> dict:
+        """{role variable: option} for the options a role variable feeds."""
+        out = {}
+        for o in self.module_options():
+            if o.role is False:
+                continue
+            var = o.role or (f"{self.role_prefix}_{o.param}" if self.role else None)
+            if var:
+                out[var] = o
+        return out
+
+
+class Module:
+    """A module that runs one of several commands, picked by its ``action`` parameter.
+
+    actions: {action: Command}. Its parameters are the union of the commands' (a parameter several commands
+    share must have one type, elements and choices; its default is the first command's, so a command whose CLI
+    default differs says so with ``module_default``), none of them ``required`` (the module's ``required_if``
+    says what each action needs), plus ``extra`` module-only options (the ``action`` itself, ...).
+    """
+
+    def __init__(self, name, actions, extra=()):
+        self.name = name
+        self.actions = dict(actions)
+        self.extra = list(extra)
+        for c in self.actions.values():
+            if c.module != name:
+                raise ValueError(f"module {name}: command {c.name} names module {c.module}")
+        self.options()  # refuse a definition whose shared parameters disagree, at import
+
+    def __repr__(self):
+        return f"Module({self.name!r}, {sorted(self.actions)})"
+
+    def options(self) -> dict:
+        """{parameter: option} as the module has them (not required; the first command's default)."""
+        out = {o.param: o for o in self.extra}
+        for o in (o for c in self.actions.values() for o in c.module_options()):
+            mine = o.but(required=False)
+            if o.param not in out:
+                out[o.param] = mine
+                continue
+            first = out[o.param].spec()
+            if {k: v for k, v in mine.spec().items() if k != "default"} != {
+                k: v for k, v in first.items() if k != "default"
+            }:
+                raise ValueError(
+                    f"module {self.name} parameter {o.param}: {first} in one action, {mine.spec()} in another"
+                )
+            if mine.module_default != out[o.param].module_default:
+                raise ValueError(
+                    f"module {self.name} parameter {o.param}: default {out[o.param].module_default!r} in one "
+                    f"action, {mine.module_default!r} in another (give the second a module_default)"
+                )
+        return out
+
+    def argument_spec(self) -> dict:
+        return {param: o.spec() for param, o in self.options().items()}

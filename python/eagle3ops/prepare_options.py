@@ -1,0 +1,79 @@
+"""The prepare phase's options, once: ``eagle3ops prepare``'s CLI, the ``dataset_prepare`` module's parameters and
+the ``prepare`` role's variables come from here (eagle3ops.options says how; standard library only, shipped to
+targets as module_utils/eagle3ops_prepare_options.py)."""
+
+from __future__ import annotations
+
+try:
+    from eagle3ops import options as _o
+except ImportError:  # on a target without eagle3ops: the copy Ansible ships
+    from ansible.module_utils import eagle3ops_options as _o
+
+Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+
+PREPARE = Command(
+    "prepare",
+    help="tokenise conversations into speculators' offline training rows (input_ids, loss_mask)",
+    description=(
+        "Render conversations with the target's chat template, one row per assistant turn with the "
+        "loss mask on that turn (speculators 0.9.0 semantics), and write DATA_DIR as an Arrow dataset "
+        "plus token_freq.pt and prepare_meta.json. Idempotent; atomic; refuses to orphan extracted "
+        "hidden states."
+    ),
+    module="dataset_prepare",
+    role="prepare",
+    options=[
+        Option(
+            "model",
+            "path",
+            required=True,
+            metavar="PATH",
+            role="prepare_model_path",
+            help="target model directory (its tokenizer and chat template)",
+        ),
+        Option(
+            "input",
+            "list",
+            elements="path",
+            required=True,
+            nargs="append",
+            metavar="PATH",
+            param="inputs",
+            role="prepare_inputs",
+            help="JSONL/JSON file, directory of them, or a datasets.save_to_disk directory (repeatable)",
+        ),
+        Option(
+            "out",
+            "path",
+            required=True,
+            metavar="DATA_DIR",
+            role="prepare_output_dir",
+            help="output data directory",
+        ),
+        Option("max_length", "int", default=2048, help="tokens per row (longer rows are truncated)"),
+        Option(
+            "on_error",
+            choices=["fail", "skip"],
+            default="fail",
+            help="bad input rows: fail (nothing is written) or skip (listed in the result)",
+        ),
+        Option("max_samples", "int", metavar="N", help="keep at most N rows"),
+        Option("seed", "int", default=0, help="shuffle seed"),
+        Option(
+            "force",
+            "bool",
+            default=False,
+            help="replace a dataset whose hidden states were already extracted",
+        ),
+        Option(
+            "lock_wait",
+            "float",
+            default=0,
+            metavar="SECONDS",
+            role_default=3600,  # the playbook waits for an interrupted run still holding the directory
+            help="while another run holds DATA_DIR, wait up to this long for it (0: fail at once)",
+        ),
+        Option("trust_remote_code", "bool", default=False, help="allow the tokenizer's own code"),
+        EXECUTABLE,
+    ],
+)

@@ -1,0 +1,121 @@
+"""The serve phase's options, once: ``eagle3ops convert`` and ``eagle3ops serve-process``, the ``eagle3_convert``
+and ``eagle3_serve_process`` modules and the ``serve`` role's variables come from here (eagle3ops.options says
+how; standard library only, shipped as module_utils/eagle3ops_serve_options.py)."""
+
+from __future__ import annotations
+
+try:
+    from eagle3ops import options as _o
+    from eagle3ops import sglang_versions as _versions
+except ImportError:  # on a target without eagle3ops: the copies Ansible ships
+    from ansible.module_utils import eagle3ops_options as _o
+    from ansible.module_utils import eagle3ops_sglang_versions as _versions
+
+Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+
+CONVERT = Command(
+    "convert",
+    help="convert a speculators eagle3 checkpoint for SGLang (LlamaForCausalLMEagle3)",
+    description="Refuses drafts SGLang cannot serve as trained (norm_before_residual, a sliding window "
+    "the server would not match, trained embeddings...). Idempotent: an up-to-date output is left alone.",
+    check_help="check and predict; write nothing",
+    module="eagle3_convert",
+    role="serve",
+    options=[
+        Option(
+            "checkpoint",
+            "path",
+            required=True,
+            help="a checkpoint dir, a speculators save path (checkpoint_best / newest epoch) or a train run dir",
+        ),
+        Option(
+            "out",
+            "path",
+            required=True,
+            role="serve_draft_dir",
+            help="output directory (--speculative-draft-model-path)",
+        ),
+        Option(
+            "serve_window",
+            "int",
+            role="serve_draft_window_size",
+            help="the --speculative-draft-window-size the server will use (needed for a sliding-window draft)",
+        ),
+        Option(
+            "target_arch",
+            role_default="",  # empty: the checkpoint's verifier's
+            help="the target's architecture (default: the checkpoint's verifier's)",
+        ),
+        Option(
+            "sglang_layer_ids",
+            "list",
+            elements="int",
+            role_default=[],  # empty: eagle3ops' convention table decides
+            help="write these ids into eagle_config as is (for a target outside eagle3ops' convention table)",
+        ),
+        Option(
+            "sglang_version",
+            default=_versions.DEFAULT_VERSION,
+            help=f"the SGLang version that serves the draft, one of {', '.join(_versions.KNOWN)}",
+        ),
+        EXECUTABLE.but(role="serve_eagle3ops_bin"),
+    ],
+)
+
+SERVE_PROCESS = Command(
+    "serve-process",
+    help="start/stop/status of a server run as a detached process (where PID 1 is not systemd)",
+    description=(
+        "The server's spec (argv, environment, health URL) is given by --argv-json/--url/--env or read "
+        "from --spec-file (a JSON object {NAME: {argv, env, url}}). start is idempotent: the same spec "
+        "already running -> changed false; a different one -> restarted. State, PID and log files: "
+        "RUN_DIR/NAME.{json,pid,log}."
+    ),
+    check_help="only say what would change",
+    module="eagle3_serve_process",
+    role="serve",
+    options=[
+        Option(
+            "action", positional=True, choices=["start", "stop", "status"], param=False, help="what to do"
+        ),
+        # the module's state: started/stopped/status (it passes the action)
+        Option(
+            "state", cli=False, choices=["started", "stopped", "status"], default="started", help="the state"
+        ),
+        Option("run_dir", "path", required=True, help="directory of the state, PID and log files"),
+        Option("name", required=True, role=False, help="the server's name (file names in RUN_DIR)"),
+        Option("spec_file", "path", role=False, help="JSON {NAME: {argv: [...], env: {...}, url: ...}}"),
+        Option("url", role=False, help="base URL; start waits for GET URL/health = 200"),
+        Option(
+            "env",
+            "list",
+            elements="str",
+            nargs="append",
+            default=[],
+            metavar="K=V",
+            param=False,
+            help="environment of the server",
+        ),
+        Option("cwd", param=False, help="working directory of the server"),
+        Option(
+            "stamp",
+            role=False,
+            help="free-form identity beyond argv/env (a changed stamp restarts the server)",
+        ),
+        Option(
+            "health_timeout", "float", default=600.0, role_default=3600, help="seconds to wait for /health"
+        ),
+        Option("interval", "float", default=2.0, role=False, help="seconds between /health polls"),
+        Option("stop_grace", "float", default=60.0, role=False, help="seconds from SIGTERM to SIGKILL"),
+        Option(
+            "argv_json",
+            param=False,
+            help='the server command as a JSON list, e.g. \'["python3", "-m", "sglang.launch_server", ...]\'',
+        ),
+        Option("env_json", param=False, help="the server's environment as a JSON object (added to --env)"),
+        # the module's form of the two above (it passes them as JSON)
+        Option("argv", "list", elements="str", cli=False, role=False, help="the server command line"),
+        Option("environment", "dict", default={}, cli=False, role=False, help="environment of the server"),
+        EXECUTABLE.but(role="serve_eagle3ops_bin"),
+    ],
+)
