@@ -1,7 +1,7 @@
 """The extract phase's SGLang backend and the sglang phase's patch rule, through site.yml (ansible-runner) on
 this machine (connection local), with ``extract_backend: sglang``.
 
-Real: both roles, every module (``sglang_capture_patch``, ``sglang_extract``), the ``eagle3ops`` CLI, the
+Real: both roles, every module (``eagle3ops_sglang_patch``, ``eagle3ops_extract_sglang``), the ``eagle3ops`` CLI, the
 extraction plan, the client, the in-server hook and the store; SGLang 0.5.23's own ``deepseek_v2.py`` (the real
 wheel, installed ``--no-deps`` by the sglang role from an offline wheelhouse, as tests/unit/test_sglang_role.py
 does), patched and restored by the roles and compared by sha256 and bytes with the upstream file.
@@ -86,7 +86,7 @@ def _one(r, task):
 
 
 def _patch_fact(res):
-    """The patch state a sglang_capture_patch task reports (its fact: Ansible overwrites a result's top-level
+    """The patch state a eagle3ops_sglang_patch task reports (its fact: Ansible overwrites a result's top-level
     ``state`` with file info whenever the result has a ``path``)."""
     return res["ansible_facts"]["eagle3ops_sglang_patch"]
 

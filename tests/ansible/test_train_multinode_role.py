@@ -1,7 +1,7 @@
 """Issue #21: the train role over several hosts refuses to start half a job (through ansible-playbook).
 
 Real: the train phase playbook, the role's guard, status probe, job decision and all-or-nothing gate (the
-``eagle3_train`` module in check mode on every node, the CLI, the train plan reading the data).
+``eagle3ops_train`` module in check mode on every node, the CLI, the train plan reading the data).
 STAND-INS: the two "hosts" are two inventory hosts with ``ansible_connection: local`` on this machine, each with its
 own run directory (the data copy between real hosts is tests/hosts/test_train_multinode_nspawn.py's); the
 training inputs are ``eagle3ops.train_fixtures``' (random hidden states; a verifier of only its config.json).
