@@ -4,7 +4,7 @@
 # naming the new name. docs/architecture.md "Module names" says why symlinks and not shim files.
 from __future__ import annotations
 
-# old name -> new name (tests/unit/test_module_names.py holds library/'s symlinks to exactly this table)
+# old name -> new name (tests/unit/test_names.py holds library/'s symlinks to exactly this table)
 RENAMED = {
     "dataset_prepare": "eagle3ops_prepare",
     "hidden_states_extract": "eagle3ops_extract",

@@ -33,7 +33,7 @@ from eagle3ops.train_fixtures import make_tiny_verifier
 from runner import run_playbook
 
 INVENTORY = REPO / "inventory" / "local"
-GUARD = "Guard against silent no-speed-up (acceptance on probe prompts >= 1.3)"
+GUARD = "Serve | Guard against silent no-speed-up (acceptance on probe prompts >= 1.3)"
 
 
 def _port() -> int:

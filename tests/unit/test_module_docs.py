@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-# the modules; a symlink in library/ is an old name of the module it points at (tests/unit/test_module_names.py)
+# the modules; a symlink in library/ is an old name of the module it points at (tests/unit/test_names.py)
 MODULES = sorted(p.stem for p in (REPO / "library").glob("*.py") if not p.is_symlink())
 
 

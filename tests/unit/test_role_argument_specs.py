@@ -42,7 +42,7 @@ from test_module_docs import _argument_spec
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "meta" / "argument_specs.yml").is_file())
-# the modules by their names (not the old names, which roles never use: tests/unit/test_module_names.py)
+# the modules by their names (not the old names, which roles never use: tests/unit/test_names.py)
 MODULES = {name: _argument_spec(REPO / "library" / f"{name}.py") for name in MODULE_NAMES}
 
 # The only role options that stay ``type: raw``: each accepts values of more than one type, says so in its

@@ -1,5 +1,5 @@
-"""Module names (issue 19): every module in library/ is ``eagle3ops_<phase>[_<action>]``, and each old name still
-runs its module with a deprecation warning naming the new one.
+"""Names (issue 19): every module in library/ is ``eagle3ops_<phase>[_<action>]``, each old module name still runs
+its module with a deprecation warning naming the new one, and every task of a role is named "Phase | Action".
 
 Real: ``ansible-doc`` and ``ansible-playbook`` (connection local) load the old names from ``library/`` exactly as
 a user's playbook does; the modules run and fail at their first real step (no eagle3ops executable, no ``pct``),
@@ -47,6 +47,37 @@ def test_old_names_are_the_table_and_link_to_the_new_module():
         text = (LIBRARY / f"{new}.py").read_text()
         assert "deprecate_old_name(module)" in text, f"library/{new}.py never calls deprecate_old_name"
         assert f"Formerly named C({old})" in text, f"library/{new}.py's DOCUMENTATION does not name {old}"
+
+
+def _tasks(node):
+    """Every task (with its name, if any) of a tasks/handlers file, blocks descended."""
+    for t in node or []:
+        yield t
+        for k in ("block", "rescue", "always"):
+            yield from _tasks(t.get(k))
+
+
+def test_every_role_task_is_named_phase_action():
+    """Kubespray's habit: "Extract | Work out what is left ..." says in a run's log which phase a task is of. The
+    phase is what its playbook's play name starts with ("Extract - target hidden states ...")."""
+    seen = set()
+    for pb in sorted((REPO / "playbooks").glob("*.yml")):
+        for play in yaml.safe_load(pb.read_text()):
+            label = play["name"].split(" - ")[0]
+            for role in (r["role"] if isinstance(r, dict) else r for r in play.get("roles", [])):
+                seen.add(role)
+                files = sorted(
+                    [*REPO.glob(f"roles/{role}/tasks/*.yml"), *REPO.glob(f"roles/{role}/handlers/*.yml")]
+                )
+                assert files, role
+                for f in files:
+                    for t in _tasks(yaml.safe_load(f.read_text())):
+                        name = t.get("name", "")
+                        assert name.startswith(f"{label} | ") and len(name) > len(label) + 4, (
+                            f"{f.relative_to(REPO)}: task {name or t} is not named '{label} | <action>'"
+                        )
+    # every role with tasks belongs to a phase playbook
+    assert seen >= {p.parent.parent.name for p in REPO.glob("roles/*/tasks/main.yml")}, seen
 
 
 def test_no_role_or_playbook_uses_an_old_name():
