@@ -1,5 +1,6 @@
 #!/usr/bin/python
-# Thin module: the logic is eagle3ops.pve (module_utils/eagle3ops_pve.py is a symlink to it).
+# Thin module: the logic is eagle3ops.container, which plans with eagle3ops.pve (module_utils/eagle3ops_container.py
+# and eagle3ops_pve.py are symlinks to them); this file is the adapter between AnsibleModule and container.converge.
 # Why not community.proxmox.proxmox for the container itself: it needs an API token on the controller, while
 # this phase runs `pct` on the PVE host over ssh (no API credentials to manage); and it cannot write raw `lxc.*`
 # lines (cgroup device rules, mount entries for /dev/nvidia*) at all. Device passthrough (`devN:`) arrived in
@@ -189,261 +190,34 @@ snapshots:
   returned: always
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_container import ARGUMENT_SPEC, ContainerFailed, converge
 from ansible.module_utils.eagle3ops_names import deprecate_old_name
-from ansible.module_utils.eagle3ops_pve import (
-    DEFAULT_BUSY_PATTERNS,
-    PENDING,
-    Plan,
-    PveError,
-    check_devices,
-    config_lock,
-    container_driver_versions,
-    container_jobs,
-    host_driver_version,
-    mode_for_version,
-    parse_pct_pid,
-    parse_pct_status,
-    parse_proc_devices,
-    parse_property_string,
-    parse_pve_version,
-    plan,
-    read_config,
-    scan_dev,
-    select_devices,
-    stale_bind_mounts,
-    write_config,
-)
-
-LIB_GLOB = (
-    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.* /usr/lib64/libnvidia-ml.so.* /usr/lib/libnvidia-ml.so.*"
-)
 
 
-def pct_run(module, argv, what):
-    rc, out, err = module.run_command(argv)
-    if rc != 0:
-        module.fail_json(msg=f"`{' '.join(argv)}` failed ({what}): {(err or out).strip()[-1500:]}", rc=rc)
-    return out
+class ModuleHost:
+    """eagle3ops.container.Host on the AnsibleModule: its run_command, get_bin_path and warn."""
 
+    def __init__(self, module):
+        self.module = module
 
-def container_pid(module, pct, vmid):
-    """The running container's init PID: `pct status --verbose`, else `lxc-info -p -H` (None when neither says)."""
-    rc, out, _err = module.run_command([pct, "status", str(vmid), "--verbose"])
-    pid = parse_pct_pid(out) if rc == 0 else None
-    lxc_info = module.get_bin_path("lxc-info")
-    if pid is None and lxc_info:
-        rc, out, _err = module.run_command([lxc_info, "-n", str(vmid), "-p", "-H"])
-        pid = int(out.strip()) if rc == 0 and out.strip().isdigit() else None
-    return pid if pid and os.path.isdir(f"/proc/{pid}") else None
+    def run(self, argv):
+        return self.module.run_command(argv)
 
+    def which(self, name):
+        return self.module.get_bin_path(name)
 
-def restart(module, pct, vmid):
-    pct_run(module, [pct, "stop", str(vmid)], "restart: stop")
-    pct_run(module, [pct, "start", str(vmid)], "restart: start")
+    def warn(self, msg):
+        self.module.warn(msg)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            vmid=dict(type="int", required=True),
-            options=dict(type="dict", default={}),
-            gpus=dict(type="raw", default="all"),
-            passthrough=dict(type="str", choices=["auto", "dev", "raw"], default="auto"),
-            dev_options=dict(type="str", default=""),
-            prune_unregistered_majors=dict(type="bool", default=True),
-            restart=dict(type="bool", default=False),
-            on_stale_mount=dict(type="str", choices=["restart", "fail"], default="restart"),
-            busy_patterns=dict(type="list", elements="str"),
-            state=dict(type="str", choices=["present", "started"], default="present"),
-            pct=dict(type="path", default="/usr/sbin/pct"),
-            config_dir=dict(type="path", default="/etc/pve/lxc"),
-            dev_root=dict(type="path", default="/dev"),
-            proc_devices=dict(type="path", default="/proc/devices"),
-            driver_version_file=dict(type="path", default="/sys/module/nvidia/version"),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     deprecate_old_name(module)
-    p = module.params
-    vmid, pct = p["vmid"], p["pct"]
-    path = os.path.join(p["config_dir"], f"{vmid}.conf")
-    if not os.access(pct, os.X_OK):
-        module.fail_json(
-            msg=f"{pct} not found or not executable: is this the Proxmox VE host? (set the pct option)"
-        )
     try:
-        config = read_config(path)
-        status = parse_pct_status(pct_run(module, [pct, "status", str(vmid)], "container state"))
-        running = status == "running"
-
-        mode = p["passthrough"]
-        if mode == "auto":
-            pveversion = module.get_bin_path("pveversion")
-            text = module.run_command([pveversion])[1] if pveversion else ""
-            mode = mode_for_version(parse_pve_version(text))
-
-        gpus = p["gpus"]
-        all_devices, majors = [], {}
-        if gpus not in (None, "none", [], "", False):
-            all_devices = scan_dev(p["dev_root"])
-            with open(p["proc_devices"], encoding="utf-8") as f:
-                majors = parse_proc_devices(f.read())
-            if not all_devices:
-                module.fail_json(
-                    msg=f"no NVIDIA device nodes under {p['dev_root']} on this PVE host: load the driver "
-                    "(nvidia-smi; nvidia-modprobe -u -c=0 creates /dev/nvidia-uvm) or set gpus: none"
-                )
-            check_devices(all_devices, majors, p["dev_root"])
-        devices = select_devices(all_devices, gpus)
-
-        options = {k: v for k, v in (p["options"] or {}).items() if v is not None}
-        for key, value in options.items():
-            if key.startswith("mp"):
-                volume = parse_property_string(str(value)).get("_", "")
-                if volume.startswith("/") and not os.path.isdir(volume):
-                    module.fail_json(
-                        msg=f"{key}: the host path {volume} does not exist on the PVE host: run the storage "
-                        "phase first (ansible-playbook site.yml --tags storage) or fix the mount's host path"
-                    )
-
-        pl = plan(
-            vmid, config, options=options, devices=devices, all_devices=all_devices, majors=majors, mode=mode,
-            running=running, prune_unregistered=p["prune_unregistered_majors"], dev_options=p["dev_options"],
-        )  # fmt: skip
-    except PveError as e:
-        module.fail_json(msg=str(e), config=path)
-
-    after = pl.apply_to(config)
-    result = dict(
-        changed=pl.changed, passthrough=mode, plan=pl.to_dict(), snapshots=config.snapshots(), status=status,
-        devices=[{"path": d.path, "major": d.major, "minor": d.minor} for d in devices], restarted=False,
-        diff={"before": config.main.render(), "after": after.main.render(),
-              "before_header": f"{path} (main section)", "after_header": f"{path} (main section)"},
-    )  # fmt: skip
-    for w in pl.warnings:
-        module.warn(w)
-    restart_needed = pl.restart_needed
-
-    if pl.changed and not module.check_mode:
-        argv = pl.pct_set_argv(pct)
-        if argv:
-            pct_run(module, argv, "applying the config keys")
-        if pl.raw_add or pl.raw_remove:
-            lock_dir = "/run/lock/lxc" if p["config_dir"] == "/etc/pve/lxc" else p["config_dir"]
-            try:
-                with config_lock(vmid, lock_dir):
-                    current = read_config(path)  # pct set rewrote the file
-                    raw = Plan(vmid=vmid, raw_add=pl.raw_add, raw_remove=pl.raw_remove)
-                    write_config(path, raw.apply_to(current))
-            except (OSError, PveError) as e:
-                module.fail_json(msg=f"writing the raw lines into {path} failed: {e}", plan=pl.to_dict())
-        try:
-            verify = read_config(path)
-            left = plan(
-                vmid, verify, options=options, devices=devices, all_devices=all_devices, majors=majors, mode=mode,
-                prune_unregistered=p["prune_unregistered_majors"], dev_options=p["dev_options"],
-            )  # fmt: skip
-        except PveError as e:
-            module.fail_json(msg=f"re-reading {path} after the change failed: {e}")
-        if left.changed:
-            module.fail_json(
-                msg=f"{path} still differs after pct set (pct ignored a change?)", left=left.to_dict()
-            )
-        # What PVE could not apply live waits in [pve:pending]; raw lines are read at start only.
-        # (Check mode predicts from the keys PVE never hotplugs: Plan.restart_needed.)
-        restart_needed = running and (
-            verify.section(PENDING) is not None or bool(pl.raw_add or pl.raw_remove)
-        )
-
-    # A bind mount's host path that changed underneath the running container (the storage cut-over):
-    # LXC bound the old directory at start, so the container keeps writing there until it restarts.
-    pid = container_pid(module, pct, vmid) if running else None
-    result.update(container_pid=pid, stale_mounts=[])
-    if running and pid is None:
-        module.warn(
-            f"cannot tell whether container {vmid} still sees its bind mounts' host paths: `pct status {vmid} "
-            "--verbose` (and lxc-info) gave no PID"
-        )
-    stale = stale_bind_mounts(config.main.keys(), pid) if pid else []
-    result["stale_mounts"] = [s.to_dict() for s in stale]
-    if stale:
-        what = "; ".join(s.describe(vmid) for s in stale)
-        paths = ", ".join(s.host_path for s in stale)
-        if p["on_stale_mount"] == "fail":
-            module.fail_json(
-                msg=f"{what}. Everything written there inside the container lands in the old directory, not in "
-                f"{paths}. Restart the container when nothing runs inside (pct reboot {vmid}), or set "
-                "on_stale_mount: restart (proxmox_container_on_stale_mount: restart)",
-                **result,
-            )
-        try:
-            jobs = container_jobs(pid, p["busy_patterns"] or DEFAULT_BUSY_PATTERNS)
-        except PveError as e:
-            module.fail_json(msg=f"{what}. Not restarting container {vmid}: {e}", **result)
-        if jobs:
-            listed = "; ".join(f"PID {j} `{cmd[:200]}`" for j, cmd in jobs)
-            module.fail_json(
-                msg=f"{what}. Not restarting container {vmid} while pipeline jobs run inside (a restart kills "
-                f"them): {listed}. They write into the old directory, not into {paths}: let them finish or stop "
-                f"them (they resume after the restart), then re-run; or restart it yourself (pct reboot {vmid})",
-                jobs=[{"pid": j, "cmdline": cmd} for j, cmd in jobs],
-                **result,
-            )
-        if not module.check_mode:
-            restart(module, pct, vmid)
-            pid = container_pid(module, pct, vmid)
-            left = stale_bind_mounts(read_config(path).main.keys(), pid) if pid else []
-            if left:
-                module.fail_json(
-                    msg=f"container {vmid} was restarted but still: {'; '.join(s.describe(vmid) for s in left)}"
-                    f". Check the mount point in /etc/pve/lxc/{vmid}.conf and `pct start {vmid} --debug`",
-                    **result,
-                )
-            result["container_pid"] = pid
-        result.update(changed=True, restarted=True)
-        module.warn(
-            f"container {vmid} restarted{' (check mode: would be)' if module.check_mode else ''}: {what}"
-        )
-        restart_needed = False
-
-    if restart_needed and p["restart"]:
-        if not module.check_mode:
-            restart(module, pct, vmid)
-        result.update(changed=True, restarted=True)
-        restart_needed = False
-    result["started"] = False
-    if p["state"] == "started" and status != "running":
-        if not module.check_mode:
-            pct_run(module, [pct, "start", str(vmid)], "starting the container")
-            status = parse_pct_status(pct_run(module, [pct, "status", str(vmid)], "container state"))
-            if status != "running":
-                module.fail_json(
-                    msg=f"`pct start {vmid}` returned but the container is {status}; see "
-                    f"`pct start {vmid} --debug` or journalctl on the PVE host"
-                )
-        result.update(changed=True, started=True, status=status)
-    result["restart_needed"] = restart_needed
-    result["restart_reason"] = (
-        f"container {vmid} is running with its old device/mount config (changes wait in [pve:pending] or in "
-        f"raw lxc lines read at start): restart it (pct reboot {vmid}) or set restart: true "
-        "(proxmox_container_restart: true)"
-        if restart_needed
-        else ""
-    )
-    if restart_needed:
-        module.warn(result["restart_reason"])
-
-    result["host_driver_version"] = host_driver_version(p["driver_version_file"])
-    result["container_driver_versions"] = []
-    if result["host_driver_version"] and status == "running":  # read-only: also in check mode
-        rc, out, _err = module.run_command(
-            [pct, "exec", str(vmid), "--", "sh", "-c", f"ls -1 {LIB_GLOB} 2>/dev/null; true"]
-        )
-        if rc == 0:
-            result["container_driver_versions"] = container_driver_versions(out)
+        result = converge(module.params, ModuleHost(module), check_mode=module.check_mode)
+    except ContainerFailed as e:
+        module.fail_json(msg=str(e), **e.fields)
     module.exit_json(**result)
 
 
