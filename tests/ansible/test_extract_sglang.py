@@ -1,5 +1,5 @@
 """The extract phase's SGLang backend and the sglang phase's patch rule, through site.yml (ansible-runner) on
-this machine (connection local), with ``extract_backend: sglang``.
+this machine (connection local), with ``eagle3ops_extract_backend: sglang``.
 
 Real: both roles, every module (``eagle3ops_sglang_patch``, ``eagle3ops_extract_sglang``), the ``eagle3ops`` CLI, the
 extraction plan, the client, the in-server hook and the store; SGLang 0.5.23's own ``deepseek_v2.py`` (the real
@@ -55,7 +55,7 @@ def env(tmp_path_factory):
         "sglang_model_path": str(model),
         "sglang_tp_size": 1,
         # extract phase: the SGLang backend, attached to the stand-in (no unit to start)
-        "extract_backend": "sglang",
+        "eagle3ops_extract_backend": "sglang",  # both phases read it
         "extract_model_path": str(model),
         "extract_sglang_server_unit": "",
         "extract_sglang_concurrency": 3,
@@ -165,7 +165,7 @@ def test_other_backend_leaves_the_patch_alone_and_sglang_refuses_an_unpatched_se
     _, inv, model, _ = env
     data, xv = _data(env, "data-other")
     r = run_playbook(
-        REPO / "site.yml", inv, extravars={**xv, "extract_backend": "transformers"}, tags="sglang"
+        REPO / "site.yml", inv, extravars={**xv, "eagle3ops_extract_backend": "transformers"}, tags="sglang"
     )
     assert r.rc == 0 and r.host("localhost")["failed"] == 0, r.summary()
     patch = _one(r, PATCH_TASK)
