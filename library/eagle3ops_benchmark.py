@@ -8,6 +8,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_benchmark
 short_description: Offline acceptance length of an EAGLE-3 draft, and the benchmark report
 description:
+  - Formerly named C(eagle3_benchmark); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_benchmark).
   - C(action=acceptance) runs C(eagle3ops benchmark-acceptance) - greedy chain drafting of I(k) tokens by the
     trained draft from the target's own hidden states, verified by the target (transformers), on held-out
     prompts - and writes the result JSON to I(out). Runs again only when the checkpoint, target, prompts or
@@ -26,9 +28,6 @@ description:
   - C(action=report) runs C(eagle3ops benchmark-report) - C(report.json), C(report.md) and C(report.png) in
     I(out) from the acceptance result and SGLang's bench results - written only when those inputs changed.
 version_added: "0.1.0"
-notes:
-  - Formerly named C(eagle3_benchmark); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_benchmark) (C(eagle3_benchmark) is a symlink to it in C(library/)).
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:
   - eagle3ops

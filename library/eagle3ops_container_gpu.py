@@ -12,6 +12,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_container_gpu
 short_description: Pass every NVIDIA device of a Proxmox VE host into an LXC container, and set its options
 description:
+  - Formerly named C(proxmox_lxc_gpu); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_container_gpu).
   - Runs on the PVE host (as root, or with become). Reads C(/etc/pve/lxc/<vmid>.conf), the host's
     C(/dev/nvidia*) nodes and their majors (C(stat) and C(/proc/devices); they change across kernels), and
     computes what must change.
@@ -107,9 +109,6 @@ options:
     description: The host driver's version (compared with the user-space libraries found in the container).
     type: path
     default: /sys/module/nvidia/version
-notes:
-  - Formerly named C(proxmox_lxc_gpu); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_container_gpu) (C(proxmox_lxc_gpu) is a symlink to it in C(library/)).
 author: eagle3ops developers (@eagle3ops)
 """
 

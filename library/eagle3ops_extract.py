@@ -8,6 +8,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_extract
 short_description: Extract an EAGLE-3 target's hidden states for every prepared row (resumable, crash-safe)
 description:
+  - Formerly named C(hidden_states_extract); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_extract).
   - Runs C(eagle3ops extract) on the target host. For every row of the prepared Arrow dataset in O(data_dir)
     it writes C(hidden_states/hs_{i}.safetensors) (C(token_ids) [T] and C(hidden_states) [T, K+1, H] - the K aux
     layers, input-of-layer convention, then the pre-norm last layer), the speculators 0.9.0 offline format.
@@ -110,8 +112,6 @@ attributes:
     support: none
     description: No diff is returned; the result's fields say what changed.
 notes:
-  - Formerly named C(hidden_states_extract); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_extract) (C(hidden_states_extract) is a symlink to it in C(library/)).
   - Resume never loads tensors; it reads the manifests, checks every listed file's size and safetensors header
     (O(verify=size)), and reads the headers of files that are not in them.
   - C(changed=true) when rows were written, files adopted, damaged files redone (RV(damaged)) or duplicate

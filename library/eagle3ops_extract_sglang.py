@@ -8,6 +8,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_extract_sglang
 short_description: Extract EAGLE-3 hidden states through a patched SGLang server (resumable, crash-safe)
 description:
+  - Formerly named C(sglang_extract); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_extract_sglang).
   - Runs C(eagle3ops sglang-extract) on the target - the SGLang backend of the extract phase. The server, started
     from its systemd unit (I(server_unit)) or already running at I(url), carries the eagle3ops capture patch
     (module C(eagle3ops_sglang_patch), role C(sglang)); it writes C(hidden_states/hs_{i}.safetensors) through the
@@ -19,9 +21,6 @@ description:
     byte-exact when no row failed (the extract role does the same with its own C(eagle3ops_sglang_patch) task).
   - Check mode contacts no server and writes nothing; it reports how many rows would be sent and the bytes needed.
 version_added: "0.1.0"
-notes:
-  - Formerly named C(sglang_extract); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_extract_sglang) (C(sglang_extract) is a symlink to it in C(library/)).
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:
   - eagle3ops

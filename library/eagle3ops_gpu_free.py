@@ -6,6 +6,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_gpu_free
 short_description: Assert that every (selected) GPU's memory is free; name and optionally stop the holders
 description:
+  - Formerly named C(gpu_vram_free); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_gpu_free).
   - Reads NVIDIA's management library (NVML, through C(nvidia-ml-py)), never C(nvidia-smi) output, and waits
     until every selected GPU is free, polling every O(poll_interval) seconds for at most O(timeout) seconds.
   - B(Free) means NVML lists no running compute or graphics process on the GPU and its B(used) memory is at most
@@ -86,8 +88,6 @@ options:
     type: float
     default: 1024
 notes:
-  - Formerly named C(gpu_vram_free); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_gpu_free) (C(gpu_vram_free) is a symlink to it in C(library/)).
   - Supports check mode (predicts C(changed=true) when an allow-listed holder would be stopped) and diff mode
     (the holders before, what is left after).
 author: eagle3ops developers (@eagle3ops)

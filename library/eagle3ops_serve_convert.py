@@ -8,6 +8,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_serve_convert
 short_description: Convert a speculators EAGLE-3 draft checkpoint into the layout SGLang serves (0.5.17, 0.5.23)
 description:
+  - Formerly named C(eagle3_convert); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_serve_convert).
   - Writes C(config.json) (C(LlamaForCausalLMEagle3), C(draft_vocab_size), C(eagle_config.eagle_aux_hidden_state_layer_ids)
     in SGLang's convention for the target) and C(model.safetensors) (names SGLang's C(llama_eagle3.py) loads, C(d2t)
     as hot tokens) into I(out).
@@ -16,9 +18,6 @@ description:
   - Idempotent. An output stamped with the same source checkpoint (sha256) and settings is left alone.
   - Runs C(eagle3ops convert) (logic in C(eagle3ops.convert)).
 version_added: "0.1.0"
-notes:
-  - Formerly named C(eagle3_convert); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_serve_convert) (C(eagle3_convert) is a symlink to it in C(library/)).
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:
   - eagle3ops

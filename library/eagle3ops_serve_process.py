@@ -8,6 +8,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_serve_process
 short_description: Run a server (SGLang) as a detached process where PID 1 is not systemd
 description:
+  - Formerly named C(eagle3_serve_process); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_serve_process).
   - Wraps C(eagle3ops serve-process) (logic in C(python/eagle3ops/serve_process.py)). The server runs in its own
     session (setsid), with a PID file and a log file C(run_dir/name.{pid,log}) and its spec in
     C(run_dir/name.json).
@@ -19,9 +21,6 @@ description:
   - The spec comes from I(argv)/I(environment)/I(url), or from I(spec_file) (a JSON object of named specs, as the
     serve role writes it for the benchmark role).
 version_added: "0.1.0"
-notes:
-  - Formerly named C(eagle3_serve_process); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_serve_process) (C(eagle3_serve_process) is a symlink to it in C(library/)).
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:
   - eagle3ops

@@ -10,6 +10,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_services_backup
 short_description: Record a systemd unit's state, move its unit file out of /etc/systemd/system, put it back
 description:
+  - Formerly named C(eagle3ops_unit_backup); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_services_backup).
   - The part of masking a unit that M(ansible.builtin.systemd_service) cannot do.
     C(systemctl mask) writes a symlink to /dev/null at C(/etc/systemd/system/<unit>) and fails when a
     hand-installed unit file (or a C(systemctl link) symlink) is there.
@@ -34,9 +36,6 @@ options:
     description: Where the records and moved unit files are kept.
     type: path
     default: /var/lib/eagle3ops/services
-notes:
-  - Formerly named C(eagle3ops_unit_backup); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_services_backup) (C(eagle3ops_unit_backup) is a symlink to it in C(library/)).
 author: eagle3ops developers (@eagle3ops)
 """
 

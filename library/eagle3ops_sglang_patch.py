@@ -8,6 +8,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_sglang_patch
 short_description: Apply or restore (byte-exact) the eagle3ops hidden-state capture patch in SGLang
 description:
+  - Formerly named C(sglang_capture_patch); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_sglang_patch).
   - Manages the few lines eagle3ops adds to SGLang's C(sglang/srt/models/deepseek_v2.py) so that a server started
     with C(EAGLE3OPS_SGLANG_DUMP_DIR) writes EAGLE-3 training hidden states (all logic lives in
     C(eagle3ops.sglang_hook)); the same model class serves DeepSeek-V3/R1 and Kimi-K2/K2.5.
@@ -55,8 +57,6 @@ attributes:
     support: full
     description: Returns a diff of what changes (in check mode too).
 notes:
-  - Formerly named C(sglang_capture_patch); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_sglang_patch) (C(sglang_capture_patch) is a symlink to it in C(library/)).
   - The C(extract) phase (C(extract_backend=sglang)) restores the file with this module (C(state=absent)) when
     extraction finishes; the C(sglang) phase applies it only while extraction has rows left. Serving a draft needs
     the pristine file.

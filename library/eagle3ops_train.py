@@ -8,6 +8,8 @@ DOCUMENTATION = r"""
 module: eagle3ops_train
 short_description: Train an EAGLE-3 draft with speculators 0.9.0 as an idempotent, detached, resumable run
 description:
+  - Formerly named C(eagle3_train); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_train).
   - Runs C(eagle3ops train) on the target host. It renders the speculators config (a jinja2 template) into
     O(run_dir)/config.yaml from the options and from the data itself, then starts the trainer detached
     (C(systemd-run --unit=...) where systemd is PID 1, else a C(setsid) process with a PID file), logging to
@@ -204,8 +206,6 @@ attributes:
     support: full
     description: Returns a diff of what changes (in check mode too).
 notes:
-  - Formerly named C(eagle3_train); that name still runs this module, with a deprecation warning naming
-    C(eagle3ops_train) (C(eagle3_train) is a symlink to it in C(library/)).
   - Check mode reads the inputs and renders the config, and predicts launch/relaunch/nothing; it starts nothing.
   - A run stopped with SIGTERM (e.g. C(systemctl stop)) makes speculators save an C(interrupted) checkpoint it does
     not resume from; the relaunch resumes from the last numbered checkpoint.
