@@ -27,9 +27,13 @@ PLAYBOOK = "playbooks/gpu_free.yml"
 
 @pytest.fixture
 def inventory(tmp_path):
+    """localhost, with the runtime phase's output preset as inventory/local does (runtime_eagle3ops_bin: this
+    venv's eagle3ops); without it the phase would look in the runtime phase's venv (eagle3ops_bin's default)."""
     inv = tmp_path / "hosts.ini"
+    exe = Path(sys.executable).with_name("eagle3ops")
     inv.write_text(
-        f"[gpu_hosts]\nlocalhost ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+        f"[gpu_hosts]\nlocalhost ansible_connection=local ansible_python_interpreter={sys.executable} "
+        f"runtime_eagle3ops_bin={exe}\n"
     )
     return inv
 
