@@ -661,7 +661,7 @@ def _smol_playbook(a, m, d, heldout, orig) -> None:
     @stage("smol_playbook", a.playbook_need_s)
     def pb():
         return run_playbooks("smol", {
-            "serve_checkpoint": str(d / "run-regen"), "serve_model_path": str(m),
+            "eagle3ops_checkpoint": str(d / "run-regen"), "eagle3ops_model_path": str(m),
             "serve_port": 30030, "serve_baseline_port": 30031, "serve_disable_cuda_graph": nograph,
             "serve_min_accept_length": a.guard_floor,
             "benchmark_offline": False,

@@ -167,9 +167,9 @@ def main() -> int:
         done("playbook", {"skipped": f"{L.left():.0f} s left"})
         return 0
     ev = {
-        "serve_checkpoint": str(run), "serve_model_path": str(model),
+        "eagle3ops_checkpoint": str(run), "eagle3ops_model_path": str(model),
         "serve_port": 30050, "serve_baseline_port": 30051,
-        "serve_sglang_site_packages": a.site, "sglang_version": SGLANG_VERSION,
+        "serve_sglang_site_packages": a.site, "eagle3ops_sglang_version": SGLANG_VERSION,
         # the demo target is random: its draft accepts little (offline ~1.1), so the floor is set just above 1.00
         # (what a draft that is never accepted gives); the smol lane's guard uses the default floor
         "serve_min_accept_length": 1.01,

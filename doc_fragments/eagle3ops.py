@@ -16,7 +16,7 @@ options:
     type: path
 """
 
-    # hidden_states_extract and sglang_extract: the store they both write (eagle3ops.extract_options)
+    # eagle3ops_extract and eagle3ops_extract_sglang: the store they both write (eagle3ops.extract_options)
     EXTRACT = r"""
 options:
   data_dir:

@@ -16,7 +16,7 @@ description:
     starting).
   - For each unit returns its systemd states and what occupies C(/etc/systemd/system/<unit>)
     (C(absent), C(mask), C(file), C(link)); C(systemctl mask) fails when a unit file or link is there,
-    so the role moves it aside first (the C(eagle3ops_unit_backup) module of this project).
+    so the role moves it aside first (the C(eagle3ops_services_backup) module of this project).
   - Also returns the units recorded in O(backup_dir) (what the services role's C(services_state=restored) acts on) and the
     other processes that hold C(/dev/nvidia*) open, read from C(/proc/*/fd).
   - On a host where systemd is not the init system (no C(/run/systemd/system)) nothing can start a unit, so

@@ -1,5 +1,5 @@
 """The benchmark phase's options, once: ``eagle3ops benchmark-{acceptance,live,contamination,spec-probe,report,
-dataset}``, the ``eagle3_benchmark`` module (one action per command) and the ``benchmark`` role's variables (the
+dataset}``, the ``eagle3ops_benchmark`` module (one action per command) and the ``benchmark`` role's variables (the
 ``serve`` role's for the guard) come from here (eagle3ops.options says how; standard library only, shipped as
 module_utils/eagle3ops_benchmark_options.py)."""
 
@@ -12,7 +12,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
 
 Option, Command, Module, EXECUTABLE = _o.Option, _o.Command, _o.Module, _o.EXECUTABLE
 
-MODULE = "eagle3_benchmark"
+MODULE = "eagle3ops_benchmark"
 _EXE = EXECUTABLE.but(role="benchmark_eagle3ops_bin")
 # NAME=PATH, repeatable: named prompt files (held-out JSONL, MT-bench question.jsonl)
 _SETS = Option(

@@ -1,5 +1,5 @@
 """The extract phase's options, once: ``eagle3ops extract|status|workers|lengths|sglang-extract``, the
-``hidden_states_extract`` and ``sglang_extract`` modules and the ``extract`` role's variables come from here
+``eagle3ops_extract`` and ``eagle3ops_extract_sglang`` modules and the ``extract`` role's variables come from here
 (eagle3ops.options says how; standard library only, shipped as module_utils/eagle3ops_extract_options.py)."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ EXTRACT = Command(
     "extract",
     help="extract target hidden states for every prepared row (resumable)",
     check_help="report what would be done (and a run holding the directory); load no weights, write nothing",
-    module="hidden_states_extract",
+    module="eagle3ops_extract",
     role="extract",
     options=[
         DATA,
@@ -179,7 +179,7 @@ SGLANG_EXTRACT = Command(
     "sglang-extract",
     help="extract hidden states through a patched SGLang server (resumable)",
     check_help="report what would be sent; contact no server, write nothing",
-    module="sglang_extract",
+    module="eagle3ops_extract_sglang",
     role="extract",
     role_prefix="extract_sglang",
     options=[
@@ -220,7 +220,7 @@ SGLANG_EXTRACT = Command(
             "restore_patch",
             "path",
             metavar="FILE",
-            role=False,  # the role restores the patch with sglang_capture_patch (extract_sglang_restore_patch)
+            role=False,  # the role restores the patch with eagle3ops_sglang_patch (extract_sglang_restore_patch)
             help="deepseek_v2.py to restore byte-exact when every row is done",
         ),
         Option(

@@ -1,4 +1,4 @@
-"""The gpu_free phase's options, once: ``eagle3ops gpu-free``'s CLI, the ``gpu_vram_free`` module's parameters
+"""The gpu_free phase's options, once: ``eagle3ops gpu-free``'s CLI, the ``eagle3ops_gpu_free`` module's parameters
 and the ``gpu_free`` role's variables come from here (eagle3ops.options says how; standard library only,
 shipped as module_utils/eagle3ops_gpu_free_options.py).
 
@@ -40,7 +40,7 @@ GPU_FREE = Command(
         "list when a GPU is still held after --timeout."
     ),
     check_help="report what would be stopped; stop nothing",
-    module="gpu_vram_free",
+    module="eagle3ops_gpu_free",
     role="gpu_free",
     options=[
         Option(

@@ -1,4 +1,4 @@
-"""The prepare phase's options, once: ``eagle3ops prepare``'s CLI, the ``dataset_prepare`` module's parameters and
+"""The prepare phase's options, once: ``eagle3ops prepare``'s CLI, the ``eagle3ops_prepare`` module's parameters and
 the ``prepare`` role's variables come from here (eagle3ops.options says how; standard library only, shipped to
 targets as module_utils/eagle3ops_prepare_options.py)."""
 
@@ -20,7 +20,7 @@ PREPARE = Command(
         "plus token_freq.pt and prepare_meta.json. Idempotent; atomic; refuses to orphan extracted "
         "hidden states."
     ),
-    module="dataset_prepare",
+    module="eagle3ops_prepare",
     role="prepare",
     options=[
         Option(

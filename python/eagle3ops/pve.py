@@ -1,7 +1,7 @@
 """Proxmox VE LXC container config: parse, compare, edit — and NVIDIA passthrough entries.
 
 This file is pure standard library (Python >= 3.9, what PVE 7/8 ship) because it also runs *on the
-PVE host* inside the Ansible module ``library/proxmox_lxc_gpu.py``: ``module_utils/eagle3ops_pve.py``
+PVE host* inside the Ansible module ``library/eagle3ops_container_gpu.py``: ``module_utils/eagle3ops_pve.py``
 is a symlink to it. Keep it free of other ``eagle3ops`` imports.
 
 ``/etc/pve/lxc/<vmid>.conf`` has a main section, then optional sections in brackets: one per snapshot

@@ -1,5 +1,5 @@
-"""The serve phase's options, once: ``eagle3ops convert`` and ``eagle3ops serve-process``, the ``eagle3_convert``
-and ``eagle3_serve_process`` modules and the ``serve`` role's variables come from here (eagle3ops.options says
+"""The serve phase's options, once: ``eagle3ops convert`` and ``eagle3ops serve-process``, the ``eagle3ops_serve_convert``
+and ``eagle3ops_serve_process`` modules and the ``serve`` role's variables come from here (eagle3ops.options says
 how; standard library only, shipped as module_utils/eagle3ops_serve_options.py)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ CONVERT = Command(
     description="Refuses drafts SGLang cannot serve as trained (norm_before_residual, a sliding window "
     "the server would not match, trained embeddings...). Idempotent: an up-to-date output is left alone.",
     check_help="check and predict; write nothing",
-    module="eagle3_convert",
+    module="eagle3ops_serve_convert",
     role="serve",
     options=[
         Option(
@@ -72,7 +72,7 @@ SERVE_PROCESS = Command(
         "RUN_DIR/NAME.{json,pid,log}."
     ),
     check_help="only say what would change",
-    module="eagle3_serve_process",
+    module="eagle3ops_serve_process",
     role="serve",
     options=[
         Option(

@@ -38,8 +38,8 @@ from tinymodels import build_prepared_dataset, build_tiny_target
 pytestmark = [pytest.mark.slow]
 
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7, 14, 3, 26, 11]
-WAIT = "Wait for this host's share of the extraction (a host lost meanwhile drops out; the others go on)"
-SUMMARY = "Sum up the extraction over every host that shares the rows"
+WAIT = "Extract | Wait for this host's share of the extraction (a host lost meanwhile drops out; the others go on)"
+SUMMARY = "Extract | Sum up the extraction over every host that shares the rows"
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 

@@ -1,7 +1,7 @@
 """The extract phase's SGLang backend and the sglang phase's patch rule, through site.yml (ansible-runner) on
-this machine (connection local), with ``extract_backend: sglang``.
+this machine (connection local), with ``eagle3ops_extract_backend: sglang``.
 
-Real: both roles, every module (``sglang_capture_patch``, ``sglang_extract``), the ``eagle3ops`` CLI, the
+Real: both roles, every module (``eagle3ops_sglang_patch``, ``eagle3ops_extract_sglang``), the ``eagle3ops`` CLI, the
 extraction plan, the client, the in-server hook and the store; SGLang 0.5.23's own ``deepseek_v2.py`` (the real
 wheel, installed ``--no-deps`` by the sglang role from an offline wheelhouse, as tests/unit/test_sglang_role.py
 does), patched and restored by the roles and compared by sha256 and bytes with the upstream file.
@@ -38,9 +38,9 @@ from tinymodels import build_prepared_dataset
 SPEC = sglang_patch.SPECS["0.5.23"]
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7]
 LAYERS = [2, 4, 5]  # [2, N//2, N-3] of the 8-layer tiny target: what both roles resolve by default
-PATCH_TASK = "Capture patch in deepseek_v2.py"
-EXTRACT_TASK = "Extract target hidden states through the patched SGLang server"
-RESTORE_TASK = "Restore the capture patch byte-exact (SGLang as shipped; serving needs it)"
+PATCH_TASK = "SGLang | Capture patch in deepseek_v2.py"
+EXTRACT_TASK = "Extract | Extract target hidden states through the patched SGLang server"
+RESTORE_TASK = "Extract | Restore the capture patch byte-exact (SGLang as shipped; serving needs it)"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def env(tmp_path_factory):
         "sglang_model_path": str(model),
         "sglang_tp_size": 1,
         # extract phase: the SGLang backend, attached to the stand-in (no unit to start)
-        "extract_backend": "sglang",
+        "eagle3ops_extract_backend": "sglang",  # both phases read it
         "extract_model_path": str(model),
         "extract_sglang_server_unit": "",
         "extract_sglang_concurrency": 3,
@@ -86,7 +86,7 @@ def _one(r, task):
 
 
 def _patch_fact(res):
-    """The patch state a sglang_capture_patch task reports (its fact: Ansible overwrites a result's top-level
+    """The patch state a eagle3ops_sglang_patch task reports (its fact: Ansible overwrites a result's top-level
     ``state`` with file info whenever the result has a ``path``)."""
     return res["ansible_facts"]["eagle3ops_sglang_patch"]
 
@@ -165,7 +165,7 @@ def test_other_backend_leaves_the_patch_alone_and_sglang_refuses_an_unpatched_se
     _, inv, model, _ = env
     data, xv = _data(env, "data-other")
     r = run_playbook(
-        REPO / "site.yml", inv, extravars={**xv, "extract_backend": "transformers"}, tags="sglang"
+        REPO / "site.yml", inv, extravars={**xv, "eagle3ops_extract_backend": "transformers"}, tags="sglang"
     )
     assert r.rc == 0 and r.host("localhost")["failed"] == 0, r.summary()
     patch = _one(r, PATCH_TASK)

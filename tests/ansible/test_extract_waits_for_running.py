@@ -28,8 +28,8 @@ from store_helpers import manifest_rows
 from tinymodels import build_prepared_dataset, build_tiny_target
 
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7]
-WAIT_TASK = "Wait for the extraction already running on this data directory, then plan again"
-EXTRACT_TASK = "Extract target hidden states for every prepared row"
+WAIT_TASK = "Extract | Wait for the extraction already running on this data directory, then plan again"
+EXTRACT_TASK = "Extract | Extract target hidden states for every prepared row"
 
 
 def test_rerun_waits_for_the_running_extraction_and_does_only_what_is_left(tmp_path):
@@ -86,7 +86,7 @@ def test_rerun_waits_for_the_running_extraction_and_does_only_what_is_left(tmp_p
     assert r.rc == 0, r.summary()
     assert running.returncode == 0, err[-3000:]
     assert json.loads(out.strip().splitlines()[-1])["written"] == len(LENGTHS)
-    (plan,) = r.task_results("Work out what is left to extract (reads the manifests only)")
+    (plan,) = r.task_results("Extract | Work out what is left to extract (reads the manifests only)")
     assert plan["running"] is True and plan["holder"]["pid"] == running.pid, plan
     (replan,) = r.task_results(WAIT_TASK)  # waited on the lock (the holder is a zombie until we reap it)
     assert replan["to_extract"] == 0 and replan["running"] is False, replan

@@ -27,9 +27,13 @@ PLAYBOOK = "playbooks/gpu_free.yml"
 
 @pytest.fixture
 def inventory(tmp_path):
+    """localhost, with the runtime phase's output preset as inventory/local does (runtime_eagle3ops_bin: this
+    venv's eagle3ops); without it the phase would look in the runtime phase's venv (eagle3ops_bin's default)."""
     inv = tmp_path / "hosts.ini"
+    exe = Path(sys.executable).with_name("eagle3ops")
     inv.write_text(
-        f"[gpu_hosts]\nlocalhost ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+        f"[gpu_hosts]\nlocalhost ansible_connection=local ansible_python_interpreter={sys.executable} "
+        f"runtime_eagle3ops_bin={exe}\n"
     )
     return inv
 
@@ -48,8 +52,8 @@ def test_cpu_default_skips_cleanly_and_required_fails_clearly(run_playbook, inve
         assert r.rc == 0 and s["failed"] == 0 and s["changed"] == 0, r.summary()
         assert s["skipped"] == 1, r.summary()
         skipped = [e["event_data"]["task"] for e in r.events if e.get("event") == "runner_on_skipped"]
-        assert skipped == ["Wait until every selected GPU's memory is free"]
-        report = _result(r, "Report the GPUs' memory (or why the check was skipped)")
+        assert skipped == ["GPU free | Wait until every selected GPU's memory is free"]
+        report = _result(r, "GPU free | Report the GPUs' memory (or why the check was skipped)")
         assert "no usable NVIDIA driver" in report["msg"] and "gpu_required is false" in report["msg"]
     r = run_playbook(PLAYBOOK, inventory, extravars={"gpu_free_gpu_required": True})
     assert r.rc != 0 and r.host("localhost")["failed"] == 1
@@ -98,7 +102,7 @@ def test_check_mode_diff_stop_and_second_run_unchanged(run_playbook, inventory, 
         "gpu_free_timeout": 10,
         "gpu_free_stop_grace": 2,
     }
-    task = "Wait until every selected GPU's memory is free"
+    task = "GPU free | Wait until every selected GPU's memory is free"
 
     r = run_playbook(PLAYBOOK, inventory, extravars=xv, check=True, diff=True)
     assert r.rc == 0 and r.host("localhost")["changed"] == 1, r.summary()
@@ -131,7 +135,7 @@ def test_foreign_holder_fails_the_role_with_the_list(run_playbook, inventory, st
     }
     r = run_playbook(PLAYBOOK, inventory, extravars=xv)
     assert r.rc != 0 and r.host("localhost")["failed"] == 1
-    res = _result(r, "Wait until every selected GPU's memory is free")
+    res = _result(r, "GPU free | Wait until every selected GPU's memory is free")
     assert f"PID {other.pid}" in res["msg"] and "GPU 0: 1234 MiB" in res["msg"]
     assert [h["pid"] for h in res["holders"]] == [other.pid]
     assert alive(other.pid)
@@ -165,7 +169,7 @@ def test_two_hosts_one_combined_verdict_naming_the_host_and_gpu(run_playbook, tm
         "    - name: Train would start here\n      ansible.builtin.debug:\n        msg: started\n"
     )
     xv = {"gpu_free_gpu_required": True, "gpu_free_timeout": 0.5}
-    summary = "Sum up the GPUs of every host (fails naming each host and GPU that is not free)"
+    summary = "GPU free | Sum up the GPUs of every host (fails naming each host and GPU that is not free)"
     holder = subprocess.Popen(["bash", "-c", f"exec sleep 300 3<{tmp_path}/hostB/dev/nvidia1"])
     try:
         for _ in range(500):

@@ -30,14 +30,15 @@ REPO = Path(__file__).resolve().parents[2]
 INV = REPO / "inventory" / "production.example"
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
 WORKLOAD_PREFIXES = ("services_", "runtime_", "sglang_", "regenerate_", "prepare_", "extract_", "gpu_free_",
-                     "train_", "serve_", "benchmark_")  # fmt: skip
+                     "train_", "serve_", "benchmark_", "eagle3ops_")  # fmt: skip
 # What a production user must decide; each must appear in the example (set, or commented with its default).
 DECISIONS = {
     "group_vars/gpu_hosts.yml": [
         "gpu_free_gpu_required", "gpu_free_stop_units", "services_units", "runtime_wheelhouse",
         "regenerate_enabled", "regenerate_backend", "regenerate_urls",
-        "prepare_model_path", "prepare_inputs", "prepare_max_length", "prepare_trust_remote_code",
-        "extract_backend", "extract_layer_ids", "sglang_tp_size", "train_epochs", "train_total_seq_len",
+        "eagle3ops_model_path", "eagle3ops_conversations", "eagle3ops_extract_backend", "eagle3ops_tp_size",
+        "prepare_inputs", "prepare_max_length", "prepare_trust_remote_code", "extract_layer_ids", "train_epochs",
+        "train_total_seq_len",
         "train_nproc", "serve_tp_size", "serve_state", "benchmark_prompts",
     ],
     "group_vars/proxmox_hosts.yml": [
@@ -104,8 +105,9 @@ def test_example_passes_every_roles_argument_specs(tmp_path):
         and str(ev["event_data"].get("task", "")).startswith("Validating arguments against arg spec")
     }
     # the storage play runs on storage_hosts (pve1) only: test_each_phase_targets_its_group
+    # (eagle3ops: the shared variables, a dependency of every workload phase but services)
     roles = ["services", "runtime", "sglang", "regenerate", "prepare", "extract", "gpu_free", "train", "serve",
-             "benchmark"]  # fmt: skip
+             "benchmark", "eagle3ops"]  # fmt: skip
     assert ran == {("pve1", "proxmox_container"), ("pve1", "storage")} | {("ct129", x) for x in roles}, ran
 
     # the same validation fails on a value of the wrong type (so the run above could have failed)

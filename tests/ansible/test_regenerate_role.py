@@ -67,7 +67,7 @@ def test_regenerate_then_prepare_then_nothing_to_do(setup):
     assert any("Regenerate the assistant turns" in t for t in changed), changed
     assert any("Tokenise the conversations" in t for t in changed), changed
     out = work / "conversations" / "regenerated.jsonl"
-    (res,) = r.task_results("Regenerate the assistant turns with the target")
+    (res,) = r.task_results("Regenerate | Regenerate the assistant turns with the target")
     assert (res["num_written"], res["num_failed"], res["num_skipped"], res["num_input"]) == (5, 0, 1, 6)
     assert res["failures"][0]["loc"] == f"{src}:6" and "not valid JSON" in res["failures"][0]["reason"]
     assert res["tok_per_s"] > 0 and res["output_tokens"] > 0
@@ -93,7 +93,7 @@ def test_regenerate_then_prepare_then_nothing_to_do(setup):
     done_log.write_bytes(b"".join(lines))
     fixed = run_playbook(REPO / "site.yml", INVENTORY, extravars=ev, tags="regenerate")
     assert fixed.rc == 0 and fixed.host("localhost")["failed"] == 0, fixed.stdout[-4000:]
-    (res,) = fixed.task_results("Regenerate the assistant turns with the target")
+    (res,) = fixed.task_results("Regenerate | Regenerate the assistant turns with the target")
     assert res["changed"] and res["unreadable_done_lines"] == 1 and res["num_readable"] == 5
     assert "1 unreadable line(s) (line 2" in fixed.stdout and len(server.requests) > n
     assert [json.loads(x) for x in out.read_text().splitlines()] == regenerated
@@ -107,6 +107,6 @@ def test_check_mode_predicts_and_writes_nothing(setup):
         REPO / "site.yml", INVENTORY, extravars=_vars(demo, work, src, server), tags="regenerate", check=True
     )
     assert r.rc == 0 and r.host("localhost")["failed"] == 0, r.stdout[-4000:]
-    (plan,) = r.task_results("Work out what is left to regenerate")
+    (plan,) = r.task_results("Regenerate | Work out what is left to regenerate")
     assert plan["changed"] and plan["left"] == 5 and plan["num_skipped"] == 1 and plan["turns_left"] > 5
     assert not work.exists() and len(server.requests) == n

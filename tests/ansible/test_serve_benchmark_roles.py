@@ -43,7 +43,7 @@ def inputs(tmp_path_factory):
 def _vars(root, verifier, prompts, checkpoint):
     return {
         "eagle3ops_workdir": str(root / "work"),
-        "serve_checkpoint": str(checkpoint),
+        "eagle3ops_checkpoint": str(checkpoint),  # what serve converts and benchmark measures
         "benchmark_target_path": str(verifier),
         "benchmark_prompts": str(prompts),
         "benchmark_k": 2,

@@ -33,7 +33,7 @@ from eagle3ops.train_fixtures import make_tiny_verifier
 from runner import run_playbook
 
 INVENTORY = REPO / "inventory" / "local"
-GUARD = "Guard against silent no-speed-up (acceptance on probe prompts >= 1.3)"
+GUARD = "Serve | Guard against silent no-speed-up (acceptance on probe prompts >= 1.3)"
 
 
 def _port() -> int:
@@ -61,12 +61,12 @@ def env(tmp_path_factory):
     venv.create(root / "sglang-venv", with_pip=False, symlinks=True)
     ev = {
         "eagle3ops_workdir": str(root / "work"),
-        "serve_checkpoint": str(root / "run"),
+        "eagle3ops_checkpoint": str(root / "run"),
         "serve_server_enabled": True,
         "serve_launcher": "process",
         "serve_check_capture_patch": False,
         "serve_sglang_venv_dir": str(root / "sglang-venv"),
-        "serve_model_path": str(verifier),
+        "eagle3ops_model_path": str(verifier),
         "serve_tp_size": 1,
         "serve_port": port,
         "serve_baseline_port": bport,

@@ -61,7 +61,7 @@ def test_first_run_builds_everything(pipeline):
     assert s["changed"] == 4, first.changed_tasks()  # demo, prepare, extract, train
     (res,) = [
         r
-        for r in first.task_results("Extract target hidden states for every prepared row")
+        for r in first.task_results("Extract | Extract target hidden states for every prepared row")
         if r.get("written")
     ]
     rows = json.loads((work / "data" / "prepare_meta.json").read_text())["num_rows"]
@@ -77,7 +77,11 @@ def test_first_run_builds_everything(pipeline):
     )
     assert st["done"] == st["rows"] == rows and st["remaining"] == 0
     # the real consumer trained on it: speculators ran to the end with the layer ids extract recorded
-    (tr,) = [r for r in first.task_results("Train the EAGLE-3 draft (idempotent, detached, resumable)") if r]
+    (tr,) = [
+        r
+        for r in first.task_results("Train | Train the EAGLE-3 draft (idempotent, detached, resumable)")
+        if r
+    ]
     assert tr["changed"] is True and tr.get("status") == "finished", tr
     assert tr.get("layer_ids") == [2, 4, 5], tr
 

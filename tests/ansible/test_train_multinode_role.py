@@ -1,7 +1,7 @@
 """Issue #21: the train role over several hosts refuses to start half a job (through ansible-playbook).
 
 Real: the train phase playbook, the role's guard, status probe, job decision and all-or-nothing gate (the
-``eagle3_train`` module in check mode on every node, the CLI, the train plan reading the data).
+``eagle3ops_train`` module in check mode on every node, the CLI, the train plan reading the data).
 STAND-INS: the two "hosts" are two inventory hosts with ``ansible_connection: local`` on this machine, each with its
 own run directory (the data copy between real hosts is tests/hosts/test_train_multinode_nspawn.py's); the
 training inputs are ``eagle3ops.train_fixtures``' (random hidden states; a verifier of only its config.json).
@@ -64,7 +64,7 @@ def test_missing_data_on_one_node_stops_every_node_before_a_launch(run_playbook,
     inv, xv, tmp = cluster
     r = run_playbook("playbooks/train.yml", inv, extravars=xv)
     assert r.rc != 0, r.summary()
-    gate = "Check that every node can run the job before any node is touched"
+    gate = "Train | Check that every node can run the job before any node is touched"
     assert {h: bool(r.task_results(gate, host=h)) for h in ("hostA", "hostB")} == {
         "hostA": True,
         "hostB": True,
@@ -72,5 +72,7 @@ def test_missing_data_on_one_node_stops_every_node_before_a_launch(run_playbook,
     assert "no node starts the job while its inputs are missing - hostB:" in r.stdout, r.summary()
     assert f"{tmp}/not-gathered/hidden_states/extract_meta.json is missing" in r.stdout, r.summary()
     assert r.host("hostA")["failed"] + r.host("hostB")["failed"] >= 1, r.summary()
-    assert not r.task_results("Train the EAGLE-3 draft (idempotent, detached, resumable)"), "a node launched"
+    assert not r.task_results("Train | Train the EAGLE-3 draft (idempotent, detached, resumable)"), (
+        "a node launched"
+    )
     assert not (tmp / "run-hostA" / "state.json").exists() and not (tmp / "run-hostB" / "state.json").exists()

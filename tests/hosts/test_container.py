@@ -72,7 +72,7 @@ def conf(h, vmid: int) -> str:
 
 
 def module_result(r, host):
-    res = r.task_results("GPUs, data mount, sizes and features; start it", host)
+    res = r.task_results("Container | GPUs, data mount, sizes and features; start it", host)
     assert res, r.summary()
     return res[-1]
 

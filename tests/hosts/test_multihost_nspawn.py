@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7, 14, 3, 26, 11, 8, 19, 4, 15]
 HOST_VARS = {"extract_workers": 1, **multihost.HOST_VARS}
-SUMMARY = "Sum up the extraction over every host that shares the rows"
+SUMMARY = "Extract | Sum up the extraction over every host that shares the rows"
 
 
 def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(

@@ -101,7 +101,9 @@ def test_services_mask_idempotent_check_testinfra_restore(make_host, run_playboo
     rec = json.loads(h.ssh(f"cat {BACKUP}/vllm.service.json").stdout)
     assert rec["was_enabled"] and rec["was_active"] and not rec["was_masked"]
     # the other NVIDIA holder is reported (and the masked units are not)
-    info = r1.task_results("Find the GPU units, their backups and other NVIDIA device holders", h.name)
+    info = r1.task_results(
+        "Services | Find the GPU units, their backups and other NVIDIA device holders", h.name
+    )
     holders = info[0]["holders"]
     assert [x["unit"] for x in holders] == ["holder.service"], holders
     assert holders[0]["devices"] == ["/dev/nvidia0"]

@@ -38,17 +38,17 @@ ROWS = 12
 STORE = "srv/e3/data"  # each host's own store (train_data_source_dir)
 GATHERED = "srv/e3/train/data"  # train_data_dir (eagle3ops_workdir/train/data)
 RUN = "srv/e3/train/run"
-SUMMARY = "Sum up the job over every training node"
-SYNC_REPORT = "Report what gathering the rows cost (check mode - what it would copy and how long at train_data_sync_rate_mbps)"
+SUMMARY = "Train | Sum up the job over every training node"
+SYNC_REPORT = "Train | Report what gathering the rows cost (check mode - what it would copy and how long at train_data_sync_rate_mbps)"
 SYNC_TASKS = (
-    "Copy the dataset from the first store (rows, token frequencies, extraction metadata)",
-    "Copy every store's rows (each host's share of the hidden states)",
+    "Train | Copy the dataset from the first store (rows, token frequencies, extraction metadata)",
+    "Train | Copy every store's rows (each host's share of the hidden states)",
 )
-LAUNCH = "Train the EAGLE-3 draft (idempotent, detached, resumable)"
-WAITED = "Wait until the job ends on this node"
-GATE = "Check that every node can run the job before any node is touched"
-STOP = "Stop this node's trainer of the old job (every node stops before any node starts)"
-CKPT_COPY = "Copy the newest checkpoint to every node (each rank resumes from its own save path)"
+LAUNCH = "Train | Train the EAGLE-3 draft (idempotent, detached, resumable)"
+WAITED = "Train | Wait until the job ends on this node"
+GATE = "Train | Check that every node can run the job before any node is touched"
+STOP = "Train | Stop this node's trainer of the old job (every node stops before any node starts)"
+CKPT_COPY = "Train | Copy the newest checkpoint to every node (each rank resumes from its own save path)"
 
 
 def _split(src: Path, dsts: list[Path]) -> None:

@@ -231,8 +231,9 @@ def _render(template: Path, **variables) -> str:
 
 
 def _serve_vars(**over):
-    """The serve role's defaults + vars/main.yml (the argv lists), resolved as Ansible would. STAND-IN: native
-    Jinja2 with the few Ansible filters these expressions use, instead of a playbook run."""
+    """The serve role's defaults over the shared ones (roles/eagle3ops, its dependency) + vars/main.yml (the argv
+    lists), resolved as Ansible would. STAND-IN: native Jinja2 with the few Ansible filters these expressions use,
+    instead of a playbook run."""
     import hashlib
     import shlex
 
@@ -240,7 +241,8 @@ def _serve_vars(**over):
     import jinja2.nativetypes
     import yaml
 
-    d = yaml.safe_load((REPO / "roles/serve/defaults/main.yml").read_text())
+    d = yaml.safe_load((REPO / "roles/eagle3ops/defaults/main.yml").read_text())
+    d.update(yaml.safe_load((REPO / "roles/serve/defaults/main.yml").read_text()))
     d.update(yaml.safe_load((REPO / "roles/serve/vars/main.yml").read_text()))
     d.update(
         serve_sglang_version="0.5.23",
@@ -270,8 +272,6 @@ def _serve_vars(**over):
     seen: set = set()
     for _ in range(5):  # defaults refer to each other: resolve until stable
         for k in list(d):
-            if k in ("serve_checkpoint", "serve_probe_prompts"):
-                continue  # refer to other phases' variables
             with contextlib.suppress(jinja2.UndefinedError):
                 d[k] = resolve(d[k])
     return d

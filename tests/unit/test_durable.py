@@ -26,7 +26,7 @@ from eagle3ops import durable
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "python" / "eagle3ops"
 # The host wing: runs on targets where eagle3ops is not installed (shipped as module_utils/eagle3ops_<name>.py)
-HOST_WING = ("durable", "pve", "services", "storage")
+HOST_WING = ("container", "durable", "pve", "services", "storage")
 # Every file shipped that way, under the same rule: the host wing and the option definitions the modules import
 # (options.py and each phase's <phase>_options.py; tests/unit/test_options.py)
 HOST_MODULES = tuple(

@@ -568,7 +568,7 @@ def test_module_documentation_parses_and_matches_its_options():
     import yaml
     from test_module_docs import module_docs
 
-    docs, spec = module_docs(REPO / "library/gpu_vram_free.py")
+    docs, spec = module_docs(REPO / "library/eagle3ops_gpu_free.py")
     assert spec and set(docs["DOCUMENTATION"]["options"]) == set(spec)
     role_defaults = yaml.safe_load((REPO / "roles/gpu_free/defaults/main.yml").read_text())
     assert all(k.startswith("gpu_free_") for k in role_defaults)

@@ -267,7 +267,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_module_reports_damaged_count_and_changed(store_dir, tiny_target, capsys):
-    """``hidden_states_extract`` through real ``ansible`` (ad-hoc, connection local): check mode predicts the
+    """``eagle3ops_extract`` through real ``ansible`` (ad-hoc, connection local): check mode predicts the
     re-extraction of the damaged rows with ``damaged: N`` and ``changed=true``; the real run (tiny target on CPU)
     moves them aside, redoes them and says ``damaged: N``; the module's next real run reports nothing to do."""
     store = HiddenStateStore(store_dir)
@@ -293,7 +293,7 @@ def test_module_reports_damaged_count_and_changed(store_dir, tiny_target, capsys
         p = subprocess.run(
             [str(bindir / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-M", str(REPO / "library"),
              "-e", f"ansible_python_interpreter={sys.executable}",
-             "-m", "hidden_states_extract", "-a", json.dumps(args), *extra],
+             "-m", "eagle3ops_extract", "-a", json.dumps(args), *extra],
             capture_output=True, text=True, env=env, cwd=REPO, check=False,
         )  # fmt: skip
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

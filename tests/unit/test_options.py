@@ -10,8 +10,9 @@ checked against it here.
 (d) the role: each option a role variable feeds is in ``meta/argument_specs.yml`` with the same type (``str``
     and ``path`` alike), elements, choices (the role may offer fewer, or more where an assert or the task's
     ``when`` guards them) and default, and in ``defaults/main.yml`` with that default (the module's, or the
-    definition's ``role_default``; a template, pointing at other phases' variables, documents it; an empty
-    placeholder only for a required option), and a task of the role really passes it to that module parameter;
+    definition's ``role_default``; a template, pointing at the shared variables of roles/eagle3ops, documents
+    it and renders to it with the shared defaults; an empty placeholder only for a required option), and a task
+    of the role really passes it to that module parameter;
 (e) params -> argv -> the generated parser gives every value back (the runner loses and renames nothing), for
     non-default values, for the defaults, and for a value that starts with ``-``;
 (f) check mode is ``--check`` in every command, ``--plan`` still works; older flags (``--allow-unit``,
@@ -35,7 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "module_utils"))
 import eagle3ops_cli  # the runner as the modules use it (stdlib only, importable as a plain file)
 from test_module_docs import _argument_spec, ansible_doc
-from test_role_argument_specs import PASS_THROUGH, _asserted, _defaults, _module_calls, _options, _templated
+from test_role_argument_specs import (
+    PASS_THROUGH,
+    _asserted,
+    _defaults,
+    _module_calls,
+    _options,
+    _templated,
+    rendered,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "python" / "eagle3ops"
@@ -189,8 +198,14 @@ def test_role_variables_agree_with_the_definition(name):
         required = o.required and not templated and o.role_default is options._UNSET
         if templated:
             # the documented default is what it renders to alone (tests/unit/test_role_argument_specs.py); where
-            # the definition has a default, that is the one documented
+            # the definition has a default, that is the one documented, and the one the shared variables give
             doc_want = spec[var].get("default") if want is None else want
+            got = rendered(role, var)
+            if want is not None and got != want:
+                problems.append(
+                    f"roles/{role}/defaults/main.yml: {var}: {value!r} is {got!r} with the shared defaults "
+                    f"(roles/eagle3ops), the definition {want!r}"
+                )
         elif required:
             if value not in ("", [], None):
                 problems.append(f"roles/{role}/defaults/main.yml: {var}: {value!r} for a required parameter")

@@ -65,9 +65,9 @@ def test_show(capsys):
 
 
 def test_module_documentation_parses_and_matches_its_argument_spec():
-    """library/proxmox_lxc_gpu.py: DOCUMENTATION/EXAMPLES/RETURN are YAML and document every option."""
+    """library/eagle3ops_container_gpu.py: DOCUMENTATION/EXAMPLES/RETURN are YAML and document every option."""
     from test_module_docs import module_docs
 
-    docs, spec = module_docs(FIX.parents[2] / "library" / "proxmox_lxc_gpu.py")
+    docs, spec = module_docs(FIX.parents[2] / "library" / "eagle3ops_container_gpu.py")
     assert spec and set(spec) == set(docs["DOCUMENTATION"]["options"])
     assert {"restart_needed", "plan", "devices"} <= set(docs["RETURN"])

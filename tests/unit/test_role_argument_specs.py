@@ -37,11 +37,13 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_module_docs import MODULES as MODULE_NAMES
 from test_module_docs import _argument_spec
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "meta" / "argument_specs.yml").is_file())
-MODULES = {p.stem: _argument_spec(p) for p in sorted((REPO / "library").glob("*.py"))}
+# the modules by their names (not the old names, which roles never use: tests/unit/test_names.py)
+MODULES = {name: _argument_spec(REPO / "library" / f"{name}.py") for name in MODULE_NAMES}
 
 # The only role options that stay ``type: raw``: each accepts values of more than one type, says so in its
 # description, and is checked where it is used (the test asserts each of these facts).
@@ -70,6 +72,20 @@ def _options(role: str) -> dict:
 
 def _defaults(role: str) -> dict:
     return yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()) or {}
+
+
+def _dependencies(role: str) -> list[str]:
+    meta = yaml.safe_load((REPO / "roles" / role / "meta" / "main.yml").read_text()) or {}
+    return [d["role"] if isinstance(d, dict) else d for d in meta.get("dependencies") or []]
+
+
+def _visible_defaults(role: str) -> dict:
+    """The defaults the role's tasks see: its dependencies' (roles/eagle3ops: the shared variables), then its own
+    over them, as Ansible merges a role's dependency chain."""
+    out = {}
+    for dep in _dependencies(role):
+        out.update(_visible_defaults(dep))
+    return {**out, **_defaults(role)}
 
 
 def _templated(value) -> bool:
@@ -134,10 +150,11 @@ def test_literal_defaults_are_the_documented_defaults(role):
 @pytest.mark.parametrize("role", ROLES)
 def test_templated_defaults_are_documented_verbatim_or_as_rendered(role):
     """A templated default documented in the spec is either the template itself or its value when no other
-    phase's variable is set (the role's own defaults are known); options without a spec default are skipped."""
+    phase's variable is set (the role's own defaults and the shared ones of roles/eagle3ops are known); options
+    without a spec default are skipped."""
     options = _options(role)
     defaults = _defaults(role)
-    templar = Templar(loader=DataLoader(), variables=_trusted(defaults))
+    templar = Templar(loader=DataLoader(), variables=_trusted(_visible_defaults(role)))
     wrong = {}
     for k, v in defaults.items():
         if not _templated(v) or "default" not in options.get(k, {}):
@@ -152,6 +169,108 @@ def test_templated_defaults_are_documented_verbatim_or_as_rendered(role):
         if doc != rendered:
             wrong[k] = {"documented": doc, "defaults/main.yml": v, "renders": rendered}
     assert not wrong, f"roles/{role}: {wrong}"
+
+
+# ---- shared variables: defaults live once (issue 19) --------------------------------------------------------
+
+SHARED = "eagle3ops"  # the role whose defaults every phase role sees (a dependency of each: meta/main.yml)
+# what a default may name besides its own role's and the shared variables: Ansible's own
+MAGIC = re.compile(
+    r"^(ansible_\w+|inventory_\w+|playbook_dir|role_path|groups|group_names|hostvars|omit|none)$"
+)
+
+
+def _names(value) -> set[str]:
+    """The variables a default's templates read (jinja2's own analysis of each template string)."""
+    import jinja2
+    from jinja2 import meta
+
+    if isinstance(value, dict):
+        return set().union(set(), *(_names(k) | _names(v) for k, v in value.items()))
+    if isinstance(value, list):
+        return set().union(set(), *(_names(v) for v in value))
+    if isinstance(value, str) and _templated(value):
+        return meta.find_undeclared_variables(jinja2.Environment().parse(value))
+    return set()
+
+
+PHASE_ROLES = [r for r in ROLES if r != SHARED]
+
+
+def rendered(role: str, var: str):
+    """The value the role's tasks get for ``var`` when the inventory sets nothing: its default rendered with
+    the role's own and the shared defaults (raises when it names a variable neither has)."""
+    return Templar(loader=DataLoader(), variables=_trusted(_visible_defaults(role))).template(
+        _trusted(_defaults(role)[var])
+    )
+
+
+@pytest.mark.parametrize("role", PHASE_ROLES)
+def test_phase_defaults_point_at_shared_variables_not_at_other_phases(role):
+    """A phase's default names its own variables, the shared ``eagle3ops_*`` ones, or Ansible's; never another
+    phase's (``serve_checkpoint: "{{ train_run_dir }}"`` was the habit this replaces)."""
+    shared = set(_defaults(SHARED))
+    foreign = {
+        k: sorted(
+            n for n in _names(v) if not n.startswith(f"{role}_") and n not in shared and not MAGIC.match(n)
+        )
+        for k, v in _defaults(role).items()
+    }
+    foreign = {k: v for k, v in foreign.items() if v}
+    assert not foreign, f"roles/{role}/defaults/main.yml reads other phases' variables: {foreign}"
+    if any(n in shared for v in _defaults(role).values() for n in _names(v)):
+        assert SHARED in _dependencies(role), f"roles/{role}/meta/main.yml: no dependency on {SHARED}"
+
+
+def test_shared_variables_read_only_each_other_and_phase_outputs():
+    """The shared defaults name each other, Ansible's variables, or a fact a phase's tasks set (its output:
+    ``runtime_eagle3ops_bin``), and every shared variable is read by at least two phase roles (else it is that
+    phase's own option)."""
+    shared = _defaults(SHARED)
+    facts = set().union(*(_facts(r) for r in PHASE_ROLES))
+    bad = {
+        k: sorted(n for n in _names(v) if n not in shared and n not in facts and not MAGIC.match(n))
+        for k, v in shared.items()
+    }
+    assert not {k: v for k, v in bad.items() if v}, bad
+    readers = {
+        k: {r for r in PHASE_ROLES if k in set().union(set(), *map(_names, _defaults(r).values()))}
+        for k in shared
+    }
+    readers_of_shared = {k: {s for s, v in shared.items() if k in _names(v)} for k in shared}
+    lonely = {k: sorted(r) for k, r in readers.items() if len(r) < 2 and not readers_of_shared[k]}
+    assert not lonely, (
+        f"shared variables read by fewer than two phases (and no other shared variable): {lonely}"
+    )
+
+
+def _literals(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _literals(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _literals(v)
+    elif isinstance(value, str):
+        yield value
+
+
+def test_shared_paths_and_the_sglang_version_are_typed_once():
+    """A path the shared role defines (``/data/eagle3``, ``/opt/eagle3ops/venv``, ...) or the pinned SGLang
+    version appears in no phase role's defaults: the phase points at the shared variable instead."""
+    shared = _defaults(SHARED)
+    typed = {v for v in shared.values() if isinstance(v, str) and not _templated(v) and v.startswith("/")}
+    typed.add(shared["eagle3ops_sglang_version"])
+    assert "/data/eagle3" in typed, typed
+    found = [
+        f"roles/{r}/defaults/main.yml: {k}: {text!r} repeats {t!r}"
+        for r in PHASE_ROLES
+        for k, v in _defaults(r).items()
+        for text in _literals(v)
+        for t in typed
+        if (t in text if t.startswith("/") else text == t)
+    ]
+    assert not found, found
 
 
 def _tasks(node):

@@ -233,7 +233,7 @@ def test_restore_patch_at_the_end(tmp_path, data_dir, tiny_target):
 
 
 def test_the_ansible_module_check_run_idempotent(tmp_path, data_dir, tiny_target, reference):
-    """library/sglang_extract.py through ansible-playbook: check mode predicts, a run writes, a re-run is changed=0."""
+    """library/eagle3ops_extract_sglang.py through ansible-playbook: check mode predicts, a run writes, a re-run is changed=0."""
     repo = Path(__file__).resolve().parents[2]
     bindir = Path(sys.executable).parent
     out = tmp_path / "results"
@@ -249,7 +249,7 @@ def test_the_ansible_module_check_run_idempotent(tmp_path, data_dir, tiny_target
                         "tasks": [
                             {
                                 "name": "extract",
-                                "sglang_extract": {
+                                "eagle3ops_extract_sglang": {
                                     "data_dir": str(data_dir),
                                     "model": str(tiny_target),
                                     "url": url,

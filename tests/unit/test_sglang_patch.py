@@ -300,7 +300,7 @@ def test_the_server_flags_exist_in_each_sglang_version(version):
 
 
 def test_module_returns_the_patch_state_beside_ansibles_file_state(tmp_path):
-    """library/sglang_capture_patch.py through the real `ansible` ad-hoc runner on a copy of the real 0.5.23 file:
+    """library/eagle3ops_sglang_patch.py through the real `ansible` ad-hoc runner on a copy of the real 0.5.23 file:
     AnsibleModule writes file info (`state: file`) over a result's `state` when it has `path`, so the patch state
     must come back as `patch_state`/`applied` (and the fact), never only as `state`."""
     import os
@@ -318,7 +318,7 @@ def test_module_returns_the_patch_state_beside_ansibles_file_state(tmp_path):
     def adhoc(state: str, *extra: str) -> dict:
         args = f"path={target} state={state} executable={Path(sys.executable).parent / 'eagle3ops'}"
         r = subprocess.run(
-            [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-m", "sglang_capture_patch",
+            [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-m", "eagle3ops_sglang_patch",
              "-a", args, "-e", f"ansible_python_interpreter={sys.executable}", *extra],
             capture_output=True, text=True, cwd=repo, env=env, timeout=300,
         )  # fmt: skip

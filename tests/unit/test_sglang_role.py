@@ -151,5 +151,5 @@ def test_install_patch_idempotent_check_mode_restore_refuse(setup):
 
 def test_layer_ids_starting_at_1_are_refused_before_installing(setup):
     r, _, failed = _play(setup, sglang_layer_ids=[1, 3, 5])
-    assert "TASK [sglang : Install SGLang" not in r.stdout
+    assert "TASK [sglang : SGLang | Install SGLang" not in r.stdout
     assert failed == 1 and "adds 1 to every id" in r.stdout, r.stdout[-3000:]

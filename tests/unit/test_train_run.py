@@ -1,6 +1,6 @@
 """Real speculators 0.9.0 training on CPU through the Ansible module and the CLI (a few steps).
 
-What is real: ansible-playbook + the eagle3_train module + ``eagle3ops train`` + the detached setsid
+What is real: ansible-playbook + the eagle3ops_train module + ``eagle3ops train`` + the detached setsid
 trainer + speculators' trainer, checkpointer and resume; SIGKILL of the whole trainer process group.
 STAND-IN: the verifier and the data directory come from ``eagle3ops.train_fixtures`` (a tiny random
 DeepseekV3ForCausalLM; hidden states from its real forward pass, written through HiddenStateStore) rather

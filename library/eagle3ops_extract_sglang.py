@@ -1,0 +1,191 @@
+#!/usr/bin/python
+# Copyright: eagle3ops contributors
+# Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: eagle3ops_extract_sglang
+short_description: Extract EAGLE-3 hidden states through a patched SGLang server (resumable, crash-safe)
+description:
+  - Formerly named C(sglang_extract); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_extract_sglang).
+  - Runs C(eagle3ops sglang-extract) on the target - the SGLang backend of the extract phase. The server, started
+    from its systemd unit (I(server_unit)) or already running at I(url), carries the eagle3ops capture patch
+    (module C(eagle3ops_sglang_patch), role C(sglang)); it writes C(hidden_states/hs_{i}.safetensors) through the
+    same store as the transformers backend, byte-for-byte the same format.
+  - The client sends every remaining row (from the manifest) to C(/generate) with C(max_new_tokens=1), at most
+    I(concurrency) at a time, retries 5xx and timeouts with backoff, waits for C(/health) when the server is
+    down, and confirms each row's file (header and token ids). All rows present means C(changed=false).
+  - At the end it stops the unit it started and, with I(restore_patch), restores the pristine SGLang file
+    byte-exact when no row failed (the extract role does the same with its own C(eagle3ops_sglang_patch) task).
+  - Check mode contacts no server and writes nothing; it reports how many rows would be sent and the bytes needed.
+version_added: "0.1.0"
+author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops
+  - eagle3ops.extract
+options:
+  model:
+    description: The target model directory the server serves (its config gives layers and hidden size).
+    type: path
+    required: true
+  url:
+    description: Base URL of the server.
+    type: str
+    default: http://127.0.0.1:30000
+  server_unit:
+    description: systemd unit to start before and stop after (role C(sglang) installs C(eagle3ops-sglang-extract)).
+    type: str
+  keep_server:
+    description: Leave I(server_unit) running at the end.
+    type: bool
+    default: false
+  layer_ids:
+    description: Aux layer ids (default C([2, N//2, N-3])); must match the server's C(EAGLE3OPS_SGLANG_LAYER_IDS).
+    type: list
+    elements: int
+  dtype:
+    description: Stored dtype.
+    type: str
+    choices: [bfloat16, float16, float32]
+    default: bfloat16
+  concurrency:
+    description: Requests in flight.
+    type: int
+    default: 8
+  request_timeout:
+    description: Seconds one C(/generate) may take before it is retried.
+    type: float
+    default: 600
+  retries:
+    description: Retries per row (5xx, 408, 429, timeouts, connection errors).
+    type: int
+    default: 5
+  health_timeout:
+    description: Seconds to wait for C(/health) (loading a large model takes minutes).
+    type: float
+    default: 1800
+  restore_patch:
+    description: The patched C(deepseek_v2.py) to restore when every row is done.
+    type: path
+  restore_patch_always:
+    description: Restore even when rows failed.
+    type: bool
+    default: false
+  sglang_version:
+    description:
+      - The server's SGLang version; I(restore_patch) is checked against its capture patch.
+      - One of the versions in C(eagle3ops.sglang_versions) (0.5.17, 0.5.23); another is refused with that list.
+    type: str
+    default: "0.5.23"
+attributes:
+  check_mode:
+    support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
+  diff_mode:
+    support: none
+    description: No diff is returned; the result's fields say what changed.
+"""
+
+EXAMPLES = r"""
+- name: Extract through SGLang on 8 GPUs, then restore SGLang
+  eagle3ops_extract_sglang:
+    data_dir: /data/eagle3/data
+    model: /data/models/Kimi-K2.5
+    server_unit: eagle3ops-sglang-extract
+    restore_patch: "{{ eagle3ops_sglang_patch.path }}"
+  async: 604800
+  poll: 60
+"""
+
+RETURN = r"""
+running:
+  description: Check mode only; another extraction holds this data directory now (its lock).
+  returned: check mode
+  type: bool
+holder:
+  description:
+    - The run that holds the data directory (pid, cmdline, host, started_at, what), or null; in check mode,
+      and on a failure because another run holds it.
+  returned: check mode or when running
+  type: dict
+stale_lock:
+  description: The record of a dead run whose lock this run took over, or null.
+  returned: success, not in check mode
+  type: dict
+total:
+  description: Rows this run is responsible for.
+  returned: always
+  type: int
+done_before:
+  description: Rows finished before this run (manifest).
+  returned: always
+  type: int
+written:
+  description: Rows this run confirmed on disk.
+  returned: always
+  type: int
+failed:
+  description: Rows that failed (the task fails when any did; re-run to retry them).
+  returned: always
+  type: int
+to_extract:
+  description: Rows that would be sent (check mode).
+  returned: check mode
+  type: int
+bytes_needed:
+  description: Exact bytes the remaining rows need (check mode).
+  returned: check mode
+  type: int
+tokens:
+  description: Tokens written by this run.
+  returned: success
+  type: int
+bytes:
+  description: Bytes written by this run.
+  returned: success
+  type: int
+retries:
+  description: Requests retried.
+  returned: success
+  type: int
+errors:
+  description: Up to 50 failed rows with the reason.
+  returned: success
+  type: list
+  elements: dict
+patch:
+  description: The restore's result when I(restore_patch) was given and applied.
+  returned: when restored
+  type: dict
+layer_ids:
+  description: Aux layer ids used (input-of-layer convention).
+  returned: always
+  type: list
+  elements: int
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_extract_options import SGLANG_EXTRACT
+from ansible.module_utils.eagle3ops_names import deprecate_old_name
+
+
+def main():
+    module = AnsibleModule(argument_spec=SGLANG_EXTRACT.argument_spec(), supports_check_mode=True)
+    deprecate_old_name(module)
+    p = module.params
+    result = CliRunner(module, SGLANG_EXTRACT).run()
+    if module.check_mode and result.get("to_extract") and not result.get("fits"):
+        module.fail_json(
+            msg=f"{p['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "
+            f"{result['free_bytes']:,} free; free space or move the data directory",
+            **result,
+        )
+    result["changed"] = bool(result.get("changed"))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

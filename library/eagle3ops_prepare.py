@@ -1,0 +1,128 @@
+#!/usr/bin/python
+# Copyright: eagle3ops contributors
+# Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: eagle3ops_prepare
+short_description: Tokenise conversations into speculators' offline training rows (input_ids, loss_mask, seq_len)
+description:
+  - Formerly named C(dataset_prepare); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_prepare).
+  - Runs C(eagle3ops prepare) on the target host. Conversations (JSONL files, a directory of them, or a local
+    HF dataset directory) are rendered with the target's chat template into one row per assistant turn with a
+    loss mask over that turn, saved as an Arrow dataset in O(out) with C(token_freq.pt) and C(prepare_meta.json).
+  - Idempotent by fingerprint (inputs, tokenizer, parameters) - the same fingerprint already in O(out) means
+    C(changed=false) and nothing is rewritten. Built in a temp directory and renamed into place.
+  - Refuses to replace a dataset whose rows already have extracted hidden states (they would no longer match)
+    unless O(force=true).
+  - Check mode writes nothing and predicts C(changed).
+version_added: "0.1.0"
+author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops
+options:
+  model:
+    description: Target model directory whose tokenizer and chat template are used.
+    type: path
+    required: true
+  inputs:
+    description: Conversation sources (JSONL file, directory of .json/.jsonl, or a saved HF dataset directory).
+    type: list
+    elements: path
+    required: true
+  out:
+    description: Output data directory.
+    type: path
+    required: true
+  max_length:
+    description: Maximum tokens per row (longer rows are truncated; rows left without supervised tokens are dropped).
+    type: int
+    default: 2048
+  on_error:
+    description: C(fail) stops at the first malformed input row (reported as C(file:line)); C(skip) skips and lists them.
+    type: str
+    choices: [fail, skip]
+    default: fail
+  max_samples:
+    description: Keep at most this many rows.
+    type: int
+  seed:
+    description: Shuffle seed (speculators splits train/val contiguously, so rows are shuffled).
+    type: int
+    default: 0
+  force:
+    description: Replace a dataset even when hidden states were extracted for it.
+    type: bool
+    default: false
+  trust_remote_code:
+    description: Let the tokenizer run its own code (Kimi-K2.5's tokenizer needs it). Only for trusted model directories.
+    type: bool
+    default: false
+  lock_wait:
+    description:
+      - Seconds to wait while another run (an interrupted playbook's prepare or extract) holds O(out); it then
+        re-plans, so a finished identical run gives C(changed=false). 0 fails at once, naming the holder.
+    type: float
+    default: 0
+attributes:
+  check_mode:
+    support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
+  diff_mode:
+    support: none
+    description: No diff is returned; the result's fields say what changed.
+"""
+
+EXAMPLES = r"""
+- name: Prepare training rows
+  eagle3ops_prepare:
+    model: /data/models/Kimi-K2.5
+    inputs: [/data/eagle3/conversations/regenerated.jsonl]
+    out: /data/eagle3/data
+    max_length: 4096
+"""
+
+RETURN = r"""
+num_rows:
+  description: Rows in the prepared dataset.
+  returned: success
+  type: int
+num_tokens:
+  description: Tokens over all rows.
+  returned: success
+  type: int
+skipped:
+  description: Skipped input rows as C(file:line - reason) (C(on_error=skip)).
+  returned: success
+  type: list
+  elements: str
+running:
+  description: Check mode only; another run (prepare or extract) holds O(out) now.
+  returned: check mode
+  type: bool
+holder:
+  description: That run's record (pid, cmdline, host, started_at, what), or null.
+  returned: check mode
+  type: dict
+stale_lock:
+  description: The record of a dead run whose lock this run took over, or null.
+  returned: success, not in check mode
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_names import deprecate_old_name
+from ansible.module_utils.eagle3ops_prepare_options import PREPARE
+
+
+def main():
+    module = AnsibleModule(argument_spec=PREPARE.argument_spec(), supports_check_mode=True)
+    deprecate_old_name(module)
+    module.exit_json(**CliRunner(module, PREPARE).run())
+
+
+if __name__ == "__main__":
+    main()

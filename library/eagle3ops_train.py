@@ -1,0 +1,432 @@
+#!/usr/bin/python
+# Copyright: eagle3ops contributors
+# Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: eagle3ops_train
+short_description: Train an EAGLE-3 draft with speculators 0.9.0 as an idempotent, detached, resumable run
+description:
+  - Formerly named C(eagle3_train); that old name still runs this module (a symlink to it), with a deprecation
+    warning naming C(eagle3ops_train).
+  - Runs C(eagle3ops train) on the target host. It renders the speculators config (a jinja2 template) into
+    O(run_dir)/config.yaml from the options and from the data itself, then starts the trainer detached
+    (C(systemd-run --unit=...) where systemd is PID 1, else a C(setsid) process with a PID file), logging to
+    O(run_dir)/train.log.
+  - The aux layer ids are read from the data directory's C(hidden_states/extract_meta.json), never typed by hand;
+    O(layer_ids), when given, must equal them. The draft vocabulary is built from C(token_freq.pt), capped at the
+    number of distinct tokens. Defaults are SGLang-servable (C(norm_before_residual=false), full attention).
+  - Idempotent by the run directory. A trainer still running (PID alive, command line matching) or a run that
+    finished gives C(changed=false). A killed or crashed run is relaunched, and speculators resumes from its last
+    checkpoint (an incomplete last checkpoint, cut by a kill during the save, is moved aside first), with C(changed=true).
+    A configuration that differs from the run's fails, unless O(restart_on_change).
+  - Over several hosts (O(nnodes) > 1) a node belongs to the job named by O(rdzv_id), recorded in its state; a node
+    running or finished with another id is stopped if need be and relaunched into this one, resuming from the newest
+    checkpoint in its save path. The train role decides the id for every node at once (docs/scale.md).
+  - On GPUs it runs C(torchrun --nproc_per_node=<visible GPUs>), after the C(gpu_free) check of eagle3ops.gpu. On a
+    host without GPUs it trains on CPU (the shim in C(eagle3ops.speculators_shim), pinned to speculators 0.9.0).
+  - O(wait=true) blocks until the run ends (or O(timeout)) and returns the final metrics; O(wait=false) returns
+    once the trainer is started.
+version_added: "0.1.0"
+author: eagle3ops developers (@eagle3ops)
+options:
+  data_dir:
+    description: Data directory from prepare + extract (Arrow dataset, C(hidden_states/), C(token_freq.pt)).
+    type: path
+    required: true
+  verifier_path:
+    description: The target model directory the hidden states were extracted from.
+    type: path
+    required: true
+  run_dir:
+    description: Run directory (state file, rendered config, log, metrics, checkpoints by default).
+    type: path
+    required: true
+  save_path:
+    description: Checkpoint directory; default O(run_dir)/checkpoints.
+    type: path
+  layer_ids:
+    description:
+      - Only an assertion; the ids come from C(extract_meta.json). A different value fails the task.
+    type: list
+    elements: int
+  draft_vocab_size:
+    description: Draft vocabulary size (default 32000), capped at the distinct tokens counted in C(token_freq.pt).
+    type: int
+  token_freq_path:
+    description: Token frequencies; default O(data_dir)/token_freq.pt.
+    type: path
+  epochs:
+    description: Training epochs.
+    type: int
+    default: 3
+  lr:
+    description: Learning rate.
+    type: float
+    default: 0.001
+  ttt_steps:
+    description: Test-time-training steps (draft positions trained).
+    type: int
+    default: 3
+  num_layers:
+    description: Draft decoder layers.
+    type: int
+    default: 1
+  total_seq_len:
+    description: Tokens per packed batch (per process).
+    type: int
+    default: 8192
+  max_steps:
+    description: Stop after this many optimizer steps (smoke runs).
+    type: int
+  checkpoint_freq:
+    description: Epochs between checkpoints; below 1 saves within epochs (e.g. 0.25).
+    type: float
+    default: 1.0
+  norm_before_residual:
+    description: speculators' own default is true, which SGLang 0.5.23 cannot serve.
+    type: bool
+    default: false
+  attention:
+    description:
+      - C(full) attention in every draft layer (SGLang's default), or C(sliding) with O(sliding_window); serve a
+        sliding-window draft with C(--speculative-draft-window-size) equal to it (returned as C(serve_window_size)).
+    type: str
+    choices: [full, sliding]
+    default: full
+  sliding_window:
+    description: Window of C(sliding) attention.
+    type: int
+    default: 2048
+  on_missing:
+    description: What the loader does for a sample without hidden states; C(raise) refuses incomplete extraction.
+    type: str
+    choices: [raise, skip, warn]
+    default: raise
+  loss_implementation:
+    description:
+      - speculators' loss kernel. C(eager) by default on every device - speculators 0.9.0's C(fused) KL loss
+        failed under torch 2.11's dynamo on an H200 (C(ListVariable ... is already tracked for mutation)); choose
+        C(fused) only on a torch where it is known to compile.
+    type: str
+    choices: [eager, fused]
+    default: eager
+  draft_attn_impl:
+    description: Draft attention; default C(simple_flex_attention) (torch.compile) on GPUs, C(sdpa) on CPU.
+    type: str
+    choices: [simple_flex_attention, sdpa, eager]
+  device:
+    description: C(auto) (GPUs when visible), C(cpu) or C(gpu).
+    type: str
+    choices: [auto, cpu, gpu]
+    default: auto
+  nproc:
+    description: Trainer processes on GPUs; default every visible GPU.
+    type: int
+  num_workers:
+    description: Loader workers per process; default 0 on CPU, up to 12 on GPUs.
+    type: int
+  nnodes:
+    description:
+      - Hosts that train one draft together (docs/scale.md) - torchrun C(--nnodes) on each, meeting at a c10d
+        rendezvous on O(rdzv_endpoint). The train role sets it from C(train_hosts).
+      - Needs GPU hosts; speculators 0.9.0 cannot train over several nodes on CPU (the task fails saying why).
+    type: int
+    default: 1
+  node_rank:
+    description: This host's index among the O(nnodes) hosts (0 = the rendezvous host).
+    type: int
+    default: 0
+  rdzv_endpoint:
+    description: C(HOST:PORT) of the rendezvous (the first host, reachable from every node), with O(nnodes) > 1.
+    type: str
+  rdzv_id:
+    description:
+      - Rendezvous id, the same on every node; default from the path of O(run_dir). It names the job - a node
+        that runs (or finished) a job with another id is stopped and relaunched into this one, resuming from the
+        newest checkpoint. The train role passes a new id whenever one node has to be restarted.
+    type: str
+  nic:
+    description: Network interface NCCL and gloo use between the nodes (C(NCCL_SOCKET_IFNAME), C(GLOO_SOCKET_IFNAME)).
+    type: str
+  trainer:
+    description:
+      - C(speculators), or C(ddp_probe) - the minimal DDP job of C(eagle3ops.ddp_probe) (a linear model on the
+        same data, checkpoints and records) through the same launcher and rendezvous. It checks a cluster's
+        launch, data and restart in seconds before a long run, and it is the only trainer that runs over several
+        CPU hosts.
+    type: str
+    choices: [speculators, ddp_probe]
+    default: speculators
+  extra_config:
+    description:
+      - Other speculators settings as a mapping of group to a mapping of speculators keys and values (groups
+        verifier, draft, data, loss, optimizer, scheduler, trainer). Keys the module manages are refused.
+    type: dict
+    default: {}
+  env:
+    description: Extra environment variables for the trainer.
+    type: dict
+    default: {}
+  restart_on_change:
+    description: When the configuration changed, stop the run, move its checkpoints aside and start over.
+    type: bool
+    default: false
+  launcher:
+    description: C(auto) (systemd when it is PID 1), C(systemd) or C(setsid).
+    type: str
+    choices: [auto, systemd, setsid]
+    default: auto
+  unit_name:
+    description: Transient systemd unit name; default C(eagle3-train-<hash of run_dir>).
+    type: str
+  gpu_free_check:
+    description: Assert free VRAM on every GPU (eagle3ops.gpu) before launching on GPUs.
+    type: bool
+    default: true
+  wait:
+    description: Block until the run ends and return its final metrics.
+    type: bool
+    default: false
+  timeout:
+    description: Seconds O(wait) waits; the run keeps going after a timeout.
+    type: float
+    default: 3600
+  executable:
+    description:
+      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
+      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
+    type: path
+attributes:
+  check_mode:
+    support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
+  diff_mode:
+    support: full
+    description: Returns a diff of what changes (in check mode too).
+notes:
+  - Check mode reads the inputs and renders the config, and predicts launch/relaunch/nothing; it starts nothing.
+  - A run stopped with SIGTERM (e.g. C(systemctl stop)) makes speculators save an C(interrupted) checkpoint it does
+    not resume from; the relaunch resumes from the last numbered checkpoint.
+"""
+
+EXAMPLES = r"""
+- name: Train on all GPUs, return at once
+  eagle3ops_train:
+    data_dir: /data/eagle3/data
+    verifier_path: /data/models/Kimi-K2.5
+    run_dir: /data/eagle3/train/kimi-k25
+    epochs: 10
+    draft_vocab_size: 32000
+
+- name: Wait for the run and show its accuracy per draft position
+  eagle3ops_train:
+    data_dir: /data/eagle3/data
+    verifier_path: /data/models/Kimi-K2.5
+    run_dir: /data/eagle3/train/kimi-k25
+    epochs: 10
+    draft_vocab_size: 32000
+    wait: true
+    timeout: 172800
+  register: train
+"""
+
+RETURN = r"""
+status:
+  description: C(running), C(finished), C(launched) or C(relaunched).
+  returned: always
+  type: str
+pid:
+  description: PID of the trainer (torchrun or the shim process).
+  returned: always
+  type: int
+attempt:
+  description: Launch count of this run directory.
+  returned: always
+  type: int
+job:
+  description:
+    - The rendezvous id of the multi-node job this node is asked to run (null on one host). A node running or
+      finished with another job is stopped and joins this one (C(other_job) says which it left).
+  returned: always
+  type: str
+other_job:
+  description:
+    - When this node ran (or had finished) another job than O(rdzv_id) - C(previous_status), C(previous_job) and
+      C(job) - and was stopped if still running and relaunched into this one (check mode - would be).
+  returned: always
+  type: dict
+layer_ids:
+  description: Aux layer ids used (from extract_meta.json).
+  returned: always
+  type: list
+  elements: int
+draft_vocab_size:
+  description: Draft vocabulary size used; C(draft_vocab_capped) says whether it was capped.
+  returned: always
+  type: int
+resume_from:
+  description: The checkpoint a relaunch resumes from (epoch, global_step).
+  returned: on relaunch
+  type: dict
+quarantined_checkpoints:
+  description: Incomplete checkpoints moved aside before a relaunch.
+  returned: on launch
+  type: list
+  elements: dict
+metrics:
+  description:
+    - C(val_loss), C(val_cond_acc) and C(val_full_acc) (one per draft position), C(train_loss), C(global_step);
+      C(attempts) with steps, steps/s, tokens/s and time to first step of every launch.
+  returned: always
+  type: dict
+checkpoint:
+  description: The final (best) checkpoint directory.
+  returned: when finished
+  type: str
+serve_window_size:
+  description: The window the serve phase must pass as C(--speculative-draft-window-size) (null for full attention).
+  returned: always
+  type: int
+"""
+
+import json
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_names import deprecate_old_name
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "data_dir": {"type": "path", "required": True},
+            "verifier_path": {"type": "path", "required": True},
+            "run_dir": {"type": "path", "required": True},
+            "save_path": {"type": "path"},
+            "layer_ids": {"type": "list", "elements": "int"},
+            "draft_vocab_size": {"type": "int"},
+            "token_freq_path": {"type": "path"},
+            "epochs": {"type": "int", "default": 3},
+            "lr": {"type": "float", "default": 0.001},
+            "ttt_steps": {"type": "int", "default": 3},
+            "num_layers": {"type": "int", "default": 1},
+            "total_seq_len": {"type": "int", "default": 8192},
+            "max_steps": {"type": "int"},
+            "checkpoint_freq": {"type": "float", "default": 1.0},
+            "norm_before_residual": {"type": "bool", "default": False},
+            "attention": {"type": "str", "choices": ["full", "sliding"], "default": "full"},
+            "sliding_window": {"type": "int", "default": 2048},
+            "on_missing": {"type": "str", "choices": ["raise", "skip", "warn"], "default": "raise"},
+            "loss_implementation": {"type": "str", "choices": ["eager", "fused"], "default": "eager"},
+            "draft_attn_impl": {"type": "str", "choices": ["simple_flex_attention", "sdpa", "eager"]},
+            "device": {"type": "str", "choices": ["auto", "cpu", "gpu"], "default": "auto"},
+            "nproc": {"type": "int"},
+            "num_workers": {"type": "int"},
+            "nnodes": {"type": "int", "default": 1},
+            "node_rank": {"type": "int", "default": 0},
+            "rdzv_endpoint": {"type": "str"},
+            "rdzv_id": {"type": "str"},
+            "nic": {"type": "str"},
+            "trainer": {"type": "str", "choices": ["speculators", "ddp_probe"], "default": "speculators"},
+            "extra_config": {"type": "dict", "default": {}},
+            "env": {"type": "dict", "default": {}},
+            "restart_on_change": {"type": "bool", "default": False},
+            "launcher": {"type": "str", "choices": ["auto", "systemd", "setsid"], "default": "auto"},
+            "unit_name": {"type": "str"},
+            "gpu_free_check": {"type": "bool", "default": True},
+            "wait": {"type": "bool", "default": False},
+            "timeout": {"type": "float", "default": 3600},
+            "executable": {"type": "path"},
+        },
+        supports_check_mode=True,
+    )
+    deprecate_old_name(module)
+    p = module.params
+    argv = [
+        "train",
+        "--data",
+        p["data_dir"],
+        "--verifier",
+        p["verifier_path"],
+        "--run-dir",
+        p["run_dir"],
+        "--epochs",
+        str(p["epochs"]),
+        "--lr",
+        repr(p["lr"]),
+        "--ttt-steps",
+        str(p["ttt_steps"]),
+        "--num-layers",
+        str(p["num_layers"]),
+        "--total-seq-len",
+        str(p["total_seq_len"]),
+        "--checkpoint-freq",
+        repr(p["checkpoint_freq"]),
+        "--attention",
+        p["attention"],
+        "--sliding-window",
+        str(p["sliding_window"]),
+        "--on-missing",
+        p["on_missing"],
+        "--device",
+        p["device"],
+        "--loss-implementation",
+        p["loss_implementation"],
+        "--trainer",
+        p["trainer"],
+        "--launcher",
+        p["launcher"],
+        "--timeout",
+        repr(p["timeout"]),
+        "--extra",
+        json.dumps(p["extra_config"] or {}),
+        "--env",
+        json.dumps(p["env"] or {}),
+    ]
+    for opt, flag in (
+        ("save_path", "--save-path"),
+        ("draft_vocab_size", "--draft-vocab-size"),
+        ("token_freq_path", "--token-freq"),
+        ("max_steps", "--max-steps"),
+        ("nproc", "--nproc"),
+        ("num_workers", "--num-workers"),
+        ("nnodes", "--nnodes"),
+        ("node_rank", "--node-rank"),
+        ("rdzv_endpoint", "--rdzv-endpoint"),
+        ("rdzv_id", "--rdzv-id"),
+        ("nic", "--nic"),
+        ("unit_name", "--unit-name"),
+        ("draft_attn_impl", "--draft-attn-impl"),
+    ):
+        if p[opt] is not None:
+            argv += [flag, str(p[opt])]
+    if p["layer_ids"]:
+        argv += ["--layer-ids", *[str(i) for i in p["layer_ids"]]]
+    if p["norm_before_residual"]:
+        argv.append("--norm-before-residual")
+    if p["restart_on_change"]:
+        argv.append("--restart-on-change")
+    if not p["gpu_free_check"]:
+        argv.append("--no-gpu-free-check")
+    if p["wait"] and not module.check_mode:
+        argv.append("--wait")
+    if module.check_mode:
+        argv.append("--check")
+    result = run_cli(module, p["executable"], argv)
+    before, after = result.pop("before", None), result.pop("after", None)
+    for warning in result.pop("warnings", None) or []:
+        module.warn(warning)
+    if result.get("changed") and module._diff:
+        result["diff"] = {
+            "before": json.dumps(before, indent=2, sort_keys=True) + "\n",
+            "after": json.dumps(after, indent=2, sort_keys=True) + "\n",
+            "before_header": f"{p['run_dir']} (run state)",
+            "after_header": f"{p['run_dir']} (run state)",
+        }
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
