@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from eagle3ops.cli import CommandError, emit
+from eagle3ops.command import CommandError, emit
 
 BIG = 1 << 30  # files above this are fingerprinted by size + mtime instead of sha256
 

@@ -49,7 +49,7 @@ def _config(args):
 
 def disk_margin_bytes(mib: float) -> int:
     """``--disk-margin-mib`` as bytes (refused below 0)."""
-    from eagle3ops.cli import CommandError
+    from eagle3ops.command import CommandError
 
     if mib < 0:
         raise CommandError(f"--disk-margin-mib {mib} must be 0 or more (MiB kept free on top of the need)")
@@ -58,7 +58,7 @@ def disk_margin_bytes(mib: float) -> int:
 
 def _host_ranks(args) -> list[int] | None:
     """``--world-size W --first-rank R`` (no ``--rank``): the global ranks this host's workers take."""
-    from eagle3ops.cli import CommandError
+    from eagle3ops.command import CommandError
 
     if args.rank is not None:
         return None
@@ -140,7 +140,7 @@ def _spawn_workers(args, n: int, lock, ranks: list[int] | None = None, world: in
     The workers die with this process: each asks the kernel for SIGKILL when its parent ends
     (``runlock.die_with_parent``, kill -9 of the parent included), and SIGINT/SIGTERM/SIGHUP here terminate
     them before this process exits. They work under this process's lock (``lock.child_env()``)."""
-    from eagle3ops.cli import CommandError
+    from eagle3ops.command import CommandError
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(n)]
@@ -247,7 +247,7 @@ def worker_start() -> None:
 
 
 def cmd_extract(args) -> int:
-    from eagle3ops.cli import CommandError, emit
+    from eagle3ops.command import CommandError, emit
     from eagle3ops.extract import ExtractError, check_shard, plan_extraction, run_extraction
     from eagle3ops.runlock import RunLock, holder, wait_free
     from eagle3ops.store import StoreError
@@ -361,7 +361,7 @@ def _human_summary(r: dict) -> str:
 
 
 def cmd_workers(args) -> int:
-    from eagle3ops.cli import CommandError, emit
+    from eagle3ops.command import CommandError, emit
 
     try:
         n = _num_workers(args.workers)
@@ -372,7 +372,7 @@ def cmd_workers(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from eagle3ops.cli import CommandError, emit
+    from eagle3ops.command import CommandError, emit
     from eagle3ops.extract import ExtractError, status, status_many
 
     for d in args.data:
@@ -424,7 +424,7 @@ def _many_summary(r: dict) -> str:
 def _require_data_dir(path: str) -> None:
     """A data directory that does not exist (or holds neither a dataset nor hidden states) is a wrong path,
     not an empty result."""
-    from eagle3ops.cli import CommandError
+    from eagle3ops.command import CommandError
 
     d = Path(path)
     if not d.is_dir():
@@ -441,7 +441,7 @@ def _require_data_dir(path: str) -> None:
 
 
 def cmd_lengths(args) -> int:
-    from eagle3ops.cli import CommandError, emit
+    from eagle3ops.command import CommandError, emit
     from eagle3ops.store import HiddenStateStore, StoreError, atomic_write_json
 
     _require_data_dir(args.data)

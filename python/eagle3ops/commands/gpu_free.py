@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.cli import CommandError, emit
+from eagle3ops.command import CommandError, emit
 from eagle3ops.gpu_free_options import GPU_FREE
 
 

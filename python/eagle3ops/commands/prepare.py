@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.cli import CommandError, emit
+from eagle3ops.command import CommandError, emit
 from eagle3ops.prepare_options import PREPARE
 
 

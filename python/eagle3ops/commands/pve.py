@@ -16,7 +16,7 @@ import re
 import sys
 
 from eagle3ops import pve
-from eagle3ops.cli import CommandError, add_json_flag, emit
+from eagle3ops.command import CommandError, add_json_flag, emit
 
 
 def register(subparsers) -> None:

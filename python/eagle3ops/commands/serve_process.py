@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from eagle3ops.cli import CommandError, emit
+from eagle3ops.command import CommandError, emit
 from eagle3ops.serve_options import SERVE_PROCESS
 
 

@@ -98,7 +98,7 @@ def register(sub) -> None:
 
 
 def _json_arg(text: str, name: str) -> dict:
-    from eagle3ops.cli import CommandError
+    from eagle3ops.command import CommandError
 
     try:
         v = json.loads(text or "{}")
@@ -111,7 +111,7 @@ def _json_arg(text: str, name: str) -> dict:
 
 def cmd_train(args) -> int:
     from eagle3ops import train
-    from eagle3ops.cli import CommandError, emit
+    from eagle3ops.command import CommandError, emit
 
     spec = train.TrainSpec(
         data_dir=args.data,
@@ -176,7 +176,7 @@ def cmd_train(args) -> int:
 
 def cmd_status(args) -> int:
     from eagle3ops import train
-    from eagle3ops.cli import CommandError, emit
+    from eagle3ops.command import CommandError, emit
 
     try:
         emit(args, train.status(args.run_dir))
@@ -187,7 +187,7 @@ def cmd_status(args) -> int:
 
 def cmd_stop(args) -> int:
     from eagle3ops import train
-    from eagle3ops.cli import CommandError, emit
+    from eagle3ops.command import CommandError, emit
 
     try:
         emit(args, train.stop(args.run_dir, args.grace, args.check))

@@ -61,7 +61,7 @@ def _progress(total_files: int, total_bytes: int, by_bytes: bool, enabled: bool)
 
 
 def cmd_verify(args) -> int:
-    from eagle3ops.cli import CommandError, emit
+    from eagle3ops.command import CommandError, emit
     from eagle3ops.extract import ExtractError, _damaged_report, load_seq_lens
     from eagle3ops.store import HiddenStateStore, StoreError
 
