@@ -74,7 +74,7 @@ def build_dataset(path: Path, rows: int, seq_len: int, vocab: int):
 
 def forward_only(model_path: Path, seq_len: int, vocab: int, batches=(1, 4, 8), iters=6):
     import torch
-    from eagle3ops.extract import StateCapture, load_model
+    from eagle3ops.extract.transformers_backend import StateCapture, load_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_model(str(model_path), device, "bfloat16")

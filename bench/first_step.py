@@ -60,7 +60,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import train_gpu  # bench/train_gpu.py: make_synth_store, train_stage (the same code as the GPU proof)
-    from eagle3ops.train_fixtures import make_tiny_verifier
+    from eagle3ops.train.fixtures import make_tiny_verifier
 
     sizes = [int(x) for x in args.sizes.split(",")]
     result: dict = {

@@ -50,9 +50,9 @@ def main() -> int:
     args = ap.parse_args()
     sys.path[:0] = [args.site, str(REPO / "python")]
     import torch
-    from eagle3ops import sglang_patch
-    from eagle3ops.sglang_client import server_args
-    from eagle3ops.sglang_hook import make_rid
+    from eagle3ops.extract import sglang_patch
+    from eagle3ops.extract.sglang_client import server_args
+    from eagle3ops.extract.sglang_hook import make_rid
     from eagle3ops.store import HiddenStateStore
     from safetensors.torch import load_file
 

@@ -73,7 +73,8 @@ def store_bytes(data_dir: Path) -> dict:
 
 
 def extract_copy(src: Path, model: Path, dst: Path, dtype: str, limit: int | None) -> dict:
-    from eagle3ops.extract import ExtractConfig, run_extraction
+    from eagle3ops.extract.session import ExtractConfig
+    from eagle3ops.extract.transformers_backend import run_extraction
 
     dst.mkdir(parents=True)
     for f in src.iterdir():  # the prepared Arrow set only, not its hidden states
@@ -114,7 +115,7 @@ def rel_errors(ref_dir: Path, other_dir: Path, dtype) -> dict:
 
 def kimi_shape_ratio() -> dict:
     import torch
-    from eagle3ops.extract import quantize_fp8, sample_parts
+    from eagle3ops.store import quantize_fp8, sample_parts
 
     t, k, h = 2048, 4, 7168
     tok = torch.zeros(t, dtype=torch.int64)

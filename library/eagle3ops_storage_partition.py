@@ -52,7 +52,7 @@ created:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_storage import StorageError, partition_path
+from ansible.module_utils.eagle3ops_storage_probe import StorageError, partition_path
 
 
 def main():

@@ -190,27 +190,31 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_pve import (
-    DEFAULT_BUSY_PATTERNS,
     PENDING,
     Plan,
     PveError,
-    check_devices,
     config_lock,
-    container_driver_versions,
-    container_jobs,
-    host_driver_version,
     mode_for_version,
     parse_pct_pid,
     parse_pct_status,
-    parse_proc_devices,
     parse_property_string,
     parse_pve_version,
     plan,
     read_config,
+    write_config,
+)
+from ansible.module_utils.eagle3ops_pve_container import (
+    DEFAULT_BUSY_PATTERNS,
+    container_jobs,
+    stale_bind_mounts,
+)
+from ansible.module_utils.eagle3ops_pve_devices import (
+    check_devices,
+    container_driver_versions,
+    host_driver_version,
+    parse_proc_devices,
     scan_dev,
     select_devices,
-    stale_bind_mounts,
-    write_config,
 )
 
 LIB_GLOB = (

@@ -1,5 +1,5 @@
 import sys
 
-from eagle3ops.command import main
+from eagle3ops.cli import main
 
 sys.exit(main())

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops.train_fixtures import make_data_dir, write_verifier_config
+from eagle3ops.train.fixtures import make_data_dir, write_verifier_config
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -124,7 +124,7 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     # training's launcher across the hosts: torchrun on each, rendezvous on the first, gloo over host0. torchrun
     # hands the workers the first node's hostname as MASTER_ADDR: every node must resolve it (DNS in a cluster)
     multihost.name(hosts)
-    from eagle3ops.train import torchrun_argv
+    from eagle3ops.train.planning import torchrun_argv
 
     argvs = []
     for rank, h in enumerate(hosts):

@@ -97,8 +97,8 @@ def _kill_trainer(h) -> None:
 def test_two_nodes_gather_the_rows_and_restart_together_from_the_newest_checkpoint(
     make_host, run_playbook, tmp_path
 ):
-    from eagle3ops import train_fixtures
-    from eagle3ops.extract import status_many
+    from eagle3ops.extract.status import status_many
+    from eagle3ops.train import fixtures as train_fixtures
 
     verifier = train_fixtures.write_verifier_config(tmp_path / "verifier")  # ddp_probe loads no model
     whole = train_fixtures.make_data_dir(tmp_path / "whole", verifier, num_samples=ROWS, min_len=8, max_len=24,

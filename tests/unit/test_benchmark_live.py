@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops import promptsets as ps
-from eagle3ops import report as rp
-from eagle3ops import serve_process as sp
+from eagle3ops.benchmark import promptsets as ps
+from eagle3ops.benchmark import report as rp
 from eagle3ops.cli import main
+from eagle3ops.serve import process as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_serve_live import start_with_and_without

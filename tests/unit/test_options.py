@@ -1,4 +1,4 @@
-"""One definition per option (issue 19): each phase's ``python/eagle3ops/<phase>_options.py`` is the only place
+"""One definition per option (issue 19): each phase's ``python/eagle3ops/<phase>/options.py`` is the only place
 where an option's name, type, default and choices are written; everything else either comes from it or is
 checked against it here.
 
@@ -39,13 +39,13 @@ from test_role_argument_specs import PASS_THROUGH, _asserted, _defaults, _module
 
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "python" / "eagle3ops"
-DEFINITIONS = sorted(p.stem for p in PKG.glob("*_options.py"))
+DEFINITIONS = sorted(p.parent.name for p in PKG.glob("*/options.py"))  # the phases with a definition
 
 
 def _defined(kind) -> list:
     out = []
     for name in DEFINITIONS:
-        mod = importlib.import_module(f"eagle3ops.{name}")
+        mod = importlib.import_module(f"eagle3ops.{name}.options")
         out += [v for v in vars(mod).values() if isinstance(v, kind)]
     return out
 
@@ -58,10 +58,13 @@ WITH_ROLE = sorted(n for n, c in COMMANDS.items() if c.role)
 
 def test_every_phase_definition_is_shipped_and_found():
     """Each definition is a module_util (the modules import it on the target) and defines commands."""
-    assert DEFINITIONS, "no python/eagle3ops/*_options.py"
-    for name in [*DEFINITIONS, "options"]:
+    assert DEFINITIONS, "no python/eagle3ops/<phase>/options.py"
+    for name, path in [
+        *((f"{n}_options", PKG / n / "options.py") for n in DEFINITIONS),
+        ("options", PKG / "options.py"),
+    ]:
         link = REPO / "module_utils" / f"eagle3ops_{name}.py"
-        assert link.is_symlink() and link.resolve() == (PKG / f"{name}.py").resolve(), link
+        assert link.is_symlink() and link.resolve() == path.resolve(), link
     assert COMMANDS, "no Command in the definitions"
 
 

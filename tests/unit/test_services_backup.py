@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from eagle3ops import services as s
+from eagle3ops.host import services as s
 
 
 class FakeSystemctl:
