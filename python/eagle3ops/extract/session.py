@@ -224,7 +224,7 @@ class ExtractConfig:
     world_size: int = 1
     rank: int = 0
     fsync: bool = True
-    writer_threads: int = 2
+    writer_threads: int = 4
     # xxh3-64 of every file in its manifest line, over the bytes the writer holds (docs/performance.md)
     checksum: bool = True
     verify: str = (

@@ -226,7 +226,7 @@ def prepare(
     inputs: list[str | os.PathLike],
     out: str | os.PathLike,
     *,
-    max_length: int = 512,
+    max_length: int = 2048,
     on_error: str = "fail",
     max_samples: int | None = None,
     seed: int = 0,
