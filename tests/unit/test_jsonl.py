@@ -10,7 +10,7 @@ import json
 
 import pytest
 from eagle3ops import jsonl
-from eagle3ops.assets import load_mtbench_turns, read_json_rows
+from eagle3ops.assets.sharegpt import load_mtbench_turns, read_json_rows
 from eagle3ops.benchmark.promptsets import load_set
 from eagle3ops.benchmark.report import read_sglang_bench
 from eagle3ops.conversations import Problem, iter_records, resolve_sources

@@ -1,5 +1,8 @@
 """Phase ``storage``: a newly attached disk becomes /data, without ever losing the old data.
 
+(Over 600 lines on purpose: the migration's state machine is one story, plan to cleanup, each step beside the guard
+that lets it run; what it reads of the machine is :mod:`.storage_probe`'s.)
+
 Part of the host wing (:mod:`eagle3ops.host`): deliberately **standard library only**, importing nothing from
 ``eagle3ops`` but the host wing (:mod:`.storage_probe`: what is read of the machine; :mod:`._fs`; and through it
 :mod:`eagle3ops.durable`): it is also shipped to targets as ``module_utils/eagle3ops_storage.py`` (a symlink to

@@ -101,7 +101,7 @@ def _log(msg: str) -> None:
 
 
 def run_fetch(args) -> int:
-    from eagle3ops.assets import AssetError, fetch
+    from eagle3ops.assets.fetch import AssetError, fetch
 
     try:
         res = fetch(args.cache, args.asset, wheelhouse=args.wheelhouse, check=args.check, log=_log)
@@ -116,7 +116,8 @@ def run_fetch(args) -> int:
 
 
 def run_convert(args) -> int:
-    from eagle3ops.assets import AssetError, convert
+    from eagle3ops.assets.fetch import AssetError
+    from eagle3ops.assets.gguf import convert
 
     try:
         res = convert(
@@ -143,7 +144,8 @@ def run_convert(args) -> int:
 
 
 def run_sharegpt(args) -> int:
-    from eagle3ops.assets import AssetError, sharegpt_subset
+    from eagle3ops.assets.fetch import AssetError
+    from eagle3ops.assets.sharegpt import sharegpt_subset
 
     try:
         res = sharegpt_subset(
