@@ -16,7 +16,7 @@ Steps (GPU ``--gpu``, default 0):
  4. the CLI in check mode with the run id allow-listed must predict the stop and stop nothing;
  5. the CLI with the run id allow-listed must stop it (SIGTERM) and pass;
  6. latency, ``--reps`` times per poll interval in ``--polls``: a holder of ``--gib`` GiB exits by itself
-    while ``eagle3ops.gpu.ensure_free`` waits (not allow-listed, so it only watches); a sampler thread
+    while ``eagle3ops.gpu_free.check.ensure_free`` waits (not allow-listed, so it only watches); a sampler thread
     reads NVML every millisecond to timestamp the release. Verdict latency = verdict time - the first
     1 ms sample at which NVML showed the GPU free (memory back to the threshold and no process listed).
     Goal: <= 0.5 s.

@@ -13,7 +13,7 @@ tensor bytes would show it.
 
 Measured per size, each ``--reps`` times (median reported):
   store_plan_s        HiddenStateStore.plan(...) in a warm process (manifest scan + directory scan)
-  plan_extraction_s   eagle3ops.extract.plan_extraction (dataset lengths + model config + plan), warm
+  plan_extraction_s   eagle3ops.extract.session.plan_extraction (dataset lengths + model config + plan), warm
   cli_plan_s          a fresh ``python -m eagle3ops extract --plan --json`` process, imports included
                       (what the extract phase's check mode pays)
 Goal: every one <= 2 s on the 2-core box, and the large/small ratio ~1.

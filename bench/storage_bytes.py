@@ -6,7 +6,7 @@ work/demo/model), in one run:
   1. the bf16 store ``make run`` extracted (work/data/hidden_states): logical bytes (st_size) and allocated bytes
      (st_blocks: filesystem block rounding) per token, vs raw tensor bytes (hidden_states + token_ids, from each
      file's header); goal <= 1.01x;
-  2. a fresh extraction of the same rows three ways with the real ``eagle3ops.extract.run_extraction``:
+  2. a fresh extraction of the same rows three ways with the real ``eagle3ops.extract.transformers_backend.run_extraction``:
      float32 (the reference: the CPU compute dtype), bfloat16 (the default) and float8_e4m3fn (the fp8 option);
      bytes per token of each, and the relative error ||x - ref|| / ||ref|| of bf16 and fp8 states per state slot
      (3 aux layers + pre-norm last), fp8 reconstructed the way speculators' loader does (hs_connectors

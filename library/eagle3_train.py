@@ -22,7 +22,7 @@ description:
   - Over several hosts (O(nnodes) > 1) a node belongs to the job named by O(rdzv_id), recorded in its state; a node
     running or finished with another id is stopped if need be and relaunched into this one, resuming from the newest
     checkpoint in its save path. The train role decides the id for every node at once (docs/scale.md).
-  - On GPUs it runs C(torchrun --nproc_per_node=<visible GPUs>), after the C(gpu_free) check of eagle3ops.gpu. On a
+  - On GPUs it runs C(torchrun --nproc_per_node=<visible GPUs>), after the C(gpu_free) check of eagle3ops.gpu_free. On a
     host without GPUs it trains on CPU (the shim in C(eagle3ops.speculators_shim), pinned to speculators 0.9.0).
   - O(wait=true) blocks until the run ends (or O(timeout)) and returns the final metrics; O(wait=false) returns
     once the trainer is started.
@@ -180,7 +180,7 @@ options:
     description: Transient systemd unit name; default C(eagle3-train-<hash of run_dir>).
     type: str
   gpu_free_check:
-    description: Assert free VRAM on every GPU (eagle3ops.gpu) before launching on GPUs.
+    description: Assert free VRAM on every GPU (eagle3ops.gpu_free) before launching on GPUs.
     type: bool
     default: true
   wait:

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-# Thin module: the logic is eagle3ops.pve (module_utils/eagle3ops_pve.py is a symlink to it).
+# Thin module: the logic is eagle3ops.host.pve (module_utils/eagle3ops_pve.py is a symlink to it).
 # Why not community.proxmox.proxmox for the container itself: it needs an API token on the controller, while
 # this phase runs `pct` on the PVE host over ssh (no API credentials to manage); and it cannot write raw `lxc.*`
 # lines (cgroup device rules, mount entries for /dev/nvidia*) at all. Device passthrough (`devN:`) arrived in

@@ -422,7 +422,7 @@ def test_allow_listed_unit_is_stopped_by_signal_without_systemd(dev, spawn, cgro
 
 def _systemctl_standin(tmp_path, monkeypatch, then: str = "") -> Path:
     """A STAND-IN ``systemctl`` first on PATH (systemd is not PID 1 here) that appends its arguments to the
-    returned log and then runs the shell line ``then``; and ``eagle3ops.gpu`` told that systemd runs."""
+    returned log and then runs the shell line ``then``; and ``eagle3ops.gpu_free`` told that systemd runs."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     log = tmp_path / "systemctl.log"

@@ -1,4 +1,4 @@
-"""Unit tests for eagle3ops.pve: PVE LXC config round-trip and edits, NVIDIA device discovery, plans.
+"""Unit tests for eagle3ops.host.pve: PVE LXC config round-trip and edits, NVIDIA device discovery, plans.
 
 The configs under tests/fixtures/pve are written the way PVE 8 writes them (description comments, keys,
 raw lxc.* lines, then snapshot sections and a [pve:pending] section); no PVE host runs here.

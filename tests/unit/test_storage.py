@@ -1,4 +1,4 @@
-"""Unit tests for eagle3ops.storage: mount parsing, the source guard, the state file, rsync copy/verify.
+"""Unit tests for eagle3ops.host.storage: mount parsing, the source guard, the state file, rsync copy/verify.
 
 No root needed: the guard runs on real temporary directories (the mount table is given explicitly where a
 test needs a mount that this unprivileged process cannot make), rsync is the real rsync on real files.

@@ -1,7 +1,7 @@
 """The train phase's pure parts: config rendering, input checks, the run-dir state machine's pieces.
 
 No trainer is started here (see test_train_run.py for real speculators runs). The verifier and the data
-directory are built by ``eagle3ops.train_fixtures`` (STAND-IN for demo/prepare/extract: a tiny random
+directory are built by ``eagle3ops.train.fixtures`` (STAND-IN for demo/prepare/extract: a tiny random
 DeepseekV3ForCausalLM and random-valued hidden states written through the real HiddenStateStore).
 """
 

@@ -3,11 +3,11 @@ two-node c10d rendezvous with gloo on this machine, and a node's run across jobs
 stopped and joins the new one; nodes holding different checkpoints refuse to train).
 
 Real: ``python -m torch.distributed.run`` (torchrun) twice, as node 0 and node 1 of 2, meeting at a c10d
-rendezvous on 127.0.0.1 with the argv ``eagle3ops.train.torchrun_argv`` builds for the train phase; each
+rendezvous on 127.0.0.1 with the argv ``eagle3ops.train.planning.torchrun_argv`` builds for the train phase; each
 runs ``eagle3ops.ddp_probe`` (gloo all-reduce + one DDP step). STAND-IN: the two nodes are two process trees
 on this machine (loopback), not two hosts; the trainer is the probe, because speculators 0.9.0 cannot train
 over several nodes on CPU (``test_speculators_distributed_setup_needs_an_accelerator`` pins why). The training
-inputs are ``eagle3ops.train_fixtures``' (test_train.py's ``inputs``: a tiny verifier, random hidden states).
+inputs are ``eagle3ops.train.fixtures``' (test_train.py's ``inputs``: a tiny verifier, random hidden states).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 What is real: ansible-playbook + the eagle3_train module + ``eagle3ops train`` + the detached setsid
 trainer + speculators' trainer, checkpointer and resume; SIGKILL of the whole trainer process group.
-STAND-IN: the verifier and the data directory come from ``eagle3ops.train_fixtures`` (a tiny random
+STAND-IN: the verifier and the data directory come from ``eagle3ops.train.fixtures`` (a tiny random
 DeepseekV3ForCausalLM; hidden states from its real forward pass, written through HiddenStateStore) rather
 than from the demo/prepare/extract phases.
 """

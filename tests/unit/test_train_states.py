@@ -1,4 +1,4 @@
-"""The run-dir state machine end to end, fast: every transition of ``eagle3ops.train.ensure_run``.
+"""The run-dir state machine end to end, fast: every transition of ``eagle3ops.train.run.ensure_run``.
 
 Real: the launcher (setsid + PID file, detached), liveness by PID + command line, locking, the config
 comparison, restart_on_change (stop + checkpoints moved aside), wait/timeout, stop.

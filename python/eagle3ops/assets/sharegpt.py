@@ -77,13 +77,7 @@ class _Probes:
 def load_mtbench_turns(path: str | os.PathLike) -> set[str]:
     """Every MT-bench question turn (normalised) of a ``question.jsonl``."""
     turns: set[str] = set()
-    for n, line in jsonl.split_lines(Path(path).read_text(encoding="utf-8")):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise AssetError(f"{path}:{n}: not JSON ({e})") from None
+    for _n, row in jsonl.numbered(path, AssetError):
         for t in row.get("turns", []) if isinstance(row, dict) else []:
             if isinstance(t, str) and t.strip():
                 turns.add(_norm_text(t))

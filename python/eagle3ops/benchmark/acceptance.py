@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
+
+from eagle3ops import jsonl
 
 
 class AcceptanceError(Exception):
@@ -36,13 +37,7 @@ class AcceptanceError(Exception):
 def load_prompts(path: str | os.PathLike, limit: int | None = None) -> list[dict]:
     """Held-out prompts: JSONL with ``prompt``, ``conversations`` (from/value or role/content) or ``input_ids``."""
     out = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise AcceptanceError(f"{path}:{n}: not JSON ({e})") from None
+    for n, row in jsonl.numbered(path, AcceptanceError):
         if row.get("input_ids"):
             out.append({"id": row.get("id", f"row-{n}"), "input_ids": [int(i) for i in row["input_ids"]]})
             if limit and len(out) >= limit:

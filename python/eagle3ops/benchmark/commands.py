@@ -37,16 +37,14 @@ def cmd_acceptance(args) -> int:
             print(msg, file=sys.stderr)
             emit(args, {"changed": False, "too_large": True, "msg": msg, "out": args.out})
             return 0
+    settings = {
+        "k": args.k,
+        "max_new_tokens": args.max_new_tokens,
+        "limit": args.limit,
+        "baseline": args.baseline,
+    }
     try:
-        inputs = uptodate.acceptance_inputs(
-            args.checkpoint,
-            args.target,
-            args.prompts,
-            k=args.k,
-            max_new_tokens=args.max_new_tokens,
-            limit=args.limit,
-            baseline=args.baseline,
-        )
+        inputs = uptodate.acceptance_inputs(args.checkpoint, args.target, args.prompts, **settings)
     except uptodate.MissingInput as e:
         if not args.check:
             raise CommandError(str(e)) from None
@@ -68,15 +66,7 @@ def cmd_acceptance(args) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     try:
-        result = acc.run(
-            inputs["checkpoint"],
-            args.target,
-            args.prompts,
-            k=args.k,
-            max_new_tokens=args.max_new_tokens,
-            limit=args.limit,
-            baseline=args.baseline,
-        )
+        result = acc.run(inputs["checkpoint"], args.target, args.prompts, **settings)
     except acc.AcceptanceError as e:
         raise CommandError(str(e)) from None
     result["inputs"] = inputs

@@ -55,13 +55,7 @@ def load_set(
     if turns not in ("first", "both"):
         raise PromptSetError(f"turns {turns!r}: expected 'first' or 'both'")
     items, fmt, skipped = [], None, 0
-    for n, line in jsonl.split_lines(p.read_text(encoding="utf-8")):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise PromptSetError(f"{p}:{n}: not JSON ({e})") from None
+    for n, row in jsonl.numbered(p, PromptSetError):
         if not isinstance(row, dict):
             raise PromptSetError(f"{p}:{n}: expected a JSON object")
         if "turns" in row:

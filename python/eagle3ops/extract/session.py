@@ -264,6 +264,29 @@ def build_meta(cfg: ExtractConfig, facts: dict, layer_ids: list[int], num_rows: 
     }
 
 
+def run_result(cfg, indices, plan, layer_ids: list[int], facts: dict, **more) -> dict:
+    """The result both backends start a run with (``more`` added): what the plan found, nothing written yet.
+    ``cfg``: either backend's settings (its ``data_dir`` and ``dtype``)."""
+    return {
+        "total": len(indices),
+        "done_before": plan.done,
+        "adopted": plan.adopted,
+        "written": 0,
+        "failed": 0,
+        "tokens": 0,
+        "bytes": 0,
+        "seconds": 0.0,
+        "layer_ids": layer_ids,
+        "num_layers": facts["num_layers"],
+        "hidden_size": facts["hidden_size"],
+        "dtype": cfg.dtype,
+        "invalid_files_replaced": sorted(plan.invalid),
+        "torn_manifest_lines": plan.torn_lines,
+        "data_dir": str(cfg.data_dir),
+        **more,
+    }
+
+
 def damaged_report(store: HiddenStateStore, damaged: dict[int, str]) -> dict:
     return {str(i): {"file": str(store.path(i)), "reason": r} for i, r in sorted(damaged.items())}
 

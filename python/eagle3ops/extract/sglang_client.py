@@ -304,6 +304,7 @@ def run_sglang_extraction(
         load_seq_lens,
         model_facts,
         resolve_layer_ids,
+        run_result,
     )
     from eagle3ops.extract.shards import rank_indices
 
@@ -324,32 +325,22 @@ def run_sglang_extraction(
     indices = rank_indices(len(seq_lens), 1, 0, cfg.limit)
     plan = store.plan(seq_lens, num_states=num_states, hidden_size=hidden, dtype=cfg.dtype, indices=indices)
     store.close()
-    result = {
-        "backend": "sglang",
-        "total": len(indices),
-        "done_before": plan.done,
-        "adopted": plan.adopted,
-        "written": 0,
-        "failed": 0,
-        "tokens": 0,
-        "bytes": 0,
-        "seconds": 0.0,
-        "requests": 0,
-        "retries": 0,
-        "errors": [],
-        "layer_ids": layer_ids,
-        "num_layers": facts["num_layers"],
-        "hidden_size": hidden,
-        "dtype": cfg.dtype,
-        "url": cfg.url,
-        "invalid_files_replaced": sorted(plan.invalid),
-        "torn_manifest_lines": plan.torn_lines,
-        "data_dir": str(cfg.data_dir),
-        "server_env": {
+    result = run_result(
+        cfg,
+        indices,
+        plan,
+        layer_ids,
+        facts,
+        backend="sglang",
+        requests=0,
+        retries=0,
+        errors=[],
+        url=cfg.url,
+        server_env={
             sglang_hook.ENV_DUMP_DIR: str(Path(cfg.data_dir).resolve()),
             sglang_hook.ENV_LAYER_IDS: ",".join(map(str, layer_ids)),
         },
-    }
+    )
     started = False
     try:
         if plan.remaining:

@@ -281,18 +281,23 @@ def status(path: str | os.PathLike, version: str = DEFAULT_VERSION) -> dict:
     }
 
 
+def _start(path, version: str, action: str, what: str):
+    """(spec, path, status, the unchanged result) of an ``action``; a file in neither known state is refused."""
+    spec = _spec(version)
+    p = Path(path)
+    st = status(p, version)
+    if st["state"] == "unknown":
+        raise _refusal(p, st["sha256"], spec, what)
+    return spec, p, st, {**st, "changed": False, "action": action}
+
+
 def apply(
     path: str | os.PathLike, version: str = DEFAULT_VERSION, *, check: bool = False, diff: bool = False
 ) -> dict:
     """Apply the patch; idempotent. ``check``: only predict. ``diff``: include the unified diff."""
-    spec = _spec(version)
-    p = Path(path)
-    st = status(p, version)
-    result = {**st, "changed": False, "action": "apply"}
+    spec, p, st, result = _start(path, version, "apply", "apply the capture patch")
     if st["state"] == "applied":
         return result
-    if st["state"] == "unknown":
-        raise _refusal(p, st["sha256"], spec, "apply the capture patch")
     data = p.read_bytes()
     before = data.decode("utf-8")
     after = patched_text(before, spec, p)
@@ -324,14 +329,9 @@ def restore(
     keep_backup: bool = True,
 ) -> dict:
     """Put the pristine file back, byte-exact (sha256 checked); idempotent."""
-    spec = _spec(version)
-    p = Path(path)
-    st = status(p, version)
-    result = {**st, "changed": False, "action": "restore"}
+    spec, p, st, result = _start(path, version, "restore", "restore the pristine file")
     if st["state"] == "pristine":
         return result
-    if st["state"] == "unknown":
-        raise _refusal(p, st["sha256"], spec, "restore the pristine file")
     b = backup_path(p)
     current = p.read_bytes().decode("utf-8")
     if st["backup"]:

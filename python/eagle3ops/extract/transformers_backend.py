@@ -29,6 +29,7 @@ from eagle3ops.extract.session import (
     model_facts,
     progress_reporter,
     resolve_layer_ids,
+    run_result,
 )
 from eagle3ops.extract.shards import rank_indices
 from eagle3ops.extract.writer import PinnedPool, SampleWriter, WriterJob, release_all
@@ -172,33 +173,23 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         verify=cfg.verify,
         repair=cfg.world_size == 1,
     )
-    result = {
-        "total": len(indices),
-        "done_before": plan.done,
-        "adopted": plan.adopted,
-        "written": 0,
-        "failed": 0,
-        "tokens": 0,
-        "bytes": 0,
-        "seconds": 0.0,
-        "layer_ids": layer_ids,
-        "num_layers": facts["num_layers"],
-        "hidden_size": hidden,
-        "dtype": cfg.dtype,
-        "rank": cfg.rank,
-        "world_size": cfg.world_size,
-        "removed_temp_files": len(removed_tmp),
-        "invalid_files_replaced": sorted(plan.invalid),
-        "damaged": len(plan.damaged),
-        "damaged_files": damaged_report(store, plan.damaged),
-        "moved_aside": plan.moved_aside,
-        "duplicate_manifest_lines": plan.duplicates,
-        "unchecked_files": plan.unchecked,
-        "verify": cfg.verify,
-        "discarded_store": discarded,
-        "torn_manifest_lines": plan.torn_lines,
-        "data_dir": str(cfg.data_dir),
-    }
+    result = run_result(
+        cfg,
+        indices,
+        plan,
+        layer_ids,
+        facts,
+        rank=cfg.rank,
+        world_size=cfg.world_size,
+        removed_temp_files=len(removed_tmp),
+        damaged=len(plan.damaged),
+        damaged_files=damaged_report(store, plan.damaged),
+        moved_aside=plan.moved_aside,
+        duplicate_manifest_lines=plan.duplicates,
+        unchecked_files=plan.unchecked,
+        verify=cfg.verify,
+        discarded_store=discarded,
+    )
     if not plan.remaining:
         result["seconds"] = round(time.perf_counter() - t_start, 3)
         return result

@@ -10,6 +10,20 @@ from eagle3ops.train.spec import (
 )
 
 
+def _attempt(number: int, launched_at) -> dict:
+    """The summary of one launch, before its first step."""
+    return {
+        "attempt": number,
+        "launched_at": launched_at,
+        "steps": 0,
+        "first_global_step": None,
+        "last_global_step": None,
+        "first_step_at": None,
+        "last_step_at": None,
+        "tokens_per_s": [],
+    }
+
+
 def read_metrics(run_dir: Path) -> dict:
     """Summarise RUN/metrics.jsonl: per attempt steps and timing, last val loss and per-step accuracies."""
     path = Path(run_dir) / METRICS
@@ -24,29 +38,11 @@ def read_metrics(run_dir: Path) -> dict:
                 continue  # a torn last line of a killed writer
             kind = rec.get("kind")
             if kind == "attempt":
-                cur = {
-                    "attempt": rec["attempt"],
-                    "launched_at": rec["time"],
-                    "steps": 0,
-                    "first_global_step": None,
-                    "last_global_step": None,
-                    "first_step_at": None,
-                    "last_step_at": None,
-                    "tokens_per_s": [],
-                }
+                cur = _attempt(rec["attempt"], rec["time"])
                 attempts.append(cur)
             elif kind == "train":
-                if cur is None:
-                    cur = {
-                        "attempt": 0,
-                        "launched_at": None,
-                        "steps": 0,
-                        "first_global_step": None,
-                        "last_global_step": None,
-                        "first_step_at": None,
-                        "last_step_at": None,
-                        "tokens_per_s": [],
-                    }
+                if cur is None:  # records of a run launched before the attempt markers
+                    cur = _attempt(0, None)
                     attempts.append(cur)
                 d = rec["data"]
                 gs = d.get("global_step")
