@@ -89,7 +89,7 @@ def test_mtbench_first_and_both_turns_and_bad_rows(files, tmp_path):
     with pytest.raises(ps.PromptSetError, match=r"bad.jsonl:1: only input_ids; a live server needs text"):
         ps.load_set(bad)
     bad.write_text("{not json\n")
-    with pytest.raises(ps.PromptSetError, match=r"bad.jsonl:1: not JSON"):
+    with pytest.raises(ps.PromptSetError, match=r"bad.jsonl:1: not valid JSON"):
         ps.load_set(bad)
     with pytest.raises(ps.PromptSetError, match="expected NAME=PATH"):
         ps.parse_set_arg("mtbench")
