@@ -264,9 +264,9 @@ def build_meta(cfg: ExtractConfig, facts: dict, layer_ids: list[int], num_rows: 
     }
 
 
-def run_result(cfg, indices, plan, layer_ids: list[int], facts: dict, **more) -> dict:
-    """The result both backends start a run with (``more`` added): what the plan found, nothing written yet.
-    ``cfg``: either backend's settings (its ``data_dir`` and ``dtype``)."""
+def run_result(cfg, indices, plan, layer_ids: list[int], facts: dict) -> dict:
+    """The result both backends start a run with: what the plan found, nothing written yet. ``cfg``: either
+    backend's settings (its ``data_dir`` and ``dtype``)."""
     return {
         "total": len(indices),
         "done_before": plan.done,
@@ -283,7 +283,6 @@ def run_result(cfg, indices, plan, layer_ids: list[int], facts: dict, **more) ->
         "invalid_files_replaced": sorted(plan.invalid),
         "torn_manifest_lines": plan.torn_lines,
         "data_dir": str(cfg.data_dir),
-        **more,
     }
 
 

@@ -325,12 +325,8 @@ def run_sglang_extraction(
     indices = rank_indices(len(seq_lens), 1, 0, cfg.limit)
     plan = store.plan(seq_lens, num_states=num_states, hidden_size=hidden, dtype=cfg.dtype, indices=indices)
     store.close()
-    result = run_result(
-        cfg,
-        indices,
-        plan,
-        layer_ids,
-        facts,
+    result = run_result(cfg, indices, plan, layer_ids, facts)
+    result.update(
         backend="sglang",
         requests=0,
         retries=0,

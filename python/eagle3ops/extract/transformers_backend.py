@@ -173,12 +173,8 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         verify=cfg.verify,
         repair=cfg.world_size == 1,
     )
-    result = run_result(
-        cfg,
-        indices,
-        plan,
-        layer_ids,
-        facts,
+    result = run_result(cfg, indices, plan, layer_ids, facts)
+    result.update(
         rank=cfg.rank,
         world_size=cfg.world_size,
         removed_temp_files=len(removed_tmp),
