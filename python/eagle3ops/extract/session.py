@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3ops import layers
+from eagle3ops.durable import sha256_file
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.shards import check_shard, rank_indices, shard_indices
 from eagle3ops.store import (
@@ -169,11 +170,7 @@ def _weights_content_hash(p: Path, names: list[str]) -> dict:
         if algo == "xxh3_64":
             files[name] = format(file_hashes(p / name, {"h"})["h"], "016x")
         else:
-            hh = hashlib.sha256()
-            with open(p / name, "rb") as f:
-                while chunk := f.read(8 << 20):
-                    hh.update(chunk)
-            files[name] = hh.hexdigest()
+            files[name] = sha256_file(p / name)
         print(f"model hash: {name} in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     return {"algo": algo, "files": files}
 

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eagle3ops.conversations import InputError, Source, load_tokenizer, resolve_sources
-from eagle3ops.durable import fsync_dir, fsync_tree, swap_dir_into_place
+from eagle3ops.durable import fsync_dir, fsync_tree, sha256_file, swap_dir_into_place
 from eagle3ops.prepare.errors import PrepareError
 from eagle3ops.prepare.render import SPECULATORS_VERSION, collect, speculators_preprocessing
 from eagle3ops.store.layout import DATASET_FILES, HS_DIR, PREPARE_META, TOKEN_FREQ
@@ -133,11 +133,7 @@ def _file_checksum(path: Path) -> str:
 
     if xxh3() is not None:
         return format(file_hashes(path, {"h"})["h"], "016x")
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
+    return "sha256:" + sha256_file(path)
 
 
 def _damaged_files(data_dir: Path, meta: dict) -> list[str]:

@@ -35,7 +35,7 @@ def make_tiny_verifier(
     return tinymodel.make_tiny_target(
         out_dir,
         vocab_size=vocab_size,
-        mla={"kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16},
+        mla=tinymodel.TINY_MLA,
         dtype="float32",
         seed=seed,
         hidden_size=hidden_size,
