@@ -6,7 +6,7 @@ Shape: a random-init Llama-shaped target of ~1.1B parameters (hidden 2048, 16 la
   (a) forward only, hidden states captured by the same hooks, no copies or writes — best batch;
   (b) raw sequential write bandwidth of the output disk (64 MiB blocks, fsync at the end);
   (c) naive loop: batch 1, output_hidden_states, .cpu(), torch.save per sample;
-  (d) ours: eagle3ops.extract.run_extraction (writer thread, async copies, atomic files, manifest).
+  (d) ours: eagle3ops.extract.transformers_backend.run_extraction (writer thread, async copies, atomic files, manifest).
   bound = min((a), (b) / bytes per token); goal (d) >= 0.85 x bound.
 
 Usage (GPU machine): PYTHONPATH=python python3 bench/extract_throughput.py --out "$OUT" [--rows 384] [--workers 1]
@@ -74,7 +74,7 @@ def build_dataset(path: Path, rows: int, seq_len: int, vocab: int):
 
 def forward_only(model_path: Path, seq_len: int, vocab: int, batches=(1, 4, 8), iters=6):
     import torch
-    from eagle3ops.extract import StateCapture, load_model
+    from eagle3ops.extract.transformers_backend import StateCapture, load_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_model(str(model_path), device, "bfloat16")

@@ -4,7 +4,7 @@ Runs the real ``eagle3ops train`` (the train phase's CLI: renders the speculator
 trainer through ``eagle3ops.speculators_shim``, waits) on two synthetic stores that differ only in row count.
 STAND-IN data (as in bench/train_gpu.py, whose ``make_synth_store`` this reuses): K distinct random samples, row
 i = sample i % K, its ``hs_i.safetensors`` a hard link to that sample's file; the verifier is the tiny
-DeepSeek-V3 of ``eagle3ops.train_fixtures`` (hidden 64), so the draft is tiny and what is timed is the
+DeepSeek-V3 of ``eagle3ops.train.fixtures`` (hidden 64), so the draft is tiny and what is timed is the
 trainer's start-up path (imports, dataset + lengths, batch packing, vocab mapping, first batch), which is
 what could grow with the number of samples.
 
@@ -60,7 +60,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import train_gpu  # bench/train_gpu.py: make_synth_store, train_stage (the same code as the GPU proof)
-    from eagle3ops.train_fixtures import make_tiny_verifier
+    from eagle3ops.train.fixtures import make_tiny_verifier
 
     sizes = [int(x) for x in args.sizes.split(",")]
     result: dict = {

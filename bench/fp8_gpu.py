@@ -35,8 +35,9 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from datasets import Dataset
-    from eagle3ops.extract import FP8_SCALES_KEY, ExtractConfig, run_extraction
-    from eagle3ops.store import HiddenStateStore, load_sample, read_safetensors_header
+    from eagle3ops.extract.session import ExtractConfig
+    from eagle3ops.extract.transformers_backend import run_extraction
+    from eagle3ops.store import FP8_SCALES_KEY, HiddenStateStore, load_sample, read_safetensors_header
     from transformers import LlamaConfig, LlamaForCausalLM
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

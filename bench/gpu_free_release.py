@@ -16,7 +16,7 @@ Steps (GPU ``--gpu``, default 0):
  4. the CLI in check mode with the run id allow-listed must predict the stop and stop nothing;
  5. the CLI with the run id allow-listed must stop it (SIGTERM) and pass;
  6. latency, ``--reps`` times per poll interval in ``--polls``: a holder of ``--gib`` GiB exits by itself
-    while ``eagle3ops.gpu.ensure_free`` waits (not allow-listed, so it only watches); a sampler thread
+    while ``eagle3ops.gpu_free.check.ensure_free`` waits (not allow-listed, so it only watches); a sampler thread
     reads NVML every millisecond to timestamp the release. Verdict latency = verdict time - the first
     1 ms sample at which NVML showed the GPU free (memory back to the threshold and no process listed).
     Goal: <= 0.5 s.
@@ -44,7 +44,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
-from eagle3ops import gpu
+from eagle3ops.gpu_free import check as gpu_check
+from eagle3ops.gpu_free import holders as gpu_holders
+from eagle3ops.gpu_free import nvml as gpu_nvml
 
 HOLDER = r"""
 import os, sys, time
@@ -102,7 +104,7 @@ class Bench:
             self.cli_argv = [str(launcher)]
             self.dev_dir = str(self.dev)
         else:
-            self.nvml = gpu.load_nvml()
+            self.nvml = gpu_nvml.load_nvml()
             self.cli_argv = [sys.executable, "-m", "eagle3ops"]
             self.dev_dir = "/dev"
 
@@ -147,7 +149,7 @@ class Bench:
 
     def spawn_holder(self, exit_after: float = 0) -> subprocess.Popen:
         # PCI bus order, so that torch's device index is NVML's index
-        env = {**os.environ, gpu.RUN_ID_VAR: self.run_id, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        env = {**os.environ, gpu_holders.RUN_ID_VAR: self.run_id, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         p = subprocess.Popen(
             [
                 sys.executable,
@@ -228,7 +230,7 @@ class Bench:
         th = threading.Thread(target=sampler, daemon=True)
         th.start()
         try:
-            r = gpu.ensure_free(
+            r = gpu_check.ensure_free(
                 [str(self.args.gpu)],
                 threshold_mib=self.args.threshold,
                 timeout_s=self.args.exit_after + 20,
@@ -237,7 +239,7 @@ class Bench:
                 dev_dir=self.dev_dir,
                 v1_allowance_mib=self.args.v1_allowance,
             )
-        except gpu.GpuFreeError as e:  # record it and go on: one bad rep must not lose the run
+        except gpu_nvml.GpuFreeError as e:  # record it and go on: one bad rep must not lose the run
             stop.set()
             if p.poll() is None:
                 p.kill()
@@ -278,8 +280,8 @@ class Bench:
         checks = res["checks"]
         if not a.standin:
             h = self.nvml.nvmlDeviceGetHandleByIndex(a.gpu)
-            res["driver"] = gpu._text(self.nvml.nvmlSystemGetDriverVersion())
-            res["gpu_name"] = gpu._text(self.nvml.nvmlDeviceGetName(h))
+            res["driver"] = gpu_nvml._text(self.nvml.nvmlSystemGetDriverVersion())
+            res["gpu_name"] = gpu_nvml._text(self.nvml.nvmlDeviceGetName(h))
             try:
                 import torch
 
@@ -401,7 +403,7 @@ def main(argv=None) -> int:
         "--exit-after", type=float, default=1.5, help="seconds the latency holders live after READY"
     )
     ap.add_argument("--threshold", type=float, default=0)
-    ap.add_argument("--v1-allowance", type=float, default=gpu.DEFAULT_V1_RESERVED_ALLOWANCE_MIB)
+    ap.add_argument("--v1-allowance", type=float, default=gpu_nvml.DEFAULT_V1_RESERVED_ALLOWANCE_MIB)
     ap.add_argument("--goal", type=float, default=0.5)
     ap.add_argument("--no-cgroup", action="store_true", help="do not move the holder into a test cgroup")
     ap.add_argument("--standin", action="store_true", help="CPU smoke test of this script (no measurement)")

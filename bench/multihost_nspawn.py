@@ -106,7 +106,7 @@ def main() -> int:
         py = f"{multihost.VENV}/bin/python"
         outs = _together([_on(h, f"{py} -c {shlex.quote(RDZV)} {a.ip} {r}") for r, h in enumerate(hosts)])
         res["c10d_rendezvous"] = [json.loads(o.strip().splitlines()[-1]) for o in outs]
-        from eagle3ops.train import torchrun_argv
+        from eagle3ops.train.planning import torchrun_argv
 
         argvs = []
         for rank, h in enumerate(hosts):

@@ -33,15 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 def first_turns(inputs: list[str], n: int) -> list[dict]:
     """Single-turn copies (system + first user turn + first answer) of the first n usable conversations."""
-    from eagle3ops import regenerate as rg
+    from eagle3ops import conversations as rg_conversations
+    from eagle3ops.regenerate import turns as rg_turns
 
-    scan = rg.scan_inputs(rg.resolve_sources(inputs), None)
+    scan = rg_turns.scan_inputs(rg_conversations.resolve_sources(inputs), None)
     out = []
     for it in scan.items:
         conv = it.record[it.key]
-        k = next(j for j, t in enumerate(conv) if rg._role(t) == "user")
+        k = next(j for j, t in enumerate(conv) if rg_conversations.role_of(t) == "user")
         rest = conv[k + 1 :]
-        a = next((j for j, t in enumerate(rest) if rg._role(t) == "assistant"), None)
+        a = next((j for j, t in enumerate(rest) if rg_conversations.role_of(t) == "assistant"), None)
         if a is None:
             continue
         out.append({it.key: [*conv[: k + 1], rest[a]]})
@@ -106,7 +107,8 @@ def load_generator(
 
 
 def regenerate_leg(url, model, srcs: list, out: Path, concurrency, max_new, timeout, limit=None) -> dict:
-    from eagle3ops.regenerate import RegenerateConfig, regenerate
+    from eagle3ops.regenerate.config import RegenerateConfig
+    from eagle3ops.regenerate.run import regenerate
 
     r = regenerate(
         RegenerateConfig(

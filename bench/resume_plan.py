@@ -13,7 +13,7 @@ tensor bytes would show it.
 
 Measured per size, each ``--reps`` times (median reported):
   store_plan_s        HiddenStateStore.plan(...) in a warm process (manifest scan + directory scan)
-  plan_extraction_s   eagle3ops.extract.plan_extraction (dataset lengths + model config + plan), warm
+  plan_extraction_s   eagle3ops.extract.session.plan_extraction (dataset lengths + model config + plan), warm
   cli_plan_s          a fresh ``python -m eagle3ops extract --plan --json`` process, imports included
                       (what the extract phase's check mode pays)
 Goal: every one <= 2 s on the 2-core box, and the large/small ratio ~1.
@@ -45,8 +45,7 @@ def build_store(root: Path, rows: int, hidden: int, unlisted: int) -> dict:
     import numpy as np
     import torch
     from datasets import Dataset
-    from eagle3ops.extract import serialize_sample
-    from eagle3ops.store import HiddenStateStore, ManifestEntry
+    from eagle3ops.store import HiddenStateStore, ManifestEntry, serialize_sample
     from transformers import LlamaConfig
 
     data = root / "data"
@@ -99,7 +98,7 @@ def build_store(root: Path, rows: int, hidden: int, unlisted: int) -> dict:
         )
     store.close()
     # the real meta as plan_extraction would write it, so the read-only plan does not refuse
-    from eagle3ops.extract import ExtractConfig, build_meta, model_facts
+    from eagle3ops.extract.session import ExtractConfig, build_meta, model_facts
 
     cfg = ExtractConfig(data_dir=str(data), model_path=str(model), layer_ids=[2, 4, 5])
     facts = model_facts(model)
@@ -125,7 +124,7 @@ def time_once(fn) -> tuple[float, object]:
 
 
 def measure(info: dict, rows: int, hidden: int, reps: int) -> dict:
-    from eagle3ops.extract import ExtractConfig, plan_extraction
+    from eagle3ops.extract.session import ExtractConfig, plan_extraction
     from eagle3ops.store import HiddenStateStore
 
     data = info["data"]

@@ -44,7 +44,7 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args()
     import torch
-    from eagle3ops.sglang_hook import DumpHook, make_rid
+    from eagle3ops.extract.sglang_hook import DumpHook, make_rid
     from eagle3ops.store import HiddenStateStore
     from safetensors.torch import load_file
     from sglang_standin import StandInForwardBatch, StandInModel

@@ -244,7 +244,7 @@ def start_server(*a, timeout: float = 300, env: dict | None = None, **k) -> Serv
 
 def measure(url: str, questions: list[str], max_new: int, concurrency: int, render) -> dict:
     """eagle3ops' own load generator (the benchmark phase's): output tok/s and acceptance length."""
-    from eagle3ops.loadgen import run_load
+    from eagle3ops.benchmark.loadgen import run_load
 
     r = run_load(
         url, [[q] for q in questions], concurrency=concurrency, max_new_tokens=max_new, render=render
@@ -366,7 +366,7 @@ def lane_smol(a) -> None:
     convert()
     if not (m / "config.json").exists():
         return
-    from eagle3ops.loadgen import chat_template_render
+    from eagle3ops.benchmark.loadgen import chat_template_render
 
     render = chat_template_render(str(m))
 

@@ -6,7 +6,7 @@ work/demo/model), in one run:
   1. the bf16 store ``make run`` extracted (work/data/hidden_states): logical bytes (st_size) and allocated bytes
      (st_blocks: filesystem block rounding) per token, vs raw tensor bytes (hidden_states + token_ids, from each
      file's header); goal <= 1.01x;
-  2. a fresh extraction of the same rows three ways with the real ``eagle3ops.extract.run_extraction``:
+  2. a fresh extraction of the same rows three ways with the real ``eagle3ops.extract.transformers_backend.run_extraction``:
      float32 (the reference: the CPU compute dtype), bfloat16 (the default) and float8_e4m3fn (the fp8 option);
      bytes per token of each, and the relative error ||x - ref|| / ||ref|| of bf16 and fp8 states per state slot
      (3 aux layers + pre-norm last), fp8 reconstructed the way speculators' loader does (hs_connectors
@@ -73,7 +73,8 @@ def store_bytes(data_dir: Path) -> dict:
 
 
 def extract_copy(src: Path, model: Path, dst: Path, dtype: str, limit: int | None) -> dict:
-    from eagle3ops.extract import ExtractConfig, run_extraction
+    from eagle3ops.extract.session import ExtractConfig
+    from eagle3ops.extract.transformers_backend import run_extraction
 
     dst.mkdir(parents=True)
     for f in src.iterdir():  # the prepared Arrow set only, not its hidden states
@@ -114,7 +115,7 @@ def rel_errors(ref_dir: Path, other_dir: Path, dtype) -> dict:
 
 def kimi_shape_ratio() -> dict:
     import torch
-    from eagle3ops.extract import quantize_fp8, sample_parts
+    from eagle3ops.store import quantize_fp8, sample_parts
 
     t, k, h = 2048, 4, 7168
     tok = torch.zeros(t, dtype=torch.int64)

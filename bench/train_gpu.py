@@ -323,7 +323,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     import torch
-    from eagle3ops.speculators_shim import check_version
+    from eagle3ops.train.speculators_shim import check_version
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,7 @@ def raw_bandwidth(d: Path, nbytes: int, streams: int) -> float:
 
 def run_variant(d: Path, batches, variant: str, threads: int) -> dict:
     from eagle3ops import store as store_mod
-    from eagle3ops.extract import SampleWriter, _Job
+    from eagle3ops.extract.writer import SampleWriter, WriterJob
     from eagle3ops.store import HiddenStateStore
 
     fsync, batch_dir_sync, opts = VARIANTS[variant]
@@ -129,7 +129,7 @@ def run_variant(d: Path, batches, variant: str, threads: int) -> dict:
         t0 = time.perf_counter()
         w.start()
         for idx, toks, states in batches:
-            w.submit(_Job(idx, toks, states, None))
+            w.submit(WriterJob(idx, toks, states, None))
         w.finish()
         store.close()
         dt = time.perf_counter() - t0

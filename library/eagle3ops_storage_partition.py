@@ -1,5 +1,5 @@
 #!/usr/bin/python
-# The logic lives in python/eagle3ops/storage.py (shipped as module_utils/eagle3ops_storage.py).
+# The logic lives in python/eagle3ops/host/storage_probe.py (shipped as module_utils/eagle3ops_storage_probe.py).
 # Why not /dev/disk/by-partlabel/... + ansible.builtin.wait_for: that is what this module does where udev runs
 # (it prefers udev's link and waits for it). It exists for the hosts without udev (LXC containers, minimal
 # hosts, the nspawn test hosts): there no by-partlabel link ever appears, and the node must be created from the
@@ -52,7 +52,7 @@ created:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_storage import StorageError, partition_path
+from ansible.module_utils.eagle3ops_storage_probe import StorageError, partition_path
 
 
 def main():

@@ -24,7 +24,7 @@ description:
   - Over several hosts (O(nnodes) > 1) a node belongs to the job named by O(rdzv_id), recorded in its state; a node
     running or finished with another id is stopped if need be and relaunched into this one, resuming from the newest
     checkpoint in its save path. The train role decides the id for every node at once (docs/scale.md).
-  - On GPUs it runs C(torchrun --nproc_per_node=<visible GPUs>), after the C(gpu_free) check of eagle3ops.gpu. On a
+  - On GPUs it runs C(torchrun --nproc_per_node=<visible GPUs>), after the C(gpu_free) check of eagle3ops.gpu_free. On a
     host without GPUs it trains on CPU (the shim in C(eagle3ops.speculators_shim), pinned to speculators 0.9.0).
   - O(wait=true) blocks until the run ends (or O(timeout)) and returns the final metrics; O(wait=false) returns
     once the trainer is started.
@@ -182,7 +182,7 @@ options:
     description: Transient systemd unit name; default C(eagle3-train-<hash of run_dir>).
     type: str
   gpu_free_check:
-    description: Assert free VRAM on every GPU (eagle3ops.gpu) before launching on GPUs.
+    description: Assert free VRAM on every GPU (eagle3ops.gpu_free) before launching on GPUs.
     type: bool
     default: true
   wait:
@@ -294,127 +294,17 @@ serve_window_size:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_cli import CliRunner
 from ansible.module_utils.eagle3ops_names import deprecate_old_name
+from ansible.module_utils.eagle3ops_train_options import TRAIN
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "data_dir": {"type": "path", "required": True},
-            "verifier_path": {"type": "path", "required": True},
-            "run_dir": {"type": "path", "required": True},
-            "save_path": {"type": "path"},
-            "layer_ids": {"type": "list", "elements": "int"},
-            "draft_vocab_size": {"type": "int"},
-            "token_freq_path": {"type": "path"},
-            "epochs": {"type": "int", "default": 3},
-            "lr": {"type": "float", "default": 0.001},
-            "ttt_steps": {"type": "int", "default": 3},
-            "num_layers": {"type": "int", "default": 1},
-            "total_seq_len": {"type": "int", "default": 8192},
-            "max_steps": {"type": "int"},
-            "checkpoint_freq": {"type": "float", "default": 1.0},
-            "norm_before_residual": {"type": "bool", "default": False},
-            "attention": {"type": "str", "choices": ["full", "sliding"], "default": "full"},
-            "sliding_window": {"type": "int", "default": 2048},
-            "on_missing": {"type": "str", "choices": ["raise", "skip", "warn"], "default": "raise"},
-            "loss_implementation": {"type": "str", "choices": ["eager", "fused"], "default": "eager"},
-            "draft_attn_impl": {"type": "str", "choices": ["simple_flex_attention", "sdpa", "eager"]},
-            "device": {"type": "str", "choices": ["auto", "cpu", "gpu"], "default": "auto"},
-            "nproc": {"type": "int"},
-            "num_workers": {"type": "int"},
-            "nnodes": {"type": "int", "default": 1},
-            "node_rank": {"type": "int", "default": 0},
-            "rdzv_endpoint": {"type": "str"},
-            "rdzv_id": {"type": "str"},
-            "nic": {"type": "str"},
-            "trainer": {"type": "str", "choices": ["speculators", "ddp_probe"], "default": "speculators"},
-            "extra_config": {"type": "dict", "default": {}},
-            "env": {"type": "dict", "default": {}},
-            "restart_on_change": {"type": "bool", "default": False},
-            "launcher": {"type": "str", "choices": ["auto", "systemd", "setsid"], "default": "auto"},
-            "unit_name": {"type": "str"},
-            "gpu_free_check": {"type": "bool", "default": True},
-            "wait": {"type": "bool", "default": False},
-            "timeout": {"type": "float", "default": 3600},
-            "executable": {"type": "path"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=TRAIN.argument_spec(), supports_check_mode=True)
     deprecate_old_name(module)
     p = module.params
-    argv = [
-        "train",
-        "--data",
-        p["data_dir"],
-        "--verifier",
-        p["verifier_path"],
-        "--run-dir",
-        p["run_dir"],
-        "--epochs",
-        str(p["epochs"]),
-        "--lr",
-        repr(p["lr"]),
-        "--ttt-steps",
-        str(p["ttt_steps"]),
-        "--num-layers",
-        str(p["num_layers"]),
-        "--total-seq-len",
-        str(p["total_seq_len"]),
-        "--checkpoint-freq",
-        repr(p["checkpoint_freq"]),
-        "--attention",
-        p["attention"],
-        "--sliding-window",
-        str(p["sliding_window"]),
-        "--on-missing",
-        p["on_missing"],
-        "--device",
-        p["device"],
-        "--loss-implementation",
-        p["loss_implementation"],
-        "--trainer",
-        p["trainer"],
-        "--launcher",
-        p["launcher"],
-        "--timeout",
-        repr(p["timeout"]),
-        "--extra",
-        json.dumps(p["extra_config"] or {}),
-        "--env",
-        json.dumps(p["env"] or {}),
-    ]
-    for opt, flag in (
-        ("save_path", "--save-path"),
-        ("draft_vocab_size", "--draft-vocab-size"),
-        ("token_freq_path", "--token-freq"),
-        ("max_steps", "--max-steps"),
-        ("nproc", "--nproc"),
-        ("num_workers", "--num-workers"),
-        ("nnodes", "--nnodes"),
-        ("node_rank", "--node-rank"),
-        ("rdzv_endpoint", "--rdzv-endpoint"),
-        ("rdzv_id", "--rdzv-id"),
-        ("nic", "--nic"),
-        ("unit_name", "--unit-name"),
-        ("draft_attn_impl", "--draft-attn-impl"),
-    ):
-        if p[opt] is not None:
-            argv += [flag, str(p[opt])]
-    if p["layer_ids"]:
-        argv += ["--layer-ids", *[str(i) for i in p["layer_ids"]]]
-    if p["norm_before_residual"]:
-        argv.append("--norm-before-residual")
-    if p["restart_on_change"]:
-        argv.append("--restart-on-change")
-    if not p["gpu_free_check"]:
-        argv.append("--no-gpu-free-check")
-    if p["wait"] and not module.check_mode:
-        argv.append("--wait")
-    if module.check_mode:
-        argv.append("--check")
-    result = run_cli(module, p["executable"], argv)
+    # check mode predicts and returns at once: it never waits for a run
+    result = CliRunner(module, TRAIN).run(wait=p["wait"] and not module.check_mode)
     before, after = result.pop("before", None), result.pop("after", None)
     for warning in result.pop("warnings", None) or []:
         module.warn(warning)

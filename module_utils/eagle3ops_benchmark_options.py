@@ -1,1 +1,1 @@
-../python/eagle3ops/benchmark_options.py
+../python/eagle3ops/benchmark/options.py

@@ -1,1 +1,1 @@
-../python/eagle3ops/container.py
+../python/eagle3ops/host/container.py

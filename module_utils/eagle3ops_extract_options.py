@@ -1,1 +1,1 @@
-../python/eagle3ops/extract_options.py
+../python/eagle3ops/extract/options.py

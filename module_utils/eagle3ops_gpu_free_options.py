@@ -1,1 +1,1 @@
-../python/eagle3ops/gpu_free_options.py
+../python/eagle3ops/gpu_free/options.py

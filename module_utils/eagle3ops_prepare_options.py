@@ -1,1 +1,1 @@
-../python/eagle3ops/prepare_options.py
+../python/eagle3ops/prepare/options.py

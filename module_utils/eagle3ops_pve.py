@@ -1,1 +1,1 @@
-../python/eagle3ops/pve.py
+../python/eagle3ops/host/pve.py

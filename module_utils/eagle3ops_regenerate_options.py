@@ -1,1 +1,1 @@
-../python/eagle3ops/regenerate_options.py
+../python/eagle3ops/regenerate/options.py

@@ -1,1 +1,1 @@
-../python/eagle3ops/serve_options.py
+../python/eagle3ops/serve/options.py

@@ -1,1 +1,1 @@
-../python/eagle3ops/services.py
+../python/eagle3ops/host/services.py

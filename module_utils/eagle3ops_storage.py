@@ -1,1 +1,1 @@
-../python/eagle3ops/storage.py
+../python/eagle3ops/host/storage.py

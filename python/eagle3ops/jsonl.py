@@ -93,13 +93,20 @@ def file_lines(path: str | os.PathLike, *, errors: str = "strict") -> Iterator[t
 
 def read(path: str | os.PathLike) -> Iterator[object]:
     """Every record of a JSON Lines file (blank lines skipped); ``ValueError`` names ``path:line``."""
+    for _n, obj in numbered(path):
+        yield obj
+
+
+def numbered(path: str | os.PathLike, error: type[Exception] = ValueError) -> Iterator[tuple[int, object]]:
+    """``(line number, record)`` of every record of a JSON Lines file (blank lines skipped); a line that is not
+    JSON raises ``error`` naming ``path:line``."""
     for n, s in file_lines(path):
         if not s.strip():
             continue
         try:
-            yield json.loads(s)
+            yield n, json.loads(s)
         except ValueError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e})") from None
+            raise error(f"{path}:{n}: not valid JSON ({e})") from None
 
 
 def line_problem(raw: bytes) -> str | None:

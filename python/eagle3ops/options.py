@@ -1,11 +1,11 @@
 """Typed option definitions: each phase's options are written once, and its CLI, its Ansible module's
 ``argument_spec`` and the module's argv are derived from them.
 
-A phase's definition is a ``<phase>_options.py`` beside its code (``prepare_options.py``, ...): one
+A phase's definition is ``<phase>/options.py`` in its package (``eagle3ops/prepare/options.py``, ...): one
 :class:`Command` per ``eagle3ops`` sub-command, each a list of :class:`Option` (name, type, default, choices,
 help; the CLI flag, the module parameter and the role variable where they differ from the name). From it:
 
-- ``eagle3ops.commands.<x>`` generates the sub-command's argparse parser (:meth:`Command.add_parser`): the
+- ``eagle3ops.<phase>.commands`` generates the sub-command's argparse parser (:meth:`Command.add_parser`): the
   parsed ``args.<name>`` is what the phase's function takes;
 - the module in ``library/`` builds ``AnsibleModule(argument_spec=COMMAND.argument_spec())`` and hands its
   params to ``module_utils/eagle3ops_cli.CliRunner``, which turns them into argv with :meth:`Option.argv`;
@@ -24,6 +24,7 @@ Check mode is one flag everywhere: ``--check`` (``--plan``, its older name in so
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 __all__ = ["CHECK_FLAG", "EXECUTABLE", "Command", "Module", "Option"]
@@ -40,7 +41,7 @@ class Option:
     name: the Python name (``args.<name>``; the function parameter); also the module parameter and the role
       variable's suffix unless ``param`` / ``role`` say otherwise.
     type: an Ansible type: str, path, int, float, bool, list (with ``elements``), dict (``NAME=VALUE`` pairs on
-      the command line).
+      the command line, or with ``as_json`` one JSON object: a nested mapping such as speculators' config groups).
     default, choices, help, required: as in argparse and Ansible (one default for the CLI and the module).
     flag: the CLI flag (default ``--name-with-dashes``); ``positional=True`` makes it a positional argument.
       A bool whose default is True gets ``--flag/--no-flag``; one whose default is False ``--flag``.
@@ -56,6 +57,7 @@ class Option:
     role_default: the role's default where it deliberately differs from the module's (the agreement test checks
       ``defaults/main.yml`` and ``meta/argument_specs.yml`` against it, else against the module's default).
     no_log: passed to the argument_spec (Ansible asks for it on names that look like secrets: ``*_tokens``).
+    as_json: a dict given on the command line as one JSON object (``--extra '{"loss": {...}}'``).
     """
 
     def __init__(
@@ -81,11 +83,14 @@ class Option:
         role=None,
         role_default=_UNSET,
         no_log=None,
+        as_json=False,
     ):
         if type not in ("str", "path", "int", "float", "bool", "list", "dict"):
             raise ValueError(f"option {name}: unknown type {type!r}")
         if type == "list" and not elements:
             raise ValueError(f"option {name}: a list needs elements")
+        if as_json and type != "dict":
+            raise ValueError(f"option {name}: as_json is for a dict")
         self.name = name
         self.type = type
         self.default = default
@@ -106,6 +111,7 @@ class Option:
         self.role = role
         self.role_default = role_default
         self.no_log = no_log
+        self.as_json = as_json
 
     def __repr__(self):
         return f"Option({self.name!r}, {self.type!r}, default={self.default!r})"
@@ -164,6 +170,8 @@ class Option:
             if self.nargs == "append":
                 return [w for v in words for w in self._one(v)]
             return [self.flag, *words]
+        if self.type == "dict" and self.as_json:
+            return self._one(json.dumps(value, sort_keys=True)) if value else []
         if self.type == "dict":
             return [w for k, v in sorted(value.items()) for w in self._one(f"{k}={v}")]
         return [str(value)] if self.positional else self._one(str(value))
@@ -180,6 +188,9 @@ class Option:
         if self.type == "bool":
             kw["action"] = argparse.BooleanOptionalAction if self.negatable else "store_true"
             kw["default"] = bool(self.default)
+        elif self.type == "dict" and self.as_json:
+            kw.update(type=_json_object, default=dict(self.default or {}))
+            kw.setdefault("metavar", "JSON")
         elif self.type == "dict":
             kw.update(action=_PairsAction, default=dict(self.default or {}))
             kw.setdefault("metavar", "NAME=VALUE")
@@ -228,6 +239,17 @@ class _Append(argparse.Action):
         current = getattr(namespace, self.dest)
         items = [] if current is None or current is self.default else list(current)
         setattr(namespace, self.dest, [*items, value])
+
+
+def _json_object(text: str) -> dict:
+    """A command-line word that must be one JSON object."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, not {type(value).__name__}")
+    return value
 
 
 class _PairsAction(argparse.Action):

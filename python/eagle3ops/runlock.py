@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from eagle3ops.cli import CommandError
+from eagle3ops.command import CommandError
 
 _ENV = "EAGLE3OPS_RUNLOCK_HELD"  # "<lock path>\t<pid of the holder>" in a holder's children
 _INNER = ".eagle3ops.lock"

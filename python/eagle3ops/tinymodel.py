@@ -47,6 +47,8 @@ CHECKPOINT_FIELDS = {
 SERVABLE_MLA = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}
 # cheap on CPU (training, unit tests); widen_mla() turns a compact model into a servable one exactly
 COMPACT_MLA = {"kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}
+# smaller still: the unit tests' targets and the train fixtures' verifier, where only the shapes matter
+TINY_MLA = {"kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16}
 
 # the rest of the tiny shape: 8 layers (speculators' default ids [2, N//2, N-3] = [2, 4, 5] are distinct),
 # hidden 64, 4 heads, 2 dense first layers then MoE (4 routed experts, top-2, 1 shared)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import run_cache
-from eagle3ops import sglang_patch
+from eagle3ops.extract import sglang_patch
 from eagle3ops.store import HiddenStateStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +98,8 @@ def _calls(url):
 
 def _reference(env, tmp_path):
     """The same rows through the transformers backend (what the hook must reproduce byte for byte)."""
-    from eagle3ops.extract import ExtractConfig, run_extraction
+    from eagle3ops.extract.session import ExtractConfig
+    from eagle3ops.extract.transformers_backend import run_extraction
 
     ref = build_prepared_dataset(tmp_path / "ref", LENGTHS)
     run_extraction(ExtractConfig(data_dir=str(ref), model_path=str(env[2]), progress=False, max_batch_size=1))

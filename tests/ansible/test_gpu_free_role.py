@@ -5,7 +5,7 @@
    ``true`` it fails saying what to do.
 2. The module's option mapping, check mode, diff and idempotence: the role is pointed
    (``gpu_free_executable``) at a STAND-IN ``eagle3ops`` launcher that runs the real CLI and the
-   real ``eagle3ops.gpu`` logic with NVML replaced by ``tests/unit/nvml_standin.StandInNVML`` (no GPU here)
+   real ``eagle3ops.gpu_free`` logic with NVML replaced by ``tests/unit/nvml_standin.StandInNVML`` (no GPU here)
    and ``/dev`` by a temp dir. The holders are real ``sleep`` processes, stopped with real signals.
 """
 

@@ -26,7 +26,8 @@ import pytest
 
 pytest.importorskip("gguf")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hosts"))
-from eagle3ops import assets
+from eagle3ops.assets import fetch as assets_fetch
+from eagle3ops.assets import gguf as assets_gguf
 from eagle3ops.store import read_safetensors_header
 from runner import run_playbook
 
@@ -54,11 +55,11 @@ def _cache_dir() -> Path:
 def cache() -> Path:
     base = _cache_dir()
     try:
-        assets.fetch(base)  # downloads only what the cache lacks
-    except assets.AssetError as e:
+        assets_fetch.fetch(base)  # downloads only what the cache lacks
+    except assets_fetch.AssetError as e:
         pytest.skip(f"the real assets are neither cached in {base} nor downloadable: {e}")
     # converted once per GGUF sha256 and reused by every later run (the stamp)
-    assets.convert(assets.asset_path(base, "smollm2"), base / "models" / "SmolLM2-135M-Instruct")
+    assets_gguf.convert(assets_fetch.asset_path(base, "smollm2"), base / "models" / "SmolLM2-135M-Instruct")
     return base
 
 
@@ -71,9 +72,9 @@ def test_converted_smollm2_is_the_real_model_and_answers_paris(cache):
         576,
         49152,
     )
-    stamp = json.loads((model / assets.CONVERT_STAMP).read_text())
-    assert stamp["source_sha256"] == assets.sha256_file(assets.asset_path(cache, "smollm2"))
-    answer = assets.greedy_answer(model, "What is the capital of France?", max_new_tokens=12)
+    stamp = json.loads((model / assets_gguf.CONVERT_STAMP).read_text())
+    assert stamp["source_sha256"] == assets_fetch.sha256_file(assets_fetch.asset_path(cache, "smollm2"))
+    answer = assets_gguf.greedy_answer(model, "What is the capital of France?", max_new_tokens=12)
     assert "Paris" in answer, answer
     from transformers import AutoTokenizer
 

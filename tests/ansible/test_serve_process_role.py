@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 from eagle3_draft_fixture import make_draft_checkpoint
-from eagle3ops import serve_process as sp
-from eagle3ops.train_fixtures import make_tiny_verifier
+from eagle3ops.serve import process as sp
+from eagle3ops.train.fixtures import make_tiny_verifier
 from runner import run_playbook
 
 INVENTORY = REPO / "inventory" / "local"

@@ -120,7 +120,7 @@ def test_speculators_trains_on_every_row(pipeline, tmp_path):
     script = tmp_path / "consume.py"
     script.write_text(
         "import json, sys\n"
-        "from eagle3ops.speculators_shim import apply_cpu_shim\n"
+        "from eagle3ops.train.speculators_shim import apply_cpu_shim\n"
         "apply_cpu_shim()\n"
         "import torch\n"
         "from speculators.train.data import ArrowDataset\n"

@@ -4,7 +4,7 @@ Real: the train phase playbook, the role's guard, status probe, job decision and
 ``eagle3ops_train`` module in check mode on every node, the CLI, the train plan reading the data).
 STAND-INS: the two "hosts" are two inventory hosts with ``ansible_connection: local`` on this machine, each with its
 own run directory (the data copy between real hosts is tests/hosts/test_train_multinode_nspawn.py's); the
-training inputs are ``eagle3ops.train_fixtures``' (random hidden states; a verifier of only its config.json).
+training inputs are ``eagle3ops.train.fixtures``' (random hidden states; a verifier of only its config.json).
 
 Proves: a node left out of the play (``--limit``) refuses the job on the others before anything is read; a node
 whose data is missing stops every node at the gate, naming it and what is missing, and nothing is launched anywhere.
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops.train_fixtures import make_data_dir, write_verifier_config
+from eagle3ops.train.fixtures import make_data_dir, write_verifier_config
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -35,6 +35,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3ops.runlock import pid_alive
+
 CACHE_DIR = Path(os.environ.get("E3T_CACHE_DIR", "/var/cache/eagle3ops-tests"))
 RUN_DIR = Path(os.environ.get("E3T_RUN_DIR", "/run/eagle3ops-tests"))
 SUITE = "bookworm"
@@ -173,16 +175,6 @@ def _configure_rootfs(root: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 # Subnets: one /30 per host, claimed through files under /run
 # --------------------------------------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _cmdline(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
@@ -206,7 +198,7 @@ def _reap_stale_claim(claim: Path) -> None:
     info = dict(line.split("=", 1) for line in claim.read_text().splitlines() if "=" in line)
     nspawn_pid = int(info.get("nspawn_pid") or 0)
     name = info.get("name", "")
-    if nspawn_pid and _pid_alive(nspawn_pid):
+    if nspawn_pid and pid_alive(nspawn_pid):
         cmd = _cmdline(nspawn_pid)
         if cmd and "systemd-nspawn" in cmd[0] and name in cmd:
             _terminate(nspawn_pid)
@@ -236,7 +228,7 @@ def reap_stale_claims() -> list[int]:
     claims = RUN_DIR / "net"
     for claim in sorted(claims.glob("[0-9]*")) if claims.is_dir() else []:
         owner = _claim_owner(claim)
-        if owner and _pid_alive(owner):
+        if owner and pid_alive(owner):
             continue
         with contextlib.suppress(Exception):
             _reap_stale_claim(claim)
@@ -281,7 +273,7 @@ def _terminate(pid: int, timeout: float = 20.0) -> None:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _pid_alive(pid) or _is_zombie(pid):
+        if not pid_alive(pid) or _is_zombie(pid):
             break
         time.sleep(0.1)
     else:

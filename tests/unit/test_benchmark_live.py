@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops import promptsets as ps
-from eagle3ops import report as rp
-from eagle3ops import serve_process as sp
+from eagle3ops.benchmark import promptsets as ps
+from eagle3ops.benchmark import report as rp
 from eagle3ops.cli import main
+from eagle3ops.serve import process as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_serve_live import start_with_and_without
@@ -89,7 +89,7 @@ def test_mtbench_first_and_both_turns_and_bad_rows(files, tmp_path):
     with pytest.raises(ps.PromptSetError, match=r"bad.jsonl:1: only input_ids; a live server needs text"):
         ps.load_set(bad)
     bad.write_text("{not json\n")
-    with pytest.raises(ps.PromptSetError, match=r"bad.jsonl:1: not JSON"):
+    with pytest.raises(ps.PromptSetError, match=r"bad.jsonl:1: not valid JSON"):
         ps.load_set(bad)
     with pytest.raises(ps.PromptSetError, match="expected NAME=PATH"):
         ps.parse_set_arg("mtbench")

@@ -1,10 +1,10 @@
-"""eagle3ops.container.converge — the container phase's orchestration — called directly, as the module calls it.
+"""eagle3ops.host.container.converge — the container phase's orchestration — called directly, as the module calls it.
 
 STAND-INS (no Proxmox VE host can run here), said plainly: ``pct`` is tests/fixtures/pct (PVE's config syntax,
 ``[pve:pending]`` for non-hotplug keys of a running container, ``start`` applies them; its files under
 ``PCT_STANDIN_ROOT``), and the NVIDIA nodes are real character devices made with mknod in a temporary "/dev"
 with an H200 host's majors, whose /proc/devices is tests/fixtures/pve/proc-devices.txt. Real: the config files,
-the planning (eagle3ops.pve), the raw-line write under the config lock, every ``pct`` call as a process.
+the planning (eagle3ops.host.pve), the raw-line write under the config lock, every ``pct`` call as a process.
 The whole module over Ansible on an nspawn host: tests/hosts/test_container.py.
 """
 
@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from eagle3ops import container
+from eagle3ops.host import container
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of character devices needs root")
 

@@ -27,8 +27,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eagle3_draft_fixture import edit_config, make_draft_checkpoint
-from eagle3ops import convert as cv
-from eagle3ops.train_fixtures import make_tiny_verifier
+from eagle3ops.serve import convert as cv_convert
+from eagle3ops.train.fixtures import make_tiny_verifier
 
 
 def _sglang_source(member: str, version: str = "0.5.23") -> str:
@@ -145,7 +145,7 @@ def test_converted_draft_loads_completely_through_the_real_load_weights(base, ea
     import torch
     from safetensors.torch import load_file
 
-    res = cv.convert(base[which], tmp_path / "draft")
+    res = cv_convert.convert(base[which], tmp_path / "draft")
     cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
     assert res["changed"] and cfg == res["config"]
     weights = load_file(str(tmp_path / "draft" / "model.safetensors"))
@@ -189,7 +189,7 @@ def test_converted_draft_loads_completely_through_the_real_load_weights(base, ea
 
 
 def test_config_has_what_sglang_reads(base, eagle3_src, tmp_path, sglang_version):
-    res = cv.convert(base["ckpt1"], tmp_path / "draft", sglang_version=sglang_version)
+    res = cv_convert.convert(base["ckpt1"], tmp_path / "draft", sglang_version=sglang_version)
     assert res["stamp"]["sglang_version"] == sglang_version
     cfg = res["config"]
     entry = re.search(r"^EntryClass = \[(.*)\]", eagle3_src, re.M).group(1)
@@ -244,17 +244,24 @@ def test_layer_id_rules_match_the_real_model_files(sglang_version):
 
 
 def test_layer_ids_per_target_convention():
-    assert cv.sglang_layer_ids([2, 4, 5], "DeepseekV3ForCausalLM") == ([2, 4, 5], "as_is_unless_first_is_1")
-    assert cv.sglang_layer_ids([2, 30, 58], "LlamaForCausalLM")[0] == [1, 29, 57]
-    with pytest.raises(cv.ConvertError, match="shifts ids that start with 1"):
-        cv.sglang_layer_ids([1, 4, 5], "DeepseekV3ForCausalLM")
-    with pytest.raises(cv.ConvertError, match="layer id 0"):
-        cv.sglang_layer_ids([0, 4, 5], "Qwen3ForCausalLM")
-    with pytest.raises(cv.ConvertError, match="--sglang-layer-ids"):
-        cv.sglang_layer_ids([2, 4, 5], "MysteryForCausalLM")
-    assert cv.sglang_layer_ids([2, 4, 5], "DeepseekV3ForCausalLM", sglang_version="0.5.17")[0] == [2, 4, 5]
-    with pytest.raises(cv.ConvertError, match=r"known versions: 0\.5\.17, 0\.5\.23"):
-        cv.sglang_layer_ids([2, 4, 5], "DeepseekV3ForCausalLM", sglang_version="0.6.0")
+    assert cv_convert.sglang_layer_ids([2, 4, 5], "DeepseekV3ForCausalLM") == (
+        [2, 4, 5],
+        "as_is_unless_first_is_1",
+    )
+    assert cv_convert.sglang_layer_ids([2, 30, 58], "LlamaForCausalLM")[0] == [1, 29, 57]
+    with pytest.raises(cv_convert.ConvertError, match="shifts ids that start with 1"):
+        cv_convert.sglang_layer_ids([1, 4, 5], "DeepseekV3ForCausalLM")
+    with pytest.raises(cv_convert.ConvertError, match="layer id 0"):
+        cv_convert.sglang_layer_ids([0, 4, 5], "Qwen3ForCausalLM")
+    with pytest.raises(cv_convert.ConvertError, match="--sglang-layer-ids"):
+        cv_convert.sglang_layer_ids([2, 4, 5], "MysteryForCausalLM")
+    assert cv_convert.sglang_layer_ids([2, 4, 5], "DeepseekV3ForCausalLM", sglang_version="0.5.17")[0] == [
+        2,
+        4,
+        5,
+    ]
+    with pytest.raises(cv_convert.ConvertError, match=r"known versions: 0\.5\.17, 0\.5\.23"):
+        cv_convert.sglang_layer_ids([2, 4, 5], "DeepseekV3ForCausalLM", sglang_version="0.6.0")
 
 
 def test_unservable_checkpoints_are_refused_with_what_to_do(base, tmp_path):
@@ -274,15 +281,15 @@ def test_unservable_checkpoints_are_refused_with_what_to_do(base, tmp_path):
     }
     for name, (changes, needle) in cases.items():
         bad = edit_config(ck, tmp_path / name, **changes)
-        with pytest.raises(cv.ConvertError) as e:
-            cv.convert(bad, tmp_path / f"{name}-out")
+        with pytest.raises(cv_convert.ConvertError) as e:
+            cv_convert.convert(bad, tmp_path / f"{name}-out")
         assert needle in str(e.value) and str(bad) in str(e.value), (name, str(e.value))
         assert not (tmp_path / f"{name}-out").exists()
     # a sliding-window draft is servable with the matching window, and says how
     swa = tmp_path / "swa"
-    with pytest.raises(cv.ConvertError, match="serve window 256 != the trained sliding window 512"):
-        cv.convert(swa, tmp_path / "swa-out", serve_window=256)
-    res = cv.convert(swa, tmp_path / "swa-out", serve_window=512)
+    with pytest.raises(cv_convert.ConvertError, match="serve window 256 != the trained sliding window 512"):
+        cv_convert.convert(swa, tmp_path / "swa-out", serve_window=256)
+    res = cv_convert.convert(swa, tmp_path / "swa-out", serve_window=512)
     assert res["serve_args"][-2:] == ["--speculative-draft-window-size", "512"]
 
 

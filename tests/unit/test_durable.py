@@ -1,6 +1,6 @@
 """eagle3ops.durable: the one sha256 / atomic-write / directory-swap implementation, and the rule that the host
-wing (storage, pve, services and durable itself) and every other file shipped as a module_util (the option
-definitions: options.py, <phase>_options.py) need only the standard library.
+wing (eagle3ops.host: storage, pve, services and their helpers; durable) and every other file shipped as a module_util
+(the option definitions: options.py, <phase>/options.py) need only the standard library.
 
 Real files in tmp_path throughout. Faults are real where the OS can make them cheaply: a write that exceeds
 RLIMIT_FSIZE (EFBIG from the kernel, mid-write), a rename onto a directory, a missing parent. The fsync test wraps
@@ -25,18 +25,29 @@ from eagle3ops import durable
 
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "python" / "eagle3ops"
-# The host wing: runs on targets where eagle3ops is not installed (shipped as module_utils/eagle3ops_<name>.py)
-HOST_WING = ("container", "durable", "pve", "services", "storage")
-# Every file shipped that way, under the same rule: the host wing and the option definitions the modules import
-# (options.py and each phase's <phase>_options.py; tests/unit/test_options.py)
-HOST_MODULES = tuple(
-    sorted(
-        p.resolve().stem
-        for p in (REPO / "module_utils").glob("eagle3ops_*.py")
-        if p.is_symlink() and p.resolve().parent == PKG
-    )
+
+
+def _shipped(repo: Path, pkg: Path) -> dict[str, str]:
+    """``module_utils/eagle3ops_<name>.py`` symlink name -> the dotted module it ships (``eagle3ops.host.storage``)."""
+    out = {}
+    for p in sorted((repo / "module_utils").glob("eagle3ops_*.py")):
+        if p.is_symlink() and p.resolve().is_relative_to(pkg.resolve()):
+            rel = p.resolve().relative_to(pkg.resolve()).with_suffix("")
+            out[p.stem] = ".".join(("eagle3ops", *rel.parts))
+    return out
+
+
+# Every file shipped as a module_util (what Ansible copies to targets where eagle3ops is not installed): the host
+# wing (eagle3ops.host: storage, pve, services and their helpers; durable, which they import), the option
+# definitions the modules import (options.py and each phase's <phase>/options.py; tests/unit/test_options.py)
+SHIPPED = _shipped(REPO, PKG)
+HOST_MODULES = tuple(sorted(SHIPPED.values()))
+# The host wing: every file of eagle3ops/host/ (and durable) runs on targets without eagle3ops
+HOST_WING = (
+    "eagle3ops.durable",
+    *sorted(f"eagle3ops.host.{p.stem}" for p in (PKG / "host").glob("*.py") if p.stem != "__init__"),
 )
-assert set(HOST_WING) <= set(HOST_MODULES) and "options" in HOST_MODULES, HOST_MODULES
+assert "eagle3ops.options" in HOST_MODULES and "eagle3ops.host.storage" in HOST_MODULES, HOST_MODULES
 
 
 def _leftovers(d: Path) -> list[str]:
@@ -238,76 +249,103 @@ def _fallbacks(tree: ast.AST) -> dict[int, set[str]]:
 
 def _walk_imports(tree: ast.AST) -> list[tuple[str, ast.AST]]:
     """Every module imported anywhere under ``tree`` (top level, functions, try blocks), with its node;
-    ``from eagle3ops import durable`` also counts as ``eagle3ops.durable``."""
+    ``from eagle3ops.host import _fs`` also counts as ``eagle3ops.host._fs`` (a name of a package is counted
+    as its submodule too: ``from eagle3ops import durable``)."""
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [(a.name, node) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.append((node.module, node))
-            if node.module in ("eagle3ops", "ansible.module_utils"):
+            if node.module.split(".")[0] == "eagle3ops" or node.module == "ansible.module_utils":
                 out += [(f"{node.module}.{a.name}", node) for a in node.names]
     return out
 
 
-def _violations(name: str) -> list[str]:
-    """What in ``python/eagle3ops/<name>.py`` would fail on a host with only the standard library and the
-    shipped module_utils files."""
-    path = PKG / f"{name}.py"
+def _module_file(dotted: str, pkg: Path) -> Path | None:
+    """The file of an eagle3ops module (``eagle3ops.host.storage`` -> .../host/storage.py), None for a package
+    or a name that is no module (``from eagle3ops.store import HiddenStateStore``)."""
+    if dotted == "eagle3ops":
+        return None
+    f = pkg / Path(*dotted.split(".")[1:]).with_suffix(".py")
+    return f if f.is_file() else None
+
+
+def _violations(dotted: str) -> list[str]:
+    """What in the file of ``dotted`` would fail on a host with only the standard library and the shipped
+    module_utils files."""
+    shipped = _shipped(REPO, PKG)  # read here (not the constant): the self-test below swaps REPO and PKG
+    path = _module_file(dotted, PKG)
     tree = ast.parse(path.read_text())
     fallbacks = _fallbacks(tree)  # keyed by node identity: the same parse as below
+    by_module = {m: name for name, m in shipped.items()}
     bad = []
     for mod, node in _walk_imports(tree):
         top = mod.split(".")[0]
         where = f"{path.relative_to(REPO)}:{node.lineno}"
-        if top in sys.stdlib_module_names or mod in ("eagle3ops", "ansible", "ansible.module_utils"):
+        if top in sys.stdlib_module_names or mod in ("ansible", "ansible.module_utils"):
             continue
         if mod.startswith("ansible.module_utils."):
-            shipped = mod.rsplit(".", 1)[1]
-            host = shipped.removeprefix("eagle3ops_")
-            link = REPO / "module_utils" / f"{shipped}.py"
-            if host not in HOST_MODULES or not link.is_symlink() or link.resolve() != (PKG / f"{host}.py"):
-                bad.append(f"{where}: {mod} is not a host-wing file shipped as module_utils/{shipped}.py")
+            name = mod.rsplit(".", 1)[1]
+            if name not in shipped:
+                bad.append(f"{where}: {mod} is not a file shipped as module_utils/{name}.py")
             continue
         if top == "eagle3ops":
-            sub = mod.split(".")[1] if "." in mod else ""
-            if sub not in HOST_MODULES:
-                bad.append(f"{where}: imports {mod}, which is not in the host wing {HOST_MODULES}")
-            elif f"ansible.module_utils.eagle3ops_{sub}" not in fallbacks.get(id(node), set()):
+            if _module_file(mod, PKG) is None:
+                if (PKG / Path(*mod.split(".")[1:]) / "__init__.py").is_file() or mod == "eagle3ops":
+                    continue  # a package (its __init__ is a docstring): the name imported from it is checked
+                parent = mod.rsplit(".", 1)[0]
+                if _module_file(parent, PKG) is not None:
+                    continue  # a name imported from a module: the module is checked as its own entry
+            if mod not in by_module:
+                bad.append(f"{where}: imports {mod}, which is not shipped as a module_util (the host wing)")
+            elif f"ansible.module_utils.{by_module[mod]}" not in fallbacks.get(id(node), set()):
                 bad.append(
                     f"{where}: imports {mod} without the `except ImportError:` fallback to "
-                    f"ansible.module_utils.eagle3ops_{sub} (what a target without eagle3ops has)"
+                    f"ansible.module_utils.{by_module[mod]} (what a target without eagle3ops has)"
                 )
             continue
         bad.append(f"{where}: imports {mod}, not in the standard library")
     return bad
 
 
-@pytest.mark.parametrize("name", HOST_MODULES)
-def test_host_wing_imports_only_the_stdlib_and_shipped_host_files(name):
+@pytest.mark.parametrize("dotted", HOST_MODULES)
+def test_host_wing_imports_only_the_stdlib_and_shipped_host_files(dotted):
     """Every import in the file, including ones inside functions (which a blocker at import time cannot see)."""
-    assert _violations(name) == []
-    link = REPO / "module_utils" / f"eagle3ops_{name}.py"
-    assert link.is_symlink() and link.resolve() == (PKG / f"{name}.py").resolve()
+    assert _violations(dotted) == []
+
+
+def test_every_host_wing_file_is_shipped():
+    """A file added to eagle3ops/host/ runs on targets too: it must be shipped (and so held to the rule above)."""
+    assert set(HOST_WING) <= set(HOST_MODULES), sorted(set(HOST_WING) - set(HOST_MODULES))
 
 
 def test_the_import_check_catches_a_third_party_and_an_unshipped_import(tmp_path, monkeypatch):
-    """The check above can fail: a copy of storage.py with a lazy `import yaml` and a bare `eagle3ops.store`."""
+    """The check above can fail: a copy of storage.py with a lazy `import yaml`, a bare `eagle3ops.store` and a
+    host-wing import without its fallback."""
     fake = tmp_path / "python" / "eagle3ops"
-    fake.mkdir(parents=True)
-    src = (PKG / "storage.py").read_text()
-    (fake / "storage.py").write_text(
-        src + "\n\ndef _later():\n    import yaml\n    from eagle3ops import store\n    return yaml, store\n"
+    (fake / "host").mkdir(parents=True)
+    src = (PKG / "host" / "storage.py").read_text()
+    (fake / "host" / "storage.py").write_text(
+        src + "\n\ndef _later():\n    import yaml\n    from eagle3ops import store\n"
+        "    from eagle3ops.host import _fs\n    return yaml, store, _fs\n"
     )
-    shutil.copy(PKG / "durable.py", fake / "durable.py")
+    for rel in ("durable.py", "host/_fs.py", "host/storage_probe.py", "host/__init__.py"):
+        shutil.copy(PKG / rel, fake / rel)
     (tmp_path / "module_utils").mkdir()
-    (tmp_path / "module_utils" / "eagle3ops_durable.py").symlink_to(fake / "durable.py")
+    for name, rel in (
+        ("durable", "durable.py"),
+        ("fs", "host/_fs.py"),
+        ("storage_probe", "host/storage_probe.py"),
+    ):
+        (tmp_path / "module_utils" / f"eagle3ops_{name}.py").symlink_to(fake / rel)
     monkeypatch.setattr(sys.modules[__name__], "PKG", fake)
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-    bad = _violations("storage")
+    bad = _violations("eagle3ops.host.storage")
     assert any("imports yaml, not in the standard library" in b for b in bad), bad
-    assert any("eagle3ops.store, which is not in the host wing" in b for b in bad), bad
-    assert len(bad) == 2, bad
+    assert any("eagle3ops.store, which is not shipped" in b for b in bad), bad
+    assert any("eagle3ops.host._fs without the `except ImportError:` fallback" in b for b in bad), bad
+    assert len(bad) == 3, bad
 
 
 _BLOCKER = """
@@ -337,12 +375,12 @@ def _import_blocked(module: str, *allowed: str, path: list[str], isolated: bool 
     )
 
 
-@pytest.mark.parametrize("name", HOST_MODULES)
-def test_host_wing_imports_with_every_non_stdlib_package_blocked(name):
-    """Import ``eagle3ops.<name>`` in a fresh interpreter whose meta path refuses anything outside the standard
-    library except eagle3ops itself (its package __init__ included)."""
-    r = _import_blocked(f"eagle3ops.{name}", "eagle3ops", path=[str(PKG.parent)])
-    assert r.returncode == 0 and f"imported eagle3ops.{name}" in r.stdout, r.stderr
+@pytest.mark.parametrize("dotted", HOST_MODULES)
+def test_host_wing_imports_with_every_non_stdlib_package_blocked(dotted):
+    """Import the module in a fresh interpreter whose meta path refuses anything outside the standard library
+    except eagle3ops itself (its package __init__ files included)."""
+    r = _import_blocked(dotted, "eagle3ops", path=[str(PKG.parent)])
+    assert r.returncode == 0 and f"imported {dotted}" in r.stdout, r.stderr
 
 
 def test_the_blocker_refuses_a_third_party_package():
@@ -350,7 +388,7 @@ def test_the_blocker_refuses_a_third_party_package():
     assert r.returncode != 0 and "blocked non-stdlib import 'yaml'" in r.stderr
 
 
-@pytest.mark.parametrize("name", [n for n in HOST_MODULES if n != "durable"])
+@pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_shipped_module_utils_import_on_a_host_without_eagle3ops(tmp_path, name):
     """What Ansible ships: the module_utils files as ``ansible.module_utils.eagle3ops_*`` in an interpreter with
     no site-packages at all (-I -S), eagle3ops blocked as well. The ``ansible`` package here is the smallest
@@ -359,28 +397,27 @@ def test_shipped_module_utils_import_on_a_host_without_eagle3ops(tmp_path, name)
     mu.mkdir(parents=True)
     (tmp_path / "ansible" / "__init__.py").write_text("")
     (mu / "__init__.py").write_text("")
-    for f in (REPO / "module_utils").glob("eagle3ops_*.py"):
-        if f.is_symlink() and f.resolve().parent == PKG:
-            shutil.copy(f.resolve(), mu / f.name)
-    r = _import_blocked(
-        f"ansible.module_utils.eagle3ops_{name}", "ansible", path=[str(tmp_path)], isolated=True
-    )
+    for shipped in SHIPPED:
+        shutil.copy((REPO / "module_utils" / f"{shipped}.py").resolve(), mu / f"{shipped}.py")
+    r = _import_blocked(f"ansible.module_utils.{name}", "ansible", path=[str(tmp_path)], isolated=True)
     assert r.returncode == 0 and "imported" in r.stdout, r.stderr
 
 
 def test_storage_state_file_written_through_the_shipped_copy(tmp_path):
-    """storage.atomic_write_json on the target path (durable from ansible.module_utils), same bytes as here."""
+    """storage.atomic_write_json on the target path (durable from ansible.module_utils, through _fs), same bytes
+    as here."""
     mu = tmp_path / "ansible" / "module_utils"
     mu.mkdir(parents=True)
     (tmp_path / "ansible" / "__init__.py").write_text("")
     (mu / "__init__.py").write_text("")
-    for n in ("storage", "durable"):
-        shutil.copy(PKG / f"{n}.py", mu / f"eagle3ops_{n}.py")
+    for n, rel in (("storage", "host/storage.py"), ("storage_probe", "host/storage_probe.py"), ("fs", "host/_fs.py"),
+                   ("durable", "durable.py")):  # fmt: skip
+        shutil.copy(PKG / rel, mu / f"eagle3ops_{n}.py")
     out = tmp_path / "state" / "s.json"
     code = (
         f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
         "from ansible.module_utils import eagle3ops_storage as s\n"
-        "assert s._durable.__name__ == 'ansible.module_utils.eagle3ops_durable', s._durable.__name__\n"
+        "assert s._fs._durable.__name__ == 'ansible.module_utils.eagle3ops_durable', s._fs._durable.__name__\n"
         f"s.atomic_write_json({str(out)!r}, {{'step': 'copied', 'when': object}})\n"
     )
     r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=False)

@@ -8,14 +8,9 @@ import sys
 
 import pytest
 import torch
-from eagle3ops.extract import (
-    ExtractConfig,
-    ExtractError,
-    make_batches,
-    plan_extraction,
-    resolve_layer_ids,
-    run_extraction,
-)
+from eagle3ops.extract.errors import ExtractError
+from eagle3ops.extract.session import ExtractConfig, plan_extraction, resolve_layer_ids
+from eagle3ops.extract.transformers_backend import make_batches, run_extraction
 from eagle3ops.store import HiddenStateStore
 from safetensors.torch import load_file
 from tinymodels import build_prepared_dataset

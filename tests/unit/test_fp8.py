@@ -9,15 +9,17 @@ import json
 
 import pytest
 import torch
-from eagle3ops.extract import (
+from eagle3ops.extract.session import ExtractConfig, plan_extraction
+from eagle3ops.extract.transformers_backend import run_extraction
+from eagle3ops.store import (
     FP8_SCALES_KEY,
-    ExtractConfig,
-    plan_extraction,
+    HiddenStateStore,
+    load_sample,
     quantize_fp8,
-    run_extraction,
+    read_safetensors_header,
+    sample_nbytes,
     serialize_sample,
 )
-from eagle3ops.store import HiddenStateStore, load_sample, read_safetensors_header, sample_nbytes
 from safetensors.torch import load_file
 from tinymodels import build_prepared_dataset
 

@@ -24,7 +24,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from eagle3ops import gpu
+from eagle3ops.gpu_free import check as gpu_check
+from eagle3ops.gpu_free import holders as gpu_holders
+from eagle3ops.gpu_free import nvml as gpu_nvml
+from eagle3ops.gpu_free import stop as gpu_stop
 from nvml_standin import StandInNVML, alive
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +86,7 @@ def run(nvml, dev, **kw):
     kw.setdefault("timeout_s", 2)
     kw.setdefault("poll_s", 0.02)
     kw.setdefault("grace_s", 2)
-    return gpu.ensure_free(nvml=nvml, dev_dir=str(dev), **kw)
+    return gpu_check.ensure_free(nvml=nvml, dev_dir=str(dev), **kw)
 
 
 # --------------------------------------------------------------------------- memory rule
@@ -114,7 +117,7 @@ def test_old_driver_falls_back_to_v1_minus_allowance(dev):
 def test_v1_allowance_is_not_a_blank_cheque(dev):
     # 3000 MiB used by nobody NVML lists: above the 1024 MiB allowance, so not free
     nvml = StandInNVML([{"reserved": 615, "other": 3000}], v2=False)
-    with pytest.raises(gpu.GpuFreeError) as e:
+    with pytest.raises(gpu_nvml.GpuFreeError) as e:
         run(nvml, dev, timeout_s=0.2)
     g = e.value.details["gpus"][0]
     assert g["used_mib"] == pytest.approx(3615 - 1024) and not g["free"]
@@ -124,7 +127,7 @@ def test_v1_allowance_is_not_a_blank_cheque(dev):
 def test_threshold_allows_small_usage(dev):
     nvml = StandInNVML([{"other": 40}])
     assert run(nvml, dev, threshold_mib=64)["free"]
-    with pytest.raises(gpu.GpuFreeError):
+    with pytest.raises(gpu_nvml.GpuFreeError):
         run(nvml, dev, threshold_mib=16, timeout_s=0.1)
 
 
@@ -132,7 +135,7 @@ def test_gpu_selection_by_index_and_uuid_and_unknown(dev):
     nvml = StandInNVML([{}, {"other": 5000}, {}])
     r = run(nvml, dev, gpus=["0", "GPU-standin-0002"])
     assert [g["index"] for g in r["gpus"]] == [0, 2]
-    with pytest.raises(gpu.GpuFreeError, match=r"GPU '7' is not on .*3 GPU\(s\)"):
+    with pytest.raises(gpu_nvml.GpuFreeError, match=r"GPU '7' is not on .*3 GPU\(s\)"):
         run(nvml, dev, gpus=["7"])
 
 
@@ -143,7 +146,7 @@ def test_foreign_holder_fails_with_pid_user_cmdline_and_mib(dev, spawn):
     p = spawn(0)
     nvml = StandInNVML([{"procs": {p.pid: 40960}}, {}])
     t0 = time.monotonic()
-    with pytest.raises(gpu.GpuFreeError) as e:
+    with pytest.raises(gpu_nvml.GpuFreeError) as e:
         run(nvml, dev, timeout_s=0.5)
     assert 0.5 <= time.monotonic() - t0 < 3  # waited the timeout, not longer
     assert alive(p.pid), "a holder that is not allow-listed must never be signalled"
@@ -166,9 +169,9 @@ def test_holder_exiting_by_itself_within_timeout_passes(dev, spawn):
 
 
 def test_allow_listed_by_run_id_in_environment_is_stopped(dev, spawn):
-    mine = spawn(0, env={gpu.RUN_ID_VAR: "extract-42"})
+    mine = spawn(0, env={gpu_holders.RUN_ID_VAR: "extract-42"})
     nvml = StandInNVML([{"procs": {mine.pid: 40960}}])
-    r = run(nvml, dev, allow=gpu.AllowList(run_ids=["extract-42"]))
+    r = run(nvml, dev, allow=gpu_holders.AllowList(run_ids=["extract-42"]))
     assert r["free"] and r["changed"]
     (s,) = r["stopped"]
     assert s["pid"] == mine.pid and s["allowed_by"] == "run_id:extract-42" and s["action"] == "stopped"
@@ -177,11 +180,11 @@ def test_allow_listed_by_run_id_in_environment_is_stopped(dev, spawn):
 
 
 def test_run_id_as_command_line_token_and_other_run_ids_untouched(dev, spawn):
-    mine = spawn(0, argv0_marker=f"{gpu.RUN_ID_VAR}=train-7")
-    other = spawn(1, env={gpu.RUN_ID_VAR: "train-8"})
+    mine = spawn(0, argv0_marker=f"{gpu_holders.RUN_ID_VAR}=train-7")
+    other = spawn(1, env={gpu_holders.RUN_ID_VAR: "train-8"})
     nvml = StandInNVML([{"procs": {mine.pid: 100}}, {"procs": {other.pid: 100}}])
-    with pytest.raises(gpu.GpuFreeError) as e:
-        run(nvml, dev, allow=gpu.AllowList(run_ids=["train-7"]), timeout_s=0.5)
+    with pytest.raises(gpu_nvml.GpuFreeError) as e:
+        run(nvml, dev, allow=gpu_holders.AllowList(run_ids=["train-7"]), timeout_s=0.5)
     assert not alive(mine.pid) and alive(other.pid)
     assert [h["pid"] for h in e.value.details["holders"]] == [other.pid]
     assert "run id train-8 is not allow-listed" in str(e.value)
@@ -192,50 +195,60 @@ def test_cmdline_pattern_and_sigkill_after_grace(dev, spawn):
     stubborn = spawn(0, ignore_term=True, argv0_marker="--eagle3ops-extract")
     nvml = StandInNVML([{"procs": {stubborn.pid: 500}}])
     t0 = time.monotonic()
-    r = run(nvml, dev, allow=gpu.AllowList(cmdline_patterns=[r"^sleep --eagle3ops-extract\b"]), grace_s=0.5)
+    r = run(
+        nvml,
+        dev,
+        allow=gpu_holders.AllowList(cmdline_patterns=[r"^sleep --eagle3ops-extract\b"]),
+        grace_s=0.5,
+    )
     assert r["free"] and r["stopped"][0]["action"] == "killed"
     assert stubborn.wait(timeout=5) == -signal.SIGKILL
     assert time.monotonic() - t0 >= 0.5  # SIGTERM was given its grace period first
 
 
 def test_pattern_matching_everything_is_refused():
-    with pytest.raises(gpu.GpuFreeError, match="matches an empty command line"):
-        gpu.AllowList(cmdline_patterns=[".*"])
-    with pytest.raises(gpu.GpuFreeError, match="not a regular expression"):
-        gpu.AllowList(cmdline_patterns=["("])
+    with pytest.raises(gpu_nvml.GpuFreeError, match="matches an empty command line"):
+        gpu_holders.AllowList(cmdline_patterns=[".*"])
+    with pytest.raises(gpu_nvml.GpuFreeError, match="not a regular expression"):
+        gpu_holders.AllowList(cmdline_patterns=["("])
     for broad in ("python3", "python", "^/usr/bin/python3", "sleep"):
-        with pytest.raises(gpu.GpuFreeError, match="generic command line"):
-            gpu.AllowList(cmdline_patterns=[broad])
+        with pytest.raises(gpu_nvml.GpuFreeError, match="generic command line"):
+            gpu_holders.AllowList(cmdline_patterns=[broad])
     for broad in ("*", "*.service", "s*"):
-        with pytest.raises(gpu.GpuFreeError, match="list the GPU services by name"):
-            gpu.AllowList(units=[broad])
+        with pytest.raises(gpu_nvml.GpuFreeError, match="list the GPU services by name"):
+            gpu_holders.AllowList(units=[broad])
     # specific entries are fine
-    gpu.AllowList(
+    gpu_holders.AllowList(
         cmdline_patterns=[r"python3 -m sglang\.launch_server"], units=["vllm.service", "sglang-*.service"]
     )
 
 
 def test_check_mode_reports_what_would_be_stopped_and_stops_nothing(dev, spawn):
-    mine = spawn(0, env={gpu.RUN_ID_VAR: "r1"})
+    mine = spawn(0, env={gpu_holders.RUN_ID_VAR: "r1"})
     nvml = StandInNVML([{"procs": {mine.pid: 4096}}])
-    r = run(nvml, dev, allow=gpu.AllowList(run_ids=["r1"]), check_mode=True)
+    r = run(nvml, dev, allow=gpu_holders.AllowList(run_ids=["r1"]), check_mode=True)
     assert r["changed"] is True and r["check_mode"] is True
     assert [w["pid"] for w in r["would_stop"]] == [mine.pid] and r["would_stop"][0]["action"] == "would_stop"
     assert "stopped" not in r
     time.sleep(0.1)
     assert alive(mine.pid)
     # and without the allow-list, check mode predicts the failure
-    with pytest.raises(gpu.GpuFreeError, match="check mode: 1 GPU"):
+    with pytest.raises(gpu_nvml.GpuFreeError, match="check mode: 1 GPU"):
         run(nvml, dev, check_mode=True, timeout_s=0.2)
     assert alive(mine.pid)
 
 
 def test_pid_of_another_namespace_is_reported_with_local_device_users(dev, spawn):
     ghost = free_pid()
-    local = spawn(0, env={gpu.RUN_ID_VAR: "not-ours"})  # a process of ours holding /dev/nvidia0
+    local = spawn(0, env={gpu_holders.RUN_ID_VAR: "not-ours"})  # a process of ours holding /dev/nvidia0
     nvml = StandInNVML([{"procs": {ghost: 30000}}], foreign={ghost})
-    with pytest.raises(gpu.GpuFreeError) as e:
-        run(nvml, dev, allow=gpu.AllowList(run_ids=["ours"], cmdline_patterns=["^vllm"]), timeout_s=0.3)
+    with pytest.raises(gpu_nvml.GpuFreeError) as e:
+        run(
+            nvml,
+            dev,
+            allow=gpu_holders.AllowList(run_ids=["ours"], cmdline_patterns=["^vllm"]),
+            timeout_s=0.3,
+        )
     by_pid = {h["pid"]: h for h in e.value.details["holders"]}
     assert set(by_pid) == {ghost, local.pid}
     assert by_pid[ghost]["visible"] is False and by_pid[ghost]["source"] == "nvml"
@@ -251,10 +264,10 @@ def test_inside_a_container_the_allow_listed_local_process_behind_a_host_pid_is_
     """NVML reports the host's PID (not in our /proc); our process with /dev/nvidia0 open is found by its
     device file, matched by run id, and stopped; the GPU frees when it exits (stand-in ``aliases``)."""
     host_pid = free_pid()
-    local = spawn(0, env={gpu.RUN_ID_VAR: "extract-9"})
-    bystander = spawn(1, env={gpu.RUN_ID_VAR: "extract-9"})  # same run id, but on a GPU that is free
+    local = spawn(0, env={gpu_holders.RUN_ID_VAR: "extract-9"})
+    bystander = spawn(1, env={gpu_holders.RUN_ID_VAR: "extract-9"})  # same run id, but on a GPU that is free
     nvml = StandInNVML([{"procs": {host_pid: 50000}}, {}], aliases={host_pid: local.pid})
-    allow = gpu.AllowList(run_ids=["extract-9"])
+    allow = gpu_holders.AllowList(run_ids=["extract-9"])
     r = run(nvml, dev, allow=allow, check_mode=True)
     assert r["free"] and [w["pid"] for w in r["would_stop"]] == [local.pid] and alive(local.pid)
     r = run(nvml, dev, allow=allow)
@@ -265,7 +278,7 @@ def test_inside_a_container_the_allow_listed_local_process_behind_a_host_pid_is_
 def test_memory_used_by_no_listed_process_names_the_device_users(dev, spawn):
     local = spawn(1)
     nvml = StandInNVML([{}, {"other": 2048}])
-    with pytest.raises(gpu.GpuFreeError) as e:
+    with pytest.raises(gpu_nvml.GpuFreeError) as e:
         run(nvml, dev, timeout_s=0.2)
     assert (
         f"GPU 1: 2048 MiB used (> 0) by no process NVML lists; processes here with its device file open: [{local.pid}]"
@@ -275,10 +288,10 @@ def test_memory_used_by_no_listed_process_names_the_device_users(dev, spawn):
 
 def test_visible_pid_without_nvidia_device_open_is_unverified_and_not_stopped(dev, spawn):
     # NVML's PID number exists here but that process has no /dev/nvidia* open: it is somebody else
-    bystander = spawn(0, hold=False, env={gpu.RUN_ID_VAR: "r9"})
+    bystander = spawn(0, hold=False, env={gpu_holders.RUN_ID_VAR: "r9"})
     nvml = StandInNVML([{"procs": {bystander.pid: 1000}}])
-    with pytest.raises(gpu.GpuFreeError) as e:
-        run(nvml, dev, allow=gpu.AllowList(run_ids=["r9"]), timeout_s=0.3)
+    with pytest.raises(gpu_nvml.GpuFreeError) as e:
+        run(nvml, dev, allow=gpu_holders.AllowList(run_ids=["r9"]), timeout_s=0.3)
     (h,) = e.value.details["holders"]
     assert h["verified"] is False and h["allowed_by"] is None
     assert "no /dev/nvidia* open here" in h["hint"]
@@ -289,9 +302,9 @@ def test_no_driver_fails_clearly_or_skips_when_not_required(monkeypatch):
     """Real: this CPU host has no libnvidia-ml, so the real pynvml.nvmlInit fails."""
     if Path("/dev/nvidiactl").exists():
         pytest.skip("this host has an NVIDIA driver")
-    with pytest.raises(gpu.NoDriver, match=r"NVML could not initialise .*gpu_free_gpu_required: false"):
-        gpu.ensure_free()
-    r = gpu.ensure_free(gpu_required=False)
+    with pytest.raises(gpu_nvml.NoDriver, match=r"NVML could not initialise .*gpu_free_gpu_required: false"):
+        gpu_check.ensure_free()
+    r = gpu_check.ensure_free(gpu_required=False)
     assert r["skipped"] is True and r["changed"] is False and "gpu_required is false" in r["msg"]
 
 
@@ -300,8 +313,8 @@ def test_no_usable_nvml_on_a_host_with_nvidia_devices_is_never_skipped(dev):
     nvidiactl: a GPU host with a broken driver must fail even with gpu_required false."""
     if Path("/dev/nvidiactl").exists():
         pytest.skip("this host has an NVIDIA driver")
-    with pytest.raises(gpu.NoDriver, match="this host has NVIDIA GPUs: not skipping"):
-        gpu.ensure_free(gpu_required=False, dev_dir=str(dev))
+    with pytest.raises(gpu_nvml.NoDriver, match="this host has NVIDIA GPUs: not skipping"):
+        gpu_check.ensure_free(gpu_required=False, dev_dir=str(dev))
 
 
 # --------------------------------------------------------------------------- cgroup attribution
@@ -328,15 +341,17 @@ def test_no_usable_nvml_on_a_host_with_nvidia_devices_is_never_skipped(dev):
     ],
 )
 def test_parse_cgroup(text, unit, container):
-    info = gpu.parse_cgroup(text)
+    info = gpu_holders.parse_cgroup(text)
     assert info["unit"] == unit and info["container"] == container
 
 
 def test_user_manager_units_are_flagged_and_not_matched_by_unit_allow_list():
-    info = gpu.parse_cgroup("0::/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service\n")
+    info = gpu_holders.parse_cgroup(
+        "0::/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service\n"
+    )
     assert info["user_unit"] is True
-    h = gpu.Holder(pid=1, visible=True, verified=True, unit=info["unit"], user_unit=True)
-    assert gpu.AllowList(units=["vllm.service"]).match(h) is None
+    h = gpu_holders.Holder(pid=1, visible=True, verified=True, unit=info["unit"], user_unit=True)
+    assert gpu_holders.AllowList(units=["vllm.service"]).match(h) is None
 
 
 needs_cgroup_root = pytest.mark.skipif(
@@ -384,7 +399,7 @@ def test_holder_in_a_systemd_unit_names_the_unit_and_the_services_phase(dev, spa
     p = spawn(0)
     cgroups(p.pid, "vllm.service")
     nvml = StandInNVML([{"procs": {p.pid: 70000}}])
-    with pytest.raises(gpu.GpuFreeError) as e:
+    with pytest.raises(gpu_nvml.GpuFreeError) as e:
         run(nvml, dev, timeout_s=0.3)
     (h,) = e.value.details["holders"]
     assert h["unit"] == "vllm.service" and h["cgroup"].endswith(".slice/vllm.service")
@@ -394,27 +409,27 @@ def test_holder_in_a_systemd_unit_names_the_unit_and_the_services_phase(dev, spa
 
 @needs_cgroup_root
 def test_allow_listed_unit_is_stopped_by_signal_without_systemd(dev, spawn, cgroups, monkeypatch):
-    monkeypatch.setattr(gpu, "_systemd_running", lambda: False)
+    monkeypatch.setattr(gpu_stop, "systemd_running", lambda: False)
     p = spawn(0)
     q = spawn(1)  # same GPU box, another unit: must stay
     cgroups(p.pid, "sglang-extract.service")
     cgroups(q.pid, "vllm.service")
     nvml = StandInNVML([{"procs": {p.pid: 1000}}, {}])
-    r = run(nvml, dev, allow=gpu.AllowList(units=["sglang-*.service"]), gpus=["0"])
+    r = run(nvml, dev, allow=gpu_holders.AllowList(units=["sglang-*.service"]), gpus=["0"])
     assert r["free"] and r["stopped"][0]["allowed_by"] == "unit:sglang-*.service"
     assert p.wait(timeout=5) == -signal.SIGTERM and alive(q.pid)
 
 
 def _systemctl_standin(tmp_path, monkeypatch, then: str = "") -> Path:
     """A STAND-IN ``systemctl`` first on PATH (systemd is not PID 1 here) that appends its arguments to the
-    returned log and then runs the shell line ``then``; and ``eagle3ops.gpu`` told that systemd runs."""
+    returned log and then runs the shell line ``then``; and ``eagle3ops.gpu_free`` told that systemd runs."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     log = tmp_path / "systemctl.log"
     (bindir / "systemctl").write_text(f'#!/bin/bash\necho "$@" >> {log}\n{then}\n')
     (bindir / "systemctl").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    monkeypatch.setattr(gpu, "_systemd_running", lambda: True)
+    monkeypatch.setattr(gpu_stop, "systemd_running", lambda: True)
     return log
 
 
@@ -428,7 +443,7 @@ def test_allow_listed_unit_is_stopped_with_systemctl_when_systemd_runs(
     cg = cgroups(p.pid, "vllm.service")
     log = _systemctl_standin(tmp_path, monkeypatch, f"kill $(cat {cg}/cgroup.procs)")
     nvml = StandInNVML([{"procs": {p.pid: 1000}}])
-    r = run(nvml, dev, allow=gpu.AllowList(units=["vllm.service"]))
+    r = run(nvml, dev, allow=gpu_holders.AllowList(units=["vllm.service"]))
     assert r["free"] and r["stopped"][0]["action"] == "systemctl-stopped"
     assert log.read_text().split() == ["stop", "vllm.service"]
     assert p.wait(timeout=5) == -signal.SIGTERM
@@ -444,7 +459,7 @@ def test_unit_inside_a_container_is_signalled_not_systemctl_stopped(
     cgroups(p.pid, "lxc.payload.105/system.slice/vllm.service")
     log = _systemctl_standin(tmp_path, monkeypatch)
     nvml = StandInNVML([{"procs": {p.pid: 1000}}])
-    r = run(nvml, dev, allow=gpu.AllowList(units=["vllm.service"]))
+    r = run(nvml, dev, allow=gpu_holders.AllowList(units=["vllm.service"]))
     (s,) = r["stopped"]
     assert s["container"] == "lxc:105" and s["unit"] == "vllm.service" and s["action"] == "stopped"
     assert not log.exists()
@@ -457,7 +472,7 @@ def test_holder_in_a_container_scope_names_the_container(dev, spawn, cgroups):
     cid = "c0ffee" * 10 + "abcd"
     cgroups(p.pid, f"docker-{cid}.scope")
     nvml = StandInNVML([{"procs": {p.pid: 1000}}])
-    with pytest.raises(gpu.GpuFreeError) as e:
+    with pytest.raises(gpu_nvml.GpuFreeError) as e:
         run(nvml, dev, timeout_s=0.2)
     (h,) = e.value.details["holders"]
     assert h["container"] == f"docker:{cid[:12]}"
@@ -583,12 +598,13 @@ def test_unprivileged_run_cannot_verify_a_root_holder_and_never_signals_it(dev, 
     code = f"""
 import json, sys
 sys.path[:0] = [{str(REPO / "python")!r}, {str(REPO / "tests" / "unit")!r}]
-from eagle3ops import gpu
+from eagle3ops.gpu_free.check import GpuFreeError, ensure_free
+from eagle3ops.gpu_free.holders import AllowList
 from nvml_standin import StandInNVML
 try:
-    gpu.ensure_free(nvml=StandInNVML([{{"procs": {{{p.pid}: 512}}}}]), dev_dir={str(dev)!r}, timeout_s=0.3,
-                    poll_s=0.05, allow=gpu.AllowList(cmdline_patterns=["^sleep --e3t-marker"]))
-except gpu.GpuFreeError as e:
+    ensure_free(nvml=StandInNVML([{{"procs": {{{p.pid}: 512}}}}]), dev_dir={str(dev)!r}, timeout_s=0.3,
+                poll_s=0.05, allow=AllowList(cmdline_patterns=["^sleep --e3t-marker"]))
+except GpuFreeError as e:
     print(json.dumps(e.details["holders"]))
 """
     r = subprocess.run(

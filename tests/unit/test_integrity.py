@@ -2,7 +2,7 @@
 and the target model cannot change under a resumed run.
 
 Real parts: the store, real safetensors files written by the real writer (``HiddenStateStore.write_sample`` over
-:func:`eagle3ops.extract.sample_parts`), the real planner, ``status``, the ``eagle3ops verify`` CLI, the train
+:func:`eagle3ops.store.sample_parts`), the real planner, ``status``, the ``eagle3ops verify`` CLI, the train
 phase's completeness check, and a real tiny target directory (``config.json`` + ``model.safetensors``).
 STAND-IN: the hidden states' *values* are random tensors of the right shapes instead of the tiny target's own
 states (the planner and the checks never look at values; the one test that runs the real extraction is
@@ -20,8 +20,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from eagle3ops import extract as ex
 from eagle3ops.cli import main as cli_main
+from eagle3ops.extract import session as ex_session
+from eagle3ops.extract import status as ex_status
+from eagle3ops.extract import transformers_backend as ex_transformers_backend
+from eagle3ops.extract import writer as ex_writer
 from eagle3ops.store import HiddenStateStore, StoreError
 from tinymodels import build_prepared_dataset
 
@@ -32,7 +35,7 @@ K1, H = len(LAYERS) + 1, 64
 
 def _sample(i: int, n: int) -> list:
     g = torch.Generator().manual_seed(100 + i)
-    return ex.sample_parts(torch.arange(n), torch.randn(n, K1, H, generator=g).to(torch.bfloat16))
+    return ex_writer.sample_parts(torch.arange(n), torch.randn(n, K1, H, generator=g).to(torch.bfloat16))
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +43,10 @@ def prepared(tmp_path_factory):
     return build_prepared_dataset(tmp_path_factory.mktemp("integ-prep") / "data", LENGTHS)
 
 
-def _cfg(data, model, **kw) -> ex.ExtractConfig:
-    return ex.ExtractConfig(data_dir=str(data), model_path=str(model), layer_ids=LAYERS, progress=False, **kw)
+def _cfg(data, model, **kw) -> ex_session.ExtractConfig:
+    return ex_session.ExtractConfig(
+        data_dir=str(data), model_path=str(model), layer_ids=LAYERS, progress=False, **kw
+    )
 
 
 @pytest.fixture
@@ -51,9 +56,9 @@ def store_dir(prepared, tiny_target, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(prepared, data)
     cfg = _cfg(data, tiny_target)
-    facts = ex.model_facts(tiny_target)
+    facts = ex_session.model_facts(tiny_target)
     store = HiddenStateStore(data)
-    store.ensure_meta(ex.build_meta(cfg, facts, LAYERS, len(LENGTHS)))
+    store.ensure_meta(ex_session.build_meta(cfg, facts, LAYERS, len(LENGTHS)))
     entries = [store.write_sample(i, _sample(i, n), n, fsync=False) for i, n in enumerate(LENGTHS)]
     store.append_manifest(entries)
     store.close()
@@ -85,11 +90,11 @@ def test_plan_and_status_find_a_damaged_file(store_dir, tiny_target, kind):
     """Fails on the code before issue 16: the plan trusted the manifest and said "complete"."""
     store = HiddenStateStore(store_dir)
     _damage(store.path(3), kind)
-    plan = ex.plan_extraction(_cfg(store_dir, tiny_target))
+    plan = ex_session.plan_extraction(_cfg(store_dir, tiny_target))
     assert plan["to_extract"] == 1 and plan["done_before"] == len(LENGTHS) - 1, plan
     assert list(plan["damaged_files"]) == ["3"], plan
     assert str(store.path(3)) in plan["damaged_files"]["3"]["file"]
-    st = ex.status(store_dir)
+    st = ex_status.status(store_dir)
     assert st["damaged"] == 1 and st["remaining"] == 1, st
     # read-only: nothing moved, the manifest untouched
     assert not (store.dir / "damaged").exists()
@@ -153,7 +158,7 @@ def test_duplicate_manifest_lines_count_once_and_collapse(store_dir):
     assert scan.duplicates() == {1: 2, 2: 2, 4: 2}
     ro = store.plan(LENGTHS, num_states=K1, hidden_size=H, dtype="bfloat16", adopt=False)
     assert ro.done == len(LENGTHS) and ro.remaining == [] and ro.duplicates == 3
-    assert ex.status(store_dir)["duplicate_manifest_lines"] == 3
+    assert ex_status.status(store_dir)["duplicate_manifest_lines"] == 3
     store.plan(LENGTHS, num_states=K1, hidden_size=H, dtype="bfloat16")  # a real run's plan rewrites them
     assert store.scan_manifest().duplicates() == {}
     n_lines = sum(len(p.read_text().splitlines()) for p in store.dir.glob("manifest-rank*.jsonl"))
@@ -180,7 +185,8 @@ def test_verify_cli_reports_and_moves_aside(store_dir, capsys):
 
 def test_train_refuses_a_store_with_a_missing_file(store_dir):
     """Fails on the code before issue 16: the train check counted manifest lines only."""
-    from eagle3ops.train import TrainError, check_samples
+    from eagle3ops.train.inputs import check_samples
+    from eagle3ops.train.spec import TrainError
 
     store = HiddenStateStore(store_dir)
     meta = store.read_meta()
@@ -217,23 +223,25 @@ def test_weights_swapped_in_place_with_equal_size_are_refused(prepared, own_mode
     data = tmp_path / "data2"
     shutil.copytree(prepared, data)
     cfg = _cfg(data, own_model)
-    HiddenStateStore(data).ensure_meta(ex.build_meta(cfg, ex.model_facts(own_model), LAYERS, len(LENGTHS)))
+    HiddenStateStore(data).ensure_meta(
+        ex_session.build_meta(cfg, ex_session.model_facts(own_model), LAYERS, len(LENGTHS))
+    )
     _swap_weights_same_size(own_model)
     with pytest.raises(StoreError, match=r"model\.safetensors.*(--data|on-model-change)"):
-        ex.plan_extraction(cfg)
+        ex_session.plan_extraction(cfg)
     with pytest.raises(StoreError, match=r"weights"):
         HiddenStateStore(data).ensure_meta(
-            ex.build_meta(cfg, ex.model_facts(own_model), LAYERS, len(LENGTHS))
+            ex_session.build_meta(cfg, ex_session.model_facts(own_model), LAYERS, len(LENGTHS))
         )
     # --on-model-change discard: the old states are moved aside (never deleted) and the store starts over
     store = HiddenStateStore(data)
     store.append_manifest([store.write_sample(0, _sample(0, LENGTHS[0]), LENGTHS[0], fsync=False)])
     store.close()
-    meta = ex.build_meta(cfg, ex.model_facts(own_model), LAYERS, len(LENGTHS))
+    meta = ex_session.build_meta(cfg, ex_session.model_facts(own_model), LAYERS, len(LENGTHS))
     moved = HiddenStateStore(data).ensure_meta(meta, on_model_change="discard")
     assert moved and (Path(moved) / "hs_0.safetensors").exists()
     assert HiddenStateStore(data).scan_manifest().indices() == set()
-    ex.plan_extraction(cfg)  # now consistent
+    ex_session.plan_extraction(cfg)  # now consistent
 
 
 def test_full_content_hash_accepts_a_touched_copy(prepared, own_model, tmp_path):
@@ -241,13 +249,13 @@ def test_full_content_hash_accepts_a_touched_copy(prepared, own_model, tmp_path)
     shutil.copytree(prepared, data)
     cfg = _cfg(data, own_model, model_hash=True)
     HiddenStateStore(data).ensure_meta(
-        ex.build_meta(cfg, ex.model_facts(own_model, content_hash=True), LAYERS, 6)
+        ex_session.build_meta(cfg, ex_session.model_facts(own_model, content_hash=True), LAYERS, 6)
     )
     f = own_model / "model.safetensors"
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 9_000_000_000))  # same bytes, new mtime
-    ex.plan_extraction(cfg)  # the content hash says it is the same model
+    ex_session.plan_extraction(cfg)  # the content hash says it is the same model
     with pytest.raises(StoreError, match="weights"):  # without the hash, the new mtime is refused
-        ex.plan_extraction(_cfg(data, own_model))
+        ex_session.plan_extraction(_cfg(data, own_model))
 
 
 def test_old_meta_without_weight_facts_still_resumes(store_dir, tiny_target):
@@ -256,9 +264,11 @@ def test_old_meta_without_weight_facts_still_resumes(store_dir, tiny_target):
     for k in [k for k in meta if k.startswith("model_weights") or k == "model_content_hash"]:
         del meta[k]
     store.meta_path.write_text(json.dumps(meta))  # an extract_meta.json from before issue 16
-    plan = ex.plan_extraction(_cfg(store_dir, tiny_target))
+    plan = ex_session.plan_extraction(_cfg(store_dir, tiny_target))
     assert plan["to_extract"] == 0
-    store.ensure_meta(ex.build_meta(_cfg(store_dir, tiny_target), ex.model_facts(tiny_target), LAYERS, 6))
+    store.ensure_meta(
+        ex_session.build_meta(_cfg(store_dir, tiny_target), ex_session.model_facts(tiny_target), LAYERS, 6)
+    )
     assert "model_weights" in store.read_meta()  # migrated on the real run
 
 
@@ -321,9 +331,9 @@ def test_fast_header_compare_matches_the_writer(dtype):
 
     states = torch.randn(7, K1, H)
     parts = (
-        ex.sample_parts(torch.arange(7), *ex.quantize_fp8(states))
+        ex_writer.sample_parts(torch.arange(7), *ex_transformers_backend.quantize_fp8(states))
         if dtype == "float8_e4m3fn"
-        else ex.sample_parts(torch.arange(7), states.to(torch.bfloat16))
+        else ex_writer.sample_parts(torch.arange(7), states.to(torch.bfloat16))
     )
     head, total = sample_header(7, K1, H, dtype)
     assert bytes(parts[0]) == head and sum(len(p) for p in parts) == total

@@ -14,8 +14,10 @@ import shutil
 
 import pytest
 import torch
-from eagle3ops import extract as ex
 from eagle3ops.cli import main as cli_main
+from eagle3ops.extract import session as ex_session
+from eagle3ops.extract import shards as ex_shards
+from eagle3ops.extract import writer as ex_writer
 from eagle3ops.store import HiddenStateStore
 from tinymodels import build_prepared_dataset
 
@@ -26,11 +28,11 @@ K1, H = len(LAYERS) + 1, 64
 
 def test_shares_are_disjoint_and_cover_every_row():
     # hosts with 1, 2 and 3 workers: ranks [0], [1, 2], [3, 4, 5] of 6
-    shares = [ex.shard_indices(100, 6, rs, None) for rs in ([0], [1, 2], [3, 4, 5])]
+    shares = [ex_shards.shard_indices(100, 6, rs, None) for rs in ([0], [1, 2], [3, 4, 5])]
     flat = [i for s in shares for i in s]
     assert sorted(flat) == list(range(100)) and len(flat) == len(set(flat))
     assert shares[0] == list(range(0, 100, 6))
-    assert ex.shard_indices(10, 3, [1, 2], limit=5) == [1, 2, 4]
+    assert ex_shards.shard_indices(10, 3, [1, 2], limit=5) == [1, 2, 4]
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +42,18 @@ def prepared(tmp_path_factory):
 
 def _store(prepared, model, dest, rows, world=None, ranks=None):
     shutil.copytree(prepared, dest)
-    cfg = ex.ExtractConfig(data_dir=str(dest), model_path=str(model), layer_ids=LAYERS, progress=False)
+    cfg = ex_session.ExtractConfig(
+        data_dir=str(dest), model_path=str(model), layer_ids=LAYERS, progress=False
+    )
     store = HiddenStateStore(dest, rank=(ranks or [0])[0])
-    store.ensure_meta(ex.build_meta(cfg, ex.model_facts(model), LAYERS, len(LENGTHS)))
+    store.ensure_meta(ex_session.build_meta(cfg, ex_session.model_facts(model), LAYERS, len(LENGTHS)))
     g = torch.Generator().manual_seed(7)
-    parts = {i: ex.sample_parts(torch.arange(LENGTHS[i]), torch.randn(LENGTHS[i], K1, H, generator=g).bfloat16())
+    parts = {i: ex_writer.sample_parts(torch.arange(LENGTHS[i]), torch.randn(LENGTHS[i], K1, H, generator=g).bfloat16())
              for i in rows}  # fmt: skip
     store.append_manifest([store.write_sample(i, parts[i], LENGTHS[i], fsync=False) for i in rows])
     store.close()
     if world:
-        ex.check_shard(dest, world, ranks, write=True)
+        ex_shards.check_shard(dest, world, ranks, write=True)
     return dest
 
 

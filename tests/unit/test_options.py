@@ -1,4 +1,4 @@
-"""One definition per option (issue 19): each phase's ``python/eagle3ops/<phase>_options.py`` is the only place
+"""One definition per option (issue 19): each phase's ``python/eagle3ops/<phase>/options.py`` is the only place
 where an option's name, type, default and choices are written; everything else either comes from it or is
 checked against it here.
 
@@ -16,7 +16,12 @@ checked against it here.
 (e) params -> argv -> the generated parser gives every value back (the runner loses and renames nothing), for
     non-default values, for the defaults, and for a value that starts with ``-``;
 (f) check mode is ``--check`` in every command, ``--plan`` still works; older flags (``--allow-unit``,
-    ``--gpu-optional``, ...) still work; a renamed flag fails with one line naming the new one, exit 2.
+    ``--gpu-optional``, ...) still work; a renamed flag fails with one line naming the new one, exit 2;
+(g) the Python API the commands call (``prepare()``, ``ExtractConfig``, ``TrainSpec``, ``ensure_free()``, ...)
+    has the definition's defaults, or a reason beside the one that differs.
+
+Every phase with a definition is covered: prepare, extract (+ sglang-extract), regenerate, gpu_free, train,
+serve (convert, serve-process), benchmark.
 """
 
 from __future__ import annotations
@@ -48,13 +53,13 @@ from test_role_argument_specs import (
 
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "python" / "eagle3ops"
-DEFINITIONS = sorted(p.stem for p in PKG.glob("*_options.py"))
+DEFINITIONS = sorted(p.parent.name for p in PKG.glob("*/options.py"))  # the phases with a definition
 
 
 def _defined(kind) -> list:
     out = []
     for name in DEFINITIONS:
-        mod = importlib.import_module(f"eagle3ops.{name}")
+        mod = importlib.import_module(f"eagle3ops.{name}.options")
         out += [v for v in vars(mod).values() if isinstance(v, kind)]
     return out
 
@@ -67,10 +72,13 @@ WITH_ROLE = sorted(n for n, c in COMMANDS.items() if c.role)
 
 def test_every_phase_definition_is_shipped_and_found():
     """Each definition is a module_util (the modules import it on the target) and defines commands."""
-    assert DEFINITIONS, "no python/eagle3ops/*_options.py"
-    for name in [*DEFINITIONS, "options"]:
+    assert DEFINITIONS, "no python/eagle3ops/<phase>/options.py"
+    for name, path in [
+        *((f"{n}_options", PKG / n / "options.py") for n in DEFINITIONS),
+        ("options", PKG / "options.py"),
+    ]:
         link = REPO / "module_utils" / f"eagle3ops_{name}.py"
-        assert link.is_symlink() and link.resolve() == (PKG / f"{name}.py").resolve(), link
+        assert link.is_symlink() and link.resolve() == path.resolve(), link
     assert COMMANDS, "no Command in the definitions"
 
 
@@ -358,3 +366,114 @@ def test_the_agreement_checks_can_fail():
     assert _disagreements("w", {"type": "int", "default": 3, "choices": [1, 3], "required": True}, o, 3)
     lst = options.Option("y", "list", elements="int")
     assert _disagreements("w", {"type": "list", "elements": "str"}, lst, None)
+
+
+# ---- (g) the Python API's defaults -------------------------------------------------------------------
+# The functions and settings classes the commands call keep their own defaults (a caller from Python, a test, a
+# bench script gets them); here they must equal the definition's (the CLI's), or differ for the reason given.
+
+
+def _api_defaults(api) -> dict:
+    """{parameter: default} of a function, or of a dataclass's fields (factories called)."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(api):
+        out = {}
+        for f in dataclasses.fields(api):
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+        return out
+    return {
+        n: p.default
+        for n, p in inspect.signature(api).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
+def _api(dotted: str):
+    mod, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(mod), name)
+
+
+# (API, command, {API name: option name} where they differ, {API name: why its default differs})
+API_DEFAULTS = [
+    ("eagle3ops.prepare.dataset.prepare", "prepare", {}, {}),
+    (
+        "eagle3ops.extract.session.ExtractConfig",
+        "extract",
+        {"data_dir": "data", "model_path": "model", "margin_frac": "margin"},
+        {
+            "world_size": "the option's None means one worker: the command passes world_size or 1",
+            "rank": "the option's None means rank 0 (or --first-rank's ranks): the command passes rank or 0",
+        },
+    ),
+    (
+        "eagle3ops.extract.sglang_client.SGLangExtractConfig",
+        "sglang-extract",
+        {"data_dir": "data", "model_path": "model", "margin_frac": "margin"},
+        {},
+    ),
+    ("eagle3ops.regenerate.config.RegenerateConfig", "regenerate", {}, {}),
+    (
+        "eagle3ops.gpu_free.check.ensure_free",
+        "gpu-free",
+        {
+            "timeout_s": "timeout",
+            "poll_s": "poll_interval",
+            "grace_s": "stop_grace",
+            "v1_allowance_mib": "v1_reserved_allowance_mib",
+        },
+        {"gpus": "None selects every GPU, the option's ['all'] too"},
+    ),
+    ("eagle3ops.train.spec.TrainSpec", "train", {"extra": "extra_config"}, {}),
+    (
+        "eagle3ops.serve.convert.convert",
+        "convert",
+        {},
+        {"sglang_version": "None is sglang_versions.DEFAULT_VERSION, the option's default"},
+    ),
+    ("eagle3ops.benchmark.acceptance.run", "benchmark-acceptance", {}, {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("api", "name", "renamed", "differs"), API_DEFAULTS, ids=[a[0] for a in API_DEFAULTS]
+)
+def test_the_python_api_defaults_are_the_definitions(api, name, renamed, differs):
+    cmd = COMMANDS[name]
+    opts = {o.name: o for o in cmd.options}
+    compared, problems = 0, []
+    for param, default in _api_defaults(_api(api)).items():
+        o = opts.get(renamed.get(param, param))
+        if o is None or param in differs:
+            continue
+        compared += 1
+        if default != o.default and not (isinstance(o.default, list) and list(default or ()) == o.default):
+            problems.append(
+                f"{api}({param}={default!r}): the definition's {o.name} defaults to {o.default!r}"
+            )
+    assert compared, f"{api}: no parameter maps to an option of {name}"
+    assert not problems, "\n".join(problems)
+    for param in differs:  # a documented difference must still be one (else the reason is stale)
+        o = opts[renamed.get(param, param)]
+        assert _api_defaults(_api(api))[param] != o.default, (
+            f"{api}({param}): the same default now; drop the reason"
+        )
+
+
+def test_the_named_constants_are_the_definitions():
+    """Constants the logic uses for a default the definition also states."""
+    from eagle3ops.gpu_free import nvml
+    from eagle3ops.train import options as train_options
+    from eagle3ops.train import spec
+
+    assert (
+        COMMANDS["gpu-free"].option("v1_reserved_allowance_mib").default
+        == nvml.DEFAULT_V1_RESERVED_ALLOWANCE_MIB
+    )
+    assert spec.DEFAULT_DRAFT_VOCAB == train_options.DEFAULT_DRAFT_VOCAB
+    # the plan's loss kernel when none is given is the module's and the role's default
+    assert COMMANDS["train"].option("loss_implementation").module_default == "eager"

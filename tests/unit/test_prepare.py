@@ -17,9 +17,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from eagle3ops import demo as demo_mod
-from eagle3ops import prepare as prep
 from eagle3ops.cli import main as cli_main
-from eagle3ops.prepare import PrepareError, load_rows_lengths, prepare
+from eagle3ops.prepare import dataset as prep_dataset
+from eagle3ops.prepare import render as prep_render
+from eagle3ops.prepare.dataset import load_rows_lengths, prepare
+from eagle3ops.prepare.errors import PrepareError
 
 
 def quiet(msg: str) -> None:
@@ -92,11 +94,11 @@ def test_output_is_speculators_offline_contract(prepared):
     assert result["changed"] is True
     assert result["num_rows"] == len(ds)
     assert result["num_tokens"] == sum(load_rows_lengths(out))
-    meta = json.loads((out / prep.META_NAME).read_text())
+    meta = json.loads((out / prep_dataset.META_NAME).read_text())
     assert meta["num_rows"] == len(ds) and meta["fingerprint"] == result["fingerprint"]
     assert meta["speculators_version"] == "0.9.0"
 
-    freq = torch.load(out / prep.TOKEN_FREQ, weights_only=True)
+    freq = torch.load(out / prep_dataset.TOKEN_FREQ, weights_only=True)
     assert sum(freq.values()) == result["num_supervised_tokens"]
     supervised = torch.cat([r["input_ids"][r["loss_mask"].bool()] for r in ds])
     assert freq == dict(zip(*[t.tolist() for t in supervised.unique(return_counts=True)], strict=True))
@@ -280,7 +282,7 @@ def test_skip_policy_lists_every_skipped_row(tmp_path, model):
     result = prepare(model, [src], out, on_error="skip", log=quiet)
     assert result["num_rows"] == 3
     assert [s.split(": ")[0] for s in result["skipped"]] == [f"{src}:{n}" for n in sorted(BAD_MESSAGES)]
-    assert json.loads((out / prep.META_NAME).read_text())["skipped"] == result["skipped"]
+    assert json.loads((out / prep_dataset.META_NAME).read_text())["skipped"] == result["skipped"]
     # the same data under the default policy: the bad rows are still an error, and nothing changes
     with pytest.raises(PrepareError, match=r"bad\.jsonl:2"):
         prepare(model, [src], out, log=quiet)
@@ -385,11 +387,11 @@ def test_missing_file_is_repaired_keeping_hidden_states(prepared, tmp_path, mode
     arrow = out / "data-00000-of-00001.arrow"
     good = arrow.read_bytes()
     arrow.write_bytes(good[:100])  # damaged: its size no longer matches prepare_meta.json
-    (out / prep.TOKEN_FREQ).unlink()
+    (out / prep_dataset.TOKEN_FREQ).unlink()
     res = prepare(model, [demo["conversations_path"]], out, max_length=512, log=quiet)
     assert res["changed"] is True and res["removed_hidden_states"] == 0
     assert res["fingerprint"] == first["fingerprint"]
-    assert arrow.read_bytes() == good and (out / prep.TOKEN_FREQ).exists()
+    assert arrow.read_bytes() == good and (out / prep_dataset.TOKEN_FREQ).exists()
     assert (out / "hidden_states" / "hs_0.safetensors").read_bytes() == b"x" * 64
     assert prepare(model, [demo["conversations_path"]], out, max_length=512, log=quiet)["changed"] is False
 
@@ -432,14 +434,14 @@ def test_stale_temp_dirs_of_a_killed_run_are_cleaned(tmp_path, model):
 
 def test_pinned_to_speculators_0_9_0(monkeypatch):
     """The installed version is read through importlib.metadata; patched here to play a newer release."""
-    real = prep.importlib.metadata.version
+    real = prep_render.importlib.metadata.version
     monkeypatch.setattr(
-        prep.importlib.metadata, "version", lambda n: "0.10.0" if n == "speculators" else real(n)
+        prep_render.importlib.metadata, "version", lambda n: "0.10.0" if n == "speculators" else real(n)
     )
     with pytest.raises(
         PrepareError, match=r"speculators 0\.10\.0 is installed.*pinned to speculators 0\.9\.0"
     ):
-        prep.speculators_preprocessing()
+        prep_render.speculators_preprocessing()
 
 
 def test_cli_json_result_and_error(tmp_path, model, capsys):

@@ -1,4 +1,4 @@
-"""Unit tests for eagle3ops.pve: PVE LXC config round-trip and edits, NVIDIA device discovery, plans.
+"""Unit tests for eagle3ops.host.pve: PVE LXC config round-trip and edits, NVIDIA device discovery, plans.
 
 The configs under tests/fixtures/pve are written the way PVE 8 writes them (description comments, keys,
 raw lxc.* lines, then snapshot sections and a [pve:pending] section); no PVE host runs here.
@@ -10,20 +10,22 @@ import os
 from pathlib import Path
 
 import pytest
-from eagle3ops import pve
+from eagle3ops.host import pve
+from eagle3ops.host import pve_container as pve_pve_container
+from eagle3ops.host import pve_devices as pve_pve_devices
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "pve"
 PROC = (FIX / "proc-devices.txt").read_text()
 
 # the 8-GPU host as /dev shows it (majors from a real H200 host's driver 580 layout)
 HOST = [
-    *[pve.Device(f"/dev/nvidia{i}", 195, i) for i in range(8)],
-    pve.Device("/dev/nvidiactl", 195, 255),
-    pve.Device("/dev/nvidia-modeset", 195, 254),
-    pve.Device("/dev/nvidia-uvm", 508, 0),
-    pve.Device("/dev/nvidia-uvm-tools", 508, 1),
-    pve.Device("/dev/nvidia-caps/nvidia-cap1", 234, 1),
-    pve.Device("/dev/nvidia-caps/nvidia-cap2", 234, 2),
+    *[pve_pve_devices.Device(f"/dev/nvidia{i}", 195, i) for i in range(8)],
+    pve_pve_devices.Device("/dev/nvidiactl", 195, 255),
+    pve_pve_devices.Device("/dev/nvidia-modeset", 195, 254),
+    pve_pve_devices.Device("/dev/nvidia-uvm", 508, 0),
+    pve_pve_devices.Device("/dev/nvidia-uvm-tools", 508, 1),
+    pve_pve_devices.Device("/dev/nvidia-caps/nvidia-cap1", 234, 1),
+    pve_pve_devices.Device("/dev/nvidia-caps/nvidia-cap2", 234, 2),
 ]
 
 
@@ -109,7 +111,7 @@ def test_set_key_before_raw_lines_and_remove_raw():
 
 # ---- devices ---------------------------------------------------------------------------------------
 def test_parse_proc_devices_char_only():
-    majors = pve.parse_proc_devices(PROC)
+    majors = pve_pve_devices.parse_proc_devices(PROC)
     assert majors[195] == "nvidia"
     assert majors[508] == "nvidia-uvm"
     assert majors[234] == "nvidia-caps"
@@ -125,45 +127,45 @@ def test_scan_dev_reads_majors_from_stat(tmp_path):
         os.mknod(p, 0o666 | 0o020000, os.makedev(d.major, d.minor))
     (tmp_path / "nvidia-not-a-device").write_text("x")
     (tmp_path / "sda").write_text("x")
-    found = pve.scan_dev(str(tmp_path))
+    found = pve_pve_devices.scan_dev(str(tmp_path))
     assert found[:8] == HOST[:8]  # GPUs first, by index
     assert sorted(found, key=str) == sorted(
         HOST, key=str
     )  # then the rest, by path; the file and sda are ignored
-    assert found[8] == pve.Device("/dev/nvidia-caps/nvidia-cap1", 234, 1)
-    assert pve.check_devices(found, pve.parse_proc_devices(PROC), str(tmp_path)) == []
+    assert found[8] == pve_pve_devices.Device("/dev/nvidia-caps/nvidia-cap1", 234, 1)
+    assert pve_pve_devices.check_devices(found, pve_pve_devices.parse_proc_devices(PROC), str(tmp_path)) == []
 
 
 def test_stale_node_after_kernel_change_is_refused():
-    stale = [*HOST[:9], pve.Device("/dev/nvidia-uvm", 509, 0)]  # node made under the old kernel
+    stale = [*HOST[:9], pve_pve_devices.Device("/dev/nvidia-uvm", 509, 0)]  # node made under the old kernel
     with pytest.raises(pve.PveError, match=r"nvidia-uvm has major 509.*nvidia-uvm=508.*stale"):
-        pve.check_devices(stale, pve.parse_proc_devices(PROC))
+        pve_pve_devices.check_devices(stale, pve_pve_devices.parse_proc_devices(PROC))
 
 
 def test_missing_uvm_is_refused_with_the_fix():
     with pytest.raises(pve.PveError, match="nvidia-modprobe -u -c=0"):
-        pve.check_devices(HOST[:9], pve.parse_proc_devices(PROC))
+        pve_pve_devices.check_devices(HOST[:9], pve_pve_devices.parse_proc_devices(PROC))
 
 
 def test_select_devices():
-    assert pve.select_devices(HOST, "all") == HOST
-    assert pve.select_devices(HOST, "none") == []
-    two = pve.select_devices(HOST, [0, 3])
+    assert pve_pve_devices.select_devices(HOST, "all") == HOST
+    assert pve_pve_devices.select_devices(HOST, "none") == []
+    two = pve_pve_devices.select_devices(HOST, [0, 3])
     assert [d.path for d in two][:2] == ["/dev/nvidia0", "/dev/nvidia3"]
     assert "/dev/nvidia1" not in [d.path for d in two] and "/dev/nvidia-uvm" in [d.path for d in two]
     with pytest.raises(pve.PveError, match=r"GPU\(s\) \[9\]"):
-        pve.select_devices(HOST, [9])
-    assert pve.select_devices(HOST, "0,3") == two
+        pve_pve_devices.select_devices(HOST, [9])
+    assert pve_pve_devices.select_devices(HOST, "0,3") == two
     # proxmox_container_gpus is type raw (a string or a list): a value of neither form is refused, named
     for bad in ("gpu0", ["0", "one"], {"gpu": 0}):
         with pytest.raises(
             pve.PveError, match=r"is not all, none or a list of GPU indices.*proxmox_container_gpus"
         ):
-            pve.select_devices(HOST, bad)
+            pve_pve_devices.select_devices(HOST, bad)
 
 
 def test_wanted_raw_lines_star_for_full_majors_and_minors_for_subsets():
-    lines = pve.wanted_raw_lines(pve.select_devices(HOST, [1]), HOST)
+    lines = pve.wanted_raw_lines(pve_pve_devices.select_devices(HOST, [1]), HOST)
     assert "lxc.cgroup2.devices.allow: c 508:* rwm" in lines
     assert "lxc.cgroup2.devices.allow: c 195:1 rwm" in lines
     assert "lxc.cgroup2.devices.allow: c 195:255 rwm" in lines
@@ -175,7 +177,7 @@ def test_wanted_raw_lines_star_for_full_majors_and_minors_for_subsets():
 
 
 # ---- plans -----------------------------------------------------------------------------------------
-MAJ = pve.parse_proc_devices(PROC)
+MAJ = pve_pve_devices.parse_proc_devices(PROC)
 
 
 def test_raw_plan_fixes_old_uvm_major_and_keeps_foreign_lines():
@@ -241,7 +243,10 @@ def test_dev_plan_reuses_entries_keeps_foreign_and_respects_pending():
 
 def test_dev_plan_removes_gone_gpu():
     cfg = pve.PveConfig.parse("cores: 2\ndev0: /dev/nvidia0\ndev1: /dev/nvidia1\ndev2: /dev/nvidiactl\n")
-    host = [pve.Device("/dev/nvidia0", 195, 0), pve.Device("/dev/nvidiactl", 195, 255)]
+    host = [
+        pve_pve_devices.Device("/dev/nvidia0", 195, 0),
+        pve_pve_devices.Device("/dev/nvidiactl", 195, 255),
+    ]
     p = pve.plan(1, cfg, devices=host, majors=MAJ, mode="dev")
     assert p.set == {} and p.delete == ["dev1"]
     assert p.pct_set_argv("pct") == ["pct", "set", "1", "--delete", "dev1"]
@@ -297,7 +302,7 @@ def test_versions_and_status():
         pve.mode_for_version(None)
     assert pve.parse_pct_status("status: running\n") == "running"
     ls = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.159\n"
-    assert pve.container_driver_versions(ls) == ["580.159"]
+    assert pve_pve_devices.container_driver_versions(ls) == ["580.159"]
 
 
 def _fake_proc(tmp_path, procs: dict[int, tuple[str, str]]):
@@ -326,8 +331,8 @@ def test_stale_bind_mount_found_by_device_and_inode(tmp_path):
         "mp1": "local-lvm:vm-140-disk-1,mp=/scratch",
         "cores": "4",
     }
-    assert pve.bind_mount_points(keys) == [("mp0", str(host_data), "/data")]
-    assert pve.stale_bind_mounts(keys, 4242, proc=str(proc)) == []
+    assert pve_pve_container.bind_mount_points(keys) == [("mp0", str(host_data), "/data")]
+    assert pve_pve_container.stale_bind_mounts(keys, 4242, proc=str(proc)) == []
 
     host_data.rename(tmp_path / "data.old")  # the cut-over: the container's bind follows the renamed inode
     (ct_root / "data").unlink()
@@ -336,7 +341,7 @@ def test_stale_bind_mount_found_by_device_and_inode(tmp_path):
     (proc / "4242" / "mountinfo").write_text(
         "22 1 0:21 / / rw - tmpfs ct140 rw\n35 22 254:0 /data.old /data rw,relatime - ext4 /dev/dm-0 rw\n"
     )
-    (s,) = pve.stale_bind_mounts(keys, 4242, proc=str(proc))
+    (s,) = pve_pve_container.stale_bind_mounts(keys, 4242, proc=str(proc))
     assert (s.key, s.host_path, s.mount_point, s.container_source) == (
         "mp0",
         str(host_data),
@@ -350,7 +355,7 @@ def test_stale_bind_mount_found_by_device_and_inode(tmp_path):
     assert s.to_dict()["container_source"] == "254:0 /data.old"
 
     (ct_root / "data").unlink()  # a container that has nothing at its mount point is stale too
-    (s,) = pve.stale_bind_mounts(keys, 4242, proc=str(proc))
+    (s,) = pve_pve_container.stale_bind_mounts(keys, 4242, proc=str(proc))
     assert s.container is None and "is missing" in s.describe(140)
 
 
@@ -363,12 +368,14 @@ def test_container_jobs_are_the_namespace_members_running_pipeline_commands(tmp_
         4303: ("4026532001", "/opt/sglang/bin/python -m sglang.launch_server --port 30000"),
         4400: ("4026531840", "/usr/bin/eagle3ops extract --data /srv/other"),  # the host's, not the container's
     })  # fmt: skip
-    jobs = pve.container_jobs(4242, proc=str(proc))
+    jobs = pve_pve_container.container_jobs(4242, proc=str(proc))
     assert [j for j, _cmd in jobs] == [4300, 4301], jobs
     assert jobs[0][1].startswith("/opt/eagle3ops/venv/bin/python /opt/eagle3ops/venv/bin/eagle3ops extract")
-    assert [j for j, _ in pve.container_jobs(4242, [r"sglang\.launch_server"], proc=str(proc))] == [4303]
+    assert [
+        j for j, _ in pve_pve_container.container_jobs(4242, [r"sglang\.launch_server"], proc=str(proc))
+    ] == [4303]
     with pytest.raises(pve.PveError, match="PID 9999"):
-        pve.container_jobs(9999, proc=str(proc))
+        pve_pve_container.container_jobs(9999, proc=str(proc))
 
 
 def test_pct_status_verbose_pid():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle3ops import pve
 from eagle3ops.cli import main
+from eagle3ops.host import pve_devices as pve_pve_devices
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "pve"
 LISTING = """/dev/nvidia0 195 0
@@ -26,9 +26,9 @@ def run(capsys, *argv) -> tuple[int, dict]:
 
 
 def test_parse_dev_listing():
-    devs = pve.parse_dev_listing(LISTING)
+    devs = pve_pve_devices.parse_dev_listing(LISTING)
     assert [d.path for d in devs[:2]] == ["/dev/nvidia0", "/dev/nvidia1"]
-    assert pve.Device("/dev/nvidia-uvm", 508, 0) in devs and len(devs) == 6
+    assert pve_pve_devices.Device("/dev/nvidia-uvm", 508, 0) in devs and len(devs) == 6
 
 
 def test_plan_raw_from_listing_writes_nothing(tmp_path, capsys):

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops import pve
+from eagle3ops.host import pve
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 

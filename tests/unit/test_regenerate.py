@@ -24,16 +24,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from eagle3ops import jsonl
 from eagle3ops.cli import main as cli_main
-from eagle3ops.prepare import Problem, iter_records, resolve_sources
-from eagle3ops.regenerate import (
-    RegenerateConfig,
-    RegenerateError,
-    iter_output,
-    paths_for,
-    read_done,
-    regenerate,
-    strip_think,
-)
+from eagle3ops.conversations import Problem, iter_records, resolve_sources
+from eagle3ops.regenerate.config import RegenerateConfig, RegenerateError
+from eagle3ops.regenerate.run import iter_output, regenerate
+from eagle3ops.regenerate.turns import strip_think
+from eagle3ops.regenerate.workdir import paths_for, read_done
 from openai_standin import StandinServer, answer_for
 
 

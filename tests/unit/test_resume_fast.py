@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from eagle3ops import extract
-from eagle3ops.store import HiddenStateStore, ManifestEntry, _parse_manifest_file
+from eagle3ops.extract import session as extract_session
+from eagle3ops.store import HiddenStateStore, ManifestEntry, parse_manifest_file
 from tinymodels import build_prepared_dataset
 
 
@@ -19,17 +19,17 @@ def test_seq_lens_from_arrow_equal_datasets(tmp_path):
 
     lengths = [3, 70, 5, 1, 2048, 17] * 50
     d = build_prepared_dataset(tmp_path / "d", lengths)
-    fast = extract._seq_lens_from_arrow(d)
+    fast = extract_session._seq_lens_from_arrow(d)
     assert fast == lengths
     assert fast == [int(x) for x in datasets.load_from_disk(str(d))["seq_len"]]
     # several shards, in state.json order
     ds = datasets.load_from_disk(str(d))
     ds.save_to_disk(str(tmp_path / "sharded"), num_shards=3)
     assert len(json.loads((tmp_path / "sharded" / "state.json").read_text())["_data_files"]) == 3
-    assert extract._seq_lens_from_arrow(tmp_path / "sharded") == lengths
+    assert extract_session._seq_lens_from_arrow(tmp_path / "sharded") == lengths
     # a layout it does not know falls back (None), and load_seq_lens still answers through datasets
     (tmp_path / "sharded" / "state.json").write_text("{}")
-    assert extract._seq_lens_from_arrow(tmp_path / "sharded") is None
+    assert extract_session._seq_lens_from_arrow(tmp_path / "sharded") is None
 
 
 def test_plan_imports_neither_datasets_nor_transformers(tmp_path, tiny_target):
@@ -37,7 +37,7 @@ def test_plan_imports_neither_datasets_nor_transformers(tmp_path, tiny_target):
     the 13-16 s a fresh --plan process took under load)."""
     d = build_prepared_dataset(tmp_path / "d", [4, 9, 16])
     code = (
-        "import sys, json; from eagle3ops.extract import ExtractConfig, plan_extraction; "
+        "import sys, json; from eagle3ops.extract.session import ExtractConfig, plan_extraction; "
         f"r = plan_extraction(ExtractConfig(data_dir={str(d)!r}, model_path={str(tiny_target)!r})); "
         "print(json.dumps([r['to_extract'], 'datasets' in sys.modules, 'transformers' in sys.modules, "
         "'torch' in sys.modules]))"
@@ -66,7 +66,7 @@ def test_model_facts_from_json_equal_autoconfig(tmp_path, cfg):
     from transformers import AutoConfig
 
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    facts = extract.model_facts(tmp_path)
+    facts = extract_session.model_facts(tmp_path)
     ac = AutoConfig.from_pretrained(str(tmp_path))
     text = ac.get_text_config()
     assert (facts["num_layers"], facts["hidden_size"], facts["model_type"]) == (
@@ -79,15 +79,18 @@ def test_model_facts_from_json_equal_autoconfig(tmp_path, cfg):
 def test_model_facts_real_target_and_fallback(tmp_path, tiny_target):
     from transformers import AutoConfig
 
-    facts = extract.model_facts(tiny_target)
+    facts = extract_session.model_facts(tiny_target)
     ac = AutoConfig.from_pretrained(str(tiny_target))
     assert (facts["num_layers"], facts["hidden_size"]) == (ac.num_hidden_layers, ac.hidden_size)
     # GPT-2 names them n_layer/n_embd: the JSON path declines and AutoConfig's attribute map answers
     (tmp_path / "config.json").write_text(
         json.dumps({"model_type": "gpt2", "n_layer": 7, "n_embd": 40, "n_head": 4})
     )
-    assert extract._facts_from_config_json(tmp_path / "config.json") is None
-    assert (extract.model_facts(tmp_path)["num_layers"], extract.model_facts(tmp_path)["hidden_size"]) == (
+    assert extract_session._facts_from_config_json(tmp_path / "config.json") is None
+    assert (
+        extract_session.model_facts(tmp_path)["num_layers"],
+        extract_session.model_facts(tmp_path)["hidden_size"],
+    ) == (
         7,
         40,
     )
@@ -101,7 +104,7 @@ def _slow_parse(path):
     data = path.read_bytes()
     tmp = path.with_name("slow.jsonl")
     tmp.write_bytes(data.replace(b"\n", b"\n\n", 1) if data.count(b"\n") > 1 else data)
-    _parse_manifest_file(tmp, scan)
+    parse_manifest_file(tmp, scan)
     return scan
 
 

@@ -48,7 +48,7 @@ MODULES = {name: _argument_spec(REPO / "library" / f"{name}.py") for name in MOD
 # The only role options that stay ``type: raw``: each accepts values of more than one type, says so in its
 # description, and is checked where it is used (the test asserts each of these facts).
 RAW_OPTIONS = {
-    # "all", "none", or a list of GPU indices (also "0,1"); eagle3ops.pve.select_devices refuses anything else
+    # "all", "none", or a list of GPU indices (also "0,1"); eagle3ops.host.pve.select_devices refuses anything else
     # with a message naming the value (PveError -> fail_json), tests/unit/test_pve.py
     "proxmox_container_gpus": "list of GPU indices",
 }

@@ -19,9 +19,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from eagle3ops import loadgen
-from eagle3ops import serve_process as sp
+from eagle3ops.benchmark import loadgen
 from eagle3ops.cli import main
+from eagle3ops.serve import process as sp
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "fixtures" / "sglang_standin_server.py"

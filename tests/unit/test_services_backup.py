@@ -1,4 +1,4 @@
-"""python/eagle3ops/services.py without systemd: backup/restore of unit files, records, NVIDIA holder scan.
+"""python/eagle3ops/host/services.py without systemd: backup/restore of unit files, records, NVIDIA holder scan.
 
 systemctl is replaced by a small fake (a dict of unit properties) — a stand-in; the real systemd path is
 proven on nspawn hosts in tests/hosts/test_services.py. Files, symlinks and the /proc-like tree are real.
@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from eagle3ops import services as s
+from eagle3ops.host import services as s
 
 
 class FakeSystemctl:

@@ -19,9 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
-from eagle3ops import sglang_patch
-from eagle3ops.extract import ExtractConfig, run_extraction
-from eagle3ops.sglang_client import SGLangClientError, SGLangExtractConfig, _request, run_sglang_extraction
+from eagle3ops.extract import sglang_patch
+from eagle3ops.extract.session import ExtractConfig
+from eagle3ops.extract.sglang_client import (
+    SGLangClientError,
+    SGLangExtractConfig,
+    _request,
+    run_sglang_extraction,
+)
+from eagle3ops.extract.transformers_backend import run_extraction
 from eagle3ops.store import HiddenStateStore
 from tinymodels import build_prepared_dataset
 

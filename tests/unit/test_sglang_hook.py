@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops import sglang_hook
-from eagle3ops.extract import ExtractConfig, build_meta, model_facts, run_extraction
-from eagle3ops.sglang_hook import DumpHook, HookError, make_rid
+from eagle3ops.extract import sglang_hook
+from eagle3ops.extract.session import ExtractConfig, build_meta, model_facts
+from eagle3ops.extract.sglang_hook import DumpHook, HookError, make_rid
+from eagle3ops.extract.transformers_backend import run_extraction
+from eagle3ops.extract.writer import PinnedPool
 from eagle3ops.store import HiddenStateStore
 from tinymodels import build_prepared_dataset
 
@@ -183,7 +185,7 @@ def test_a_prefill_that_skipped_the_final_norm_capture_is_refused(tmp_path, tiny
 def test_pinned_pool_hands_back_the_smallest_fitting_buffer_by_identity():
     """Seen on the live server (0.5.17, H200): with free buffers of two sizes, taking one out of the free list
     compared tensors elementwise (list.remove) and the RuntimeError killed the scheduler."""
-    pool = sglang_hook._PinnedPool(pin=False)
+    pool = PinnedPool(pin=False)
     small1, big, small2 = pool.acquire(10), pool.acquire(3 << 20), pool.acquire(10)
     assert (small1.numel(), big.numel(), small2.numel()) == (1 << 20, 4 << 20, 1 << 20)
     for b in (small1, small2, big):

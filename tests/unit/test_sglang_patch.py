@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops import sglang_hook, sglang_patch
-from eagle3ops.sglang_patch import PatchError
+from eagle3ops.extract import sglang_hook, sglang_patch
+from eagle3ops.extract.sglang_patch import PatchError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from sglang_standin import VERSIONS, pristine_deepseek_v2, sglang_wheel
@@ -278,7 +278,7 @@ def test_the_server_flags_exist_in_each_sglang_version(version):
     flag: the dump server passes none (the patch turns the capture on), 0.5.23 passes its three."""
     import re
 
-    from eagle3ops.sglang_client import server_args
+    from eagle3ops.extract.sglang_client import server_args
 
     fields = _server_fields(version)
     unit = _render_unit(version)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from eagle3ops import sglang_versions
-from eagle3ops.sglang_hook import DumpHook, HookError
+from eagle3ops.extract.sglang_hook import DumpHook, HookError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from sglang_standin import VERSIONS, StandInForwardBatch, StandInForwardMode, sglang_source

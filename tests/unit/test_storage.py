@@ -1,4 +1,4 @@
-"""Unit tests for eagle3ops.storage: mount parsing, the source guard, the state file, rsync copy/verify.
+"""Unit tests for eagle3ops.host.storage: mount parsing, the source guard, the state file, rsync copy/verify.
 
 No root needed: the guard runs on real temporary directories (the mount table is given explicitly where a
 test needs a mount that this unprivileged process cannot make), rsync is the real rsync on real files.
@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops import storage
+from eagle3ops.host import _fs as storage__fs
+from eagle3ops.host import storage
+from eagle3ops.host import storage_probe as storage_storage_probe
 
 REPO = Path(__file__).resolve().parents[2]
 MOUNTINFO = """\
@@ -32,19 +34,23 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_parse_mountinfo_unescapes_and_finds_containing_mount():
-    mounts = storage.parse_mountinfo(MOUNTINFO)
+    mounts = storage__fs.parse_mountinfo(MOUNTINFO)
     assert [m["target"] for m in mounts] == ["/", "/srv/data", "/srv/data x", "/srv/data/sub"]
-    assert storage.mount_at("/srv/data x", mounts)["source"] == "/dev/loop4p1"
-    assert storage.mount_at("/srv/nothing", mounts) is None
-    assert storage.mount_containing("/srv/data/a/b", mounts)["devnum"] == "7:3"
-    assert storage.mount_containing("/srv/data/sub/c", mounts)["devnum"] == "7:5"
-    assert storage.mount_containing("/srv/datax", mounts)["devnum"] == "254:0"  # a prefix is not a parent
+    assert storage_storage_probe.mount_at("/srv/data x", mounts)["source"] == "/dev/loop4p1"
+    assert storage_storage_probe.mount_at("/srv/nothing", mounts) is None
+    assert storage_storage_probe.mount_containing("/srv/data/a/b", mounts)["devnum"] == "7:3"
+    assert storage_storage_probe.mount_containing("/srv/data/sub/c", mounts)["devnum"] == "7:5"
+    assert (
+        storage_storage_probe.mount_containing("/srv/datax", mounts)["devnum"] == "254:0"
+    )  # a prefix is not a parent
 
 
 def _ident(tmp_path, mounts_text, data, fstab_text=""):
     fstab = tmp_path / "fstab"
     fstab.write_text(fstab_text)
-    return storage.source_identity(str(data), mounts=storage.parse_mountinfo(mounts_text), fstab=str(fstab))
+    return storage.source_identity(
+        str(data), mounts=storage__fs.parse_mountinfo(mounts_text), fstab=str(fstab)
+    )
 
 
 def _mounts_with(data: Path, devnum="7:9", source="/dev/loop9") -> str:
@@ -181,14 +187,14 @@ def test_blank_problems_separates_what_force_may_override():
         "partition_fs": {},
         "nonzero_head": False,
     }
-    soft, hard = storage.blank_problems(info)
+    soft, hard = storage_storage_probe.blank_problems(info)
     assert (
         not hard
         and any("ext4 signature" in s and "u-1" in s for s in soft)
         and any("0x438" in s for s in soft)
     )
     info.update(mounts=[{"device": "/dev/sdb", "target": "/mnt", "fstype": "ext4"}], is_root_disk=True)
-    soft, hard = storage.blank_problems(info)
+    soft, hard = storage_storage_probe.blank_problems(info)
     assert any("root filesystem" in h for h in hard) and any("/dev/sdb on /mnt" in h for h in hard)
 
 
@@ -267,7 +273,7 @@ def test_module_utils_ships_this_file_and_the_durable_primitives_it_imports():
     link = REPO / "module_utils" / "eagle3ops_storage.py"
     assert link.resolve() == Path(storage.__file__).resolve()
     assert (REPO / "module_utils" / "eagle3ops_durable.py").resolve() == Path(
-        storage._durable.__file__
+        storage__fs._durable.__file__
     ).resolve()
 
 

@@ -11,7 +11,6 @@ import textwrap
 
 import pytest
 import torch
-from eagle3ops.extract import serialize_sample
 from eagle3ops.store import (
     DiskSpaceError,
     HiddenStateStore,
@@ -20,6 +19,7 @@ from eagle3ops.store import (
     preflight_disk,
     read_safetensors_header,
     sample_nbytes,
+    serialize_sample,
 )
 
 K1, H = 4, 8

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from eagle3ops import store
+from eagle3ops.store import write as store
 
 PAYLOAD = [os.urandom((1 << 20) + 3), b"", os.urandom(5), os.urandom((2 << 20) + 7)]
 
@@ -175,7 +175,7 @@ def test_env_vars_set_the_options():
         "EAGLE3OPS_PREALLOCATE": "1",
         "EAGLE3OPS_FDATASYNC": "1",
     }
-    code = "from eagle3ops import store as s; print(s.WRITEBACK_CHUNK, s.WRITEBACK_WAIT, s.PREALLOCATE, s.DATASYNC)"
+    code = "from eagle3ops.store import write as s; print(s.WRITEBACK_CHUNK, s.WRITEBACK_WAIT, s.PREALLOCATE, s.DATASYNC)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(8 << 20), "True", "True", "True"]
     env = {k: v for k, v in env.items() if not k.startswith("EAGLE3OPS_")}

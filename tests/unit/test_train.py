@@ -1,7 +1,7 @@
 """The train phase's pure parts: config rendering, input checks, the run-dir state machine's pieces.
 
 No trainer is started here (see test_train_run.py for real speculators runs). The verifier and the data
-directory are built by ``eagle3ops.train_fixtures`` (STAND-IN for demo/prepare/extract: a tiny random
+directory are built by ``eagle3ops.train.fixtures`` (STAND-IN for demo/prepare/extract: a tiny random
 DeepseekV3ForCausalLM and random-valued hidden states written through the real HiddenStateStore).
 """
 
@@ -16,8 +16,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from eagle3ops import speculators_shim, train
-from eagle3ops.train_fixtures import make_data_dir, make_tiny_verifier
+from eagle3ops import checkpoints as train_checkpoints
+from eagle3ops.train import inputs as train_inputs
+from eagle3ops.train import launch as train_launch
+from eagle3ops.train import metrics as train_metrics
+from eagle3ops.train import planning as train_planning
+from eagle3ops.train import run as train_run
+from eagle3ops.train import spec as train_spec
+from eagle3ops.train import speculators_shim
+from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,15 +37,15 @@ def inputs(tmp_path_factory):
     return verifier, data
 
 
-def spec(inputs, tmp_path, **kw) -> train.TrainSpec:
+def spec(inputs, tmp_path, **kw) -> train_spec.TrainSpec:
     verifier, data = inputs
-    return train.TrainSpec(
+    return train_spec.TrainSpec(
         data_dir=str(data), verifier_path=str(verifier), run_dir=str(tmp_path / "run"), **kw
     )
 
 
 def test_rendered_config_reads_layer_ids_and_vocab_and_is_sglang_servable(inputs, tmp_path):
-    p = train.plan(spec(inputs, tmp_path, draft_vocab_size=100000, epochs=2, lr=3e-4, ttt_steps=4))
+    p = train_planning.plan(spec(inputs, tmp_path, draft_vocab_size=100000, epochs=2, lr=3e-4, ttt_steps=4))
     cfg = yaml.safe_load(p.config_text)["train"]
     assert cfg["draft"]["target_layer_ids"] == [2, 4, 5]  # from extract_meta.json
     distinct = len(p.token_freq)
@@ -68,41 +75,43 @@ def test_rendered_config_reads_layer_ids_and_vocab_and_is_sglang_servable(inputs
 
 
 def test_config_is_deterministic_and_sensitive(inputs, tmp_path):
-    a = train.plan(spec(inputs, tmp_path, epochs=2))
-    b = train.plan(spec(inputs, tmp_path, epochs=2))
-    c = train.plan(spec(inputs, tmp_path, epochs=3))
+    a = train_planning.plan(spec(inputs, tmp_path, epochs=2))
+    b = train_planning.plan(spec(inputs, tmp_path, epochs=2))
+    c = train_planning.plan(spec(inputs, tmp_path, epochs=3))
     assert a.config_sha256 == b.config_sha256 != c.config_sha256
 
 
 def test_sliding_window_is_reported_for_serve(inputs, tmp_path):
-    p = train.plan(spec(inputs, tmp_path, attention="sliding", sliding_window=1024))
+    p = train_planning.plan(spec(inputs, tmp_path, attention="sliding", sliding_window=1024))
     cfg = yaml.safe_load(p.config_text)["train"]
     assert cfg["draft"]["full_attention_indices"] == [] and cfg["draft"]["sliding_window"] == 1024
 
 
 def test_user_layer_ids_must_match_extraction(inputs, tmp_path):
     with pytest.raises(
-        train.TrainError, match=r"differ from the ids the hidden states were extracted with, \[2, 4, 5\]"
+        train_spec.TrainError, match=r"differ from the ids the hidden states were extracted with, \[2, 4, 5\]"
     ):
-        train.plan(spec(inputs, tmp_path, layer_ids=[1, 3, 5]))
-    assert train.plan(spec(inputs, tmp_path, layer_ids=[2, 4, 5])).values["layer_ids"] == [2, 4, 5]
+        train_planning.plan(spec(inputs, tmp_path, layer_ids=[1, 3, 5]))
+    assert train_planning.plan(spec(inputs, tmp_path, layer_ids=[2, 4, 5])).values["layer_ids"] == [2, 4, 5]
 
 
 def test_verifier_of_another_shape_is_refused(inputs, tmp_path):
     other = make_tiny_verifier(tmp_path / "other", num_layers=6)
     s = spec(inputs, tmp_path)
     s.verifier_path = str(other)
-    with pytest.raises(train.TrainError, match="num_layers=6 but the hidden states"):
-        train.plan(s)
+    with pytest.raises(train_spec.TrainError, match="num_layers=6 but the hidden states"):
+        train_planning.plan(s)
 
 
 def test_missing_meta_and_incomplete_extraction_are_explained(inputs, tmp_path):
     verifier, data = inputs
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(train.TrainError, match=r"extract_meta\.json is missing"):
-        train.plan(
-            train.TrainSpec(data_dir=str(empty), verifier_path=str(verifier), run_dir=str(tmp_path / "r"))
+    with pytest.raises(train_spec.TrainError, match=r"extract_meta\.json is missing"):
+        train_planning.plan(
+            train_spec.TrainSpec(
+                data_dir=str(empty), verifier_path=str(verifier), run_dir=str(tmp_path / "r")
+            )
         )
     # a copy of the data dir whose manifest lists only some rows
     import shutil
@@ -112,19 +121,19 @@ def test_missing_meta_and_incomplete_extraction_are_explained(inputs, tmp_path):
     man = partial / "hidden_states" / "manifest-rank0.jsonl"
     lines = man.read_text().splitlines(True)
     man.write_text("".join(lines[:5]))
-    s = train.TrainSpec(data_dir=str(partial), verifier_path=str(verifier), run_dir=str(tmp_path / "r"))
-    with pytest.raises(train.TrainError, match=r"extraction is incomplete .*: 5 of 12 rows"):
-        train.plan(s)
+    s = train_spec.TrainSpec(data_dir=str(partial), verifier_path=str(verifier), run_dir=str(tmp_path / "r"))
+    with pytest.raises(train_spec.TrainError, match=r"extraction is incomplete .*: 5 of 12 rows"):
+        train_planning.plan(s)
     s.on_missing = "skip"
-    assert train.plan(s).samples["samples_with_states"] == 5
+    assert train_planning.plan(s).samples["samples_with_states"] == 5
 
 
 def test_extra_config_cannot_override_managed_keys(inputs, tmp_path):
-    with pytest.raises(train.TrainError, match="manages"):
-        train.plan(spec(inputs, tmp_path, extra={"draft": {"target_layer_ids": [1, 2, 3]}}))
-    with pytest.raises(train.TrainError, match="unknown group"):
-        train.plan(spec(inputs, tmp_path, extra={"nope": {"a": 1}}))
-    p = train.plan(
+    with pytest.raises(train_spec.TrainError, match="manages"):
+        train_planning.plan(spec(inputs, tmp_path, extra={"draft": {"target_layer_ids": [1, 2, 3]}}))
+    with pytest.raises(train_spec.TrainError, match="unknown group"):
+        train_planning.plan(spec(inputs, tmp_path, extra={"nope": {"a": 1}}))
+    p = train_planning.plan(
         spec(
             inputs,
             tmp_path,
@@ -136,19 +145,19 @@ def test_extra_config_cannot_override_managed_keys(inputs, tmp_path):
 
 
 def test_draft_vocab_cap():
-    assert train.draft_vocab(None, 500, 1000) == (500, True)
-    assert train.draft_vocab(64, 500, 1000) == (64, False)
-    assert train.draft_vocab(50000, 90000, 1000) == (1000, True)
-    with pytest.raises(train.TrainError):
-        train.draft_vocab(0, 10, 10)
+    assert train_inputs.draft_vocab(None, 500, 1000) == (500, True)
+    assert train_inputs.draft_vocab(64, 500, 1000) == (64, False)
+    assert train_inputs.draft_vocab(50000, 90000, 1000) == (1000, True)
+    with pytest.raises(train_spec.TrainError):
+        train_inputs.draft_vocab(0, 10, 10)
 
 
 def test_vocab_maps_match_speculators_algorithm(inputs, tmp_path):
     import numpy as np
     import torch
 
-    p = train.plan(spec(inputs, tmp_path, draft_vocab_size=50))
-    d2t_path, t2d_path = train.write_vocab_maps(p.token_freq, 50, p.target_vocab, tmp_path / "v")
+    p = train_planning.plan(spec(inputs, tmp_path, draft_vocab_size=50))
+    d2t_path, t2d_path = train_inputs.write_vocab_maps(p.token_freq, 50, p.target_vocab, tmp_path / "v")
     d2t, t2d = np.load(d2t_path), np.load(t2d_path)
     assert d2t.shape == (50,) and t2d.shape == (p.target_vocab,) and t2d.sum() == 50
     # the 50 most frequent tokens are the draft vocabulary
@@ -206,13 +215,13 @@ def test_incomplete_newest_checkpoint_is_moved_aside(tmp_path):
     _write_ckpt(save / "0")
     _write_ckpt(save / "1", truncate_model=True)
     _write_ckpt(save / "2", training_state=False)
-    moved = train.quarantine_incomplete(save)
+    moved = train_run.quarantine_incomplete(save)
     assert [m["epoch"] for m in moved] == [2, 1]
     assert "training_state.json" in moved[0]["reason"] and "truncated" in moved[1]["reason"]
-    assert train.epoch_dirs(save) == [0]
+    assert train_checkpoints.epoch_dirs(save) == [0]
     assert all(Path(m["moved_to"]).is_dir() for m in moved)
-    assert train.resume_point(save)["global_step"] == 9
-    assert train.quarantine_incomplete(save) == []  # complete now: nothing to do
+    assert train_run.resume_point(save)["global_step"] == 9
+    assert train_run.quarantine_incomplete(save) == []  # complete now: nothing to do
 
 
 def test_metrics_summary_per_attempt(tmp_path):
@@ -256,8 +265,8 @@ def test_metrics_summary_per_attempt(tmp_path):
             },
         },
     ]
-    (tmp_path / train.METRICS).write_text("\n".join(json.dumps(x) for x in lines) + '\n{"kind": "tra')
-    m = train.read_metrics(tmp_path)
+    (tmp_path / train_spec.METRICS).write_text("\n".join(json.dumps(x) for x in lines) + '\n{"kind": "tra')
+    m = train_metrics.read_metrics(tmp_path)
     a1, a2 = m["attempts"]
     assert a1["time_to_first_step_s"] == 10.0 and a1["steps"] == 4 and a1["steps_per_s"] == 1.0
     assert a1["median_tokens_per_s_per_rank"] == 52.0
@@ -270,7 +279,7 @@ def test_liveness_needs_matching_command_line_and_ignores_zombies(tmp_path):
     cfg = tmp_path / "config.yaml"
     other = subprocess.Popen(["sleep", "30"])
     try:
-        assert not train.is_our_trainer(other.pid, cfg)  # alive, but not our trainer
+        assert not train_launch.is_our_trainer(other.pid, cfg)  # alive, but not our trainer
     finally:
         other.kill()
     other.wait()
@@ -286,19 +295,19 @@ def test_liveness_needs_matching_command_line_and_ignores_zombies(tmp_path):
         ]
     )
     deadline = time.monotonic() + 10
-    while not train.is_our_trainer(fake.pid, cfg) and time.monotonic() < deadline:
+    while not train_launch.is_our_trainer(fake.pid, cfg) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert train.is_our_trainer(fake.pid, cfg)
-    assert not train.is_our_trainer(fake.pid, tmp_path / "other.yaml")
+    assert train_launch.is_our_trainer(fake.pid, cfg)
+    assert not train_launch.is_our_trainer(fake.pid, tmp_path / "other.yaml")
     fake.kill()
     time.sleep(0.3)  # not reaped yet: a zombie
-    assert train._proc_state(fake.pid) == "Z"
-    assert not train.is_our_trainer(fake.pid, cfg)
+    assert train_launch._proc_state(fake.pid) == "Z"
+    assert not train_launch.is_our_trainer(fake.pid, cfg)
     fake.wait()
 
 
 def test_check_mode_predicts_launch_and_writes_nothing(inputs, tmp_path):
-    r = train.ensure_run(spec(inputs, tmp_path), check=True)
+    r = train_run.ensure_run(spec(inputs, tmp_path), check=True)
     assert r["changed"] is True and r["would"] == "launch" and r["status"] == "launched"
     assert not (tmp_path / "run").exists()
 
@@ -308,25 +317,25 @@ def test_check_mode_before_the_inputs_exist_predicts_a_launch(inputs, tmp_path):
     verifier, _ = inputs
     empty = tmp_path / "nodata"
     empty.mkdir()
-    s = train.TrainSpec(data_dir=str(empty), verifier_path=str(verifier), run_dir=str(tmp_path / "run"))
-    r = train.ensure_run(s, check=True)
+    s = train_spec.TrainSpec(data_dir=str(empty), verifier_path=str(verifier), run_dir=str(tmp_path / "run"))
+    r = train_run.ensure_run(s, check=True)
     assert (
         r["changed"] is True
         and r["would"] == "launch"
         and "extract_meta.json is missing" in r["inputs_pending"]
     )
-    with pytest.raises(train.TrainError) as e:
-        train.ensure_run(s)
+    with pytest.raises(train_spec.TrainError) as e:
+        train_run.ensure_run(s)
     assert e.value.details["inputs_pending"] is True
-    assert not (tmp_path / "run" / train.STATE).exists()
+    assert not (tmp_path / "run" / train_spec.STATE).exists()
 
 
 def test_a_trainer_known_only_from_the_pid_file_is_never_doubled(inputs, tmp_path):
     """The launcher died between starting the trainer (train.pid written) and writing state.json."""
-    p = train.plan(spec(inputs, tmp_path))
+    p = train_planning.plan(spec(inputs, tmp_path))
     run = p.run_dir
     run.mkdir(parents=True)
-    (run / train.CONFIG).write_text(p.config_text)
+    (run / train_spec.CONFIG).write_text(p.config_text)
     # STAND-IN trainer: a sleeping process whose argv is the shim's on this config
     fake = subprocess.Popen(
         [
@@ -335,18 +344,20 @@ def test_a_trainer_known_only_from_the_pid_file_is_never_doubled(inputs, tmp_pat
             "import time; time.sleep(60)",
             "eagle3ops.speculators_shim",
             "--config",
-            str(run / train.CONFIG),
+            str(run / train_spec.CONFIG),
         ],
         start_new_session=True,
     )
     try:
-        (run / train.PIDFILE).write_text(f"{fake.pid}\n")
+        (run / train_spec.PIDFILE).write_text(f"{fake.pid}\n")
         deadline = time.monotonic() + 10
-        while not train.is_our_trainer(fake.pid, run / train.CONFIG) and time.monotonic() < deadline:
+        while (
+            not train_launch.is_our_trainer(fake.pid, run / train_spec.CONFIG) and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
-        r = train.ensure_run(spec(inputs, tmp_path))
+        r = train_run.ensure_run(spec(inputs, tmp_path))
         assert r["changed"] is False and r["status"] == "running" and r["pid"] == fake.pid
-        assert not (run / train.STATE).exists()
+        assert not (run / train_spec.STATE).exists()
     finally:
         fake.kill()
         fake.wait()
@@ -355,14 +366,14 @@ def test_a_trainer_known_only_from_the_pid_file_is_never_doubled(inputs, tmp_pat
 def test_gpu_config_defaults_to_eager_loss_and_flex_attention(inputs, tmp_path, monkeypatch):
     """GPU branch of the rendering on this GPU-less machine: only the device resolution is faked (2 GPUs);
     the GPU run itself is proven by bench/train_gpu.py (docs/performance.md, Training)."""
-    monkeypatch.setattr(train, "resolve_device", lambda spec: ("gpu", 2))
-    p = train.plan(spec(inputs, tmp_path))
+    monkeypatch.setattr(train_planning, "resolve_device", lambda spec: ("gpu", 2))
+    p = train_planning.plan(spec(inputs, tmp_path))
     cfg = yaml.safe_load(p.config_text)["train"]
     assert p.device == "gpu"
     # speculators 0.9.0's fused KL loss failed under torch 2.11 dynamo on the H200: never the silent default
     assert cfg["loss"]["loss_implementation"] == "eager"
     assert cfg["draft"]["draft_attn_impl"] == "simple_flex_attention"
-    chosen = train.plan(spec(inputs, tmp_path, loss_implementation="fused", draft_attn_impl="sdpa"))
+    chosen = train_planning.plan(spec(inputs, tmp_path, loss_implementation="fused", draft_attn_impl="sdpa"))
     chosen_cfg = yaml.safe_load(chosen.config_text)["train"]
     assert (
         chosen_cfg["loss"]["loss_implementation"] == "fused"

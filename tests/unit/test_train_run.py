@@ -2,7 +2,7 @@
 
 What is real: ansible-playbook + the eagle3ops_train module + ``eagle3ops train`` + the detached setsid
 trainer + speculators' trainer, checkpointer and resume; SIGKILL of the whole trainer process group.
-STAND-IN: the verifier and the data directory come from ``eagle3ops.train_fixtures`` (a tiny random
+STAND-IN: the verifier and the data directory come from ``eagle3ops.train.fixtures`` (a tiny random
 DeepseekV3ForCausalLM; hidden states from its real forward pass, written through HiddenStateStore) rather
 than from the demo/prepare/extract phases.
 """
@@ -19,8 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
-from eagle3ops import train
-from eagle3ops.train_fixtures import make_data_dir, make_tiny_verifier
+from eagle3ops import checkpoints as train_checkpoints
+from eagle3ops.train import launch as train_launch
+from eagle3ops.train import metrics as train_metrics
+from eagle3ops.train import run as train_run
+from eagle3ops.train import spec as train_spec
+from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -94,24 +98,26 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
     rc, out = playbook(vars_file)
     assert rc == 0, out[-3000:]
     assert changed_count(out) == 1
-    state = json.loads((run_dir / train.STATE).read_text())
+    state = json.loads((run_dir / train_spec.STATE).read_text())
     pid = state["pid"]
     assert state["attempt"] == 1 and state["launcher"] == "setsid"
-    assert train.is_our_trainer(pid, run_dir / train.CONFIG), "the trainer is not running after wait: false"
+    assert train_launch.is_our_trainer(pid, run_dir / train_spec.CONFIG), (
+        "the trainer is not running after wait: false"
+    )
     assert os.getpgid(pid) == pid  # its own session / process group
 
     # 2. SIGKILL the trainer mid-run: after the first checkpoint, before the end
     deadline = time.monotonic() + 300
     while not (save / "0" / "training_state.json").exists():
-        assert train.is_our_trainer(pid, run_dir / train.CONFIG), train.log_tail(run_dir)
+        assert train_launch.is_our_trainer(pid, run_dir / train_spec.CONFIG), train_run.log_tail(run_dir)
         assert time.monotonic() < deadline, "no checkpoint after 300 s"
         time.sleep(0.1)
     os.killpg(pid, signal.SIGKILL)
-    while train.is_our_trainer(pid, run_dir / train.CONFIG):
+    while train_launch.is_our_trainer(pid, run_dir / train_spec.CONFIG):
         time.sleep(0.05)
-    assert not (run_dir / train.EXIT).exists(), "the run finished before it could be killed"
-    steps_before_kill = train.read_metrics(run_dir)["attempts"][0]["last_global_step"]
-    st = train.status(str(run_dir))
+    assert not (run_dir / train_spec.EXIT).exists(), "the run finished before it could be killed"
+    steps_before_kill = train_metrics.read_metrics(run_dir)["attempts"][0]["last_global_step"]
+    st = train_run.status(str(run_dir))
     assert st["status"] == "killed" and st["resume_from"]["epoch"] >= 0
 
     # 3. re-running the phase relaunches and resumes from the checkpoint (wait: true blocks until done)
@@ -121,18 +127,18 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
     assert rc == 0, out[-3000:]
     assert changed_count(out) == 1
     assert '"status": "killed"' in out and '"status": "finished"' in out  # the diff: killed -> finished
-    state = json.loads((run_dir / train.STATE).read_text())
+    state = json.loads((run_dir / train_spec.STATE).read_text())
     assert state["attempt"] == 2
     resumed = state["resume_from"]
     assert resumed and resumed["global_step"] > 0
-    m = train.read_metrics(run_dir)
+    m = train_metrics.read_metrics(run_dir)
     _first, second = m["attempts"]
     # the step counter continues where the checkpoint left it; it does not start over at 0
     assert second["first_global_step"] == resumed["global_step"]
     assert 0 < second["first_global_step"] <= steps_before_kill + 1
     assert second["last_global_step"] > second["first_global_step"]
-    assert json.loads((run_dir / train.EXIT).read_text())["status"] == "finished"
-    assert train.epoch_dirs(save)[-1] == 3  # all 4 epochs done
+    assert json.loads((run_dir / train_spec.EXIT).read_text())["status"] == "finished"
+    assert train_checkpoints.epoch_dirs(save)[-1] == 3  # all 4 epochs done
     assert json.loads((save / "3" / "training_state.json").read_text())["epoch"] == 3
     assert m["val_loss"] is not None and len(m["val_cond_acc"]) == 3  # one accuracy per TTT step
     assert "val accuracy per position" in out
@@ -141,7 +147,7 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
     rc, out = playbook(vars_file)
     assert rc == 0, out[-3000:]
     assert changed_count(out) == 0
-    assert json.loads((run_dir / train.STATE).read_text())["attempt"] == 2
+    assert json.loads((run_dir / train_spec.STATE).read_text())["attempt"] == 2
 
     # 5. a changed configuration fails clearly (with the diff), and nothing is started
     rc, res = cli(
@@ -162,10 +168,10 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
     assert rc == 2 and res["failed"]
     assert "configuration changed" in res["msg"] and "restart_on_change" in res["msg"]
     assert "-    epochs: 4" in res["config_diff"] and "+    epochs: 5" in res["config_diff"]
-    assert json.loads((run_dir / train.STATE).read_text())["attempt"] == 2
+    assert json.loads((run_dir / train_spec.STATE).read_text())["attempt"] == 2
     # ... unless restart_on_change (check mode: predicted, still nothing started)
-    res = train.ensure_run(
-        train.TrainSpec(
+    res = train_run.ensure_run(
+        train_spec.TrainSpec(
             data_dir=str(data),
             verifier_path=str(verifier),
             run_dir=str(run_dir),
@@ -177,4 +183,4 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
         check=True,
     )
     assert res["changed"] and res["would"] == "launch" and res["restarted"]["previous_status"] == "finished"
-    assert json.loads((run_dir / train.STATE).read_text())["attempt"] == 2
+    assert json.loads((run_dir / train_spec.STATE).read_text())["attempt"] == 2

@@ -1,4 +1,4 @@
-"""The run-dir state machine end to end, fast: every transition of ``eagle3ops.train.ensure_run``.
+"""The run-dir state machine end to end, fast: every transition of ``eagle3ops.train.run.ensure_run``.
 
 Real: the launcher (setsid + PID file, detached), liveness by PID + command line, locking, the config
 comparison, restart_on_change (stop + checkpoints moved aside), wait/timeout, stop.
@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from eagle3ops import train
-from eagle3ops.train_fixtures import make_data_dir, make_tiny_verifier
+from eagle3ops.train import launch as train_launch
+from eagle3ops.train import run as train_run
+from eagle3ops.train import spec as train_spec
+from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
 
 FAKE = r"""
 import json, os, sys, time
@@ -51,9 +53,9 @@ def inputs(tmp_path_factory):
     return verifier, data, py
 
 
-def _spec(inputs, run: Path, **kw) -> train.TrainSpec:
+def _spec(inputs, run: Path, **kw) -> train_spec.TrainSpec:
     verifier, data, py = inputs
-    return train.TrainSpec(
+    return train_spec.TrainSpec(
         data_dir=str(data),
         verifier_path=str(verifier),
         run_dir=str(run),
@@ -70,7 +72,7 @@ def _behave(run: Path, mode: str) -> None:
 
 def _wait_dead(pid: int, run: Path, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
-    while train.is_our_trainer(pid, run / train.CONFIG):
+    while train_launch.is_our_trainer(pid, run / train_spec.CONFIG):
         assert time.monotonic() < deadline, f"PID {pid} still running"
         time.sleep(0.05)
 
@@ -78,35 +80,35 @@ def _wait_dead(pid: int, run: Path, timeout: float = 20) -> None:
 def test_transitions(inputs, tmp_path):
     run = tmp_path / "run"
     _behave(run, "sleep")
-    r = train.ensure_run(_spec(inputs, run, epochs=2))
+    r = train_run.ensure_run(_spec(inputs, run, epochs=2))
     assert r["changed"] and r["status"] == "launched" and r["attempt"] == 1 and r["launcher"] == "setsid"
     pid = r["pid"]
-    assert train.is_our_trainer(pid, run / train.CONFIG)
-    assert int((run / train.PIDFILE).read_text()) == pid
+    assert train_launch.is_our_trainer(pid, run / train_spec.CONFIG)
+    assert int((run / train_spec.PIDFILE).read_text()) == pid
 
     # running -> nothing to do
-    r = train.ensure_run(_spec(inputs, run, epochs=2))
+    r = train_run.ensure_run(_spec(inputs, run, epochs=2))
     assert not r["changed"] and r["status"] == "running" and r["pid"] == pid
 
     # wait with a timeout on a run that does not end: a clear failure, the run keeps going
-    with pytest.raises(train.TrainError, match=r"still running after 1 s .*keeps going"):
-        train.ensure_run(_spec(inputs, run, epochs=2), wait=True, timeout=1, poll_s=0.2)
-    assert train.is_our_trainer(pid, run / train.CONFIG)
+    with pytest.raises(train_spec.TrainError, match=r"still running after 1 s .*keeps going"):
+        train_run.ensure_run(_spec(inputs, run, epochs=2), wait=True, timeout=1, poll_s=0.2)
+    assert train_launch.is_our_trainer(pid, run / train_spec.CONFIG)
 
     # config changed while running -> refused, nothing touched
     (run / "checkpoints" / "0").mkdir(parents=True)
     with pytest.raises(
-        train.TrainError, match=r"configuration changed while run .* exists \(status running\)"
+        train_spec.TrainError, match=r"configuration changed while run .* exists \(status running\)"
     ) as e:
-        train.ensure_run(_spec(inputs, run, epochs=3))
+        train_run.ensure_run(_spec(inputs, run, epochs=3))
     assert "+    epochs: 3" in e.value.details["config_diff"]
-    assert train.is_our_trainer(pid, run / train.CONFIG)
+    assert train_launch.is_our_trainer(pid, run / train_spec.CONFIG)
 
     # ... unless restart_on_change: old trainer stopped, checkpoints moved aside, fresh launch
     _behave(run, "fail")
-    r = train.ensure_run(_spec(inputs, run, epochs=3, restart_on_change=True))
+    r = train_run.ensure_run(_spec(inputs, run, epochs=3, restart_on_change=True))
     assert r["changed"] and r["restarted"]["previous_status"] == "running"
-    assert not train.is_our_trainer(pid, run / train.CONFIG)
+    assert not train_launch.is_our_trainer(pid, run / train_spec.CONFIG)
     moved = Path(r["restarted"]["old_checkpoints"])
     assert (moved / "0").is_dir() and not (run / "checkpoints" / "0").exists()
     assert r["attempt"] == 2 and r["resume_from"] is None
@@ -114,38 +116,40 @@ def test_transitions(inputs, tmp_path):
 
     # failed -> relaunch, and the failure is reported
     _behave(run, "finish")
-    r = train.ensure_run(_spec(inputs, run, epochs=3), wait=True, timeout=60, poll_s=0.1)
+    r = train_run.ensure_run(_spec(inputs, run, epochs=3), wait=True, timeout=60, poll_s=0.1)
     assert r["changed"] and r["before"]["status"] == "failed" and r["previous_exit"]["error"] == "boom"
     assert r["status"] == "finished" and r["attempt"] == 3
     assert r["metrics"]["val_loss"] == 0.5 and r["metrics"]["val_cond_acc"] == [0.75]
 
     # finished -> nothing to do (check mode agrees)
-    assert not train.ensure_run(_spec(inputs, run, epochs=3), check=True)["changed"]
-    r = train.ensure_run(_spec(inputs, run, epochs=3))
+    assert not train_run.ensure_run(_spec(inputs, run, epochs=3), check=True)["changed"]
+    r = train_run.ensure_run(_spec(inputs, run, epochs=3))
     assert not r["changed"] and r["status"] == "finished" and r["attempt"] == 3
 
 
 def test_wait_reports_a_failed_run_with_its_log(inputs, tmp_path):
     run = tmp_path / "run"
     _behave(run, "fail")
-    with pytest.raises(train.TrainError, match=r"ended failed: boom.*resumes from the last checkpoint") as e:
-        train.ensure_run(_spec(inputs, run), wait=True, timeout=60, poll_s=0.1)
+    with pytest.raises(
+        train_spec.TrainError, match=r"ended failed: boom.*resumes from the last checkpoint"
+    ) as e:
+        train_run.ensure_run(_spec(inputs, run), wait=True, timeout=60, poll_s=0.1)
     assert e.value.details["status"] == "failed"
-    assert json.loads((run / train.STATE).read_text())["attempt"] == 1
+    assert json.loads((run / train_spec.STATE).read_text())["attempt"] == 1
 
 
 def test_stop(inputs, tmp_path):
     run = tmp_path / "run"
     _behave(run, "sleep")
-    r = train.ensure_run(_spec(inputs, run))
-    assert train.stop(str(run), check=True) == {
+    r = train_run.ensure_run(_spec(inputs, run))
+    assert train_run.stop(str(run), check=True) == {
         "changed": True,
         "status": "running",
         "would": "stop",
         "pid": r["pid"],
     }
-    assert train.is_our_trainer(r["pid"], run / train.CONFIG)
-    s = train.stop(str(run), grace_s=10)
+    assert train_launch.is_our_trainer(r["pid"], run / train_spec.CONFIG)
+    s = train_run.stop(str(run), grace_s=10)
     assert s["changed"] and s["stopped_pid"] == r["pid"] and s["status"] == "killed"
-    assert not train.is_our_trainer(r["pid"], run / train.CONFIG)
-    assert train.stop(str(run))["changed"] is False
+    assert not train_launch.is_our_trainer(r["pid"], run / train_spec.CONFIG)
+    assert train_run.stop(str(run))["changed"] is False

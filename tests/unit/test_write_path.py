@@ -11,9 +11,12 @@ import os
 
 import pytest
 import torch
-from eagle3ops import extract, store
-from eagle3ops.extract import SampleWriter, _Job
+from eagle3ops import durable, store
+from eagle3ops.extract import writer as extract_writer
+from eagle3ops.extract.writer import SampleWriter, WriterJob
 from eagle3ops.store import HiddenStateStore, load_sample
+from eagle3ops.store import hidden_states as store_hidden_states
+from eagle3ops.store import write as store_write
 
 
 @pytest.mark.parametrize(
@@ -21,14 +24,14 @@ from eagle3ops.store import HiddenStateStore, load_sample
 )
 def test_directory_fsyncs_per_file_or_per_batch(tmp_path, monkeypatch, batch_dir_sync, batch_sync, expected):
     calls = []
-    real = store.fsync_dir
+    real = durable.fsync_dir
 
     def counting(path):
         calls.append(str(path))
         real(path)
 
-    monkeypatch.setattr(store, "fsync_dir", counting)
-    monkeypatch.setattr(extract, "fsync_dir", counting)
+    for mod in (store_write, store_hidden_states, extract_writer):  # every module of the write path
+        monkeypatch.setattr(mod, "fsync_dir", counting)
     s = HiddenStateStore(tmp_path)
     s.dir.mkdir(parents=True)
     w = SampleWriter(s, fsync=True, threads=1, batch_dir_sync=batch_dir_sync, batch_sync=batch_sync)
@@ -36,7 +39,7 @@ def test_directory_fsyncs_per_file_or_per_batch(tmp_path, monkeypatch, batch_dir
     states = torch.randn(6, 5, 4, 8).to(torch.bfloat16)
     for b in (0, 3):  # two batches of three samples
         idx = [b, b + 1, b + 2]
-        w.submit(_Job(idx, [torch.arange(5)] * 3, [states[i] for i in idx], None))
+        w.submit(WriterJob(idx, [torch.arange(5)] * 3, [states[i] for i in idx], None))
     w.finish()
     s.close()
     assert len(calls) == expected and set(calls) == {str(s.dir)}
@@ -92,7 +95,7 @@ def test_batch_sync_disk_full_leaves_no_temp_file_and_names_the_file(tmp_path, m
     states = torch.randn(4, 5, 4, 8).to(torch.bfloat16)
     w = SampleWriter(s, fsync=True, threads=1, batch_sync=True)
     w.start()
-    w.submit(_Job([0], [torch.arange(5)], [states[0]], None))
+    w.submit(WriterJob([0], [torch.arange(5)], [states[0]], None))
     w.finish()
     real_write, opened = os.write, []
     real_open = os.open
@@ -111,7 +114,7 @@ def test_batch_sync_disk_full_leaves_no_temp_file_and_names_the_file(tmp_path, m
     monkeypatch.setattr(os, "write", full)
     w = SampleWriter(s, fsync=True, threads=1, batch_sync=True)
     w.start()
-    w.submit(_Job([1, 2, 3], [torch.arange(5)] * 3, [states[i] for i in (1, 2, 3)], None))
+    w.submit(WriterJob([1, 2, 3], [torch.arange(5)] * 3, [states[i] for i in (1, 2, 3)], None))
     with pytest.raises(
         store.DiskSpaceError, match=r"disk full while writing .*hs_2\.safetensors.*re-run"
     ) as ei:

@@ -11,7 +11,7 @@ def build_tiny_target(path, *, num_layers: int = 8, vocab: int = 300, seed: int 
     tinymodel.save(
         tinymodel.build(
             vocab,
-            mla={"kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16},
+            mla=tinymodel.TINY_MLA,
             seed=seed,
             num_hidden_layers=num_layers,
             first_k_dense_replace=1,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.cli import CommandError, add_json_flag, emit
+from eagle3ops.command import CommandError, add_json_flag, emit
 
 
 def register(subparsers) -> None:

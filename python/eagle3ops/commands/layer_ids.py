@@ -6,7 +6,7 @@ decide ``sglang_resolved_layer_ids``, so the role holds no copy of the rule.
 
 from __future__ import annotations
 
-from eagle3ops.cli import CommandError, add_json_flag, emit
+from eagle3ops.command import CommandError, add_json_flag, emit
 
 
 def register(sub) -> None:

@@ -15,8 +15,8 @@ import os
 import re
 import sys
 
-from eagle3ops import pve
-from eagle3ops.cli import CommandError, add_json_flag, emit
+from eagle3ops.command import CommandError, add_json_flag, emit
+from eagle3ops.host import pve, pve_devices
 
 
 def register(subparsers) -> None:
@@ -75,20 +75,20 @@ def _plan(args) -> int:
         else:
             if args.dev_listing:
                 with open(args.dev_listing, encoding="utf-8") as f:
-                    devices = pve.parse_dev_listing(f.read())
+                    devices = pve_devices.parse_dev_listing(f.read())
             else:
-                devices = pve.scan_dev(args.dev_root)
+                devices = pve_devices.scan_dev(args.dev_root)
             with open(args.proc_devices, encoding="utf-8") as f:
-                majors = pve.parse_proc_devices(f.read())
+                majors = pve_devices.parse_proc_devices(f.read())
             if not devices:
                 raise CommandError(f"no NVIDIA device nodes in {args.dev_listing or args.dev_root}")
-            pve.check_devices(devices, majors, args.dev_root)
+            pve_devices.check_devices(devices, majors, args.dev_root)
         gpus = (
             args.gpus
             if args.gpus in ("all", "none")
             else [int(x) for x in re.split(r"[,\s]+", args.gpus) if x]
         )
-        selected = pve.select_devices(devices, gpus)
+        selected = pve_devices.select_devices(devices, gpus)
         options = {}
         for kv in args.option:
             if "=" not in kv:

@@ -8,8 +8,8 @@ phase does and prints the steps a run would do, or the refusal (exit 2) naming w
 
 from __future__ import annotations
 
-from eagle3ops import storage
-from eagle3ops.cli import CommandError, add_json_flag, emit
+from eagle3ops.command import CommandError, add_json_flag, emit
+from eagle3ops.host import storage
 
 DEFAULT_STATE = "/var/lib/eagle3ops/storage-state.json"
 

@@ -89,7 +89,7 @@ def _patch_extract(mod) -> None:
     mod.StateCapture.stacked = stacked
 
 
-_PATCHES = {"eagle3ops.store": _patch_store, "eagle3ops.extract": _patch_extract}
+_PATCHES = {"eagle3ops.store": _patch_store, "eagle3ops.extract.transformers_backend": _patch_extract}
 
 
 class _PostImport(importlib.abc.MetaPathFinder):

@@ -25,8 +25,9 @@ import faults
 import safetensors.torch  # noqa: F401
 import torch  # noqa: F401
 import transformers  # noqa: F401
-from eagle3ops import cli, extract, store  # noqa: F401
-from eagle3ops.commands import extract as _extract_cmd  # noqa: F401
+from eagle3ops import cli, store  # noqa: F401
+from eagle3ops.extract import commands as _extract_cmd  # noqa: F401
+from eagle3ops.extract import transformers_backend  # noqa: F401
 
 
 def _child(req: dict) -> int:

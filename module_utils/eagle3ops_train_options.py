@@ -1,0 +1,1 @@
+../python/eagle3ops/train/options.py

@@ -1,0 +1,359 @@
+"""The benchmark report: one JSON, a markdown table and a PNG plot, written only when the inputs changed.
+
+Inputs: the offline acceptance result (:func:`eagle3ops.acceptance.run`) and, on SGLang hosts, SGLang's own
+benchmark (``python -m sglang.benchmark.serving --output-file``) run once against the server with the draft
+and once without (:func:`read_sglang_bench` keeps the last record of each JSONL file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+
+from eagle3ops import jsonl
+from eagle3ops.durable import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+REPORT_VERSION = 1
+SGLANG_KEYS = (
+    "completed",
+    "total_output_tokens",
+    "output_throughput",
+    "median_e2e_latency_ms",
+    "median_ttft_ms",
+    "median_itl_ms",
+    "accept_length",
+    "max_concurrency",
+)
+
+
+class ReportError(Exception):
+    pass
+
+
+def read_sglang_bench(path: str | os.PathLike) -> dict:
+    """The last record of an SGLang bench JSONL (``--output-file`` appends one line per run)."""
+    lines = [ln for _, ln in jsonl.split_lines(Path(path).read_text(encoding="utf-8")) if ln.strip()]
+    if not lines:
+        raise ReportError(f"{path}: empty SGLang benchmark output; did the bench run finish?")
+    try:
+        rec = json.loads(lines[-1])
+    except ValueError as e:
+        raise ReportError(f"{path}:{len(lines)}: not JSON ({e})") from None
+    return {k: rec.get(k) for k in SGLANG_KEYS}
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def build_live(live: dict, offline: dict | None) -> dict:
+    """Per prompt set and concurrency: output tok/s with and without the draft, the speed-up, the server's
+    acceptance length (overall and per request); the server's acceptance on held-out prompts next to the offline
+    estimate; the contamination check's verdict."""
+    runs: dict = {}
+    for key in ("with_draft", "without_draft"):
+        for r in (live.get(key) or {}).get("runs", []):
+            runs.setdefault(r["set"], {}).setdefault(r["concurrency"], {})[key] = r
+    sets = {}
+    for name, by_c in runs.items():
+        rows = []
+        for c in sorted(by_c):
+            w, wo = by_c[c].get("with_draft") or {}, by_c[c].get("without_draft") or {}
+            tw, to = w.get("output_tok_s"), wo.get("output_tok_s")
+            rows.append(
+                {
+                    "concurrency": c,
+                    "with_draft_tok_s": tw,
+                    "without_draft_tok_s": to,
+                    "speedup": round(tw / to, 3) if tw and to else None,
+                    "acceptance_length": w.get("acceptance_length"),
+                    "acceptance_per_request": w.get("acceptance_per_request"),
+                    "with_draft_median_latency_s": (w.get("latency_s") or {}).get("median"),
+                    "without_draft_median_latency_s": (wo.get("latency_s") or {}).get("median"),
+                    "turns": w.get("turns", wo.get("turns")),
+                    "completion_tokens": w.get("completion_tokens"),
+                    "failed": (w.get("failed") or 0) + (wo.get("failed") or 0),
+                    "time_budget_hit": bool(w.get("time_budget_hit") or wo.get("time_budget_hit")),
+                }
+            )
+        fmt = next(iter(next(iter(by_c.values())).values())).get("format")
+        sets[name] = {"format": fmt, "rows": rows}
+    out: dict = {"sets": sets, "offline_vs_server": None, "contamination": None}
+    if offline and "heldout" in sets:
+        first = sets["heldout"]["rows"][0]
+        srv = first["acceptance_length"]
+        out["offline_vs_server"] = {
+            "offline_acceptance_length": offline["acceptance_length"],
+            "server_acceptance_length": srv,
+            "server_concurrency": first["concurrency"],
+            "difference": round(srv - offline["acceptance_length"], 4) if srv is not None else None,
+            "offline_k": offline["k"],
+        }
+    cont = live.get("contamination")
+    if cont:
+        out["contamination"] = {
+            "clean": cont.get("clean"),
+            "mode": cont.get("mode"),
+            "training_user_turns": cont.get("training_user_turns"),
+            "contaminated": {k: len(v) for k, v in (cont.get("contaminated") or {}).items()},
+        }
+    return out
+
+
+def build(
+    acceptance: dict | None,
+    sglang_with: dict | None = None,
+    sglang_without: dict | None = None,
+    live: dict | None = None,
+) -> dict:
+    """The report dict (what report.json holds)."""
+    rep: dict = {"report_version": REPORT_VERSION, "offline": None, "sglang": None, "live": None}
+    if acceptance:
+        d = acceptance["draft"]
+        rep["offline"] = {
+            "checkpoint": acceptance.get("checkpoint"),
+            "target": acceptance.get("target"),
+            "prompts_file": acceptance.get("prompts_file"),
+            "layer_ids": acceptance.get("layer_ids"),
+            "k": d["k"],
+            "prompts": d["prompts"],
+            "verify_steps": d["verify_steps"],
+            "acceptance_length": d["acceptance_length"],
+            "max_acceptance_length": d["max_acceptance_length"],
+            "per_position": d["per_position"],
+            "per_position_conditional": d["per_position_conditional"],
+            "random_draft_acceptance_length": (acceptance.get("random_draft") or {}).get("acceptance_length"),
+            "random_draft_per_position": (acceptance.get("random_draft") or {}).get("per_position"),
+        }
+    if sglang_with or sglang_without:
+        s: dict = {"with_draft": sglang_with, "without_draft": sglang_without}
+        probe = (sglang_with or {}).get("spec_probe")
+        s["acceptance_length_spec_verify"] = probe.get("acceptance_length") if probe else None
+        tw = (sglang_with or {}).get("output_throughput")
+        to = (sglang_without or {}).get("output_throughput")
+        s["speedup"] = round(tw / to, 3) if tw and to else None
+        rep["sglang"] = s
+    if live:
+        rep["live"] = build_live(live, rep["offline"])
+    rep["inputs_sha256"] = _digest([acceptance, sglang_with, sglang_without, live])
+    return rep
+
+
+def _fmt(v, nd=2):
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def markdown(rep: dict) -> str:
+    out = ["# EAGLE-3 draft benchmark", ""]
+    off = rep.get("offline")
+    if off:
+        k = off["k"]
+        out += [
+            f"Offline acceptance (greedy chain, k={k}, {off['prompts']} held-out prompts, "
+            f"{off['verify_steps']} verify steps; target `{off['target']}`, draft `{off['checkpoint']}`, "
+            f"aux layers {off['layer_ids']}):",
+            "",
+            "| draft | acceptance length (max "
+            + str(k + 1)
+            + ") | "
+            + " | ".join(f"pos {i + 1}" for i in range(k))
+            + " |",
+            "|---|---|" + "---|" * k,
+            f"| trained | {_fmt(off['acceptance_length'], 3)} | "
+            + " | ".join(_fmt(x, 3) for x in off["per_position"])
+            + " |",
+        ]
+        if off.get("random_draft_acceptance_length") is not None:
+            out.append(
+                f"| random tokens | {_fmt(off['random_draft_acceptance_length'], 3)} | "
+                + " | ".join(_fmt(x, 3) for x in off["random_draft_per_position"] or [None] * k)
+                + " |"
+            )
+        out += [
+            "",
+            "pos i: share of verify steps whose draft token i was accepted (all of 1..i matched the target's "
+            "greedy choice); conditional rates: "
+            + ", ".join(_fmt(x, 3) for x in off["per_position_conditional"]),
+            "",
+        ]
+    s = rep.get("sglang")
+    if s:
+        out += [
+            "SGLang serving benchmark (same prompts, same settings):",
+            "",
+            "| server | output tok/s | median e2e latency (ms) | median ITL (ms) | median TTFT (ms) | acceptance length |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, key in (("with draft (EAGLE3)", "with_draft"), ("without draft", "without_draft")):
+            r = s.get(key) or {}
+            out.append(
+                f"| {name} | {_fmt(r.get('output_throughput'))} | {_fmt(r.get('median_e2e_latency_ms'))} | "
+                f"{_fmt(r.get('median_itl_ms'))} | {_fmt(r.get('median_ttft_ms'))} | {_fmt(r.get('accept_length'))} |"
+            )
+        out += ["", f"Speed-up (output tok/s): {_fmt(s.get('speedup'), 3)}"]
+        if s.get("acceptance_length_spec_verify") is not None:
+            out.append(
+                "Acceptance length, completion tokens / spec_verify_ct (greedy /generate probe): "
+                + _fmt(s["acceptance_length_spec_verify"], 3)
+            )
+        out.append("")
+    elif not rep.get("live"):
+        out += ["SGLang serving benchmark: not run (no SGLang server on this host).", ""]
+    lv = rep.get("live")
+    if lv:
+        out += [
+            "Live SGLang server (eagle3ops load generator, greedy, same prompts with and without the draft):",
+            "",
+            "| prompt set | concurrency | tok/s with draft | tok/s without | speed-up | acceptance length (server) "
+            "| median latency with / without (s) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, st in lv["sets"].items():
+            for r in st["rows"]:
+                out.append(
+                    f"| {name} ({st['format']}) | {r['concurrency']} | {_fmt(r['with_draft_tok_s'], 1)} | "
+                    f"{_fmt(r['without_draft_tok_s'], 1)} | {_fmt(r['speedup'], 3)} | "
+                    f"{_fmt(r['acceptance_length'], 3)} | {_fmt(r['with_draft_median_latency_s'], 3)} / "
+                    f"{_fmt(r['without_draft_median_latency_s'], 3)} |"
+                )
+        out.append("")
+        for name, st in lv["sets"].items():
+            per = st["rows"][0]["acceptance_per_request"] if st["rows"] else None
+            if per:
+                out.append(
+                    f"Acceptance per request, {name}, concurrency {st['rows'][0]['concurrency']}: "
+                    f"min {min(per):.2f}, median {sorted(per)[len(per) // 2]:.2f}, max {max(per):.2f} "
+                    f"({len(per)} requests)"
+                )
+        ov = lv.get("offline_vs_server")
+        if ov:
+            out.append(
+                f"Held-out acceptance length: server {_fmt(ov['server_acceptance_length'], 3)} vs offline estimate "
+                f"{_fmt(ov['offline_acceptance_length'], 3)} (k={ov['offline_k']}; difference "
+                f"{_fmt(ov['difference'], 3)})"
+            )
+        c = lv.get("contamination")
+        if c:
+            out.append(
+                "Contamination check: "
+                + (
+                    f"clean (no benchmark prompt among {c['training_user_turns']} training user turns)"
+                    if c["clean"]
+                    else f"CONTAMINATED {c['contaminated']} (mode {c['mode']})"
+                )
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(rep: dict, path: str | os.PathLike) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = rep.get("sglang")
+    lv = rep.get("live")
+    ncols = 1 + bool(s) + bool(lv)
+    fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols, 4), squeeze=False)
+    ax = axes[0][0]
+    off = rep.get("offline")
+    if off:
+        xs = list(range(1, off["k"] + 1))
+        ax.plot(xs, off["per_position"], marker="o", label=f"trained (τ={off['acceptance_length']:.2f})")
+        if off.get("random_draft_per_position"):
+            ax.plot(
+                xs,
+                off["random_draft_per_position"],
+                marker="x",
+                linestyle="--",
+                label=f"random (τ={off['random_draft_acceptance_length']:.2f})",
+            )
+        ax.set_xticks(xs)
+        ax.set_ylim(0, 1.05)
+        ax.legend()
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_title("Offline acceptance per draft position")
+    if s:
+        ax2 = axes[0][1]
+        vals = [
+            (s.get("without_draft") or {}).get("output_throughput"),
+            (s.get("with_draft") or {}).get("output_throughput"),
+        ]
+        ax2.bar(["without draft", "with draft"], [v or 0 for v in vals], color=["#999999", "#3070b0"])
+        ax2.set_ylabel("output tok/s")
+        ax2.set_title("SGLang output throughput")
+    if lv:
+        ax3 = axes[0][ncols - 1]
+        labels, w, wo = [], [], []
+        for name, st in lv["sets"].items():
+            for r in st["rows"]:
+                labels.append(f"{name}\nc={r['concurrency']}")
+                w.append(r["with_draft_tok_s"] or 0)
+                wo.append(r["without_draft_tok_s"] or 0)
+        xs = list(range(len(labels)))
+        ax3.bar([x - 0.2 for x in xs], wo, width=0.4, color="#999999", label="without draft")
+        ax3.bar([x + 0.2 for x in xs], w, width=0.4, color="#3070b0", label="with draft")
+        ax3.set_xticks(xs)
+        ax3.set_xticklabels(labels, fontsize=8)
+        ax3.set_ylabel("output tok/s")
+        ax3.set_title("Live server, per prompt set and concurrency")
+        ax3.legend()
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, png.getvalue())
+
+
+def write(
+    out_dir: str | os.PathLike,
+    acceptance: dict | None,
+    sglang_with: dict | None = None,
+    sglang_without: dict | None = None,
+    *,
+    check: bool = False,
+    live: dict | None = None,
+) -> dict:
+    """Write report.json, report.md, report.png into out_dir unless they already hold these inputs."""
+    if not acceptance and not (sglang_with or sglang_without) and not live:
+        raise ReportError("nothing to report: give an acceptance result and/or SGLang benchmark results")
+    out = Path(out_dir)
+    rep = build(acceptance, sglang_with, sglang_without, live)
+    paths = {"json": out / "report.json", "markdown": out / "report.md", "plot": out / "report.png"}
+    try:
+        current = json.loads(paths["json"].read_text()).get("inputs_sha256")
+    except (OSError, ValueError):
+        current = None
+    changed = current != rep["inputs_sha256"] or not all(p.is_file() for p in paths.values())
+    md = markdown(rep)
+    if changed and not check:
+        out.mkdir(parents=True, exist_ok=True)
+        plot(rep, paths["plot"])
+        atomic_write_text(paths["markdown"], md + "\n")
+        atomic_write_json(paths["json"], rep)
+    return {
+        "changed": changed,
+        "check_mode": check,
+        "paths": {k: str(v) for k, v in paths.items()},
+        "report": rep,
+        "markdown": md,
+    }
+
+
+def spec_probe(url: str, prompts: list[str], *, max_new_tokens: int = 128, timeout: float = 600) -> dict:
+    """Acceptance length as SGLang counts it (:func:`eagle3ops.loadgen.spec_probe`); errors as ReportError."""
+    from eagle3ops.benchmark import loadgen
+
+    try:
+        return loadgen.spec_probe(url, prompts, max_new_tokens=max_new_tokens, timeout=timeout)
+    except loadgen.LiveError as e:
+        raise ReportError(str(e)) from None

@@ -1,0 +1,77 @@
+"""What every ``eagle3ops`` sub-command shares: the error it raises for the user (:class:`CommandError`, exit code
+2, no traceback), the one-line message for a failed file-system call (:func:`os_error_message`), and how it
+prints its result (:func:`emit`, ``--json``). Standard library only; commands and phase code import this, never
+``eagle3ops.cli`` (which imports every command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import sys
+
+
+class CommandError(Exception):
+    """An error the user can act on; printed without a traceback, exit code 2."""
+
+    def __init__(self, message: str, **details):
+        super().__init__(message)
+        self.details = details
+
+
+# what to do about a failed file-system call, by errno (the generic line of :func:`os_error_message`)
+_OS_ADVICE = {
+    errno.ENOSPC: "the file system is full: free space there or point the directory at a larger disk, then re-run "
+    "(finished work is kept)",
+    errno.EDQUOT: "the disk quota is exhausted: free space or raise the quota, then re-run (finished work is kept)",
+    errno.EACCES: "permission denied: run as the owner of that path (or fix its owner/mode), or choose another "
+    "path",
+    errno.EPERM: "operation not permitted: run as the owner of that path (or fix its owner/mode), or choose "
+    "another path",
+    errno.EROFS: "the file system is mounted read-only: remount it read-write (or fix the disk it is on), or "
+    "choose a path on a writable disk",
+    errno.EIO: "the disk reported an I/O error: check the device (dmesg, smartctl) before re-running; files "
+    "finished before are kept",
+    errno.ENOENT: "it does not exist: check the path (or run the phase that creates it first)",
+    errno.ENOTDIR: "a part of the path is not a directory: check the path",
+    errno.EISDIR: "it is a directory where a file was expected: check the path",
+    errno.ENOTEMPTY: "the directory is not empty: move it aside or choose another path",
+    errno.EEXIST: "it already exists: move it aside or choose another path",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n) and re-run",
+    errno.ECONNREFUSED: "nothing listens there: start the server (or fix the URL) and re-run",
+}
+
+
+def os_error_message(e: OSError) -> str:
+    """One line for a failed file-system call: the path, what happened (errno name + text), what to do."""
+    paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
+    where = " -> ".join(paths) if paths else "(the failing call named no path; see the command's arguments)"
+    name = errno.errorcode.get(e.errno, "") if e.errno else ""
+    what = e.strerror or str(e)
+    advice = _OS_ADVICE.get(e.errno, "fix the cause and re-run")
+    return f"{where}: {what}{f' ({name})' if name else ''}; {advice}."
+
+
+def add_json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+
+
+def emit(args, result: dict, human: str | None = None) -> None:
+    """Print a command's result: JSON on stdout with --json, else the human summary."""
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps(result, default=str, sort_keys=True) + "\n")
+    else:
+        print(human if human is not None else json.dumps(result, indent=2, default=str, sort_keys=True))
+
+
+def json_line(obj: dict) -> None:
+    """The failure record on stdout; a stdout that cannot be written (closed pipe, full disk) is left alone:
+    the message on stderr is the one that matters then."""
+    try:
+        sys.stdout.write(json.dumps(obj, default=str) + "\n")
+        sys.stdout.flush()
+    except OSError:
+        with_devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(with_devnull, sys.stdout.fileno())  # so the interpreter's final flush does not raise again

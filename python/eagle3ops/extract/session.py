@@ -1,0 +1,435 @@
+"""The extraction session both backends share (transformers: :mod:`.transformers_backend`; SGLang:
+:mod:`.sglang_client` driving :mod:`.sglang_hook` in the server): the run's settings (:class:`ExtractConfig`),
+the target's facts and the store's meta, the plan of what is left (also check mode, :func:`plan_extraction`),
+the one-time repair a parent does before its workers start (:func:`repair_store`) and the progress reporter.
+Nothing here loads weights or tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3ops import layers
+from eagle3ops.durable import sha256_file
+from eagle3ops.extract.errors import ExtractError
+from eagle3ops.extract.shards import check_shard, rank_indices, shard_indices
+from eagle3ops.store import (
+    HiddenStateStore,
+    ResumePlan,
+    meta_decision,
+    preflight_disk,
+    sample_nbytes,
+)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# layer ids: the rule lives in eagle3ops.layers; this name stays for extract's callers (sglang_client, tests)
+# ----------------------------------------------------------------------------------------------------------
+def resolve_layer_ids(
+    num_layers: int, layer_ids: Sequence[int] | None = None, convention: str = "input"
+) -> list[int]:
+    """:func:`eagle3ops.layers.resolve` (default or given ids, input convention, checked, sorted), its
+    refusal as an :class:`ExtractError`."""
+    try:
+        return layers.resolve(num_layers, layer_ids, convention)
+    except layers.LayerIdError as e:
+        raise ExtractError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# dataset + model facts (cheap: no weights loaded)
+# ----------------------------------------------------------------------------------------------------------
+def _seq_lens_from_arrow(data_dir: Path) -> list[int] | None:
+    """``seq_len`` straight from the Arrow files that ``datasets.save_to_disk`` wrote (``state.json`` lists
+    them; each is an IPC stream, memory-mapped: no token data is read). ``None`` when the layout is not the
+    plain one, so the caller falls back to ``datasets``. Importing ``datasets`` costs 1-3 s per process,
+    which dominated resume planning (docs/performance.md, "Resume")."""
+    try:
+        state = json.loads((data_dir / "state.json").read_text())
+        files = [data_dir / f["filename"] for f in state["_data_files"]]
+        if not files or state.get("_indices_data_files"):
+            return None
+        import pyarrow as pa
+
+        out: list[int] = []
+        for f in files:
+            with pa.memory_map(str(f)) as src:
+                table = pa.ipc.open_stream(src).read_all()
+            if "seq_len" not in table.column_names:
+                return None
+            out.extend(int(x) for x in table.column("seq_len").to_pylist())
+        return out
+    except (OSError, ValueError, KeyError, TypeError, ImportError):
+        return None
+
+
+def load_seq_lens(data_dir: str | os.PathLike) -> list[int]:
+    """The ``seq_len`` column of the prepared Arrow dataset (no token data read)."""
+    fast = _seq_lens_from_arrow(Path(data_dir))
+    if fast is not None:
+        return fast
+    from datasets import load_from_disk
+
+    try:
+        ds = load_from_disk(str(data_dir))
+    except FileNotFoundError as e:
+        raise ExtractError(
+            f"{data_dir}: no prepared dataset here ({e}). Run the prepare phase first "
+            "(ansible-playbook site.yml --tags prepare, or `eagle3ops prepare`)."
+        ) from e
+    if "seq_len" not in ds.column_names:
+        raise ExtractError(
+            f"{data_dir}: dataset has no seq_len column (columns: {ds.column_names}); re-run prepare"
+        )
+    return [int(x) for x in ds.data.column("seq_len").to_pylist()]
+
+
+def model_facts(model_path: str | os.PathLike, *, content_hash: bool = False) -> dict:
+    """num_layers, hidden_size and a fingerprint of the target, from its config and its weight files' sizes,
+    mtimes and safetensors headers (``content_hash``: also a hash of every weight byte).
+
+    Plain ``config.json`` files (top-level or ``text_config`` keys ``num_hidden_layers`` and ``hidden_size``)
+    are read as JSON; anything else goes through ``transformers.AutoConfig`` (importing transformers costs
+    3-9 s per process on the 2-core box, which dominated ``extract --plan``)."""
+    p = Path(model_path)
+    if not p.exists():
+        raise ExtractError(
+            f"target model path {model_path} does not exist. Set extract_model_path (or --model) to a local "
+            "model directory; hubs are not reachable from here (HF_HUB_OFFLINE=1)."
+        )
+    facts = _facts_from_config_json(p / "config.json")
+    if facts is None:
+        from transformers import AutoConfig
+
+        try:
+            cfg = AutoConfig.from_pretrained(str(p))
+        except (OSError, ValueError) as e:
+            raise ExtractError(f"{model_path}: cannot read the model config ({e})") from e
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        facts = (int(text_cfg.num_hidden_layers), int(text_cfg.hidden_size), getattr(cfg, "model_type", None))
+    h = hashlib.sha256()
+    cfg_file = p / "config.json"
+    if cfg_file.exists():
+        h.update(cfg_file.read_bytes())
+    weights: dict[str, list] = {}
+    for f in sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin")):
+        st = f.stat()
+        h.update(
+            f"{f.name}:{st.st_size}".encode()
+        )  # the fingerprint of metas before issue 16: kept as it was
+        weights[f.name] = [st.st_size, st.st_mtime_ns, _weights_header_digest(f)]
+    out = {
+        "num_layers": facts[0],
+        "hidden_size": facts[1],
+        "model_type": facts[2],
+        "model_fingerprint": h.hexdigest()[:16],
+        # per weight file: size, mtime (ns), sha256 of its safetensors header (None for .bin/unreadable): cheap
+        # (no tensor bytes read) and it sees weights replaced in place by other weights of the same size
+        "model_weights": weights,
+    }
+    if content_hash:
+        out["model_content_hash"] = _weights_content_hash(p, sorted(weights))
+    return out
+
+
+def _weights_header_digest(path: Path) -> str | None:
+    """sha256 (16 hex) of a safetensors file's length + JSON header (names, dtypes, shapes, offsets, metadata),
+    None when it has none (``.bin``) or it does not parse as one."""
+    if path.suffix != ".safetensors":
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return None
+            n = int.from_bytes(head, "little")
+            if n > 100 * 2**20:
+                return None
+            body = f.read(n)
+    except OSError:
+        return None
+    return hashlib.sha256(head + body).hexdigest()[:16] if len(body) == n else None
+
+
+def _weights_content_hash(p: Path, names: list[str]) -> dict:
+    """The full content of every weight file (``--model-hash``): xxh3-64 (sha256 without xxhash), with a
+    progress line per file on stderr; reads every byte of the weights (terabytes for Kimi-K2.5: on request)."""
+    from eagle3ops.store import file_hashes, xxh3
+
+    algo = "xxh3_64" if xxh3() is not None else "sha256"
+    files = {}
+    for name in names:
+        t0 = time.monotonic()
+        if algo == "xxh3_64":
+            files[name] = format(file_hashes(p / name, {"h"})["h"], "016x")
+        else:
+            files[name] = sha256_file(p / name)
+        print(f"model hash: {name} in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+    return {"algo": algo, "files": files}
+
+
+def _facts_from_config_json(path: Path) -> tuple[int, int, str | None] | None:
+    """(num_layers, hidden_size, model_type) from a config.json without transformers, or None to fall back."""
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict) or any(k in cfg for k in ("text_encoder", "decoder", "generator")):
+        return None  # sub-configs transformers' get_text_config() would pick: let it
+    text = layers.text_config(cfg)
+    try:
+        return int(text["num_hidden_layers"]), int(text["hidden_size"]), cfg.get("model_type")
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def dataset_fingerprint(data_dir: str | os.PathLike) -> str | None:
+    """The prepare step's fingerprint (prepare_meta.json), else the Arrow state's fingerprint."""
+    d = Path(data_dir)
+    meta = d / "prepare_meta.json"
+    if meta.exists():
+        fp = json.loads(meta.read_text()).get("fingerprint")
+        if fp:
+            return str(fp)
+    state = d / "state.json"
+    if state.exists():
+        return json.loads(state.read_text()).get("_fingerprint")
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the extraction run
+# ----------------------------------------------------------------------------------------------------------
+@dataclass
+class ExtractConfig:
+    data_dir: str
+    model_path: str
+    layer_ids: list[int] | None = None
+    layer_convention: str = "input"
+    dtype: str = "bfloat16"  # stored dtype; float8_e4m3fn = e4m3 + a float32 scale per row (see quantize_fp8)
+    compute_dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"
+    max_batch_tokens: int = 16384
+    max_batch_size: int = 64
+    world_size: int = 1
+    rank: int = 0
+    fsync: bool = True
+    writer_threads: int = 4
+    # xxh3-64 of every file in its manifest line, over the bytes the writer holds (docs/performance.md)
+    checksum: bool = True
+    verify: str = (
+        "size"  # the plan's check of finished files: size (cheap, headers) or checksum (re-reads all)
+    )
+    on_model_change: str = "refuse"  # refuse | discard (move hidden_states aside) | accept (same model)
+    model_hash: bool = False  # hash every weight byte for the model check (slow; on request)
+    margin_frac: float = 0.05
+    margin_bytes: int = 64 * 1024 * 1024
+    check_finite: bool = True
+    limit: int | None = None  # only the first N rows (testing / smoke runs)
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+    # several hosts (docs/scale.md): the global ranks this host's store covers, of ``world_size``; None = the
+    # one rank ``rank`` (or every row with world_size 1)
+    ranks: list[int] | None = None
+
+
+def build_meta(cfg: ExtractConfig, facts: dict, layer_ids: list[int], num_rows: int) -> dict:
+    return {
+        "format": "speculators-0.9.0-offline",
+        "layer_ids": layer_ids,
+        "layer_convention": "input",
+        "last_state": "pre-norm output of the last decoder layer",
+        "num_layers": facts["num_layers"],
+        "hidden_size": facts["hidden_size"],
+        "num_states": len(layer_ids) + 1,
+        "dtype": cfg.dtype,
+        "model_path": str(Path(cfg.model_path).resolve()),
+        "model_type": facts.get("model_type"),
+        "model_fingerprint": facts["model_fingerprint"],
+        "model_weights": facts.get("model_weights"),
+        **({"model_content_hash": facts["model_content_hash"]} if facts.get("model_content_hash") else {}),
+        "dataset_fingerprint": dataset_fingerprint(cfg.data_dir),
+        "num_rows": num_rows,
+        "backend": "transformers",
+    }
+
+
+def run_result(cfg, indices, plan, layer_ids: list[int], facts: dict) -> dict:
+    """The result both backends start a run with: what the plan found, nothing written yet. ``cfg``: either
+    backend's settings (its ``data_dir`` and ``dtype``)."""
+    return {
+        "total": len(indices),
+        "done_before": plan.done,
+        "adopted": plan.adopted,
+        "written": 0,
+        "failed": 0,
+        "tokens": 0,
+        "bytes": 0,
+        "seconds": 0.0,
+        "layer_ids": layer_ids,
+        "num_layers": facts["num_layers"],
+        "hidden_size": facts["hidden_size"],
+        "dtype": cfg.dtype,
+        "invalid_files_replaced": sorted(plan.invalid),
+        "torn_manifest_lines": plan.torn_lines,
+        "data_dir": str(cfg.data_dir),
+    }
+
+
+def damaged_report(store: HiddenStateStore, damaged: dict[int, str]) -> dict:
+    return {str(i): {"file": str(store.path(i)), "reason": r} for i, r in sorted(damaged.items())}
+
+
+def plan_extraction(cfg: ExtractConfig) -> dict:
+    """What a run would do, without loading weights or writing anything (check mode)."""
+    seq_lens = load_seq_lens(cfg.data_dir)
+    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash)
+    layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
+    store = HiddenStateStore(cfg.data_dir, rank=cfg.rank)
+    meta = build_meta(cfg, facts, layer_ids, len(seq_lens))
+    old = store.read_meta()
+    action = "ok"
+    if old is not None:  # same refusal as a real run, but read-only
+        action, _ = meta_decision(old, meta, store.meta_path, cfg.on_model_change)
+    if cfg.ranks:
+        check_shard(cfg.data_dir, cfg.world_size, cfg.ranks, write=False)
+    indices = config_indices(cfg, len(seq_lens))
+    num_states = len(layer_ids) + 1
+    if action == "discard":  # the run moves the old states aside and starts over: everything is to do
+        plan = ResumePlan(
+            remaining=list(indices),
+            done=0,
+            adopted=0,
+            invalid={},
+            torn_lines=[],
+            bytes_needed=sum(
+                sample_nbytes(seq_lens[i], num_states, facts["hidden_size"], cfg.dtype) for i in indices
+            ),
+            tokens_remaining=sum(seq_lens[i] for i in indices),
+        )
+    else:
+        plan = store.plan(
+            seq_lens,
+            num_states=num_states,
+            hidden_size=facts["hidden_size"],
+            dtype=cfg.dtype,
+            indices=indices,
+            adopt=False,
+            verify=cfg.verify,
+        )
+    free = preflight_disk(store.dir, 0)["free_bytes"]
+    return {
+        "total": len(indices),
+        "done_before": plan.done,  # plan.done already counts adopted files
+        "adoptable": plan.adopted,
+        "to_extract": len(plan.remaining),
+        "tokens_to_extract": plan.tokens_remaining,
+        "bytes_needed": plan.bytes_needed,
+        "free_bytes": free,
+        "fits": plan.bytes_needed * (1 + cfg.margin_frac) + cfg.margin_bytes <= free or not plan.remaining,
+        "invalid_files": {str(k): v for k, v in plan.invalid.items()},
+        "damaged": len(plan.damaged),
+        "damaged_files": damaged_report(store, plan.damaged),
+        "duplicate_manifest_lines": plan.duplicates,
+        "unchecked_files": plan.unchecked,
+        "verify": cfg.verify,
+        "discards_store": action == "discard",
+        "layer_ids": layer_ids,
+        "num_layers": facts["num_layers"],
+        "hidden_size": facts["hidden_size"],
+        "dtype": cfg.dtype,
+        "world_size": cfg.world_size,
+        "ranks": list(cfg.ranks) if cfg.ranks else [cfg.rank],
+    }
+
+
+def progress_reporter(total_samples: int, total_tokens: int, enabled: bool):
+    """A rich progress bar on a terminal, periodic log lines otherwise. Returns (advance, close)."""
+    if not enabled or total_samples == 0:
+        return (lambda n, t: None), (lambda: None)
+    if sys.stderr.isatty():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        prog = Progress(
+            TextColumn("extract"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeRemainingColumn(),
+            transient=False,
+            console=None,
+        )
+        task = prog.add_task("extract", total=total_samples, rate="")
+        prog.start()
+        t0 = time.monotonic()
+        tok = [0]
+
+        def advance(n, t):
+            tok[0] += t
+            rate = tok[0] / max(time.monotonic() - t0, 1e-9)
+            prog.update(task, advance=n, rate=f"{rate:,.0f} tok/s")
+
+        return advance, prog.stop
+    t0 = time.monotonic()
+    state = {"n": 0, "t": 0, "last": t0}
+
+    def advance(n, t):
+        state["n"] += n
+        state["t"] += t
+        now = time.monotonic()
+        if now - state["last"] >= 10 or state["n"] == total_samples:
+            state["last"] = now
+            rate = state["t"] / max(now - t0, 1e-9)
+            eta = (total_tokens - state["t"]) / rate if rate else float("inf")
+            print(
+                f"extract: {state['n']}/{total_samples} samples, {rate:,.0f} tok/s, ETA {eta:,.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return advance, (lambda: None)
+
+
+def repair_store(cfg: ExtractConfig) -> dict:
+    """What ``extract --workers N`` does once in the parent before it starts the workers: the model check
+    (with ``on_model_change``), temp-file cleanup and the verify check of every row at ``cfg.verify``, moving
+    damaged files aside and collapsing duplicate manifest lines, so that no worker rewrites a manifest another
+    one appends to. Returns the counts for the run's result."""
+    seq_lens = load_seq_lens(cfg.data_dir)
+    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash)
+    layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
+    store = HiddenStateStore(cfg.data_dir)
+    discarded = store.ensure_meta(
+        build_meta(cfg, facts, layer_ids, len(seq_lens)), on_model_change=cfg.on_model_change
+    )
+    store.clean_temp_files()
+    plan = store.plan(
+        seq_lens,
+        num_states=len(layer_ids) + 1,
+        hidden_size=facts["hidden_size"],
+        dtype=cfg.dtype,
+        indices=range(min(len(seq_lens), cfg.limit if cfg.limit is not None else len(seq_lens))),
+        verify=cfg.verify,
+    )
+    store.close()
+    return {
+        "damaged": len(plan.damaged),
+        "damaged_files": damaged_report(store, plan.damaged),
+        "moved_aside": plan.moved_aside,
+        "duplicate_manifest_lines": plan.duplicates,
+        "unchecked_files": plan.unchecked,
+        "discarded_store": discarded,
+    }
+
+
+def config_indices(cfg: ExtractConfig, num_rows: int) -> list[int]:
+    if cfg.ranks:
+        return shard_indices(num_rows, cfg.world_size, cfg.ranks, cfg.limit)
+    return rank_indices(num_rows, cfg.world_size, cfg.rank, cfg.limit)

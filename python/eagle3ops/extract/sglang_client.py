@@ -1,0 +1,481 @@
+"""The client of the SGLang extraction backend (``eagle3ops sglang-extract``).
+
+It drives a patched SGLang server (see sglang_patch.py / sglang_hook.py) that writes the hidden states itself:
+
+1. works out what is left from the store's manifest (the same store, meta and resume rules as the
+   transformers backend; files written by either backend count), checks disk space for exactly that;
+2. starts the server's systemd unit (``server_unit``) or attaches to a running server (``url``), waits for
+   ``/health``;
+3. sends ``/generate`` with the prepared ``input_ids``, ``rid`` = ``e3o-<row>-<seq_len>-<attempt>`` and
+   ``max_new_tokens=1``, at most ``concurrency`` requests in flight; 5xx/429/408, connection errors and
+   timeouts are retried with exponential backoff and jitter, other 4xx fail the row at once;
+4. confirms every row's file landed: a complete safetensors header of the right shape/dtype, and its
+   ``token_ids`` equal to the row's ``input_ids`` (an error the server's writer recorded fails the row fast);
+5. stops the unit it started and restores the capture patch (``restore_patch``) when every row is done.
+
+Killing the client (even ``kill -9``) loses nothing: rows the server finishes still land with their manifest
+lines; the next run resumes from the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3ops import jsonl
+from eagle3ops.extract import sglang_hook
+from eagle3ops.store import HiddenStateStore, preflight_disk, read_safetensors_header
+
+RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+class SGLangClientError(RuntimeError):
+    """A user-actionable failure of the SGLang backend (server unreachable, misconfigured...)."""
+
+
+@dataclass
+class SGLangExtractConfig:
+    data_dir: str
+    model_path: str  # the target the server serves: its config gives layers/H and the store fingerprint
+    url: str = "http://127.0.0.1:30000"
+    layer_ids: list[int] | None = None
+    layer_convention: str = "input"
+    dtype: str = "bfloat16"
+    concurrency: int = 8
+    request_timeout: float = 600.0
+    retries: int = 5
+    backoff: float = 1.0
+    backoff_max: float = 60.0
+    health_timeout: float = 1800.0
+    confirm_timeout: float = 120.0
+    limit: int | None = None
+    margin_frac: float = 0.05
+    margin_bytes: int = 64 * 1024 * 1024
+    server_unit: str | None = None  # systemd unit to start; None = attach to ``url``
+    server_pid: int | None = None  # the attached server's PID: its death ends a wait for /health at once
+    stop_server: bool = True  # stop ``server_unit`` at the end (only a unit this run started)
+    restore_patch: str | None = None  # deepseek_v2.py to restore when every row is done
+    restore_patch_always: bool = False  # restore even when rows failed
+    sglang_version: str = "0.5.23"  # the server's SGLang version (the patch restore_patch checks against)
+    progress: bool = True
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)  # retry backoff (tests record it)
+
+
+# -------------------------------------------------------------------------------------------------- HTTP
+def _request(url: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, method="GET" if body is None else "POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read() or b""
+
+
+def server_gone(pid: int | None = None, unit: str | None = None) -> str | None:
+    """Why the server cannot come back (its process is dead, its unit failed or stopped), or None.
+
+    A unit that is restarting (``activating``) or a live process is not gone: waiting for it is right."""
+    if pid:
+        from eagle3ops.runlock import pid_alive
+
+        if not pid_alive(int(pid)):
+            return f"its process (PID {pid}) is gone (exited, or a zombie its parent has not reaped)"
+    if unit:
+        try:
+            r = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None  # cannot tell: keep waiting, the timeout still bounds it
+        state = r.stdout.strip()
+        if state in ("failed", "inactive"):
+            return f"its systemd unit {unit} is {state} (journalctl -u {unit} says why)"
+    return None
+
+
+def wait_health(
+    url: str,
+    timeout: float,
+    *,
+    sleep=time.sleep,
+    poll: float = 1.0,
+    gone: Callable[[], str | None] | None = None,
+) -> float:
+    """Wait until ``GET /health`` answers 200; returns the seconds waited. ``gone`` says (cheaply) whether the
+    server can still come back; when it says why not, the wait ends at once instead of at ``timeout``."""
+    t0 = time.monotonic()
+    last = "no answer"
+    checked = 0.0
+    while True:
+        try:
+            code, body = _request(url.rstrip("/") + "/health", None, timeout=10)
+            if code == 200:
+                return time.monotonic() - t0
+            last = f"HTTP {code} {body[:200]!r}"
+        except (OSError, urllib.error.URLError) as e:
+            last = str(getattr(e, "reason", e))
+        if gone is not None and time.monotonic() - checked >= 2.0:
+            checked = time.monotonic()
+            why = gone()
+            if why:
+                raise SGLangClientError(
+                    f"the SGLang server at {url} stopped answering and cannot come back: {why} (last: {last}). "
+                    "Its log says why (a crash of the capture hook is in hidden_states/"
+                    f"{sglang_hook.ERRORS_NAME}); start it again and re-run: finished rows are kept."
+                )
+        if time.monotonic() - t0 > timeout:
+            raise SGLangClientError(
+                f"the SGLang server at {url} did not become healthy within {timeout:.0f} s (last: {last}). "
+                "Check its log (journalctl -u <unit>), the model path and GPU memory; a large model can need "
+                "more time (sglang_health_timeout)."
+            )
+        sleep(poll)
+
+
+def read_token_ids(path: str | os.PathLike) -> list[int]:
+    """The ``token_ids`` of a sample file, reading only the header and those bytes (not the states)."""
+    h = read_safetensors_header(path)
+    t = h["token_ids"]
+    with open(path, "rb") as f:
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        a, b = t["data_offsets"]
+        f.seek(8 + hlen + a)
+        raw = f.read(b - a)
+    return list(struct.unpack(f"<{len(raw) // 8}q", raw))
+
+
+# -------------------------------------------------------------------------------------------------- the run
+@dataclass
+class _Outcome:
+    index: int
+    ok: bool
+    tokens: int = 0
+    nbytes: int = 0
+    attempts: int = 0
+    retried: int = 0
+    error: str | None = None
+    request_s: float = 0.0  # the answered request's round trip (prefill + 1 token on the server)
+    confirm_s: float = 0.0  # from the answer until the row's file was confirmed on disk (the hook's write)
+
+
+class _Runner:
+    def __init__(self, cfg: SGLangExtractConfig, store: HiddenStateStore, seq_lens, num_states, hidden):
+        self.cfg, self.store, self.seq_lens = cfg, store, seq_lens
+        self.num_states, self.hidden = num_states, hidden
+        self.gen_url = cfg.url.rstrip("/") + "/generate"
+        self.errors_path = store.dir / sglang_hook.ERRORS_NAME
+        self._stop = threading.Event()
+        self._health_lock = threading.Lock()
+        self.health_waits = 0
+
+    def _wait_until_healthy(self) -> None:
+        """The server is down (restarting?): one thread polls /health, the others queue behind it."""
+        with self._health_lock:
+            self.health_waits += 1
+            wait_health(self.cfg.url, self.cfg.health_timeout, poll=0.5, gone=self._gone)
+
+    def _gone(self) -> str | None:
+        return server_gone(self.cfg.server_pid, self.cfg.server_unit)
+
+    def _server_error_for(self, index: int, since: float) -> str | None:
+        if not self.errors_path.exists():
+            return None
+        try:
+            lines = [
+                ln
+                for _, ln in jsonl.split_lines(self.errors_path.read_text(encoding="utf-8", errors="replace"))
+            ]
+        except OSError:
+            return None
+        for line in reversed(lines[-200:]):
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if d.get("t", 0) >= since and index in d.get("rows", []):
+                return d.get("error")
+        return None
+
+    def _confirm(self, index: int, ids: list[int], since: float) -> str | None:
+        """None once the row's file is complete and holds these tokens; else why not (after the timeout)."""
+        deadline = time.monotonic() + self.cfg.confirm_timeout
+        reason = "file never appeared"
+        delay = 0.02
+        while True:
+            reason = self.store.validate_header(index, len(ids), self.num_states, self.hidden, self.cfg.dtype)
+            if reason is None:
+                got = read_token_ids(self.store.path(index))
+                if got == ids:
+                    return None
+                reason = f"token_ids in {self.store.path(index)} differ from the row's input_ids"
+            err = self._server_error_for(index, since)
+            if err:
+                return f"the server's writer failed: {err}"
+            if time.monotonic() > deadline:
+                return f"{self.store.path(index)} not confirmed within {self.cfg.confirm_timeout:.0f} s: {reason}"
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def one(self, index: int, ids: list[int]) -> _Outcome:
+        cfg = self.cfg
+        n = len(ids)
+        out = _Outcome(index, False)
+        last = ""
+        for attempt in range(cfg.retries + 1):
+            if self._stop.is_set():
+                out.error = "run aborted"
+                return out
+            out.attempts = attempt + 1
+            if attempt:
+                out.retried += 1
+                cfg.sleep(
+                    min(cfg.backoff_max, cfg.backoff * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+                )
+            body = {
+                "input_ids": ids,
+                "rid": sglang_hook.make_rid(index, n, attempt),
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            }
+            since = time.time()
+            t_req = time.monotonic()
+            try:
+                code, raw = _request(self.gen_url, body, cfg.request_timeout)
+            except (TimeoutError, OSError, urllib.error.URLError) as e:
+                reason = getattr(e, "reason", e)
+                last = f"{type(e).__name__}: {reason}"
+                if isinstance(reason, ConnectionRefusedError) or isinstance(e, ConnectionRefusedError):
+                    # nothing listens: the server is (re)starting. Waiting for /health costs no attempt budget
+                    # beyond this one; a server that never comes back ends the run with a clear error.
+                    self._wait_until_healthy()
+                continue
+            if code in RETRY_STATUS:
+                last = f"HTTP {code}: {raw[:300].decode(errors='replace')}"
+                continue
+            if code != 200:
+                out.error = f"HTTP {code}: {raw[:500].decode(errors='replace')} (not retried)"
+                return out
+            try:
+                meta = json.loads(raw).get("meta_info", {}) or {}
+            except (ValueError, AttributeError):
+                meta = {}
+            if "prompt_tokens" in meta and int(meta["prompt_tokens"]) != n:
+                out.error = f"the server counted {meta['prompt_tokens']} prompt tokens, the row has {n}"
+                return out
+            t_ans = time.monotonic()
+            why = self._confirm(index, ids, since)
+            if why is None:
+                out.request_s, out.confirm_s = t_ans - t_req, time.monotonic() - t_ans
+                out.ok, out.tokens = True, n
+                out.nbytes = self.store.path(index).stat().st_size
+                return out
+            last = why
+        out.error = f"gave up after {out.attempts} attempts: {last}"
+        return out
+
+
+def _systemctl(*args: str) -> None:
+    r = subprocess.run(["systemctl", *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SGLangClientError(
+            f"systemctl {' '.join(args)} failed (exit {r.returncode}): {r.stderr.strip()}; "
+            "see journalctl -u for the unit"
+        )
+
+
+def run_sglang_extraction(
+    cfg: SGLangExtractConfig, *, on_progress: Callable[[int, int], None] | None = None
+) -> dict:
+    """Extract every remaining row through the patched server; resumable; returns counts."""
+    from eagle3ops.extract.session import (
+        ExtractConfig,
+        build_meta,
+        load_seq_lens,
+        model_facts,
+        resolve_layer_ids,
+        run_result,
+    )
+    from eagle3ops.extract.shards import rank_indices
+
+    t_start = time.perf_counter()
+    seq_lens = load_seq_lens(cfg.data_dir)
+    facts = model_facts(cfg.model_path)
+    layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
+    num_states, hidden = len(layer_ids) + 1, facts["hidden_size"]
+    store = HiddenStateStore(cfg.data_dir, rank=0)
+    meta = build_meta(
+        ExtractConfig(data_dir=cfg.data_dir, model_path=cfg.model_path, dtype=cfg.dtype),
+        facts,
+        layer_ids,
+        len(seq_lens),
+    )
+    meta["backend"] = "sglang"
+    store.ensure_meta(meta)
+    indices = rank_indices(len(seq_lens), 1, 0, cfg.limit)
+    plan = store.plan(seq_lens, num_states=num_states, hidden_size=hidden, dtype=cfg.dtype, indices=indices)
+    store.close()
+    result = run_result(cfg, indices, plan, layer_ids, facts)
+    result.update(
+        backend="sglang",
+        requests=0,
+        retries=0,
+        errors=[],
+        url=cfg.url,
+        server_env={
+            sglang_hook.ENV_DUMP_DIR: str(Path(cfg.data_dir).resolve()),
+            sglang_hook.ENV_LAYER_IDS: ",".join(map(str, layer_ids)),
+        },
+    )
+    started = False
+    try:
+        if plan.remaining:
+            result["preflight"] = preflight_disk(
+                store.dir, plan.bytes_needed, margin_frac=cfg.margin_frac, margin_bytes=cfg.margin_bytes
+            )
+            if cfg.server_unit:
+                store.clean_temp_files()  # no server of ours is running yet: temp files are leftovers
+                _systemctl("start", cfg.server_unit)
+                started = True
+            result["health_wait_seconds"] = round(
+                wait_health(
+                    cfg.url,
+                    cfg.health_timeout,
+                    poll=0.5,
+                    gone=lambda: server_gone(cfg.server_pid, cfg.server_unit),
+                ),
+                3,
+            )
+            if on_progress is None and cfg.progress:
+                from eagle3ops.extract.session import progress_reporter
+
+                on_progress, close = progress_reporter(len(plan.remaining), plan.tokens_remaining, True)
+            else:
+                close = None
+            try:
+                _drive(cfg, store, seq_lens, num_states, hidden, plan.remaining, result, on_progress)
+            finally:
+                if close:
+                    close()
+    finally:
+        if started and cfg.stop_server:
+            _systemctl("stop", cfg.server_unit)
+            result["server_stopped"] = cfg.server_unit
+        if cfg.restore_patch and (result["failed"] == 0 or cfg.restore_patch_always):
+            from eagle3ops.extract import sglang_patch
+
+            result["patch"] = sglang_patch.restore(cfg.restore_patch, cfg.sglang_version)
+    result["seconds"] = round(time.perf_counter() - t_start, 3)
+    if result["tokens"] and result["seconds"]:
+        result["tokens_per_second"] = round(result["tokens"] / result["seconds"], 1)
+    return result
+
+
+def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progress) -> None:
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(cfg.data_dir)).with_format(None, columns=["input_ids"])
+    runner = _Runner(cfg, store, seq_lens, num_states, hidden)
+    pending = set()
+    todo = iter(remaining)
+    conc = max(1, int(cfg.concurrency))
+
+    def collect(done):
+        for fut in done:
+            o: _Outcome = fut.result()
+            result["requests"] += o.attempts
+            result["retries"] += o.retried
+            if o.ok:
+                timings["request_s"].append(o.request_s)
+                timings["confirm_s"].append(o.confirm_s)
+                result["written"] += 1
+                result["tokens"] += o.tokens
+                result["bytes"] += o.nbytes
+                if on_progress:
+                    on_progress(1, o.tokens)
+            else:
+                result["failed"] += 1
+                if len(result["errors"]) < 50:
+                    result["errors"].append({"index": o.index, "error": o.error})
+
+    timings: dict[str, list[float]] = {"request_s": [], "confirm_s": []}
+    pool = ThreadPoolExecutor(max_workers=conc, thread_name_prefix="e3o-sglang")
+    aborted = False
+    try:
+        for i in todo:
+            while len(pending) >= conc:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                collect(done)
+            ids = [int(x) for x in ds[int(i)]["input_ids"]]
+            if len(ids) != seq_lens[i]:
+                raise SGLangClientError(
+                    f"{cfg.data_dir}: row {i} has {len(ids)} input_ids but seq_len {seq_lens[i]}; re-run prepare"
+                )
+            pending.add(pool.submit(runner.one, int(i), ids))
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            collect(done)
+    except BaseException:
+        aborted = True
+        runner._stop.set()
+        raise
+    finally:
+        # on an abort, do not wait for requests in flight (the server still finishes and writes them)
+        pool.shutdown(wait=not aborted, cancel_futures=True)
+        result["health_waits"] = runner.health_waits
+        result["row_seconds"] = {k: _spread(v) for k, v in timings.items()}
+
+
+def _spread(xs: list[float]) -> dict | None:
+    """Median, p90 and sum of per-row seconds (where a row's time goes: the request, or waiting for its file)."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return {
+        "median": round(xs[len(xs) // 2], 4),
+        "p90": round(xs[min(len(xs) - 1, int(len(xs) * 0.9))], 4),
+        "sum": round(sum(xs), 2),
+    }
+
+
+def server_args(
+    *,
+    model_path: str,
+    layer_ids,
+    tp_size: int = 1,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    extra: list[str] | None = None,
+    sglang_version: str | None = None,
+) -> list[str]:
+    """The flags a dump server of SGLang ``sglang_version`` needs (see docs/sglang.md for why each one).
+
+    The aux-capture flags depend on the version (:func:`eagle3ops.sglang_versions.dump_capture_args`)."""
+    from eagle3ops.sglang_versions import dump_capture_args
+
+    return [
+        "--model-path",
+        str(model_path),
+        "--tp-size",
+        str(tp_size),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--disable-radix-cache",
+        "--chunked-prefill-size",
+        "-1",
+        "--disable-prefill-cuda-graph",
+        *dump_capture_args(sglang_version, layer_ids),
+        *(extra or []),
+    ]

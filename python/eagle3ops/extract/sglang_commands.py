@@ -1,0 +1,153 @@
+"""``eagle3ops sglang-patch status|apply|restore`` and ``eagle3ops sglang-extract``: the extract phase's SGLang
+backend (registered by :mod:`eagle3ops.extract.commands`)."""
+
+from __future__ import annotations
+
+import sys
+
+from eagle3ops.command import CommandError, emit
+from eagle3ops.sglang_versions import DEFAULT_VERSION, KNOWN, UnknownVersion, get
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sglang-patch", help="the SGLang capture patch: status, apply, restore (byte-exact)")
+    p.add_argument("action", choices=["status", "apply", "restore"])
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--file", help="path of sglang/srt/models/deepseek_v2.py")
+    where.add_argument(
+        "--python", help="the SGLang venv's python (the file is found without importing sglang)"
+    )
+    where.add_argument("--site-packages", help="a directory holding sglang/")
+    p.add_argument(
+        "--sglang-version",
+        default=DEFAULT_VERSION,
+        help=f"the installed SGLang version, one of {', '.join(KNOWN)} (default {DEFAULT_VERSION})",
+    )
+    p.add_argument("--check", action="store_true", help="only report what would change")
+    p.add_argument("--diff", action="store_true", help="include the unified diff of the change")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    p.set_defaults(func=cmd_patch)
+
+    from eagle3ops.extract.options import SGLANG_EXTRACT
+
+    SGLANG_EXTRACT.add_parser(sub).set_defaults(func=cmd_extract)
+
+
+def _check_version(version: str) -> None:
+    try:
+        get(version)
+    except UnknownVersion as e:
+        raise CommandError(str(e), sglang_version=version, known=list(KNOWN)) from None
+
+
+def cmd_patch(args) -> int:
+    from eagle3ops.extract import sglang_patch as sp
+
+    _check_version(args.sglang_version)
+    try:
+        path = args.file or sp.locate(python=args.python, site_packages=args.site_packages)
+        if args.action == "status":
+            res = sp.status(path, args.sglang_version)
+        elif args.action == "apply":
+            res = sp.apply(path, args.sglang_version, check=args.check, diff=args.diff)
+        else:
+            res = sp.restore(path, args.sglang_version, check=args.check, diff=args.diff)
+    except sp.PatchError as e:
+        raise CommandError(str(e), **e.details) from None
+    res["check_mode"] = bool(args.check)
+    human = f"{res['path']}: {res['state']}" + (" (changed)" if res.get("changed") else "")
+    if args.diff and res.get("diff") and not args.json:
+        human = res["diff"] + human
+    emit(args, res, human)
+    return 0
+
+
+def cmd_extract(args) -> int:
+    from eagle3ops.extract.commands import disk_margin_bytes
+    from eagle3ops.extract.errors import ExtractError
+    from eagle3ops.extract.sglang_client import SGLangClientError, SGLangExtractConfig, run_sglang_extraction
+    from eagle3ops.extract.sglang_patch import PatchError
+    from eagle3ops.runlock import RunLock, holder, wait_free
+    from eagle3ops.store import StoreError
+
+    _check_version(args.sglang_version)
+    cfg = SGLangExtractConfig(
+        data_dir=args.data,
+        model_path=args.model,
+        url=args.url,
+        layer_ids=args.layer_ids,
+        layer_convention=args.layer_convention,
+        dtype=args.dtype,
+        concurrency=args.concurrency,
+        request_timeout=args.request_timeout,
+        retries=args.retries,
+        backoff=args.backoff,
+        backoff_max=args.backoff_max,
+        health_timeout=args.health_timeout,
+        confirm_timeout=args.confirm_timeout,
+        limit=args.limit,
+        margin_frac=args.margin,
+        margin_bytes=disk_margin_bytes(args.disk_margin_mib),
+        server_unit=args.server_unit,
+        server_pid=args.server_pid,
+        stop_server=not args.keep_server,
+        restore_patch=args.restore_patch,
+        restore_patch_always=args.restore_patch_always,
+        sglang_version=args.sglang_version,
+        progress=args.progress,
+    )
+    try:
+        if args.check:
+            from eagle3ops.extract.session import ExtractConfig, plan_extraction
+
+            running = holder(args.data)  # check mode takes no lock; it reports a run in progress
+            if running and args.wait_running > 0:
+                running = wait_free(args.data, args.wait_running)
+            res = plan_extraction(
+                ExtractConfig(
+                    data_dir=args.data,
+                    model_path=args.model,
+                    layer_ids=args.layer_ids,
+                    layer_convention=args.layer_convention,
+                    dtype=args.dtype,
+                    limit=args.limit,
+                    margin_frac=args.margin,
+                    margin_bytes=cfg.margin_bytes,
+                )
+            )
+            res.update(
+                backend="sglang", check_mode=True, changed=bool(res["to_extract"]), written=0, failed=0
+            )
+            res.update(running=running is not None, holder=running)
+            emit(
+                args,
+                res,
+                f"sglang extract would send {res['to_extract']} of {res['total']} rows "
+                f"({res['bytes_needed']} bytes to write, {res['free_bytes']} free)",
+            )
+            return 0
+        with RunLock(args.data, what="sglang-extract") as lock:
+            res = run_sglang_extraction(cfg)
+            res.update(lock.result_fields())
+    except (SGLangClientError, ExtractError, StoreError, PatchError) as e:
+        raise CommandError(str(e)) from None
+    res["changed"] = res["written"] > 0 or bool(res.get("patch", {}).get("changed"))
+    human = (
+        f"sglang extract: {res['written']} written, {res['done_before']} already done, {res['failed']} failed "
+        f"of {res['total']} rows; {res['tokens']} tokens, {res['bytes']} bytes in {res['seconds']} s"
+    )
+    if res["failed"]:
+        emit(
+            args,
+            {
+                **res,
+                "failed": True,
+                "failed_rows": res["failed"],
+                "msg": f"{res['failed']} rows failed (first: {res['errors'][:1]}); re-run to retry them",
+            },
+            human,
+        )
+        print(human, file=sys.stderr)
+        return 1
+    emit(args, res, human)
+    return 0

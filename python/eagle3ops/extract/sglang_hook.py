@@ -1,0 +1,534 @@
+"""The in-server side of the SGLang extraction backend (called by the capture patch, see sglang_patch.py).
+
+Inside the patched ``deepseek_v2.py`` two calls reach this module on every forward:
+
+1. ``DeepseekV2Model.forward``: the final norm gets the callback ``hook.capture_last(forward_batch)`` and calls it
+   with the updated residual, i.e. the **pre-norm** output of the last decoder layer (borrowed storage). SGLang
+   0.5.23 passes it as the final norm's ``capture=``; 0.5.17 has no such argument, so its patch calls it with the
+   residual its ``self.norm(hidden_states, residual)`` returns (the same tensor).
+2. ``DeepseekV2ForCausalLM.forward`` calls ``hook.on_forward(model, forward_batch, aux_hidden_states)`` with the
+   aux states SGLang packed for EAGLE-3 (``[tokens, K*H]``, layers in ascending order, input-of-layer ids).
+
+SGLang 0.5.17 has no flag that captures aux states without a draft, so its patch also calls
+``hook.enable_capture(model)`` from ``DeepseekV2ForCausalLM.__init__`` (what 0.5.23's
+``--enable-return-aux-hidden-states`` does, with the ids taken as given: no +1 shift).
+
+For a batch carrying our requests (``rid`` = ``e3o-<row index>-<seq_len>[-<attempt>]``, see :func:`make_rid`)
+the hook packs ``[tokens, K+1, H]`` on the device in the store dtype, copies it GPU→CPU asynchronously on a side
+stream into a reused pinned buffer (the extraction's :class:`eagle3ops.extract.writer.PinnedPool`), and queues it. A dispatcher thread waits for the copy, splits the batch per
+request by ``extend_seq_lens``/``rids`` and stitches chunked prefills (in batch order); a pool of writer threads
+then writes whole batches in parallel with the transformers backend's batch step
+(:func:`eagle3ops.extract.writer.write_batch`): each sample as :func:`eagle3ops.store.sample_parts` (identical
+bytes whatever the backend) through :class:`eagle3ops.store.HiddenStateStore` (temp file + fsync + ``os.replace``,
+one directory fsync per batch, then the batch's manifest lines). The
+forward thread only blocks when ``max_pending`` batches are already queued.
+
+Configuration comes from the server's environment (the role's systemd unit sets it):
+
+- ``EAGLE3OPS_SGLANG_DUMP_DIR``: the prepared data directory (``hidden_states/`` goes under it). Unset: the
+  patch does nothing (``active_hook()`` returns None) and SGLang runs as shipped.
+- ``EAGLE3OPS_SGLANG_LAYER_IDS``: the aux layer ids (input-of-layer convention, e.g. ``2,30,58``). The hook
+  refuses to dump when SGLang captures other layers (e.g. its +1 shift of ids starting at 1).
+- ``EAGLE3OPS_SGLANG_MAX_PENDING`` (default 4), ``EAGLE3OPS_SGLANG_WRITERS`` (writer threads, default 4),
+  ``EAGLE3OPS_SGLANG_FSYNC`` (default 1).
+
+Server flags it needs, and why (docs/sglang.md): ``--disable-radix-cache`` (a cached prefix is never computed,
+so its states would be missing: a first chunk with a prefix is refused), chunked prefill off
+(``--chunked-prefill-size -1``) or chunks stitched here, ``--disable-prefill-cuda-graph`` (a captured graph
+would replay without calling Python), only TP rank 0 writes, ``max_new_tokens=1``, no DP attention,
+``--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids ...``
+(0.5.23; 0.5.17 needs none of the three: :mod:`eagle3ops.sglang_versions`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3ops import layers
+from eagle3ops.extract.writer import PinnedPool, write_batch
+from eagle3ops.store import HiddenStateStore
+from eagle3ops.store.layout import HS_DIR, SGLANG_ERRORS
+
+log = logging.getLogger("eagle3ops.sglang_hook")
+
+ENV_DUMP_DIR = "EAGLE3OPS_SGLANG_DUMP_DIR"
+ENV_LAYER_IDS = "EAGLE3OPS_SGLANG_LAYER_IDS"
+ENV_MAX_PENDING = "EAGLE3OPS_SGLANG_MAX_PENDING"
+ENV_FSYNC = "EAGLE3OPS_SGLANG_FSYNC"
+ENV_WRITERS = "EAGLE3OPS_SGLANG_WRITERS"
+ERRORS_NAME = SGLANG_ERRORS
+RID_PREFIX = "e3o-"
+_RID_RE = re.compile(r"^e3o-(\d+)-(\d+)(?:-\d+)?$")
+
+
+class HookError(RuntimeError):
+    """The server is not set up the way the dump needs; the message says which flag to change."""
+
+
+def make_rid(index: int, seq_len: int, attempt: int = 0) -> str:
+    """The request id the client sends: row index, expected length, attempt (unique per attempt)."""
+    return f"{RID_PREFIX}{index}-{seq_len}-{attempt}"
+
+
+def parse_rid(rid) -> tuple[int, int] | None:
+    """(row index, seq_len) for one of our rids, None for any other request (warmup, health checks...)."""
+    if not isinstance(rid, str):
+        return None
+    m = _RID_RE.match(rid)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _tp_rank() -> int:
+    try:
+        from sglang.srt.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # not inside SGLang (tests) or before distributed init
+        return 0
+
+
+def _is_prefill(forward_batch) -> bool:
+    mode = getattr(forward_batch, "forward_mode", None)
+    if mode is None:
+        return False
+    if hasattr(mode, "is_target_verify") and mode.is_target_verify():
+        return False
+    return bool(mode.is_extend())
+
+
+@dataclass
+class _Piece:
+    index: int
+    seq_len: int
+    prefix: int
+    offset: int  # row offset in the batch
+    length: int  # extend length
+
+
+@dataclass
+class _Job:
+    pieces: list[_Piece]
+    host: object  # CPU tensor [N, K+1, H] (view of a pinned buffer when CUDA)
+    token_ids: object  # CPU int64 tensor [N]
+    event: object | None
+    buffer: object | None  # pinned buffer to give back after the write
+
+
+@dataclass
+class HookStats:
+    batches: int = 0
+    samples: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    errors: int = 0
+    wait_seconds: float = 0.0  # forward thread blocked on a full queue
+    last_error: str | None = None
+    partial: dict = field(default_factory=dict)
+
+
+class DumpHook:
+    """One per server process; see the module docstring."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        layer_ids,
+        *,
+        max_pending: int = 4,
+        fsync: bool = True,
+        writers: int = 4,
+        rank_fn=_tp_rank,
+    ):
+        self.data_dir = Path(data_dir)
+        try:  # SGLang packs the aux states in layer order (eagle3ops.layers)
+            self.layer_ids = layers.check_ascending(layer_ids)
+        except layers.LayerIdError as e:
+            raise HookError(f"{ENV_LAYER_IDS}: {e}") from None
+        self.max_pending = max(1, int(max_pending))
+        self.fsync = fsync
+        self.writers = max(1, int(writers))
+        self._rank_fn = rank_fn
+        self._rank: int | None = None
+        self._store: HiddenStateStore | None = None
+        self._meta: dict | None = None
+        self._dtype = None
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None  # the dispatcher: waits for copies, splits, stitches
+        self._units: queue.Queue | None = None  # dispatcher -> writer threads: (job, complete samples)
+        self._writer_threads: list[threading.Thread] = []
+        self._inflight = 0  # batches queued and not yet written
+        self._cond = threading.Condition()
+        self._copy_stream = None
+        self._pool: PinnedPool | None = None
+        self._last: tuple | None = None  # (forward_batch, device tensor [N, H] in store dtype)
+        self._checked_model = False
+        self._partial: dict[int, list] = {}  # writer thread: index -> [(prefix, tokens, states)] of chunks
+        self._progress: dict[int, int] = {}  # forward thread: index -> tokens seen of a chunked prefill
+        self.stats = HookStats()
+
+    # ------------------------------------------------------------------ set-up (lazy: first real batch)
+    @classmethod
+    def from_env(cls, environ=os.environ) -> DumpHook:
+        d = environ[ENV_DUMP_DIR]
+        raw = environ.get(ENV_LAYER_IDS, "")
+        try:
+            ids = [int(x) for x in re.split(r"[,\s]+", raw.strip()) if x]
+        except ValueError:
+            raise HookError(
+                f"{ENV_LAYER_IDS}={raw!r}: expected comma-separated layer ids like 2,30,58"
+            ) from None
+        if not ids:
+            raise HookError(
+                f"{ENV_DUMP_DIR} is set but {ENV_LAYER_IDS} is empty: set the aux layer ids "
+                "(input-of-layer convention) in the server's environment"
+            )
+        return cls(
+            d,
+            ids,
+            max_pending=int(environ.get(ENV_MAX_PENDING, "4")),
+            fsync=environ.get(ENV_FSYNC, "1") not in ("0", "false", "no"),
+            writers=int(environ.get(ENV_WRITERS, "4")),
+        )
+
+    def _writes(self) -> bool:
+        if self._rank is None:
+            self._rank = int(self._rank_fn())
+        return self._rank == 0
+
+    def _start(self) -> None:
+        import torch
+
+        self._store = HiddenStateStore(self.data_dir, rank=0)
+        meta = self._store.read_meta()
+        if meta is None:
+            raise HookError(
+                f"{self._store.meta_path} is missing: the eagle3ops client writes it before it sends "
+                "requests (eagle3ops sglang-extract); do not send e3o-* requests by hand"
+            )
+        if list(meta.get("layer_ids", [])) != self.layer_ids:
+            raise HookError(
+                f"{self._store.meta_path} records layer_ids {meta.get('layer_ids')} but the server was "
+                f"started with {ENV_LAYER_IDS}={self.layer_ids}; restart the server with the store's ids"
+            )
+        self._meta = meta
+        self._dtype = getattr(torch, meta["dtype"])
+        cuda = torch.cuda.is_available()
+        self._pool = PinnedPool(pin=cuda)
+        self._copy_stream = torch.cuda.Stream() if cuda else None
+        self._queue = queue.Queue(maxsize=self.max_pending)
+        self._units = queue.Queue(maxsize=self.max_pending)
+        self._thread = threading.Thread(target=self._dispatch, name="eagle3ops-sglang-dispatch", daemon=True)
+        self._thread.start()
+        self._writer_threads = [
+            threading.Thread(target=self._write_units, name=f"eagle3ops-sglang-writer-{i}", daemon=True)
+            for i in range(self.writers)
+        ]
+        for t in self._writer_threads:
+            t.start()
+
+    # ------------------------------------------------------------------ called from the patched forward
+    def _ours(self, forward_batch) -> bool:
+        rids = getattr(forward_batch, "rids", None)
+        return bool(rids) and any(parse_rid(r) is not None for r in rids)
+
+    def capture_last(self, forward_batch):
+        """The ``capture=`` callback for the final norm, or None when this batch is not ours."""
+        if not _is_prefill(forward_batch) or not self._ours(forward_batch) or not self._writes():
+            return None
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise HookError(
+                "an extraction prefill is being captured into a CUDA graph: start the server with "
+                "--disable-prefill-cuda-graph (the dump needs the Python hook on every prefill)"
+            )
+        if self._queue is None:
+            self._start()
+
+        def capture(residual):
+            # borrowed storage: take an owned copy in the store dtype now (device-side, stream-ordered)
+            self._last = (forward_batch, residual.to(self._dtype, copy=True))
+
+        return capture
+
+    def enable_capture(self, model) -> None:
+        """Turn SGLang's aux-state capture on for :attr:`layer_ids` (0.5.17 patch, ``DeepseekV2ForCausalLM.__init__``).
+
+        The same two attributes ``set_eagle3_layers_to_capture`` sets, but the ids as given (input of layer i, no
+        +1 shift). Refuses ids past the model's layers, so the server fails at start, not at the first row.
+        """
+        pp = getattr(model, "pp_group", None)
+        if pp is not None and not getattr(pp, "is_last_rank", True):
+            return  # only the last pipeline rank captures (the dump needs pp_size 1 anyway: on_forward says so)
+        n_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+        if n_layers is not None and max(self.layer_ids) >= int(n_layers):
+            raise HookError(
+                f"{ENV_LAYER_IDS}={self.layer_ids} reaches past the model's {n_layers} layers; set ids below "
+                f"{n_layers} (input-of-layer convention, the store's extract_meta.json layer_ids)"
+            )
+        model.capture_aux_hidden_states = True
+        model.model.layers_to_capture = list(self.layer_ids)
+
+    def on_forward(self, model, forward_batch, aux_hidden_states) -> None:
+        """After the model forward: pack aux + last, start the async copy, queue the write."""
+        if not _is_prefill(forward_batch) or not self._ours(forward_batch) or not self._writes():
+            return
+        import torch
+
+        last = self._last
+        self._last = None
+        if last is None or last[0] is not forward_batch:
+            raise HookError(
+                "the final-norm capture did not run for this batch: the prefill was replayed from a CUDA graph "
+                "(start the server with --disable-prefill-cuda-graph), the server runs with pipeline parallelism "
+                "(the dump needs pp_size 1), or the capture patch is incomplete (eagle3ops sglang-patch status)"
+            )
+        last = last[1]
+        if not self._checked_model:
+            self._check_model(model, aux_hidden_states)
+        if isinstance(aux_hidden_states, (list, tuple)):
+            aux = torch.cat(list(aux_hidden_states), dim=-1)
+        else:
+            aux = aux_hidden_states
+        n_rows, hidden = last.shape[0], last.shape[-1]
+        k = len(self.layer_ids)
+        if aux.shape[0] != n_rows or aux.shape[-1] != k * hidden:
+            raise HookError(
+                f"aux states {tuple(aux.shape)} do not match {k} layers × hidden {hidden} for "
+                f"{n_rows} tokens; check --return-aux-hidden-state-layer-ids"
+            )
+        pieces = self._pieces(forward_batch, n_rows)
+        if not pieces:
+            return
+        try:
+            self._queue_batch(forward_batch, pieces, aux, last, n_rows, k, hidden)
+        except HookError:
+            raise
+        except Exception as e:  # a fault of ours must not take the server down: fail these rows, go on
+            self._record_error([p.index for p in pieces], e)
+
+    def _queue_batch(self, forward_batch, pieces, aux, last, n_rows: int, k: int, hidden: int) -> None:
+        import torch
+
+        block = torch.empty((n_rows, k + 1, hidden), dtype=self._dtype, device=last.device)
+        block[:, :k].copy_(aux.view(n_rows, k, hidden))
+        block[:, k].copy_(last)
+        # an owned copy, made on the compute stream: SGLang reuses input_ids' buffer for the next batch
+        ids = forward_batch.input_ids[:n_rows].to(torch.int64, copy=True)
+        nbytes = block.numel() * block.element_size()
+        ids_at = (nbytes + 7) // 8 * 8  # int64 view needs an 8-byte aligned offset
+        buf = self._pool.acquire(ids_at + 8 * n_rows)
+        host = buf[:nbytes].view(self._dtype).view(n_rows, k + 1, hidden)
+        host_ids = buf[ids_at : ids_at + 8 * n_rows].view(torch.int64)
+        event = None
+        if self._copy_stream is not None:
+            self._copy_stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._copy_stream):
+                host.copy_(block, non_blocking=True)
+                host_ids.copy_(ids, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
+            block.record_stream(self._copy_stream)
+            ids.record_stream(self._copy_stream)
+        else:
+            host.copy_(block)
+            host_ids.copy_(ids)
+        job = _Job(pieces, host, host_ids, event, buf)
+        t0 = time.perf_counter()
+        with self._cond:
+            self._inflight += 1
+        self._queue.put(job)  # blocks only when max_pending batches are still being written
+        self.stats.wait_seconds += time.perf_counter() - t0
+        self.stats.batches += 1
+
+    def _check_model(self, model, aux) -> None:
+        inner = getattr(model, "model", None)
+        captured = list(getattr(inner, "layers_to_capture", []) or [])
+        if aux is None or not getattr(model, "capture_aux_hidden_states", True):
+            raise HookError(
+                "SGLang returned no aux hidden states: start the server with "
+                "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 "
+                f"--return-aux-hidden-state-layer-ids {' '.join(map(str, self.layer_ids))} (SGLang 0.5.23); "
+                "on 0.5.17 the capture patch turns the capture on itself: check it is complete "
+                "(eagle3ops sglang-patch status --sglang-version 0.5.17)"
+            )
+        if captured and captured != self.layer_ids:
+            raise HookError(
+                f"SGLang captures layers {captured} but the dump needs {self.layer_ids} (input-of-layer). SGLang "
+                "adds 1 to every id when the first is 1 (set_eagle3_layers_to_capture); pass ids that do not "
+                "start at 1, fix --return-aux-hidden-state-layer-ids (0.5.23), or do not load a draft (0.5.17)"
+            )
+        self._checked_model = True
+
+    def _pieces(self, forward_batch, n_rows: int) -> list[_Piece]:
+        rids = list(forward_batch.rids)
+        lens = getattr(forward_batch, "extend_seq_lens_cpu", None)
+        prefixes = getattr(forward_batch, "extend_prefix_lens_cpu", None)
+        if lens is None or len(lens) != len(rids):
+            raise HookError(f"forward batch has {len(rids)} requests but extend_seq_lens_cpu {lens}")
+        prefixes = list(prefixes) if prefixes is not None else [0] * len(rids)
+        total = sum(int(x) for x in lens)
+        if total > n_rows:
+            raise HookError(
+                f"the batch's extend lengths add up to {total} tokens but the model returned {n_rows} "
+                "rows: DP attention / scattered inputs are not supported by the dump; run plain TP"
+            )
+        out, offset = [], 0
+        for rid, n, p in zip(rids, lens, prefixes, strict=True):
+            n, p = int(n), int(p)
+            parsed = parse_rid(rid)
+            if parsed is not None and n > 0:
+                index, seq_len = parsed
+                if p != self._progress.get(index, 0):
+                    self._progress.pop(index, None)
+                    raise HookError(
+                        f"request {rid} starts at a cached prefix of {p} tokens, so its states are "
+                        "never computed: start the server with --disable-radix-cache"
+                    )
+                if p + n < seq_len:
+                    self._progress[index] = p + n
+                else:
+                    self._progress.pop(index, None)
+                out.append(_Piece(index, seq_len, p, offset, n))
+            offset += n
+        return out
+
+    # ------------------------------------------------------------------ the writer side
+    def _done(self) -> None:
+        with self._cond:
+            self._inflight -= 1
+            self._cond.notify_all()
+
+    def _dispatch(self) -> None:
+        """One thread, in batch order: wait for the copy, split per request, stitch chunks; the writer threads
+        then write whole batches in parallel (disk writes release the GIL)."""
+        while True:
+            job = self._queue.get()
+            if job is None:
+                for _ in self._writer_threads:
+                    self._units.put(None)
+                return
+            try:
+                samples = self._split(job)
+            except BaseException as e:  # never kill the server: record, and the client reports the rows
+                self._record_error([p.index for p in job.pieces], e)
+                self._pool.release(job.buffer)
+                self._done()
+                continue
+            self._units.put((job, samples))
+
+    def _split(self, job: _Job) -> list:
+        """[(index, seq_len, token_ids, states)] of the requests this batch completes."""
+        import torch
+
+        if job.event is not None:
+            job.event.synchronize()
+        out = []
+        for pc in job.pieces:
+            states = job.host[pc.offset : pc.offset + pc.length]
+            tokens = job.token_ids[pc.offset : pc.offset + pc.length]
+            if pc.prefix == 0 and pc.length == pc.seq_len:
+                tok, hs = tokens, states  # views of the pinned buffer, released after the write
+            else:  # a chunk of a chunked prefill: keep an owned copy until the request is complete
+                parts = self._partial.setdefault(pc.index, [])
+                have = sum(int(t.shape[0]) for _, t, _ in parts)
+                if pc.prefix != have:
+                    self._partial.pop(pc.index, None)
+                    raise HookError(
+                        f"row {pc.index}: chunk at prefix {pc.prefix} but {have} tokens were seen "
+                        "before (out-of-order or cached prefix); use --disable-radix-cache"
+                    )
+                parts.append((pc.prefix, tokens.clone(), states.clone()))
+                if have + pc.length < pc.seq_len:
+                    continue
+                self._partial.pop(pc.index)
+                tok, hs = torch.cat([t for _, t, _ in parts]), torch.cat([s for _, _, s in parts])
+            if int(tok.shape[0]) != pc.seq_len:
+                raise HookError(
+                    f"row {pc.index}: the server computed {tok.shape[0]} tokens, the client sent {pc.seq_len}"
+                )
+            out.append((pc.index, pc.seq_len, tok, hs))
+        self.stats.partial = {i: sum(int(t.shape[0]) for _, t, _ in v) for i, v in self._partial.items()}
+        return out
+
+    def _write_units(self) -> None:
+        while True:
+            item = self._units.get()
+            if item is None:
+                return
+            job, samples = item
+            try:
+                # the transformers backend's writer step (eagle3ops.extract.writer.write_batch): one file at a
+                # time, no checksum, one directory fsync per batch before the manifest names the files
+                entries, _, _ = write_batch(
+                    self._store,
+                    [(index, tok, hs, None) for index, _seq_len, tok, hs in samples],
+                    fsync=self.fsync,
+                    checksum=False,
+                    batch_sync=False,
+                    batch_dir_sync=True,
+                )
+                if entries:
+                    self._store.append_manifest(entries, fsync=self.fsync)
+                with self._cond:
+                    self.stats.samples += len(entries)
+                    self.stats.tokens += sum(e.seq_len for e in entries)
+                    self.stats.bytes += sum(e.nbytes for e in entries)
+            except BaseException as e:  # never kill the server: record, and the client reports the rows
+                self._record_error([s[0] for s in samples], e)
+            finally:
+                self._pool.release(job.buffer)
+                self._done()
+
+    def _record_error(self, indices, exc) -> None:
+        with self._cond:
+            self.stats.errors += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+        log.error("eagle3ops dump failed for rows %s: %s", indices, self.stats.last_error)
+        try:
+            line = json.dumps({"t": time.time(), "rows": indices, "error": self.stats.last_error}) + "\n"
+            with open(self.data_dir / HS_DIR / ERRORS_NAME, "a") as f:
+                f.write(line)
+        except OSError:
+            pass
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued batch is written (tests; the server never needs to)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._inflight:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"{self._inflight} batches still being written")
+                self._cond.wait(timeout=left)
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+            self._thread.join()
+            for t in self._writer_threads:
+                t.join()
+            self._queue = None
+        if self._store is not None:
+            self._store.close()
+
+
+_ACTIVE: DumpHook | None = None
+
+
+def active_hook(environ=os.environ) -> DumpHook | None:
+    """What the patch calls at import: the process's hook, or None when no dump is configured."""
+    global _ACTIVE
+    if not environ.get(ENV_DUMP_DIR):
+        return None
+    if _ACTIVE is None:
+        _ACTIVE = DumpHook.from_env(environ)
+    return _ACTIVE

@@ -1,0 +1,363 @@
+"""Hidden-state extraction, transformers backend (CPU or CUDA).
+
+For every prepared row i, the target's hidden states at the aux layers (input-of-layer convention, the one
+SGLang, vLLM and speculators use) plus the **pre-norm** output of the last decoder layer are written as
+``hidden_states/hs_{i}.safetensors`` through :mod:`eagle3ops.store` (atomic files + manifest).
+
+Pipeline per batch: rows sorted by length are packed into batches under a padded-token budget; the forward
+runs the base model only (no lm_head); forward hooks capture the states; the [B, L, K+1, H] block is cast to
+the store dtype on the device, copied to (pinned) CPU memory asynchronously and handed to the writer threads
+(:mod:`eagle3ops.extract.writer`) that serialise and write while the next batch computes. What is left to do,
+the store's meta and the model check are the session's (:mod:`eagle3ops.extract.session`), shared with the
+SGLang backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import shutil
+import time
+from collections.abc import Sequence
+
+from eagle3ops.extract.errors import ExtractError
+from eagle3ops.extract.session import (
+    ExtractConfig,
+    build_meta,
+    damaged_report,
+    load_seq_lens,
+    model_facts,
+    progress_reporter,
+    resolve_layer_ids,
+    run_result,
+)
+from eagle3ops.extract.shards import rank_indices
+from eagle3ops.extract.writer import PinnedPool, SampleWriter, WriterJob, release_all
+from eagle3ops.store import (
+    DTYPE_SIZES,
+    FP8_DTYPE,
+    DiskSpaceError,
+    HiddenStateStore,
+    human_bytes,
+    preflight_disk,
+    quantize_fp8,
+)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# batching
+# ----------------------------------------------------------------------------------------------------------
+def make_batches(
+    indices: Sequence[int], seq_lens: Sequence[int], max_batch_tokens: int, max_batch_size: int
+) -> list[list[int]]:
+    """Length-sorted batches whose padded size (B × longest) stays under ``max_batch_tokens``."""
+    order = sorted(indices, key=lambda i: (-seq_lens[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = seq_lens[cur[0]] if cur else seq_lens[i]
+        if cur and ((len(cur) + 1) * longest > max_batch_tokens or len(cur) >= max_batch_size):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+# ----------------------------------------------------------------------------------------------------------
+# capture
+# ----------------------------------------------------------------------------------------------------------
+def decoder_layers(model):
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ExtractError(f"{type(model).__name__}: cannot find the decoder layers (model.model.layers)")
+    return base, layers
+
+
+class StateCapture:
+    """Forward hooks that capture the inputs of the aux layers and the output of the last layer."""
+
+    def __init__(self, model, layer_ids: Sequence[int]):
+        self.base, layers = decoder_layers(model)
+        self.layer_ids = list(layer_ids)
+        self.captured: dict[int, object] = {}
+        self._handles = []
+        for lid in self.layer_ids:
+            self._handles.append(layers[lid].register_forward_pre_hook(self._pre_hook(lid), with_kwargs=True))
+        self._handles.append(layers[len(layers) - 1].register_forward_hook(self._post_hook))
+
+    def _pre_hook(self, lid):
+        def hook(_module, args, kwargs):
+            self.captured[lid] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _post_hook(self, _module, _args, output):
+        self.captured["last"] = output[0] if isinstance(output, (tuple, list)) else output
+
+    def stacked(self):
+        """[B, L, K+1, H]: the aux states in layer order, then the pre-norm last state."""
+        import torch
+
+        parts = [self.captured[lid] for lid in self.layer_ids] + [self.captured["last"]]
+        self.captured = {}
+        return torch.stack(parts, dim=2)
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def target_limits(model) -> dict:
+    """The loaded target's vocabulary size and position limit (None: no limit in its config)."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return {
+        "vocab": int(model.get_input_embeddings().num_embeddings),
+        "max_positions": getattr(cfg, "max_position_embeddings", None),
+    }
+
+
+def load_model(model_path: str, device: str, compute_dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, compute_dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    model.to(device)
+    model.eval()
+    return model
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ExtractError(
+            f"device {device!r} asked for, but torch sees no CUDA device; use device=cpu or auto"
+        )
+    return device
+
+
+def run_extraction(cfg: ExtractConfig) -> dict:
+    """Extract every remaining row of this rank; resumable; returns counts."""
+    t_start = time.perf_counter()
+    seq_lens = load_seq_lens(cfg.data_dir)
+    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash)
+    layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
+    num_states, hidden = len(layer_ids) + 1, facts["hidden_size"]
+    if cfg.dtype not in DTYPE_SIZES:
+        raise ExtractError(
+            f"store dtype {cfg.dtype!r} is not supported here; use bfloat16, float16, float32 or {FP8_DTYPE}"
+        )
+    fp8 = cfg.dtype == FP8_DTYPE
+
+    store = HiddenStateStore(cfg.data_dir, rank=cfg.rank)
+    discarded = store.ensure_meta(
+        build_meta(cfg, facts, layer_ids, len(seq_lens)), on_model_change=cfg.on_model_change
+    )
+    removed_tmp = store.clean_temp_files()
+    indices = rank_indices(len(seq_lens), cfg.world_size, cfg.rank, cfg.limit)
+    # damaged files are moved aside and their entries dropped by the one process that owns the directory: a
+    # single run, or the parent of --workers N before it starts them (repair_store); a worker only reports
+    plan = store.plan(
+        seq_lens,
+        num_states=num_states,
+        hidden_size=hidden,
+        dtype=cfg.dtype,
+        indices=indices,
+        verify=cfg.verify,
+        repair=cfg.world_size == 1,
+    )
+    result = run_result(cfg, indices, plan, layer_ids, facts)
+    result.update(
+        rank=cfg.rank,
+        world_size=cfg.world_size,
+        removed_temp_files=len(removed_tmp),
+        damaged=len(plan.damaged),
+        damaged_files=damaged_report(store, plan.damaged),
+        moved_aside=plan.moved_aside,
+        duplicate_manifest_lines=plan.duplicates,
+        unchecked_files=plan.unchecked,
+        verify=cfg.verify,
+        discarded_store=discarded,
+    )
+    if not plan.remaining:
+        result["seconds"] = round(time.perf_counter() - t_start, 3)
+        return result
+    import torch  # only now: a converged re-run never pays its import (3-9 s on the loaded 2-core box)
+
+    result["preflight"] = preflight_disk(
+        store.dir, plan.bytes_needed, margin_frac=cfg.margin_frac, margin_bytes=cfg.margin_bytes
+    )
+
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(cfg.data_dir)).with_format("numpy", columns=["input_ids"])
+    device = resolve_device(cfg.device)
+    compute_dtype = (
+        cfg.compute_dtype
+        if cfg.compute_dtype != "auto"
+        else ("bfloat16" if device.startswith("cuda") else "float32")
+    )
+    model = load_model(cfg.model_path, device, compute_dtype)
+    limits = target_limits(model)
+    too_long = [
+        i for i in plan.remaining if limits["max_positions"] and seq_lens[i] > limits["max_positions"]
+    ]
+    if too_long:
+        raise ExtractError(
+            f"{cfg.data_dir}: {len(too_long)} rows are longer than the target's max_position_embeddings "
+            f"{limits['max_positions']} (rows {too_long[:20]}, up to {max(seq_lens[i] for i in too_long)} "
+            f"tokens): past its context length the target gives states it was never trained for. Re-run prepare with --max-length "
+            f"{limits['max_positions']} or less (prepare_max_length). Nothing was extracted for them."
+        )
+    capture = StateCapture(model, layer_ids)
+    store_dtype = getattr(torch, cfg.dtype)
+    cuda = device.startswith("cuda")
+    copy_stream = torch.cuda.Stream() if cuda else None
+
+    batches = make_batches(plan.remaining, seq_lens, cfg.max_batch_tokens, cfg.max_batch_size)
+    advance, close_progress = progress_reporter(len(plan.remaining), plan.tokens_remaining, cfg.progress)
+    writer = SampleWriter(
+        store, fsync=cfg.fsync, threads=cfg.writer_threads, checksum=cfg.checksum, on_written=advance
+    )
+    depth = 3
+    pool = None
+    if cuda:  # one buffer per batch that can be in flight (queued, being written, being filled), up front
+        in_flight = depth + cfg.writer_threads + 1
+        max_block = max(len(b) * max(seq_lens[i] for i in b) for b in batches) * num_states * hidden
+        pool = PinnedPool(pin=True, keep=2 * in_flight)
+        pool.reserve(in_flight, max_block * store_dtype.itemsize)
+        if fp8:
+            pool.reserve(in_flight, max_block // hidden * 4)  # the float32 scales, one per row
+    writer.start()
+    ok = False  # the manifest is closed in `finally`; its error must not hide the one that got us there
+    t_compute = 0.0
+    t_loop = time.perf_counter()
+    loop_started_at = time.time()  # wall clock: workers' loops are merged into one span
+    try:
+        with torch.inference_mode():
+            for batch in batches:
+                rows = ds[batch]["input_ids"]
+                lens = [seq_lens[i] for i in batch]
+                for i, r, n in zip(batch, rows, lens, strict=True):
+                    if len(r) != n:
+                        raise ExtractError(
+                            f"{cfg.data_dir}: row {i} has {len(r)} input_ids but seq_len {n}; re-run prepare"
+                        )
+                oov = [
+                    (i, int(r.max())) for i, r in zip(batch, rows, strict=True) if r.max() >= limits["vocab"]
+                ]
+                if oov:
+                    raise ExtractError(
+                        f"{cfg.data_dir}: rows {[i for i, _ in oov][:20]} hold token ids up to {max(t for _, t in oov)}"
+                        f" but the target {cfg.model_path} has a vocabulary of {limits['vocab']}: the data was "
+                        "prepared with another tokenizer. Re-run prepare with this model (prepare_model_path = "
+                        "extract_model_path). Rows finished before are kept."
+                    )
+                longest = max(lens)
+                ids = torch.zeros((len(batch), longest), dtype=torch.long)
+                mask = torch.zeros((len(batch), longest), dtype=torch.long)
+                for b, r in enumerate(rows):
+                    ids[b, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+                    mask[b, : len(r)] = 1
+                t0 = time.perf_counter()
+                capture.base(
+                    input_ids=ids.to(device, non_blocking=True),
+                    attention_mask=mask.to(device, non_blocking=True),
+                    use_cache=False,
+                )
+                scales = None
+                if fp8:  # [B, L, K+1, H] e4m3 + [B, L, K+1, 1] float32, on device
+                    block, scales = quantize_fp8(capture.stacked())
+                else:
+                    block = capture.stacked().to(store_dtype)  # [B, L, K+1, H] on device
+                if cfg.check_finite:
+                    probe = scales if fp8 else block  # a row's scale is finite iff the row is
+                    finite = (
+                        torch.isfinite(probe).flatten(1).all(dim=1)
+                        if len(batch) > 1
+                        else torch.isfinite(probe).all().reshape(1)
+                    )
+                    # padding positions are finite too (masked attention still yields numbers)
+                    if not bool(finite.all()):
+                        bad = [batch[b] for b in range(len(batch)) if not bool(finite[b])]
+                        raise ExtractError(
+                            f"non-finite hidden states for rows {bad[:20]} (model {cfg.model_path}); "
+                            "nothing was written for them. Check the model dtype/weights."
+                        )
+                event = release = None
+                host_scales = scales
+                if cuda:
+                    buf, host = pool.take(tuple(block.shape), store_dtype)
+                    sbuf = None
+                    if fp8:
+                        sbuf, host_scales = pool.take(tuple(scales.shape), torch.float32)
+                    copy_stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(copy_stream):
+                        host.copy_(block, non_blocking=True)
+                        if fp8:
+                            host_scales.copy_(scales, non_blocking=True)
+                        event = torch.cuda.Event()
+                        event.record(copy_stream)
+                    block.record_stream(copy_stream)
+                    if fp8:
+                        scales.record_stream(copy_stream)
+                    release = functools.partial(release_all, pool, buf, sbuf)
+                else:
+                    host = block
+                t_compute += time.perf_counter() - t0
+                states = [host[b, :n] for b, n in enumerate(lens)]
+                toks = [ids[b, :n] for b, n in enumerate(lens)]
+                sc = [host_scales[b, :n] for b, n in enumerate(lens)] if fp8 else None
+                writer.submit(WriterJob(list(batch), toks, states, event, release, sc))
+        writer.finish()
+        ok = True
+    except BaseException:
+        # stop the writer after what it already has; finished samples stay valid and recorded
+        try:
+            writer.finish()
+        except BaseException as werr:  # the writer's own error is the more useful one
+            if isinstance(werr, DiskSpaceError):  # say how much the rest of the run still needs
+                left = max(0, plan.bytes_needed - writer.stats.bytes)
+                free = shutil.disk_usage(store.dir).free
+                werr = DiskSpaceError(
+                    f"{werr} {human_bytes(left)} of hidden states still to write in {store.dir}, "
+                    f"{human_bytes(free)} free there now."
+                )
+            raise werr from None
+        raise
+    finally:
+        capture.remove()
+        close_progress()
+        if ok:
+            store.close()
+        else:
+            with contextlib.suppress(OSError):  # e.g. a second ENOSPC: the first one is the report
+                store.close()
+    st = writer.stats
+    now = time.perf_counter()
+    secs, loop_secs = now - t_start, now - t_loop
+    result.update(
+        written=st.written,
+        tokens=st.tokens,
+        bytes=st.bytes,
+        seconds=round(secs, 3),
+        tokens_per_second=round(st.tokens / secs, 1) if secs else None,
+        loop_seconds=round(loop_secs, 3),
+        loop_tokens_per_second=round(st.tokens / loop_secs, 1) if loop_secs else None,
+        loop_started_at=loop_started_at,
+        loop_finished_at=time.time(),
+        compute_seconds=round(t_compute, 3),
+        write_seconds=round(st.write_seconds, 3),
+        serialize_seconds=round(st.serialize_seconds, 3),
+        device=device,
+        compute_dtype=compute_dtype,
+        batches=len(batches),
+    )
+    return result

@@ -1,0 +1,67 @@
+"""``eagle3ops prepare``: conversations -> speculators 0.9.0 offline training rows (Arrow + token_freq.pt)."""
+
+from __future__ import annotations
+
+import sys
+
+from eagle3ops.command import CommandError, emit
+from eagle3ops.prepare.options import PREPARE
+
+
+def register(subparsers) -> None:
+    PREPARE.add_parser(subparsers).set_defaults(func=run)
+
+
+def run(args) -> int:
+    import contextlib
+
+    from eagle3ops.prepare.dataset import prepare
+    from eagle3ops.prepare.errors import PrepareError
+    from eagle3ops.runlock import RunLock, holder
+
+    # one run per data directory; check mode takes no lock but says who holds it
+    running = holder(args.out) if args.check else None
+    lock = contextlib.nullcontext() if args.check else RunLock(args.out, what="prepare", wait=args.lock_wait)
+    with lock:
+        result = _prepare(args, prepare, PrepareError)
+        if not args.check:
+            result.update(lock.result_fields())
+    if args.check:
+        result.update(running=running is not None, holder=running)
+    return _emit(args, result)
+
+
+def _prepare(args, prepare, PrepareError) -> dict:
+    try:
+        result = prepare(
+            args.model,
+            args.input,
+            args.out,
+            max_length=args.max_length,
+            on_error=args.on_error,
+            max_samples=args.max_samples,
+            seed=args.seed,
+            force=args.force,
+            check=args.check,
+            trust_remote_code=args.trust_remote_code,
+            log=lambda msg: print(msg, file=sys.stderr, flush=True),
+            progress=sys.stderr.isatty() and not args.json,
+        )
+    except PrepareError as e:
+        raise CommandError(str(e), out=args.out, problems=e.problems) from e
+    return result
+
+
+def _emit(args, result) -> int:
+    if args.check:
+        human = f"prepare: {args.out} {'would change' if result['changed'] else 'is up to date'}"
+    else:
+        state = "written" if result["changed"] else "up to date"
+        human = (
+            f"prepare: {result['out']} {state}: {result['num_rows']} rows, {result['num_tokens']} tokens "
+            f"({result['num_supervised_tokens']} supervised), {len(result['skipped'])} skipped"
+        )
+        if result["skipped"]:
+            human += "\n  skipped:\n    " + "\n    ".join(result["skipped"])
+    emit(args, result, human)
+    return 0

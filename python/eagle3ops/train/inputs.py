@@ -1,0 +1,180 @@
+"""The train phase's inputs, read and checked, never re-typed: the extraction's meta (the aux layer ids), the
+verifier's config, the finished samples (manifests and the cheap file check), the token frequencies and the
+draft vocabulary built from them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from eagle3ops import layers
+from eagle3ops.durable import atomic_write_bytes
+from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore
+from eagle3ops.store.layout import DATASET_FILES
+from eagle3ops.train.spec import (
+    DEFAULT_DRAFT_VOCAB,
+    TrainError,
+)
+
+
+def read_extract_meta(data_dir: str | os.PathLike) -> tuple[dict, Path]:
+    path = Path(data_dir) / HS_DIR / META_NAME
+    if not path.exists():
+        raise TrainError(
+            f"{path} is missing: {data_dir} holds no extracted hidden states. Run the extract phase first "
+            "(ansible-playbook site.yml --tags extract, or `eagle3ops extract --data DIR --model M`).",
+            inputs_pending=True,
+        )
+    try:
+        return json.loads(path.read_text()), path
+    except ValueError as e:
+        raise TrainError(f"{path}: not valid JSON ({e}); re-run the extract phase to rewrite it.") from e
+
+
+def layer_ids_from_meta(meta: dict, meta_path: Path, given: list[int] | None) -> list[int]:
+    """The aux layer ids the hidden states were extracted with (extract_meta.json), checked: input convention,
+    distinct, and equal to the train setting ``given`` when there is one (ids are never re-typed)."""
+    ids = meta.get("layer_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        raise TrainError(f"{meta_path}: no usable layer_ids ({ids!r}); re-run the extract phase.")
+    if meta.get("layer_convention", "input") != "input":
+        raise TrainError(
+            f"{meta_path}: layer_convention is {meta.get('layer_convention')!r}; speculators' "
+            "--target-layer-ids names layer *inputs*. Re-extract with the input convention."
+        )
+    if given is not None and [int(i) for i in given] != ids:
+        raise TrainError(
+            f"train layer ids {list(given)} differ from the ids the hidden states were extracted with, {ids} "
+            f"({meta_path}). Training on other ids than the ones captured silently ruins acceptance. Remove "
+            "the train layer_ids setting (they are read from the extraction metadata), or re-extract with "
+            f"layer ids {list(given)}."
+        )
+    if len(set(ids)) != len(ids):
+        raise TrainError(f"{meta_path}: layer ids {ids} are not distinct; speculators refuses them.")
+    return ids
+
+
+def verifier_facts(verifier_path: str) -> dict:
+    cfg_path = Path(verifier_path) / "config.json"
+    if not cfg_path.exists():
+        raise TrainError(
+            f"{cfg_path} is missing: the verifier must be a local model directory (no hub access offline). "
+            "Set train_verifier_path to the target model the hidden states were extracted from.",
+            inputs_pending=True,
+        )
+    cfg = json.loads(cfg_path.read_text())
+    text = layers.text_config(cfg)
+    return {
+        "num_layers": text.get("num_hidden_layers"),
+        "hidden_size": text.get("hidden_size"),
+        "vocab_size": text.get("vocab_size"),
+        "pad_token_id": text.get("pad_token_id", cfg.get("pad_token_id")),
+        "eos_token_id": text.get("eos_token_id", cfg.get("eos_token_id")),
+        "has_tokenizer": any(
+            (Path(verifier_path) / n).exists() for n in ("tokenizer.json", "tokenizer_config.json")
+        ),
+    }
+
+
+def check_verifier_matches(meta: dict, meta_path: Path, facts: dict, verifier_path: str) -> list[str]:
+    warnings = []
+    for key in ("num_layers", "hidden_size"):
+        if meta.get(key) is not None and facts.get(key) is not None and meta[key] != facts[key]:
+            raise TrainError(
+                f"the verifier {verifier_path} has {key}={facts[key]} but the hidden states in {meta_path} were "
+                f"extracted from a model with {key}={meta[key]} ({meta.get('model_path')}). Point "
+                "train_verifier_path at the model the states came from, or re-extract with this one."
+            )
+    mp = meta.get("model_path")
+    if mp and Path(mp).exists() and Path(mp).resolve() != Path(verifier_path).resolve():
+        warnings.append(f"extract_meta.json names model {mp}; training with verifier {verifier_path}")
+    return warnings
+
+
+def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
+    """Rows vs. finished samples, from the manifests only (no tensor is opened)."""
+    data = Path(data_dir)
+    if not any((data / n).exists() for n in DATASET_FILES):
+        raise TrainError(
+            f"{data_dir} holds no Arrow dataset (dataset_info.json/state.json missing). Run the prepare "
+            "phase, then extract, or point train_data_dir at their output.",
+            inputs_pending=True,
+        )
+    num_rows = meta.get("num_rows")
+    if num_rows is None:
+        from datasets import load_from_disk
+
+        num_rows = len(load_from_disk(str(data)))
+    store = HiddenStateStore(data)
+    rows = store.scan_manifest().rows()
+    if all(meta.get(k) for k in ("num_states", "hidden_size", "dtype")):
+        # the extract plan's cheap check (exists, recorded size, safetensors header): a file damaged or
+        # deleted after it was written must not reach speculators, whatever train_on_missing says
+        damaged, _ = store.check_files(
+            rows.values(),
+            {i: r["n"] for i, r in rows.items()},
+            num_states=meta["num_states"],
+            hidden_size=meta["hidden_size"],
+            dtype=meta["dtype"],
+        )
+        if damaged:
+            shown = "; ".join(f"row {i}: {store.path(i)}: {r}" for i, r in sorted(damaged.items())[:10])
+            raise TrainError(
+                f"{len(damaged)} hidden-state files in {store.dir} are damaged or missing ({shown}"
+                + (f"; and {len(damaged) - 10} more" if len(damaged) > 10 else "")
+                + "). Run the extract phase again: it moves them to hidden_states/damaged/ and extracts "
+                "those rows anew (`eagle3ops verify --data DIR` lists them).",
+                inputs_pending=True,
+            )
+    lengths = {i: r["n"] for i, r in rows.items()}
+    done = sum(1 for i in lengths if i < num_rows)
+    if on_missing == "raise" and done < num_rows:
+        raise TrainError(
+            f"extraction is incomplete in {data_dir}: {done} of {num_rows} rows have hidden states "
+            f"(manifests in {data / HS_DIR}). Finish it (the extract phase resumes where it stopped), or set "
+            "train_on_missing: skip to train on what is there.",
+            inputs_pending=True,
+        )
+    return {"rows": num_rows, "samples_with_states": done, "tokens": sum(lengths.values())}
+
+
+def read_token_freq(path: Path) -> dict[int, int]:
+    import torch
+
+    if not path.exists():
+        raise TrainError(
+            f"{path} is missing: the draft vocabulary is built from the token frequencies the prepare phase "
+            "counts. Re-run prepare, or set train_token_freq_path.",
+            inputs_pending=True,
+        )
+    freq = torch.load(path, weights_only=True)
+    if not isinstance(freq, dict) or not freq:
+        raise TrainError(f"{path}: expected a non-empty {{token_id: count}} dict, got {type(freq).__name__}")
+    return {int(k): int(v) for k, v in freq.items() if int(v) > 0}
+
+
+def draft_vocab(requested: int | None, distinct: int, target_vocab: int | None) -> tuple[int, bool]:
+    """The draft vocab size: requested (or 32000), capped at the distinct tokens seen (and the target's)."""
+    want = DEFAULT_DRAFT_VOCAB if requested is None else int(requested)
+    if want <= 0:
+        raise TrainError(f"train draft_vocab_size must be positive, got {want}")
+    cap = min(distinct, target_vocab or distinct)
+    return (min(want, cap), want > cap)
+
+
+def write_vocab_maps(freq: dict[int, int], size: int, target_vocab: int, out_dir: Path) -> tuple[Path, Path]:
+    """d2t/t2d with speculators' own algorithm, into the run directory (atomic writes)."""
+    import io
+
+    import numpy as np
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, size, target_vocab)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = (out_dir / f"d2t-{size}.npy", out_dir / f"t2d-{size}.npy")
+    for path, arr in zip(paths, (d2t, t2d), strict=True):
+        buf = io.BytesIO()
+        np.save(buf, arr.cpu().numpy())
+        atomic_write_bytes(path, buf.getvalue())
+    return paths

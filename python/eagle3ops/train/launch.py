@@ -1,0 +1,254 @@
+"""The detached trainer: launched as a transient systemd unit (where systemd is PID 1) or a ``setsid`` process,
+found again by its PID and command line (never a PID alone: it may have been reused), stopped with its whole
+process tree."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from eagle3ops.durable import atomic_write_bytes, atomic_write_json
+from eagle3ops.train.planning import Plan, rdzv_id_for, torchrun_argv
+from eagle3ops.train.spec import (
+    CONFIG,
+    EXIT,
+    LOG,
+    METRICS,
+    PIDFILE,
+    STATE,
+    TRAINERS,
+    TrainError,
+)
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split(" ", 1)[0]
+
+
+def cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def is_our_trainer(pid: int | None, config_path: Path) -> bool:
+    """PID alive (not a zombie) and its command line runs one of our trainers on this run's config."""
+    if not pid or pid <= 0:
+        return False
+    st = _proc_state(pid)
+    if st is None or st in ("Z", "X"):
+        return False
+    argv = cmdline(pid) or []
+    return any(m in argv for m in TRAINERS.values()) and str(config_path) in argv
+
+
+def systemd_is_pid1() -> bool:
+    return os.path.isdir("/run/systemd/system") and shutil.which("systemd-run") is not None
+
+
+def unit_name_for(run_dir: Path, given: str | None) -> str:
+    if given:
+        return given if given.endswith(".service") else f"{given}.service"
+    return f"eagle3-train-{hashlib.sha256(str(run_dir).encode()).hexdigest()[:10]}.service"
+
+
+def build_command(plan_: Plan, python: str) -> list[str]:
+    cfg = str(plan_.run_dir / CONFIG)
+    spec = plan_.spec
+    module = TRAINERS[spec.trainer]
+    if plan_.device == "cpu" and spec.nnodes == 1:
+        return [python, "-m", module, "--config", cfg]
+    return torchrun_argv(
+        python,
+        ["-m", module, "--config", cfg],
+        nproc=plan_.nproc,
+        nnodes=spec.nnodes,
+        node_rank=spec.node_rank,
+        rdzv_endpoint=spec.rdzv_endpoint,
+        rdzv_id=rdzv_id_for(spec),
+    )
+
+
+def _env(plan_: Plan) -> dict:
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "EAGLE3OPS_METRICS": str(plan_.run_dir / METRICS),
+        "EAGLE3OPS_EXIT": str(plan_.run_dir / EXIT),
+        "EAGLE3OPS_RUN_ID": f"train:{plan_.run_dir}",
+    }
+    if plan_.spec.nic:
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = plan_.spec.nic
+    if plan_.device == "cpu":
+        env["EAGLE3OPS_FORCE_CPU"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""  # speculators picks its autocast device from the visible accelerator
+    env.update({str(k): str(v) for k, v in (plan_.spec.env or {}).items()})
+    return env
+
+
+def launch(plan_: Plan, attempt: int, launcher: str, log, resume_from: dict | None = None) -> dict:
+    """Start the trainer detached; return its state record."""
+    run_dir = plan_.run_dir
+    python = plan_.spec.python or sys.executable
+    cmd = build_command(plan_, python)
+    env = _env(plan_)
+    log_path = run_dir / LOG
+    pidfile = run_dir / PIDFILE
+    (run_dir / EXIT).unlink(missing_ok=True)
+    pidfile.unlink(missing_ok=True)
+    started = time.time()
+    with open(run_dir / METRICS, "a") as f:
+        f.write(json.dumps({"kind": "attempt", "attempt": attempt, "time": round(started, 3)}) + "\n")
+    with open(log_path, "a") as f:
+        f.write(
+            f"\n===== eagle3ops train: attempt {attempt} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} "
+            f"({launcher}): {' '.join(cmd)}\n"
+        )
+    unit = None
+    if launcher == "systemd":
+        unit = unit_name_for(run_dir, plan_.spec.unit_name)
+        subprocess.run(["systemctl", "reset-failed", unit], capture_output=True, check=False)
+        active = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True, check=False)
+        if active.stdout.strip() in ("active", "activating", "deactivating"):
+            raise TrainError(
+                f"systemd unit {unit} is {active.stdout.strip()} but {run_dir / STATE} does not know it. Stop it "
+                f"(systemctl stop {unit}) or set train_unit_name to another name."
+            )
+        argv = [
+            "systemd-run",
+            f"--unit={unit}",
+            "--collect",
+            "--quiet",
+            "--property=Type=exec",
+            f"--working-directory={run_dir}",
+            f"--property=StandardOutput=append:{log_path}",
+            f"--property=StandardError=append:{log_path}",
+            "--property=KillMode=control-group",
+            "--property=TimeoutStopSec=150",
+            *[f"--setenv={k}={v}" for k, v in env.items()],
+            "--",
+            *cmd,
+        ]
+        r = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise TrainError(f"systemd-run could not start {unit} (exit {r.returncode}): {r.stderr.strip()}")
+        pid = 0
+        for _ in range(50):
+            out = subprocess.run(
+                ["systemctl", "show", "-P", "MainPID", unit], capture_output=True, text=True, check=False
+            ).stdout.strip()
+            pid = int(out or 0)
+            if pid:
+                break
+            time.sleep(0.1)
+        atomic_write_bytes(pidfile, f"{pid}\n".encode())
+    else:
+        full_env = {**os.environ, **env}
+        argv = ["setsid", "--fork", "sh", "-c", 'echo $$ > "$0"; exec "$@"', str(pidfile), *cmd]
+        with open(log_path, "ab") as out:
+            subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                cwd=run_dir,
+                env=full_env,
+                check=True,
+                close_fds=True,
+            )
+        pid = 0
+        for _ in range(100):
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(pidfile.read_text().strip() or 0)
+            if pid:
+                break
+            time.sleep(0.05)
+        if not pid:
+            raise TrainError(f"the trainer did not write its PID to {pidfile} within 5 s; see {log_path}")
+    state = {
+        "version": 1,
+        "attempt": attempt,
+        "pid": pid,
+        "launcher": launcher,
+        "unit": unit,
+        "command": cmd,
+        "config_sha256": plan_.config_sha256,
+        "started_at": started,
+        "device": plan_.device,
+        "nproc": plan_.nproc,
+        "nnodes": plan_.spec.nnodes,
+        "node_rank": plan_.spec.node_rank,
+        # the job this node belongs to (docs/scale.md): the train role restarts every node when they differ
+        "rdzv_id": rdzv_id_for(plan_.spec) if plan_.spec.nnodes > 1 else None,
+        "trainer": plan_.spec.trainer,
+        "save_path": str(plan_.save_path),
+        "resume_from": resume_from,
+    }
+    atomic_write_json(run_dir / STATE, state)
+    log(f"launched attempt {attempt}: PID {pid} ({launcher}{' ' + unit if unit else ''}), log {log_path}")
+    return state
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc's parent links), children first."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2 :].split(" ", 2)[1])
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def stop_run(run_dir: Path, state: dict, grace_s: float = 60, log=lambda s: None) -> bool:
+    """Stop the trainer of ``state`` (whole process group / unit). True when something was stopped.
+
+    torchrun starts each worker in a session of its own: the agent's process group does not hold them, and
+    an agent killed with SIGKILL leaves them running (and, on GPUs, holding memory). SIGTERM lets the agent
+    stop them; the SIGKILL after ``grace_s`` goes to the agent's group and to every descendant found before."""
+    pid = state.get("pid")
+    if not is_our_trainer(pid, run_dir / CONFIG):
+        return False
+    if state.get("launcher") == "systemd" and state.get("unit"):
+        subprocess.run(["systemctl", "stop", state["unit"]], capture_output=True, check=False)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and is_our_trainer(pid, run_dir / CONFIG):
+        time.sleep(0.2)
+    if is_our_trainer(pid, run_dir / CONFIG):
+        tree = descendants(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        for child in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        time.sleep(0.5)
+    log(f"stopped PID {pid}")
+    return True

@@ -1,0 +1,203 @@
+"""The train phase's options, once: ``eagle3ops train``'s CLI (and ``train-status``, ``train-stop``), the
+``eagle3ops_train`` module's parameters and the ``train`` role's variables come from here (eagle3ops.options says
+how; standard library only, shipped as module_utils/eagle3ops_train_options.py).
+
+The CLI keeps its short flags: ``--data`` (``data_dir``), ``--verifier`` (``verifier_path``), ``--token-freq``
+(``token_freq_path``), ``--extra`` (``extra_config``) and ``--env`` as one JSON object each. A few settings are
+the CLI's alone (``train_data_ratio``, ``log_freq``, ``seed``, ``mask_token_id``, ``python``,
+``gpu_free_timeout``): the module never had them, the defaults serve every playbook run.
+"""
+
+from __future__ import annotations
+
+try:
+    from eagle3ops import options as _o
+except ImportError:  # on a target without eagle3ops: the copy Ansible ships
+    from ansible.module_utils import eagle3ops_options as _o
+
+Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+
+DEFAULT_DRAFT_VOCAB = (
+    32000  # the draft vocabulary asked for when none is given (capped at the distinct tokens)
+)
+
+TRAIN = Command(
+    "train",
+    help="start (or find running/finished, or resume) the detached speculators training run of a run dir",
+    description=(
+        "Idempotent: a running or finished run with the same config is left alone (changed=false); "
+        "a killed/crashed one is relaunched and resumes from its last checkpoint."
+    ),
+    check_help="predict what would happen; change nothing",
+    module="eagle3ops_train",
+    role="train",
+    options=[
+        Option(
+            "data_dir",
+            "path",
+            required=True,
+            flag="--data",
+            help="data dir: Arrow dataset + hidden_states/ + token_freq.pt",
+        ),
+        Option(
+            "verifier_path",
+            "path",
+            required=True,
+            flag="--verifier",
+            help="target model directory (the one the states came from)",
+        ),
+        Option("run_dir", "path", required=True, help="run directory (state, rendered config, log, metrics)"),
+        # the role's "" (and [] below) mean "not set": the CLI leaves the option out (Option.argv)
+        Option("save_path", "path", role_default="", help="checkpoint directory (default RUN/checkpoints)"),
+        Option(
+            "layer_ids",
+            "list",
+            elements="int",
+            role_default=[],
+            help="only to assert: must equal extract_meta.json's",
+        ),
+        Option(
+            "draft_vocab_size",
+            "int",
+            role_default=DEFAULT_DRAFT_VOCAB,  # the playbook says what the CLI leaves implicit
+            help=f"default {DEFAULT_DRAFT_VOCAB}, capped at the distinct tokens seen",
+        ),
+        Option(
+            "token_freq_path",
+            "path",
+            flag="--token-freq",
+            role_default="",
+            help="token frequencies (default DATA/token_freq.pt)",
+        ),
+        Option("epochs", "int", default=3, help="training epochs"),
+        Option("lr", "float", default=0.001, help="learning rate"),
+        Option("ttt_steps", "int", default=3, help="test-time-training steps (draft positions trained)"),
+        Option("num_layers", "int", default=1, help="draft decoder layers"),
+        Option("total_seq_len", "int", default=8192, help="tokens per packed batch (per process)"),
+        Option("train_data_ratio", "float", default=0.9, param=False, help="share of the rows trained on"),
+        Option("max_steps", "int", help="stop after this many optimizer steps (smoke runs)"),
+        Option("checkpoint_freq", "float", default=1.0, help="epochs between checkpoints (<1: within)"),
+        Option("log_freq", "int", default=1, param=False, help="steps between metric records"),
+        Option("seed", "int", default=42, param=False, help="the training seed"),
+        Option(
+            "norm_before_residual",
+            "bool",
+            default=False,
+            help="speculators' default; SGLang 0.5.23 cannot serve it, so off unless asked",
+        ),
+        Option("attention", choices=["full", "sliding"], default="full", help="draft attention"),
+        Option("sliding_window", "int", default=2048, help="window of sliding attention"),
+        Option(
+            "on_missing",
+            choices=["raise", "skip", "warn"],
+            default="raise",
+            help="a sample without hidden states: raise refuses incomplete extraction",
+        ),
+        Option(
+            "mask_token_id", "int", param=False, help="speculators' mask token (default from the verifier)"
+        ),
+        Option("device", choices=["auto", "cpu", "gpu"], default="auto", help="auto: GPUs when visible"),
+        Option("nproc", "int", help="trainer processes on GPUs (default: every visible GPU)"),
+        # the role passes null as omitted (0 workers is a value): not a plain pass-through
+        Option("num_workers", "int", role=False, help="loader workers per process (default 0 on CPU)"),
+        # several hosts (docs/scale.md): the role computes these from train_hosts and the job it decides on
+        Option("nnodes", "int", default=1, role=False, help="hosts training together (torchrun --nnodes)"),
+        Option(
+            "node_rank",
+            "int",
+            default=0,
+            role=False,
+            help="this host's index among them (0 = rendezvous host)",
+        ),
+        Option(
+            "rdzv_endpoint",
+            role=False,
+            help="HOST:PORT of the c10d rendezvous (the first host), with --nnodes > 1",
+        ),
+        Option(
+            "rdzv_id",
+            role=False,
+            help="rendezvous id, the same on every node (default from the run directory)",
+        ),
+        Option(
+            "nic",
+            role_default="",
+            help="network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)",
+        ),
+        Option(
+            "trainer",
+            choices=["speculators", "ddp_probe"],
+            default="speculators",
+            help="speculators, or ddp_probe: the minimal DDP job through the same launcher (a cluster check; the "
+            "multi-node trainer on CPU)",
+        ),
+        # the role's "auto" is the CLI's default (left out): not a plain pass-through
+        Option(
+            "draft_attn_impl",
+            choices=["simple_flex_attention", "sdpa", "eager"],
+            role=False,
+            help="draft attention (default simple_flex_attention on GPUs, sdpa on CPU)",
+        ),
+        Option(
+            "loss_implementation",
+            choices=["eager", "fused"],
+            # the module and the role ask for eager on every device (speculators 0.9.0's fused KL loss failed
+            # under torch 2.11's dynamo on an H200, docs/performance.md); the CLI's None is eager too
+            module_default="eager",
+            help="speculators' loss kernel (default eager)",
+        ),
+        Option(
+            "extra_config",
+            "dict",
+            default={},
+            as_json=True,
+            flag="--extra",
+            help="{group: {speculators key: value}} for other settings",
+        ),
+        Option("env", "dict", default={}, as_json=True, help="extra environment variables for the trainer"),
+        Option(
+            "restart_on_change", "bool", default=False, help="a changed config: stop, set aside, start over"
+        ),
+        Option(
+            "launcher",
+            choices=["auto", "systemd", "setsid"],
+            default="auto",
+            help="auto: systemd-run where systemd is PID 1",
+        ),
+        Option(
+            "unit_name", role_default="", help="systemd unit name (default eagle3-train-<hash of run dir>)"
+        ),
+        Option("python", param=False, help="interpreter for the trainer (default: this one)"),
+        Option("gpu_free_check", "bool", default=True, help="assert free VRAM before launching on GPUs"),
+        Option("gpu_free_timeout", "float", default=60, param=False, help="seconds the VRAM check waits"),
+        # the role waits only once every node started (several hosts): computed, not a pass-through
+        Option(
+            "wait", "bool", default=False, role=False, help="block until the run ends; return its metrics"
+        ),
+        Option(
+            "timeout",
+            "float",
+            default=3600,
+            role="train_wait_timeout",
+            role_default=86400,  # a playbook waiting for a training run waits a day; a CLI call an hour
+            help="seconds --wait waits",
+        ),
+        EXECUTABLE,
+    ],
+)
+
+TRAIN_STATUS = Command(
+    "train-status",
+    help="state, resume point and metrics of a training run dir",
+    check=False,
+    options=[Option("run_dir", "path", required=True, help="the run directory")],
+)
+
+TRAIN_STOP = Command(
+    "train-stop",
+    help="stop a running training run (SIGTERM: speculators saves 'interrupted')",
+    options=[
+        Option("run_dir", "path", required=True, help="the run directory"),
+        Option("grace", "float", default=60, help="seconds between SIGTERM and SIGKILL"),
+    ],
+)

@@ -1,0 +1,225 @@
+"""Entry point of one speculators training process: ``python -m eagle3ops.speculators_shim --config C``.
+
+It is what the ``train`` phase launches (directly, or under ``torchrun -m``), instead of
+``speculators train``, for three reasons:
+
+1. **CPU device shim** (only when no accelerator is available), written for and pinned to
+   ``speculators==0.9.0`` (any other version is refused: re-check these lines before bumping it):
+
+   - ``speculators.train.trainer.get_local_rank`` returns the int ``0``, which ``Trainer`` passes to
+     ``model.to(...)`` / ``tensor.to(...)``: that means ``cuda:0``. Redirected to ``"cpu"``.
+   - ``speculators.train.checkpointer.get_current_device`` falls back to ``"cuda:0"`` without an
+     accelerator (used to load a checkpoint on resume). Redirected to ``"cpu"``.
+   - ``torch.accelerator.synchronize`` (called by the step timer) raises without an accelerator.
+     Made a no-op when none is available.
+
+   With these, plus ``draft_attn_impl: sdpa``, ``loss_implementation: eager`` and ``num_workers: 0``
+   in the config (the launcher sets them for CPU runs), a small draft trains on CPU.
+2. **Machine-readable metrics**: speculators logs metrics through the ``speculators.metrics`` logger
+   into a Rich console handler. A handler added here writes every metric record as one JSON line to
+   ``$EAGLE3OPS_METRICS`` (rank 0 only), which the launcher parses (val loss, per-step accuracy).
+3. **An honest exit record**: speculators turns SIGINT/SIGTERM into an "interrupted" checkpoint and a
+   normal return; the shim notices that and writes ``$EAGLE3OPS_EXIT`` (JSON) with ``status``
+   ``finished`` only for a run that really completed, ``interrupted``/``failed`` otherwise (each node's
+   first process writes its node's record).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+
+SUPPORTED_SPECULATORS = "0.9.0"
+ENV_METRICS = "EAGLE3OPS_METRICS"
+ENV_EXIT = "EAGLE3OPS_EXIT"
+ENV_FORCE_CPU = "EAGLE3OPS_FORCE_CPU"
+
+_interrupted: dict[str, str] = {}
+
+
+class UnsupportedSpeculatorsVersion(RuntimeError):
+    pass
+
+
+def check_version(installed: str | None = None) -> str:
+    """Return the installed speculators version; refuse any version the shim was not written for."""
+    if installed is None:
+        try:
+            installed = importlib.metadata.version("speculators")
+        except importlib.metadata.PackageNotFoundError as e:
+            raise UnsupportedSpeculatorsVersion(
+                f"speculators is not installed in {sys.prefix}; install speculators=={SUPPORTED_SPECULATORS} "
+                "(requirements/speculators.txt, --no-deps) or run the runtime phase."
+            ) from e
+    if installed != SUPPORTED_SPECULATORS:
+        raise UnsupportedSpeculatorsVersion(
+            f"speculators {installed} is installed in {sys.prefix}, but eagle3ops' training shim "
+            f"(python/eagle3ops/speculators_shim.py) is pinned to {SUPPORTED_SPECULATORS}: it patches "
+            "trainer/checkpointer internals and parses its metric records. Install "
+            f"speculators=={SUPPORTED_SPECULATORS}, or re-validate the shim against {installed} and bump "
+            "SUPPORTED_SPECULATORS."
+        )
+    return installed
+
+
+def accelerator_available() -> bool:
+    import torch
+
+    if os.environ.get(ENV_FORCE_CPU) == "1":
+        return False
+    return torch.accelerator.is_available()
+
+
+def apply_cpu_shim() -> None:
+    """Redirect speculators 0.9.0's CUDA assumptions to the CPU (see the module docstring)."""
+    import speculators.train.checkpointer as checkpointer
+    import speculators.train.trainer as trainer
+    import torch
+
+    trainer.get_local_rank = lambda: "cpu"
+    checkpointer.get_current_device = lambda: "cpu"
+    original_sync = torch.accelerator.synchronize
+
+    def synchronize(device=None):
+        if torch.accelerator.is_available():
+            return original_sync(device)
+        return None
+
+    torch.accelerator.synchronize = synchronize
+
+
+class JsonlMetricsHandler(logging.Handler):
+    """Append each ``speculators.metrics`` record (a Mapping) as one JSON line."""
+
+    def __init__(self, path: str):
+        super().__init__(level=logging.INFO)
+        self.path = path
+        self._fh = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.msg
+        if not isinstance(msg, Mapping):
+            return
+        line = {"time": round(record.created, 3), "step": getattr(record, "step", None)}
+        if getattr(record, "hparams", False):
+            line["kind"] = "hparams"
+        else:
+            line["kind"] = "val" if "val" in msg else "train" if "train" in msg else "other"
+            line["data"] = msg
+        try:
+            self._fh.write(json.dumps(line, default=_jsonable) + "\n")
+        except Exception:  # a metric we cannot serialise must never stop training
+            self.handleError(record)
+
+    def close(self) -> None:
+        try:
+            self._fh.close()
+        finally:
+            super().close()
+
+
+def _jsonable(v):
+    try:
+        return v.item()
+    except Exception:
+        return str(v)
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _install_interrupt_probe() -> None:
+    """Record that speculators' graceful-shutdown handler fired (it swallows the signal)."""
+    from speculators.train import graceful_shutdown
+
+    cls = graceful_shutdown.GracefulShutdownHandler
+    original = cls._handler
+
+    def _handler(self, signum, frame):
+        if os.getpid() == self._owner_pid:
+            _interrupted.setdefault("signal", str(signum))
+        return original(self, signum, frame)
+
+    cls._handler = _handler
+
+
+def _hook_metrics(path: str) -> None:
+    """Add the JSONL handler right after speculators configures its loggers (its dictConfig
+    removes handlers that were attached to ``speculators.metrics`` before)."""
+    import speculators.train.cli as cli
+
+    original = cli.setup_metric_logger
+
+    def setup_metric_logger(*args, **kwargs):
+        result = original(*args, **kwargs)
+        logging.getLogger("speculators.metrics").addHandler(JsonlMetricsHandler(path))
+        return result
+
+    cli.setup_metric_logger = setup_metric_logger
+
+
+def write_exit(status: str, **extra) -> None:
+    """The exit record of this node's run directory, by its first process (LOCAL_RANK 0): on several hosts
+    every node has its own run directory, and each must know how its trainer ended (rank 0 alone would leave
+    the other nodes' runs looking killed after a finished job)."""
+    path = os.environ.get(ENV_EXIT)
+    if not path or int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        return
+    from eagle3ops.durable import atomic_write_json
+
+    atomic_write_json(path, {"status": status, "pid": os.getpid(), "time": time.time(), **extra})
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    started = time.time()
+    try:
+        version = check_version()
+    except UnsupportedSpeculatorsVersion as e:
+        print(f"eagle3ops.speculators_shim: {e}", file=sys.stderr)
+        write_exit("failed", error=str(e))
+        return 2
+    device = "accelerator"
+    if not accelerator_available():
+        apply_cpu_shim()
+        device = "cpu"
+    from speculators.train.cli import main as train_main
+    from speculators.train.config import TrainConfig
+
+    _install_interrupt_probe()
+    metrics_path = os.environ.get(ENV_METRICS)
+    if metrics_path and _rank() == 0:
+        _hook_metrics(metrics_path)
+    print(
+        f"eagle3ops.speculators_shim: speculators {version}, device {device}, rank {_rank()}, "
+        f"pid {os.getpid()}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        cfg = TrainConfig.resolve(argv)
+        train_main(cfg)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 2
+        if code:
+            write_exit("failed", rc=code, error=f"exited {code} (configuration error? see the log)")
+        raise
+    except BaseException as e:
+        write_exit("failed", rc=1, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
+        raise
+    if _interrupted:
+        write_exit("interrupted", rc=143, signal=_interrupted["signal"], seconds=time.time() - started)
+        return 143
+    write_exit("finished", rc=0, seconds=round(time.time() - started, 3))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
