@@ -197,10 +197,19 @@ def _names(value) -> set[str]:
 PHASE_ROLES = [r for r in ROLES if r != SHARED]
 
 
+def _role_vars(role: str) -> dict:
+    """The role's derived values (``vars/main.yml``: e.g. train's ``train_data_gather``), which defaults may read."""
+    path = REPO / "roles" / role / "vars" / "main.yml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
 def rendered(role: str, var: str):
     """The value the role's tasks get for ``var`` when the inventory sets nothing: its default rendered with
-    the role's own and the shared defaults (raises when it names a variable neither has)."""
-    return Templar(loader=DataLoader(), variables=_trusted(_visible_defaults(role))).template(
+    the role's own and the shared defaults and its derived vars, on a one-host inventory (raises when it names a
+    variable none of them has)."""
+    one_host = {"inventory_hostname": "localhost", "ansible_play_hosts_all": ["localhost"], "hostvars": {}}
+    variables = {**one_host, **_visible_defaults(role), **_role_vars(role)}
+    return Templar(loader=DataLoader(), variables=_trusted(variables)).template(
         _trusted(_defaults(role)[var])
     )
 

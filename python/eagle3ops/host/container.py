@@ -22,7 +22,7 @@ import subprocess
 
 try:
     from eagle3ops.host import pve, pve_container, pve_devices
-except ImportError:  # on the PVE host, as module_utils/eagle3ops_container.py: eagle3ops is not installed there
+except ImportError:  # on the PVE host (module_utils/eagle3ops_container.py): eagle3ops is not installed
     from ansible.module_utils import eagle3ops_pve as pve
     from ansible.module_utils import eagle3ops_pve_container as pve_container
     from ansible.module_utils import eagle3ops_pve_devices as pve_devices
