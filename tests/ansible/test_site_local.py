@@ -49,6 +49,11 @@ def test_first_run_builds_everything(pipeline):
     s = first.host("localhost")
     assert first.rc == 0 and s["failed"] == 0, first.summary()
     assert s["changed"] == 4, first.changed_tasks()  # demo, prepare, extract, train
+    demo = json.loads((work / "demo" / "demo.json").read_text())  # built with the role's demo variables
+    assert (
+        demo["params"]["num_conversations"] == 20
+        and demo["params"]["train_steps"] == demo["train_steps"] == 30
+    )
     (res,) = [
         r
         for r in first.task_results("Extract target hidden states for every prepared row")

@@ -74,10 +74,13 @@ def small_local_default(workdir: str | os.PathLike) -> dict:
     # a smaller demo than `make run` (same code path), to keep the suite fast on 2 cores: 20 conversations
     # (~60 rows: extract and prepare scale with the rows; 60 conversations cost 99 s of extraction), 512-token
     # training batches instead of the local default's 2048 (a CPU step costs ~4x less; rows are <= 512 tokens,
-    # prepare_max_length, so every row still fits a batch), 6 steps. What is asserted does not depend on the size.
+    # prepare_max_length, so every row still fits a batch), 6 steps. The demo target trains 30 steps instead of
+    # 120 (its 120 steps were ~120 passes over these 20 conversations' ~2000 tokens, ~40 s of CPU; 30 are ~30
+    # passes). What is asserted does not depend on the size.
     return {
         "eagle3ops_workdir": str(workdir),
         "prepare_demo_conversations": 20,
+        "prepare_demo_train_steps": 30,
         "train_epochs": 1,
         "train_max_steps": 6,
         "train_total_seq_len": 512,
