@@ -2,14 +2,18 @@
 
 :func:`run_together` runs several commands side by side that need each other (the torchrun nodes of one
 rendezvous) and waits for all of them; :func:`probe_records` reads what ``eagle3ops.ddp_probe`` wrote per rank;
-:func:`alive` says whether a PID still runs.
+:func:`alive` says whether a PID still runs; :func:`cli_imports` runs the ``eagle3ops`` console script and says
+which packages it imported (a command that needs no torch must not pay seconds of CPU for it).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
+
+HEAVY = frozenset({"torch", "transformers", "datasets", "numpy", "safetensors"})
 
 
 def alive(pid: int) -> bool:
@@ -47,3 +51,17 @@ def probe_records(*dirs: Path) -> list[dict]:
     """Every ``rank*.json`` that ``eagle3ops.ddp_probe --out DIR`` wrote in ``dirs``, in order of rank."""
     recs = (json.loads(f.read_text()) for d in dirs for f in sorted(Path(d).glob("rank*.json")))
     return sorted(recs, key=lambda d: d["rank"])
+
+
+def cli_imports(*args, **run_kw) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """``eagle3ops ARGS`` (the venv's console script) under ``python -X importtime``: the finished process (stdout
+    and stderr as text; the import lines are taken out of stderr) and the top-level packages it imported.
+    ``HEAVY & imported`` is what a cheap command must leave empty."""
+    script = Path(sys.executable).parent / "eagle3ops"
+    p = subprocess.run(
+        [sys.executable, "-X", "importtime", script, *args], capture_output=True, text=True, **run_kw
+    )
+    lines = p.stderr.splitlines()
+    imported = {ln.split("|")[-1].strip().split(".")[0] for ln in lines if ln.startswith("import time:")}
+    p.stderr = "\n".join(ln for ln in lines if not ln.startswith("import time:"))
+    return p, imported

@@ -356,8 +356,11 @@ def _torch_single_thread():
         torch.set_num_threads(n)
 
 
-def build_model(tokenizer, texts: list[str], out_dir: Path, seed: int, log=None) -> dict:
-    """Create the tiny DeepSeek-V3 target, train it briefly on ``texts``, save it. Returns train stats."""
+def build_model(
+    tokenizer, texts: list[str], out_dir: Path, seed: int, log=None, *, steps: int = TRAIN_STEPS
+) -> dict:
+    """Create the tiny DeepSeek-V3 target, train it briefly (``steps`` optimiser steps) on ``texts``, save it.
+    Returns train stats."""
     import torch
     from transformers import GenerationConfig
 
@@ -375,7 +378,7 @@ def build_model(tokenizer, texts: list[str], out_dir: Path, seed: int, log=None)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR, weight_decay=0.0)
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / 10) * max(0.05, 1 - s / TRAIN_STEPS)
+            opt, lambda s: min(1.0, (s + 1) / 10) * max(0.05, 1 - s / steps)
         )
         # Packed LM training: the rendered conversations, reshuffled every epoch, concatenated and cut
         # into TRAIN_BATCH x TRAIN_SEQ blocks (no padding, so every step sees the same number of tokens).
@@ -384,7 +387,7 @@ def build_model(tokenizer, texts: list[str], out_dir: Path, seed: int, log=None)
         losses: list[float] = []
         t0 = time.monotonic()
         need = TRAIN_BATCH * TRAIN_SEQ
-        for step in range(TRAIN_STEPS):
+        for step in range(steps):
             while len(stream) < need:
                 epoch = list(range(len(seqs)))
                 order_rng.shuffle(epoch)
@@ -400,10 +403,10 @@ def build_model(tokenizer, texts: list[str], out_dir: Path, seed: int, log=None)
             sched.step()
             opt.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))
-            if log and (step % 15 == 0 or step == TRAIN_STEPS - 1):
-                log(f"demo: training the target, step {step + 1}/{TRAIN_STEPS}, loss {losses[-1]:.3f}")
+            if log and (step % 15 == 0 or step == steps - 1):
+                log(f"demo: training the target, step {step + 1}/{steps}, loss {losses[-1]:.3f}")
         stats["train_seconds"] = round(time.monotonic() - t0, 1)
-        stats["train_steps"] = TRAIN_STEPS
+        stats["train_steps"] = steps
         stats["initial_lm_loss"] = round(losses[0], 4)
         stats["final_lm_loss"] = round(sum(losses[-10:]) / len(losses[-10:]), 4)
         model.eval()
@@ -429,8 +432,11 @@ def _fingerprints(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): sha256_file(p) for p in files}
 
 
-def _params(num_conversations: int, seed: int) -> dict:
-    return {"demo_version": DEMO_VERSION, "num_conversations": num_conversations, "seed": seed}
+def _params(num_conversations: int, seed: int, train_steps: int = TRAIN_STEPS) -> dict:
+    params = {"demo_version": DEMO_VERSION, "num_conversations": num_conversations, "seed": seed}
+    if train_steps != TRAIN_STEPS:  # recorded only when not the default: demos built before it stay current
+        params["train_steps"] = train_steps
+    return params
 
 
 def _result(root: Path, meta: dict, changed: bool) -> dict:
@@ -481,16 +487,25 @@ def _clean_stale_builds(root: Path) -> None:
 
 
 def build_demo(
-    out: str | os.PathLike, num_conversations: int = 300, seed: int = 0, *, log=None, check: bool = False
+    out: str | os.PathLike,
+    num_conversations: int = 300,
+    seed: int = 0,
+    *,
+    train_steps: int = TRAIN_STEPS,
+    log=None,
+    check: bool = False,
 ) -> dict:
-    """Build the demo assets under ``out`` (idempotent; see the module docstring).
+    """Build the demo assets under ``out`` (idempotent; see the module docstring). ``train_steps``: optimiser
+    steps of the target's training (fewer: a cheaper, less trained target, e.g. for a test of the pipeline).
 
     With ``check=True`` nothing is written; ``changed`` says whether a build would happen.
     """
     if num_conversations < 10:
         raise DemoError(f"--num-conversations {num_conversations} is too small: use at least 10")
+    if train_steps < 1:
+        raise DemoError(f"--train-steps {train_steps}: the target needs at least 1 training step")
     root = Path(out).absolute()
-    params = _params(num_conversations, seed)
+    params = _params(num_conversations, seed, train_steps)
     meta = _is_current(root, params)
     if meta is not None:
         return _result(root, meta, changed=False)
@@ -536,7 +551,7 @@ def build_demo(
         rendered = [render(tokenizer, c["conversations"]) for c in convs]
 
         log("demo: building and training the DeepSeek-V3-shaped target")
-        stats = build_model(tokenizer, rendered, model_dir, seed, log=log)
+        stats = build_model(tokenizer, rendered, model_dir, seed, log=log, steps=train_steps)
         lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for t in rendered]
 
         meta = {

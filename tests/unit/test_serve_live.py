@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -22,6 +23,7 @@ import pytest
 from eagle3ops.benchmark import loadgen
 from eagle3ops.cli import main
 from eagle3ops.serve import process as sp
+from proc_helpers import HEAVY, cli_imports
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "fixtures" / "sglang_standin_server.py"
@@ -213,6 +215,13 @@ def test_guard_passes_fires_at_1_00_without_a_draft_and_on_eos_at_once(model, ru
         ):
             assert words in out["msg"], words
         assert main([*probe, "--json"]) == 0  # no floor given: only measured
+        # a model directory without a chat template: prompts go as they are, and finding that out imports
+        # neither transformers nor torch (the serve phase's guard runs on every site.yml run)
+        r, imported = cli_imports(*probe, "--chat-template", m, "--json")
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        assert r.returncode == 0 and res["chat_template"] is False, r.stderr
+        assert "has no chat template: prompts were sent as they are" in res["chat_template_note"]
+        assert "eagle3ops" in imported and not imported & HEAVY, imported & HEAVY
 
         sp.start(run_dir, "s", sp.make_spec(standin_argv(m, port), {}, url), health_timeout=30, interval=0.1)
         assert main([*probe, "--min-accept-length", "1.3", "--json"]) == 2
@@ -243,6 +252,52 @@ def test_guard_passes_fires_at_1_00_without_a_draft_and_on_eos_at_once(model, ru
         )
     finally:
         sp.stop(run_dir, "s", grace=10)
+
+
+def test_chat_template_found_where_transformers_finds_it(tmp_path):
+    """``loadgen.chat_template_render`` looks for a template itself before it imports transformers (and torch):
+    for every place a tokenizer directory can hold one, or none, it answers as transformers does."""
+    from eagle3ops import demo
+    from transformers import AutoTokenizer
+
+    def by_transformers(d):
+        try:
+            return AutoTokenizer.from_pretrained(str(d)).chat_template or None
+        except (OSError, ValueError):
+            return None
+
+    full = tmp_path / "full"  # the template in chat_template.jinja and in tokenizer_config.json
+    demo.train_tokenizer(["hello world, a tiny corpus for a tiny tokenizer"] * 4, full)
+    assert (full / "chat_template.jinja").is_file()
+    cfg = json.loads((full / "tokenizer_config.json").read_text())
+    variants = {"full": (full, True)}
+    for name, keep_jinja, keep_key, extra in (
+        ("config_only", False, True, False),
+        ("jinja_only", True, False, False),
+        ("additional_only", False, False, True),
+        ("no_template", False, False, False),
+    ):
+        d = tmp_path / name
+        shutil.copytree(full, d)
+        if not keep_jinja:
+            (d / "chat_template.jinja").unlink()
+        if not keep_key:
+            (d / "tokenizer_config.json").write_text(
+                json.dumps({k: v for k, v in cfg.items() if k != "chat_template"})
+            )
+        if extra:
+            (d / "additional_chat_templates").mkdir()
+            (d / "additional_chat_templates" / "tool_use.jinja").write_text(demo.CHAT_TEMPLATE)
+        variants[name] = (d, keep_jinja or keep_key or extra)
+    bare = tmp_path / "bare"  # a model directory with no tokenizer at all
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    variants["bare"] = (bare, False)
+    for name, (d, has) in variants.items():
+        render = loadgen.chat_template_render(str(d))
+        assert (render is not None) == has == (by_transformers(d) is not None), name
+    msgs = [{"role": "user", "content": "hi"}]
+    assert loadgen.chat_template_render(str(full))(msgs) == "<|bos|><|user|>hi<|end|><|assistant|>"
 
 
 def test_load_generator_numbers_come_from_real_timings(model, run_dir):

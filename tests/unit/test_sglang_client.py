@@ -175,6 +175,10 @@ def test_the_server_restarting_mid_run_is_waited_for(tmp_path, data_dir, tiny_ta
         t.start()
         _wait_for_rows(data_dir, 3, t)
     assert t.is_alive()  # the server is gone, the client is waiting
+    # nothing listens on the port for a while, as while a real SGLang restarts (it loads the model for minutes
+    # before it binds): the client's requests are refused and it waits for /health. (A stand-in comes up in
+    # milliseconds from its fork server: without this pause the client's retries could find it already back.)
+    time.sleep(2)
     with standin_server(tmp_path, data_dir, tiny_target, *args):
         t.join(timeout=300)
     res = box["res"]

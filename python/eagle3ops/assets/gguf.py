@@ -99,13 +99,20 @@ def convert_status(out_dir: str | os.PathLike, source_sha256: str, dtype: str) -
     )
 
 
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _check_dtype(name: str) -> str:
+    """``name`` if it is a dtype the conversion writes (checked without importing torch), else AssetError."""
+    if name not in DTYPES:
+        raise AssetError(f"dtype {name!r}: use one of {', '.join(DTYPES)}")
+    return name
+
+
 def _dtype(name: str):
     import torch
 
-    table = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-    if name not in table:
-        raise AssetError(f"dtype {name!r}: use one of {', '.join(table)}")
-    return table[name]
+    return getattr(torch, _check_dtype(name))
 
 
 def _build(gguf: Path, tmp: Path, dtype: str, log) -> dict:
@@ -200,7 +207,7 @@ def convert(
     without loading anything. The directory is built beside ``out_dir`` and renamed into place."""
     src, out = Path(source), Path(out_dir)
     _check_source(src)
-    _dtype(dtype)
+    _check_dtype(dtype)  # torch is imported only to convert: a found stamp (every re-run) needs none
     sha = _source_sha256(src)
     result = {"out": str(out), "source": str(src), "source_sha256": sha, "dtype": dtype}
     if not force and convert_status(out, sha, dtype):

@@ -16,6 +16,7 @@ import statistics
 import threading
 import time
 import urllib.parse
+from pathlib import Path
 
 # Generic prompts for the guard when no held-out file is given: ordinary requests whose answers a trained draft
 # should partly predict (any real draft accepts well above 1 on such text).
@@ -301,8 +302,31 @@ def plain_render(messages: list[dict]) -> str:
     return "\n".join(lines) + "\nAssistant:"
 
 
+def _may_have_chat_template(model_path: str) -> bool:
+    """False when the directory holds no chat template in any place a transformers tokenizer reads one from
+    (tokenizer_config.json's ``chat_template``, chat_template.jinja / .json, additional_chat_templates/): then
+    there is nothing to render with, and transformers (and torch with it: seconds of CPU) is not imported."""
+    d = Path(model_path)
+    if not d.is_dir():
+        return True  # not a local model directory: transformers resolves it as before
+    if any(
+        (d / name).exists()
+        for name in ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
+    ):
+        return True
+    try:
+        cfg = json.loads((d / "tokenizer_config.json").read_text())
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True  # unreadable here: let transformers decide (and say so) as before
+    return not isinstance(cfg, dict) or bool(cfg.get("chat_template"))
+
+
 def chat_template_render(model_path: str):
     """``render(messages)`` with the target's own chat template (transformers tokenizer), or None if it has none."""
+    if not _may_have_chat_template(model_path):
+        return None
     try:
         from transformers import AutoTokenizer
 

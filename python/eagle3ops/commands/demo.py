@@ -20,6 +20,13 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="directory to build the demo in")
     p.add_argument("--num-conversations", type=int, default=300, metavar="N")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--train-steps",
+        type=int,
+        default=120,
+        metavar="N",
+        help="optimiser steps of the target's training (default 120; fewer: cheaper, less trained)",
+    )
     p.add_argument("--check", action="store_true", help="only report whether a build would happen")
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -33,6 +40,7 @@ def run(args) -> int:
             args.out,
             num_conversations=args.num_conversations,
             seed=args.seed,
+            train_steps=args.train_steps,
             check=args.check,
             log=lambda msg: print(msg, file=sys.stderr, flush=True),
         )

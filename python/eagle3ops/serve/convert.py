@@ -328,10 +328,6 @@ def convert(
     sglang_version: str | None = None,
 ) -> dict:
     """Write the SGLang draft directory (config.json, model.safetensors, stamp); idempotent, atomic."""
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     p = plan(
         checkpoint,
         serve_window=serve_window,
@@ -350,6 +346,11 @@ def convert(
     p["check_mode"] = check
     if not p["changed"] or check:
         return p
+    # torch only for an actual conversion: a check or an up-to-date draft (every re-run) needs none
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
     ckpt = Path(p["checkpoint"])
     n_layers = p["config"]["num_hidden_layers"]
     tensors = {}

@@ -19,9 +19,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)  # tests/: forkserver
 
 import datasets  # noqa: F401 - preloaded for the children
 import faults
+import forkserver
 import safetensors.torch  # noqa: F401
 import torch  # noqa: F401
 import transformers  # noqa: F401
@@ -49,21 +53,13 @@ def _child(req: dict) -> int:
     return rc
 
 
+def _report(pid: int) -> None:
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"pid": pid, "rc": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
 def main() -> None:
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        req = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            rc = 1
-            try:
-                rc = _child(req)
-            finally:
-                os._exit(rc)
-        print(json.dumps({"pid": pid}), flush=True)
-        _, status = os.waitpid(pid, 0)
-        rc = os.waitstatus_to_exitcode(status)
-        print(json.dumps({"pid": pid, "rc": rc}), flush=True)
+    forkserver.serve(_child, started=_report)  # requests served one at a time: _report waits for each
 
 
 if __name__ == "__main__":
