@@ -63,8 +63,21 @@ class PlaybookResult:
                 out.append(data.get("res") or {})
         return out
 
+    def failures(self) -> list[str]:
+        """``host: task: msg`` of every failed task (the output tail may have scrolled past them)."""
+        out = []
+        for ev in self.events:
+            if ev.get("event") not in ("runner_on_failed", "runner_on_unreachable"):
+                continue
+            data = ev.get("event_data", {})
+            res = data.get("res") or {}
+            msg = str(res.get("msg") or res.get("stderr") or res)[:1500]
+            out.append(f"{data.get('host')}: {data.get('task')}: {msg}")
+        return out
+
     def summary(self) -> str:
-        return f"status={self.status} rc={self.rc} stats={self.stats}\n--- output tail ---\n{self.stdout[-6000:]}"
+        failed = "".join(f"--- failed: {x}\n" for x in self.failures())
+        return f"status={self.status} rc={self.rc} stats={self.stats}\n{failed}--- output tail ---\n{self.stdout[-6000:]}"
 
 
 def small_local_default(workdir: str | os.PathLike) -> dict:

@@ -26,7 +26,12 @@ with open(os.environ["EAGLE3OPS_METRICS"], "a") as f:
     f.write(json.dumps({"kind": "train", "time": time.time(), "step": 0,
                         "data": {"train": {"loss": 1.0}, "global_step": 0, "epoch": 0}}) + "\n")
 print("fake trainer running", sys.argv, flush=True)
-if mode == "sleep":
+if mode == "leftover":  # a worker that outlives the trainer and ignores SIGTERM (torchrun's, killed agent)
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); open('/opt/e3/leftover.pid', 'w').write(str(__import__('os')"
+                              ".getpid())); time.sleep(600)"])
+if mode in ("sleep", "leftover"):
     time.sleep(600)
 with open(os.environ["EAGLE3OPS_EXIT"] + ".tmp", "w") as f:
     json.dump({"status": "finished", "rc": 0}, f)
@@ -51,6 +56,26 @@ open("/opt/e3/mode", "w").write(mode)
 state = launch.launch(plan, 1, "systemd", print)
 out["state"] = state
 out["alive_after_launch"] = launch.is_our_trainer(state["pid"], run / "config.yaml")
+if mode == "leftover":
+    import os, signal, subprocess
+    for _ in range(100):
+        if os.path.exists("/opt/e3/leftover.pid"):
+            break
+        time.sleep(0.1)
+    leftover = int(open("/opt/e3/leftover.pid").read())
+    os.kill(state["pid"], signal.SIGKILL)  # the trainer dies; its worker does not
+    for _ in range(100):
+        unit_state = subprocess.run(["systemctl", "is-active", state["unit"]], capture_output=True, text=True).stdout.strip()
+        if unit_state == "deactivating":
+            break
+        time.sleep(0.1)
+    out["unit_before_relaunch"] = unit_state
+    out["status_before_relaunch"] = train_run.run_status(run, state)[0]
+    open("/opt/e3/mode", "w").write("finish")
+    state = launch.launch(plan, 2, "systemd", print, previous_unit=state["unit"])
+    out["relaunched"] = state
+    out["leftover_alive"] = os.path.exists(f"/proc/{leftover}")
+    mode = "finish"
 if mode == "finish":
     for _ in range(200):
         if not launch.is_our_trainer(state["pid"], run / "config.yaml"):
@@ -142,3 +167,12 @@ def test_systemd_transient_unit_launch_liveness_and_stop(nspawn_host):
     assert r["stopped"] is True and r["status_after_stop"] == "killed"
     assert h.ssh(f"systemctl is-active {st['unit']}", check=False).stdout.strip() != "active"
     assert h.ssh(f"test -d /proc/{st['pid']}", check=False).returncode != 0
+
+    # the trainer killed, a worker of it left that ignores SIGTERM: the unit is still stopping (deactivating,
+    # up to TimeoutStopSec) when the run is relaunched - the launch finishes stopping it instead of failing
+    cp = h.ssh("python3 /opt/e3/guest.py leftover", timeout=120)
+    r = _result(cp)
+    assert r["unit_before_relaunch"] == "deactivating" and r["status_before_relaunch"] == "killed", r
+    assert r["relaunched"]["attempt"] == 2 and r["leftover_alive"] is False, r
+    assert "killed the previous attempt's leftover processes" in cp.stdout, cp.stdout
+    assert r["status"] == "finished", r  # attempt 2 ran in the same unit name and wrote its exit record

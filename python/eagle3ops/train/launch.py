@@ -66,6 +66,53 @@ def unit_name_for(run_dir: Path, given: str | None) -> str:
     return f"eagle3-train-{hashlib.sha256(str(run_dir).encode()).hexdigest()[:10]}.service"
 
 
+def _systemctl(*args: str) -> str:
+    return subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def _unit_procs(unit: str) -> list[int]:
+    """The processes in ``unit``'s cgroup (the unified hierarchy, or a hybrid one's ``unified``/``systemd``)."""
+    cgroup = _systemctl("show", "-P", "ControlGroup", unit)
+    for root in ("", "/unified", "/systemd") if cgroup else ():
+        with contextlib.suppress(OSError, ValueError):
+            return [int(x) for x in Path(f"/sys/fs/cgroup{root}{cgroup}/cgroup.procs").read_text().split()]
+    return []
+
+
+def free_unit_name(unit: str, log, wait_s: float = 10.0) -> str:
+    """Make ``unit`` free for a new ``systemd-run --unit`` of the next attempt; returns its state then.
+
+    Two leftovers of the previous attempt are waited for (and ended) here instead of failing the launch:
+    - a unit whose main process died while its other processes are still being stopped (``deactivating``:
+      torchrun's workers outlive an agent killed with SIGKILL; systemd sends them SIGTERM and waits up to the
+      unit's TimeoutStopSec): wait ``wait_s``, then SIGKILL what is left in its cgroup, and wait again;
+    A unit that is really running (``active``) is left alone: the caller refuses to start a second trainer."""
+
+    def settle(busy) -> str:
+        deadline = time.monotonic() + wait_s
+        while busy() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return _systemctl("is-active", unit)
+
+    _systemctl("reset-failed", unit)
+    state = _systemctl("is-active", unit)
+    if state == "deactivating":
+        state = settle(lambda: _systemctl("is-active", unit) == "deactivating")
+        if state == "deactivating":
+            pids = _unit_procs(unit)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            state = settle(lambda: _systemctl("is-active", unit) == "deactivating")
+            log(
+                f"{unit}: killed the previous attempt's leftover processes {pids} (they ignored SIGTERM): now {state}"
+            )
+        else:
+            log(f"{unit}: the previous attempt's leftover processes stopped ({state})")
+        _systemctl("reset-failed", unit)
+    return state
+
+
 def build_command(plan_: Plan, python: str) -> list[str]:
     cfg = str(plan_.run_dir / CONFIG)
     spec = plan_.spec
@@ -102,8 +149,35 @@ def _env(plan_: Plan) -> dict:
     return env
 
 
-def launch(plan_: Plan, attempt: int, launcher: str, log, resume_from: dict | None = None) -> dict:
-    """Start the trainer detached; return its state record."""
+def _systemd_run(unit: str, run_dir: Path, log_path: Path, env: dict, cmd: list[str]):
+    argv = [
+        "systemd-run",
+        f"--unit={unit}",
+        "--collect",
+        "--quiet",
+        "--property=Type=exec",
+        f"--working-directory={run_dir}",
+        f"--property=StandardOutput=append:{log_path}",
+        f"--property=StandardError=append:{log_path}",
+        "--property=KillMode=control-group",
+        "--property=TimeoutStopSec=150",
+        *[f"--setenv={k}={v}" for k, v in env.items()],
+        "--",
+        *cmd,
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+
+def launch(
+    plan_: Plan,
+    attempt: int,
+    launcher: str,
+    log,
+    resume_from: dict | None = None,
+    previous_unit: str | None = None,
+) -> dict:
+    """Start the trainer detached; return its state record. ``previous_unit``: the last attempt's unit (its
+    leftover processes are ended first)."""
     run_dir = plan_.run_dir
     python = plan_.spec.python or sys.executable
     cmd = build_command(plan_, python)
@@ -123,31 +197,30 @@ def launch(plan_: Plan, attempt: int, launcher: str, log, resume_from: dict | No
     unit = None
     if launcher == "systemd":
         unit = unit_name_for(run_dir, plan_.spec.unit_name)
-        subprocess.run(["systemctl", "reset-failed", unit], capture_output=True, check=False)
-        active = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True, check=False)
-        if active.stdout.strip() in ("active", "activating", "deactivating"):
-            raise TrainError(
-                f"systemd unit {unit} is {active.stdout.strip()} but {run_dir / STATE} does not know it. Stop it "
-                f"(systemctl stop {unit}) or set train_unit_name to another name."
-            )
-        argv = [
-            "systemd-run",
-            f"--unit={unit}",
-            "--collect",
-            "--quiet",
-            "--property=Type=exec",
-            f"--working-directory={run_dir}",
-            f"--property=StandardOutput=append:{log_path}",
-            f"--property=StandardError=append:{log_path}",
-            "--property=KillMode=control-group",
-            "--property=TimeoutStopSec=150",
-            *[f"--setenv={k}={v}" for k, v in env.items()],
-            "--",
-            *cmd,
-        ]
-        r = subprocess.run(argv, capture_output=True, text=True, check=False)
+        for old in dict.fromkeys(
+            u for u in (unit, previous_unit) if u
+        ):  # the name, and the last attempt's unit
+            active = free_unit_name(old, log)
+            if active in ("active", "activating", "deactivating", "reloading"):
+                raise TrainError(
+                    f"systemd unit {old} is {active} but {run_dir / STATE} does not know it. Stop it "
+                    f"(systemctl stop {old}) or set train_unit_name to another name."
+                )
+        r = _systemd_run(unit, run_dir, log_path, env, cmd)
+        if r.returncode != 0 and "already loaded" in r.stderr:
+            # an ended transient unit systemd keeps loaded (seen in containers whose cgroup kill fails with EIO:
+            # it is never collected): this attempt runs under a name of its own, recorded in state.json
+            stale, unit = unit, f"{unit.removesuffix('.service')}-a{attempt}-{int(started)}.service"
+            log(f"{stale} is an ended unit systemd has not collected; this attempt runs as {unit}")
+            free_unit_name(unit, log)
+            r = _systemd_run(unit, run_dir, log_path, env, cmd)
         if r.returncode != 0:
-            raise TrainError(f"systemd-run could not start {unit} (exit {r.returncode}): {r.stderr.strip()}")
+            shown = _systemctl("show", "-p", "LoadState,ActiveState,SubState,MainPID", unit).replace(
+                "\n", ", "
+            )
+            raise TrainError(
+                f"systemd-run could not start {unit} (exit {r.returncode}): {r.stderr.strip()} [{shown}]"
+            )
         pid = 0
         for _ in range(50):
             out = subprocess.run(

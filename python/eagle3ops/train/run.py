@@ -338,7 +338,14 @@ def ensure_run(
             launcher = spec.launcher
             if launcher == "auto":
                 launcher = "systemd" if systemd_is_pid1() else "setsid"
-            state = launch(p, int((state or {}).get("attempt", 0)) + 1, launcher, log, result["resume_from"])
+            state = launch(
+                p,
+                int((state or {}).get("attempt", 0)) + 1,
+                launcher,
+                log,
+                result["resume_from"],
+                previous_unit=(state or {}).get("unit"),
+            )
             result.update(pid=state["pid"], attempt=state["attempt"], launcher=launcher, unit=state["unit"])
         result["after"] = {
             "status": "running" if result["status"] != "finished" else "finished",
