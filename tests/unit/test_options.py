@@ -64,7 +64,10 @@ def _defined(kind) -> list:
     return out
 
 
-COMMANDS = {c.name: c for c in _defined(options.Command)}
+# every definition by its full name (``storage plan`` for a command of a Group; a module-only definition, one
+# with no sub-command behind it, by its own name)
+COMMANDS = {c.full_name: c for c in _defined(options.Command)}
+CLI_COMMANDS = sorted(n for n, c in COMMANDS.items() if c.cli)
 MULTI = {m.name: m for m in _defined(options.Module)}  # modules that run one of several commands
 MODULES = sorted({c.module for c in COMMANDS.values() if c.module})
 WITH_ROLE = sorted(n for n, c in COMMANDS.items() if c.role)
@@ -90,8 +93,18 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict:
 
 
 @functools.cache
-def _real_parsers() -> dict:
+def _top_parsers() -> dict:
     return _subparsers(cli.build_parser())
+
+
+def _real_parsers() -> dict:
+    """{full name: parser} of every sub-command as ``eagle3ops`` builds it (a group's commands under it)."""
+    out = {}
+    for name, parser in _top_parsers().items():
+        if any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+            out.update({f"{name} {n}": p for n, p in _subparsers(parser).items()})
+        out[name] = parser
+    return out
 
 
 def _flags(parser: argparse.ArgumentParser) -> set[str]:
@@ -104,7 +117,7 @@ def _generated(cmd: options.Command) -> argparse.ArgumentParser:
     return cmd.add_parser(sub)
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
+@pytest.mark.parametrize("name", CLI_COMMANDS)
 def test_the_cli_is_generated_from_the_definition(name):
     cmd = COMMANDS[name]
     real = _real_parsers()[name]
@@ -272,7 +285,18 @@ def _sample(o: options.Option):
         "bool": not o.default,
         "dict": {"one": "/x/1.jsonl", "two": "/x/2.jsonl"},
         "list": [7, 9] if o.elements == "int" else ["/p/1", "/p/2"],
+        "raw": [0, 1],
     }[o.type]
+
+
+def _given(cmd: options.Command) -> list:
+    """The options a command line must give: the required ones and the first of each exclusive group."""
+    return [o for o in cmd.cli_options() if o.required] + [cmd.option(g[0]) for g in cmd.exclusive]
+
+
+def _left_out(cmd: options.Command) -> set:
+    """The module parameters left out so that an exclusive group gets one value (its first option's)."""
+    return {cmd.option(n).param for g in cmd.exclusive for n in g[1:]}
 
 
 class _Module:
@@ -282,18 +306,21 @@ class _Module:
         self.params, self.check_mode = params, check_mode
 
 
-@pytest.mark.parametrize("name", sorted(c.name for c in COMMANDS.values() if c.module))
+@pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c.module and c.cli))
 @pytest.mark.parametrize("values", ["samples", "defaults"])
 def test_module_params_reach_the_cli_unchanged(name, values):
     cmd = COMMANDS[name]
+    given = {o.name for o in _given(cmd)}
     params = {
-        o.param: (_sample(o) if values == "samples" or o.required else o.default)
+        o.param: (_sample(o) if values == "samples" or o.name in given else o.default)
         for o in cmd.module_options()
     }
+    params |= dict.fromkeys(_left_out(cmd))
     computed = {o.name: _sample(o) for o in cmd.options if o.cli and not o.param and o.required}
     argv = eagle3ops_cli.CliRunner(_Module(params, check_mode=cmd.check), cmd).argv(**computed)
-    assert argv[0] == name and (argv[-1] == "--check") == cmd.check
-    args = _generated(cmd).parse_args(argv[1:])
+    words = list(cmd.words)
+    assert argv[: len(words)] == words and (argv[-1] == "--check") == cmd.check
+    args = _generated(cmd).parse_args(argv[len(words) :])
     got = {o.param: getattr(args, o.name) for o in cmd.module_options() if o.cli}
     want = {o.param: params[o.param] for o in cmd.module_options() if o.cli}
     assert got == want, argv
@@ -305,17 +332,19 @@ def test_module_params_reach_the_cli_unchanged(name, values):
 # ---- (f) check mode and renamed flags ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c.check))
+@pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c.check and c.cli))
 def test_check_mode_is_check_and_plan_still_works(name):
     cmd = COMMANDS[name]
-    required = [w for o in cmd.options if o.required and o.cli for w in o.argv(_sample(o))]
+    required = [w for o in _given(cmd) for w in o.argv(_sample(o))]
     parser = _real_parsers()[name]
     assert parser.parse_args([*required, "--check"]).check is True
     assert parser.parse_args([*required, "--plan"]).check is True
     assert parser.parse_args(required).check is False
 
 
-ALIASED = sorted((n, o.name) for n, c in COMMANDS.items() for o in c.options if o.aliases or o.false_aliases)
+ALIASED = sorted(
+    (n, o.name) for n, c in COMMANDS.items() for o in c.cli_options() if o.aliases or o.false_aliases
+)
 
 
 @pytest.mark.parametrize(("name", "option"), ALIASED)
@@ -323,7 +352,7 @@ def test_older_flags_still_work(name, option):
     """``--allow-unit`` is ``--stop-unit``, ``--grace`` ``--stop-grace``, ``--gpu-optional`` ``--no-gpu-required``."""
     cmd = COMMANDS[name]
     o = cmd.option(option)
-    required = [w for r in cmd.options if r.required and r.cli and r is not o for w in r.argv(_sample(r))]
+    required = [w for r in _given(cmd) if r is not o for w in r.argv(_sample(r))]
     parser = _real_parsers()[name]
     new = o.argv(_sample(o))
     want = getattr(parser.parse_args([*required, *new]), o.name)
