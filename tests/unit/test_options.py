@@ -465,6 +465,7 @@ API_DEFAULTS = [
         {"sglang_version": "None is sglang_versions.DEFAULT_VERSION, the option's default"},
     ),
     ("eagle3ops.benchmark.acceptance.run", "benchmark-acceptance", {}, {}),
+    ("eagle3ops.host.storage.plan", "storage plan", {}, {}),
 ]
 
 
