@@ -165,3 +165,128 @@ STORAGE_PARTITION = Command(
         Option("timeout", "int", default=10, role=False, help="seconds to wait for the partition to appear"),
     ],
 )
+
+# ---- services: the GPU units -----------------------------------------------------------------------------
+BACKUP_DIR = Option(
+    "backup_dir",
+    "path",
+    default="/var/lib/eagle3ops/services",
+    help="where the per-unit state records and moved unit files are kept",
+)
+
+SERVICES_INFO = Command(
+    "services-info",
+    help="find the GPU units, their backups and other NVIDIA device holders",
+    cli=False,
+    module="eagle3ops_services_info",
+    role="services",
+    options=[
+        Option(
+            "units",
+            "list",
+            elements="str",
+            default=[],
+            role_default=[
+                "vllm.service"
+            ],  # the playbook looks for the usual GPU server unless told otherwise
+            help="unit names or glob patterns; a name without a suffix means <name>.service",
+        ),
+        BACKUP_DIR,
+        Option(
+            "holders",
+            "bool",
+            default=True,
+            role="services_report_holders",
+            help="scan /proc for processes holding /dev/nvidia* open (other than the units)",
+        ),
+    ],
+)
+
+SERVICES_BACKUP = Command(
+    "services-backup",
+    help="record, move aside, restore or forget one unit's state",
+    cli=False,
+    module="eagle3ops_services_backup",
+    role="services",
+    options=[
+        Option("unit", required=True, role=False, help="the unit name (no glob)"),
+        Option(
+            "state",
+            required=True,
+            choices=["recorded", "aside", "restored", "forgotten"],
+            role=False,  # each task of the role asks for one
+            help="what to do",
+        ),
+        BACKUP_DIR,
+    ],
+)
+
+# ---- container: the LXC container on the PVE host ------------------------------------------------------------
+CONTAINER_GPU = Command(
+    "container-gpu",
+    help="GPUs, data mount, sizes and state of one PVE LXC container",
+    cli=False,  # `eagle3ops pve plan` previews the same change offline
+    module="eagle3ops_container_gpu",
+    role="proxmox_container",
+    options=[
+        Option("vmid", "int", required=True, role_default=129, help="the container's id"),
+        Option(
+            "options",
+            "dict",
+            default={},
+            role=False,  # the role combines its sizes, mount and proxmox_container_options into it
+            help="plain config keys to enforce, as pct set takes them (cores, memory, features, mp0, ...)",
+        ),
+        Option(
+            "gpus",
+            "raw",
+            default="all",
+            help="all, none, comma-separated indices, or a list of GPU indices (a string or a list: raw)",
+        ),
+        Option(
+            "passthrough",
+            default="auto",
+            choices=["auto", "dev", "raw"],
+            help="dev writes devN entries (PVE >= 8.1), raw the lxc lines; auto picks from pveversion",
+        ),
+        Option("dev_options", default="", help="extra options appended to every devN entry (mode=0666)"),
+        Option(
+            "prune_unregistered_majors",
+            "bool",
+            default=True,
+            role=False,
+            help="remove lxc.cgroup2.devices.allow lines whose major no driver registers",
+        ),
+        Option("restart", "bool", default=False, help="restart a running container when a change needs it"),
+        Option(
+            "on_stale_mount",
+            default="restart",
+            choices=["restart", "fail"],
+            help="a running container whose bind mount no longer shows its host path: restart it, or fail",
+        ),
+        Option(
+            "busy_patterns",
+            "list",
+            elements="str",
+            role_default=[],  # empty: the module's own list, the eagle3ops data-writing commands
+            help="regexes of container processes a restart must not kill (default: the eagle3ops jobs)",
+        ),
+        Option(
+            "state",
+            default="present",
+            choices=["present", "started"],
+            role=False,  # the role's proxmox_container_start (a bool) picks it
+            help="started also starts a stopped container; present leaves it",
+        ),
+        Option("pct", "path", default="/usr/sbin/pct", help="path of pct"),
+        Option("config_dir", "path", default="/etc/pve/lxc", help="where the container configs live"),
+        Option("dev_root", "path", default="/dev", help="where to look for the NVIDIA device nodes (tests)"),
+        Option("proc_devices", "path", default="/proc/devices", help="the host's character-device majors"),
+        Option(
+            "driver_version_file",
+            "path",
+            default="/sys/module/nvidia/version",
+            help="the host driver's version (compared with the container's libraries)",
+        ),
+    ],
+)
