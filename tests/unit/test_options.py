@@ -276,7 +276,8 @@ def test_the_role_passes_each_variable_to_its_module_parameter(name):
 def _sample(o: options.Option):
     """A value other than the default, of the option's type."""
     if o.choices:
-        return next((c for c in reversed(o.choices) if c != o.default), o.choices[0])
+        choice = next((c for c in reversed(o.choices) if c != o.default), o.choices[0])
+        return [choice] if o.type == "list" else choice
     return {
         "str": "a b",  # a space survives (no shell)
         "path": "/p/with space",
