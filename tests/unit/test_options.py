@@ -54,12 +54,13 @@ from test_role_argument_specs import (
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "python" / "eagle3ops"
 DEFINITIONS = sorted(p.parent.name for p in PKG.glob("*/options.py"))  # the phases with a definition
+TOOLS = "eagle3ops.commands._options"  # the tools of no phase (no module runs them: not shipped)
 
 
 def _defined(kind) -> list:
     out = []
-    for name in DEFINITIONS:
-        mod = importlib.import_module(f"eagle3ops.{name}.options")
+    for dotted in [*(f"eagle3ops.{name}.options" for name in DEFINITIONS), TOOLS]:
+        mod = importlib.import_module(dotted)
         out += [v for v in vars(mod).values() if isinstance(v, kind)]
     return out
 
@@ -467,6 +468,7 @@ API_DEFAULTS = [
     ),
     ("eagle3ops.benchmark.acceptance.run", "benchmark-acceptance", {}, {}),
     ("eagle3ops.host.storage.plan", "storage plan", {}, {}),
+    ("eagle3ops.demo.build_demo", "demo", {}, {}),
 ]
 
 
