@@ -20,8 +20,11 @@ checked against it here.
 (g) the Python API the commands call (``prepare()``, ``ExtractConfig``, ``TrainSpec``, ``ensure_free()``, ...)
     has the definition's defaults, or a reason beside the one that differs.
 
-Every phase with a definition is covered: prepare, extract (+ sglang-extract), regenerate, gpu_free, train,
-serve (convert, serve-process), benchmark.
+Every ``eagle3ops`` sub-command has a definition (checked): prepare, extract (+ sglang-extract, sglang-patch,
+verify), regenerate, gpu_free, train, serve (convert, serve-process), benchmark, assets (fetch, convert, sharegpt:
+a Group, and one Module), storage (plan, status: a Group), and the tools demo, layer-ids, pve (show, plan). The
+host wing's modules that run without eagle3ops (storage, services, container) have module-only definitions
+(``cli=False``): (b), (c) and (d) hold them to it.
 """
 
 from __future__ import annotations
@@ -98,11 +101,15 @@ def _top_parsers() -> dict:
     return _subparsers(cli.build_parser())
 
 
+def _has_subparsers(parser: argparse.ArgumentParser) -> bool:
+    return any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
+
+
 def _real_parsers() -> dict:
     """{full name: parser} of every sub-command as ``eagle3ops`` builds it (a group's commands under it)."""
     out = {}
     for name, parser in _top_parsers().items():
-        if any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+        if _has_subparsers(parser):
             out.update({f"{name} {n}": p for n, p in _subparsers(parser).items()})
         out[name] = parser
     return out
@@ -116,6 +123,13 @@ def _generated(cmd: options.Command) -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="eagle3ops")
     sub = top.add_subparsers()
     return cmd.add_parser(sub)
+
+
+def test_every_sub_command_has_a_definition():
+    """No ``eagle3ops`` sub-command is written by hand: each (a group's commands too) is a definition's."""
+    groups = {n for n, p in _top_parsers().items() if _has_subparsers(p)}
+    assert set(_real_parsers()) - groups == set(CLI_COMMANDS)
+    assert {c.group for c in COMMANDS.values() if c.group} == groups
 
 
 @pytest.mark.parametrize("name", CLI_COMMANDS)
@@ -385,6 +399,48 @@ def test_a_renamed_flag_fails_with_one_line_naming_the_new_one(capsys):
         _generated(cmd).parse_args(["--old-unit", "x"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "--old-unit" in err[0] and "--allow-unit" in err[0], err
+
+
+def test_an_exclusive_group_takes_exactly_one(capsys):
+    """``exclusive``: the parser refuses none and two of the group (exit 2, one line naming them); the module
+    gets the same rule as ``required_one_of`` + ``mutually_exclusive`` (sglang-patch's file/python/site_packages)."""
+    cmd = COMMANDS["sglang-patch"]
+    assert cmd.one_of() == [("path", "python", "site_packages")]
+    parser = _generated(cmd)
+    assert parser.parse_args(["status", "--python", "/p"]).python == "/p"
+    for argv in (["status"], ["status", "--file", "/f", "--python", "/p"]):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(argv)
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert e.value.code == 2 and "--file" in err and "--python" in err, err
+
+
+def test_a_group_alone_prints_its_help_and_exits_2(capsys):
+    assert cli.main(["storage"]) == 2
+    out = capsys.readouterr().out
+    assert "plan" in out and "status" in out
+
+
+def test_definitions_that_cannot_work_are_refused_at_import():
+    """A module-only definition has no command line; a raw option none either; an exclusive group must name
+    optional options of the command line; a command belongs to one group."""
+    module_only = options.Command("m", [options.Option("x")], help="h", cli=False, module="eagle3ops_m")
+    assert module_only.argument_spec() == {"x": {"type": "str"}} and module_only.cli_options() == []
+    with pytest.raises(ValueError, match="no sub-command"):
+        _generated(module_only)
+    with pytest.raises(ValueError, match="no command line"):
+        module_only.argv({})
+    with pytest.raises(ValueError, match="needs its module"):
+        options.Command("m", [], help="h", cli=False)
+    with pytest.raises(ValueError, match="raw"):
+        options.Command("c", [options.Option("g", "raw")], help="h")
+    with pytest.raises(ValueError, match="exclusive"):
+        options.Command("c", [options.Option("a", required=True), options.Option("b")], help="h",
+                        exclusive=[("a", "b")])  # fmt: skip
+    with pytest.raises(ValueError, match="exclusive"):
+        options.Command("c", [options.Option("a")], help="h", exclusive=[("a", "nope")])
+    with pytest.raises(ValueError, match="in group"):
+        options.Group("other", [COMMANDS["storage plan"]], help="h")
 
 
 def test_the_agreement_checks_can_fail():
