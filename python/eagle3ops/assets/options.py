@@ -17,6 +17,10 @@ ASSET_NAMES = ["smollm2", "sharegpt", "mtbench"]
 # the role's runtime_eagle3ops_bin is derived from its venv (vars/main.yml), not a default
 _EXECUTABLE = EXECUTABLE.but(role=False)
 CHECK_HELP = "write nothing; report whether it would change"
+# convert's and sharegpt's input and output (one module parameter each); the role's sources, runtime_assets_gguf
+# and runtime_assets_sharegpt_json, are derived from the cache (vars/main.yml), not defaults
+SOURCE = Option("source", "path", required=True, role=False)
+OUT = Option("out", "path", required=True, metavar="DIR")
 
 FETCH = Command(
     "fetch",
@@ -65,23 +69,12 @@ CONVERT = Command(
     check_help=CHECK_HELP,
     **ROLE,
     options=[
-        Option(
-            "source",
-            "path",
-            required=True,
+        SOURCE.but(
             aliases=("--gguf",),
             metavar="PATH",
-            role=False,  # runtime_assets_gguf: derived from the cache (vars/main.yml)
             help="a .gguf file or a wheel with one .gguf member (--gguf: the same option)",
         ),
-        Option(
-            "out",
-            "path",
-            required=True,
-            metavar="DIR",
-            role="runtime_assets_model_dir",
-            help="the model directory to write",
-        ),
+        OUT.but(role="runtime_assets_model_dir", help="the model directory to write"),
         Option(
             "dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="the weights' dtype"
         ),
@@ -110,22 +103,8 @@ SHAREGPT = Command(
     role="runtime",
     role_prefix="runtime_assets_sharegpt",
     options=[
-        Option(
-            "source",
-            "path",
-            required=True,
-            metavar="JSON",
-            role=False,  # runtime_assets_sharegpt_json: derived from the cache (vars/main.yml)
-            help="ShareGPT_V3_unfiltered_cleaned_split.json",
-        ),
-        Option(
-            "out",
-            "path",
-            required=True,
-            metavar="DIR",
-            role="runtime_assets_sharegpt_dir",
-            help="the subset directory",
-        ),
+        SOURCE.but(metavar="JSON", help="ShareGPT_V3_unfiltered_cleaned_split.json"),
+        OUT.but(role="runtime_assets_sharegpt_dir", help="the subset directory"),
         Option(
             "limit",
             "int",
