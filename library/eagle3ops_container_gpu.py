@@ -190,7 +190,8 @@ snapshots:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_container import ARGUMENT_SPEC, ContainerFailed, converge
+from ansible.module_utils.eagle3ops_container import ContainerFailed, converge
+from ansible.module_utils.eagle3ops_host_options import CONTAINER_GPU
 from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
 
@@ -211,7 +212,7 @@ class ModuleHost:
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=CONTAINER_GPU.argument_spec(), supports_check_mode=True)
     deprecate_old_name(module)
     try:
         result = converge(module.params, ModuleHost(module), check_mode=module.check_mode)

@@ -69,8 +69,8 @@ options:
     default: 16384
   writer_threads:
     description:
-      - Parallel file writers per worker; their fsyncs overlap. 4 wrote 1.09-1.22x faster than 2 to an H200 box's
-        NVMe (docs/performance.md). Each adds one pinned host buffer of a batch's states.
+      - Parallel file writers per worker; their fsyncs overlap (4 against 2 - docs/performance.md, "Extraction
+        throughput"). Each adds one pinned host buffer of a batch's states.
     type: int
     default: 4
   fsync:

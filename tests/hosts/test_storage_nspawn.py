@@ -146,3 +146,36 @@ def test_restart_before_cutover_refuses_then_completes(make_host, make_loop_devi
     assert "/dev/vdc /data.old ext4 defaults,nofail" in fstab and "/dev/vdc /data " not in fstab, fstab
     t = _infra(h)
     assert t.returncode == 0 and "4 passed" in t.stdout, t.stdout[-3000:]
+
+
+def test_cli_plan_reads_the_disk_like_the_module_and_keeps_its_older_flag(make_loop_device, tmp_path):
+    """``eagle3ops storage plan`` (parser generated from the definition the module's argument_spec also comes
+    from) on a real blank loop device: a kernel name is refused by default, naming the variable to set;
+    ``--allow-kernel-name`` (the older flag of ``--no-require-stable-name``) and ``--no-require-stable-name``
+    accept it and give the whole run's steps; ``--no-cutover`` (a module option the CLI lacked) stops after
+    the verification. Nothing is written (no state file appears)."""
+    loop = make_loop_device(size="64M")
+    _fresh(loop)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "x").write_text("x")
+    state = tmp_path / "state.json"
+    exe = [sys.executable, "-m", "eagle3ops", "storage", "plan", "--disk", loop.device, "--data-path", str(data),
+           "--old-path", str(tmp_path / "data.old"), "--staging-path", str(tmp_path / "new"),
+           "--state-file", str(state), "--json"]  # fmt: skip
+
+    def run(*extra):
+        return subprocess.run([*exe, *extra], capture_output=True, text=True, check=False, cwd=REPO)
+
+    refused = run()
+    assert refused.returncode == 2 and "not a stable name" in refused.stderr, refused.stderr
+    assert "storage_disk_require_stable_name" in refused.stderr
+    for flag in ("--allow-kernel-name", "--no-require-stable-name"):
+        ok = run(flag)
+        assert ok.returncode == 0, ok.stderr
+        steps = json.loads(ok.stdout.strip().splitlines()[-1])["steps"]
+        assert steps[:3] == ["prepare", "copy", "verify"] and "cutover" in steps, steps
+    kept = run("--allow-kernel-name", "--no-cutover")
+    assert kept.returncode == 0, kept.stderr
+    assert "cutover" not in json.loads(kept.stdout.strip().splitlines()[-1])["steps"]
+    assert not state.exists()

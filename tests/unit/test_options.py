@@ -20,8 +20,11 @@ checked against it here.
 (g) the Python API the commands call (``prepare()``, ``ExtractConfig``, ``TrainSpec``, ``ensure_free()``, ...)
     has the definition's defaults, or a reason beside the one that differs.
 
-Every phase with a definition is covered: prepare, extract (+ sglang-extract), regenerate, gpu_free, train,
-serve (convert, serve-process), benchmark.
+Every ``eagle3ops`` sub-command has a definition (checked): prepare, extract (+ sglang-extract, sglang-patch,
+verify), regenerate, gpu_free, train, serve (convert, serve-process), benchmark, assets (fetch, convert, sharegpt:
+a Group, and one Module), storage (plan, status: a Group), and the tools demo, layer-ids, pve (show, plan). The
+host wing's modules that run without eagle3ops (storage, services, container) have module-only definitions
+(``cli=False``): (b), (c) and (d) hold them to it.
 """
 
 from __future__ import annotations
@@ -54,17 +57,21 @@ from test_role_argument_specs import (
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "python" / "eagle3ops"
 DEFINITIONS = sorted(p.parent.name for p in PKG.glob("*/options.py"))  # the phases with a definition
+TOOLS = "eagle3ops.commands._options"  # the tools of no phase (no module runs them: not shipped)
 
 
 def _defined(kind) -> list:
     out = []
-    for name in DEFINITIONS:
-        mod = importlib.import_module(f"eagle3ops.{name}.options")
+    for dotted in [*(f"eagle3ops.{name}.options" for name in DEFINITIONS), TOOLS]:
+        mod = importlib.import_module(dotted)
         out += [v for v in vars(mod).values() if isinstance(v, kind)]
     return out
 
 
-COMMANDS = {c.name: c for c in _defined(options.Command)}
+# every definition by its full name (``storage plan`` for a command of a Group; a module-only definition, one
+# with no sub-command behind it, by its own name)
+COMMANDS = {c.full_name: c for c in _defined(options.Command)}
+CLI_COMMANDS = sorted(n for n, c in COMMANDS.items() if c.cli)
 MULTI = {m.name: m for m in _defined(options.Module)}  # modules that run one of several commands
 MODULES = sorted({c.module for c in COMMANDS.values() if c.module})
 WITH_ROLE = sorted(n for n, c in COMMANDS.items() if c.role)
@@ -90,8 +97,22 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict:
 
 
 @functools.cache
-def _real_parsers() -> dict:
+def _top_parsers() -> dict:
     return _subparsers(cli.build_parser())
+
+
+def _has_subparsers(parser: argparse.ArgumentParser) -> bool:
+    return any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
+
+
+def _real_parsers() -> dict:
+    """{full name: parser} of every sub-command as ``eagle3ops`` builds it (a group's commands under it)."""
+    out = {}
+    for name, parser in _top_parsers().items():
+        if _has_subparsers(parser):
+            out.update({f"{name} {n}": p for n, p in _subparsers(parser).items()})
+        out[name] = parser
+    return out
 
 
 def _flags(parser: argparse.ArgumentParser) -> set[str]:
@@ -104,7 +125,14 @@ def _generated(cmd: options.Command) -> argparse.ArgumentParser:
     return cmd.add_parser(sub)
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_sub_command_has_a_definition():
+    """No ``eagle3ops`` sub-command is written by hand: each (a group's commands too) is a definition's."""
+    groups = {n for n, p in _top_parsers().items() if _has_subparsers(p)}
+    assert set(_real_parsers()) - groups == set(CLI_COMMANDS)
+    assert {c.group for c in COMMANDS.values() if c.group} == groups
+
+
+@pytest.mark.parametrize("name", CLI_COMMANDS)
 def test_the_cli_is_generated_from_the_definition(name):
     cmd = COMMANDS[name]
     real = _real_parsers()[name]
@@ -263,7 +291,8 @@ def test_the_role_passes_each_variable_to_its_module_parameter(name):
 def _sample(o: options.Option):
     """A value other than the default, of the option's type."""
     if o.choices:
-        return next((c for c in reversed(o.choices) if c != o.default), o.choices[0])
+        choice = next((c for c in reversed(o.choices) if c != o.default), o.choices[0])
+        return [choice] if o.type == "list" else choice
     return {
         "str": "a b",  # a space survives (no shell)
         "path": "/p/with space",
@@ -272,7 +301,18 @@ def _sample(o: options.Option):
         "bool": not o.default,
         "dict": {"one": "/x/1.jsonl", "two": "/x/2.jsonl"},
         "list": [7, 9] if o.elements == "int" else ["/p/1", "/p/2"],
+        "raw": [0, 1],
     }[o.type]
+
+
+def _given(cmd: options.Command) -> list:
+    """The options a command line must give: the required ones and the first of each exclusive group."""
+    return [o for o in cmd.cli_options() if o.required] + [cmd.option(g[0]) for g in cmd.exclusive]
+
+
+def _left_out(cmd: options.Command) -> set:
+    """The module parameters left out so that an exclusive group gets one value (its first option's)."""
+    return {cmd.option(n).param for g in cmd.exclusive for n in g[1:]}
 
 
 class _Module:
@@ -282,18 +322,21 @@ class _Module:
         self.params, self.check_mode = params, check_mode
 
 
-@pytest.mark.parametrize("name", sorted(c.name for c in COMMANDS.values() if c.module))
+@pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c.module and c.cli))
 @pytest.mark.parametrize("values", ["samples", "defaults"])
 def test_module_params_reach_the_cli_unchanged(name, values):
     cmd = COMMANDS[name]
+    given = {o.name for o in _given(cmd)}
     params = {
-        o.param: (_sample(o) if values == "samples" or o.required else o.default)
+        o.param: (_sample(o) if values == "samples" or o.name in given else o.default)
         for o in cmd.module_options()
     }
+    params |= dict.fromkeys(_left_out(cmd))
     computed = {o.name: _sample(o) for o in cmd.options if o.cli and not o.param and o.required}
     argv = eagle3ops_cli.CliRunner(_Module(params, check_mode=cmd.check), cmd).argv(**computed)
-    assert argv[0] == name and (argv[-1] == "--check") == cmd.check
-    args = _generated(cmd).parse_args(argv[1:])
+    words = list(cmd.words)
+    assert argv[: len(words)] == words and (argv[-1] == "--check") == cmd.check
+    args = _generated(cmd).parse_args(argv[len(words) :])
     got = {o.param: getattr(args, o.name) for o in cmd.module_options() if o.cli}
     want = {o.param: params[o.param] for o in cmd.module_options() if o.cli}
     assert got == want, argv
@@ -305,17 +348,19 @@ def test_module_params_reach_the_cli_unchanged(name, values):
 # ---- (f) check mode and renamed flags ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c.check))
+@pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c.check and c.cli))
 def test_check_mode_is_check_and_plan_still_works(name):
     cmd = COMMANDS[name]
-    required = [w for o in cmd.options if o.required and o.cli for w in o.argv(_sample(o))]
+    required = [w for o in _given(cmd) for w in o.argv(_sample(o))]
     parser = _real_parsers()[name]
     assert parser.parse_args([*required, "--check"]).check is True
     assert parser.parse_args([*required, "--plan"]).check is True
     assert parser.parse_args(required).check is False
 
 
-ALIASED = sorted((n, o.name) for n, c in COMMANDS.items() for o in c.options if o.aliases or o.false_aliases)
+ALIASED = sorted(
+    (n, o.name) for n, c in COMMANDS.items() for o in c.cli_options() if o.aliases or o.false_aliases
+)
 
 
 @pytest.mark.parametrize(("name", "option"), ALIASED)
@@ -323,7 +368,7 @@ def test_older_flags_still_work(name, option):
     """``--allow-unit`` is ``--stop-unit``, ``--grace`` ``--stop-grace``, ``--gpu-optional`` ``--no-gpu-required``."""
     cmd = COMMANDS[name]
     o = cmd.option(option)
-    required = [w for r in cmd.options if r.required and r.cli and r is not o for w in r.argv(_sample(r))]
+    required = [w for r in _given(cmd) if r is not o for w in r.argv(_sample(r))]
     parser = _real_parsers()[name]
     new = o.argv(_sample(o))
     want = getattr(parser.parse_args([*required, *new]), o.name)
@@ -354,6 +399,48 @@ def test_a_renamed_flag_fails_with_one_line_naming_the_new_one(capsys):
         _generated(cmd).parse_args(["--old-unit", "x"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "--old-unit" in err[0] and "--allow-unit" in err[0], err
+
+
+def test_an_exclusive_group_takes_exactly_one(capsys):
+    """``exclusive``: the parser refuses none and two of the group (exit 2, one line naming them); the module
+    gets the same rule as ``required_one_of`` + ``mutually_exclusive`` (sglang-patch's file/python/site_packages)."""
+    cmd = COMMANDS["sglang-patch"]
+    assert cmd.one_of() == [("path", "python", "site_packages")]
+    parser = _generated(cmd)
+    assert parser.parse_args(["status", "--python", "/p"]).python == "/p"
+    for argv in (["status"], ["status", "--file", "/f", "--python", "/p"]):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(argv)
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert e.value.code == 2 and "--file" in err and "--python" in err, err
+
+
+def test_a_group_alone_prints_its_help_and_exits_2(capsys):
+    assert cli.main(["storage"]) == 2
+    out = capsys.readouterr().out
+    assert "plan" in out and "status" in out
+
+
+def test_definitions_that_cannot_work_are_refused_at_import():
+    """A module-only definition has no command line; a raw option none either; an exclusive group must name
+    optional options of the command line; a command belongs to one group."""
+    module_only = options.Command("m", [options.Option("x")], help="h", cli=False, module="eagle3ops_m")
+    assert module_only.argument_spec() == {"x": {"type": "str"}} and module_only.cli_options() == []
+    with pytest.raises(ValueError, match="no sub-command"):
+        _generated(module_only)
+    with pytest.raises(ValueError, match="no command line"):
+        module_only.argv({})
+    with pytest.raises(ValueError, match="needs its module"):
+        options.Command("m", [], help="h", cli=False)
+    with pytest.raises(ValueError, match="raw"):
+        options.Command("c", [options.Option("g", "raw")], help="h")
+    with pytest.raises(ValueError, match="exclusive"):
+        options.Command("c", [options.Option("a", required=True), options.Option("b")], help="h",
+                        exclusive=[("a", "b")])  # fmt: skip
+    with pytest.raises(ValueError, match="exclusive"):
+        options.Command("c", [options.Option("a")], help="h", exclusive=[("a", "nope")])
+    with pytest.raises(ValueError, match="in group"):
+        options.Group("other", [COMMANDS["storage plan"]], help="h")
 
 
 def test_the_agreement_checks_can_fail():
@@ -436,6 +523,8 @@ API_DEFAULTS = [
         {"sglang_version": "None is sglang_versions.DEFAULT_VERSION, the option's default"},
     ),
     ("eagle3ops.benchmark.acceptance.run", "benchmark-acceptance", {}, {}),
+    ("eagle3ops.host.storage.plan", "storage plan", {}, {}),
+    ("eagle3ops.demo.build_demo", "demo", {}, {}),
 ]
 
 

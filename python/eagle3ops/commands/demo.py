@@ -4,32 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.command import CommandError, add_json_flag, emit
+from eagle3ops.command import CommandError, emit
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "demo",
-        help="build the tiny DeepSeek-V3-shaped demo target, its tokenizer and a conversation set",
-        description=(
-            "Build DIR/model (DeepseekV3ForCausalLM, 8 layers, hidden 64, briefly trained on CPU), "
-            "DIR/conversations.jsonl, DIR/heldout.jsonl and DIR/demo.json, deterministically from the "
-            "seed and without downloads. A second run with the same parameters changes nothing."
-        ),
-    )
-    p.add_argument("--out", required=True, metavar="DIR", help="directory to build the demo in")
-    p.add_argument("--num-conversations", type=int, default=300, metavar="N")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--train-steps",
-        type=int,
-        default=120,
-        metavar="N",
-        help="optimiser steps of the target's training (default 120; fewer: cheaper, less trained)",
-    )
-    p.add_argument("--check", action="store_true", help="only report whether a build would happen")
-    add_json_flag(p)
-    p.set_defaults(func=run)
+    from eagle3ops.commands._options import DEMO
+
+    DEMO.add_parser(subparsers).set_defaults(func=run)
 
 
 def run(args) -> int:

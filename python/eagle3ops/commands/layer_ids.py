@@ -6,32 +6,13 @@ decide ``sglang_resolved_layer_ids``, so the role holds no copy of the rule.
 
 from __future__ import annotations
 
-from eagle3ops.command import CommandError, add_json_flag, emit
+from eagle3ops.command import CommandError, emit
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "layer-ids",
-        help="resolve and check a target's aux layer ids (default [2, N//2, N-3] from its config.json)",
-        description="Prints the aux layer ids (input-of-layer convention) for the model in --model: the given "
-        "--ids, checked against its layer count, or the default [2, N//2, N-3]. Reads config.json only.",
-    )
-    p.add_argument("--model", required=True, help="the target model directory (its config.json gives N)")
-    p.add_argument("--ids", type=int, nargs="+", help="aux layer ids to check (default: [2, N//2, N-3])")
-    p.add_argument(
-        "--convention",
-        choices=("input", "output"),
-        default="input",
-        help="what --ids name: layer inputs (SGLang, speculators; default) or outputs (SpecForge, ModelOpt)",
-    )
-    p.add_argument(
-        "--sglang",
-        action="store_true",
-        help="also refuse what SGLang's set_eagle3_layers_to_capture would shift: ids must come distinct "
-        "and ascending, the first not 1",
-    )
-    add_json_flag(p)
-    p.set_defaults(func=cmd_layer_ids)
+    from eagle3ops.commands._options import LAYER_IDS
+
+    LAYER_IDS.add_parser(sub).set_defaults(func=cmd_layer_ids)
 
 
 def cmd_layer_ids(args) -> int:

@@ -15,33 +15,16 @@ import os
 import re
 import sys
 
-from eagle3ops.command import CommandError, add_json_flag, emit
+from eagle3ops.command import CommandError, emit
 from eagle3ops.host import pve, pve_devices
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("pve", help="read a PVE LXC config; preview the GPU passthrough change",
-                              description=__doc__)  # fmt: skip
-    sub = p.add_subparsers(dest="pve_command", metavar="ACTION")
-    sh = sub.add_parser("show", help="sections, keys and raw lines of a container config")
-    sh.add_argument("config", help="/etc/pve/lxc/<vmid>.conf (or a copy)")
-    add_json_flag(sh)
-    sh.set_defaults(func=_show)
-    pl = sub.add_parser("plan", help="what the container phase would change (writes nothing)")
-    pl.add_argument("config", help="/etc/pve/lxc/<vmid>.conf (or a copy)")
-    pl.add_argument(
-        "--mode", choices=["dev", "raw"], default="dev", help="devN (PVE >= 8.1) or raw lxc lines"
-    )
-    pl.add_argument("--gpus", default="all", help="all, none, or indices: 0,1,2")
-    pl.add_argument("--dev-root", default="/dev", help="where the NVIDIA nodes are (default /dev)")
-    pl.add_argument("--dev-listing", help="a file of `stat -c '%%n %%Hr %%Lr'` lines instead of --dev-root")
-    pl.add_argument("--proc-devices", default="/proc/devices", help="the host's /proc/devices (or a copy)")
-    pl.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="a key to enforce, e.g. cores=64 or mp0=/data,mp=/data (repeatable)")  # fmt: skip
-    pl.add_argument("--running", action="store_true", help="plan as for a running container (restart?)")
-    add_json_flag(pl)
-    pl.set_defaults(func=_plan)
-    p.set_defaults(func=lambda args: p.print_help() or 2)
+    from eagle3ops.commands._options import PVE
+
+    parsers = PVE.add_parser(subparsers)
+    parsers["show"].set_defaults(func=_show)
+    parsers["plan"].set_defaults(func=_plan)
 
 
 def _read(path: str) -> pve.PveConfig:

@@ -239,3 +239,63 @@ SGLANG_EXTRACT = Command(
         EXECUTABLE.but(role="extract_executable"),
     ],
 )
+
+SGLANG_PATCH = Command(
+    "sglang-patch",
+    help="the SGLang capture patch: status, apply, restore (byte-exact)",
+    check_help="only report what would change",
+    module="eagle3ops_sglang_patch",  # the sglang, extract and serve roles each pass their own variables
+    exclusive=[("file", "python", "site_packages")],
+    options=[
+        Option(
+            "action",
+            positional=True,
+            choices=["status", "apply", "restore"],
+            param=False,  # the module's state: present -> apply, absent -> restore, query -> status
+            help="what to do",
+        ),
+        Option(
+            "state",
+            default="present",
+            choices=["present", "absent", "query"],
+            cli=False,
+            help="the module's: present applies the patch, absent restores the pristine file, query reports",
+        ),
+        Option("file", "path", param="path", help="path of sglang/srt/models/deepseek_v2.py"),
+        Option(
+            "python", "path", help="the SGLang venv's python (the file is found without importing sglang)"
+        ),
+        Option("site_packages", "path", help="a directory holding sglang/"),
+        Option(
+            "sglang_version",
+            default=_versions.DEFAULT_VERSION,
+            help=f"the installed SGLang version, one of {', '.join(_versions.KNOWN)}",
+        ),
+        Option("diff", "bool", default=False, param=False, help="include the unified diff of the change"),
+        EXECUTABLE,
+    ],
+)
+
+VERIFY = Command(
+    "verify",
+    help="check every finished hidden-state file against its manifest line (size + header, or checksum)",
+    check=False,
+    options=[
+        Option("data", "path", required=True, help="data directory (the one `eagle3ops extract` wrote into)"),
+        Option(
+            "level",
+            default="size",
+            choices=["size", "checksum"],
+            help="size: exists, recorded size, safetensors header matches the row (cheap, what every extract "
+            "plan does); checksum: also re-read every file and compare its content checksum",
+        ),
+        Option(
+            "move_aside",
+            "bool",
+            default=False,
+            help="move damaged files to hidden_states/damaged/ and drop their manifest entries (and collapse "
+            "duplicate lines), so the next `eagle3ops extract` redoes them; nothing is deleted",
+        ),
+        PROGRESS,
+    ],
+)

@@ -49,8 +49,8 @@ def resolve_layer_ids(
 def _seq_lens_from_arrow(data_dir: Path) -> list[int] | None:
     """``seq_len`` straight from the Arrow files that ``datasets.save_to_disk`` wrote (``state.json`` lists
     them; each is an IPC stream, memory-mapped: no token data is read). ``None`` when the layout is not the
-    plain one, so the caller falls back to ``datasets``. Importing ``datasets`` costs 1-3 s per process,
-    which dominated resume planning (docs/performance.md, "Resume")."""
+    plain one, so the caller falls back to ``datasets``. Importing ``datasets`` dominated resume planning
+    (docs/performance.md, "Resume planning")."""
     try:
         state = json.loads((data_dir / "state.json").read_text())
         files = [data_dir / f["filename"] for f in state["_data_files"]]
@@ -96,8 +96,8 @@ def model_facts(model_path: str | os.PathLike, *, content_hash: bool = False) ->
     mtimes and safetensors headers (``content_hash``: also a hash of every weight byte).
 
     Plain ``config.json`` files (top-level or ``text_config`` keys ``num_hidden_layers`` and ``hidden_size``)
-    are read as JSON; anything else goes through ``transformers.AutoConfig`` (importing transformers costs
-    3-9 s per process on the 2-core box, which dominated ``extract --plan``)."""
+    are read as JSON; anything else goes through ``transformers.AutoConfig`` (importing transformers
+    dominated ``extract --plan``: docs/performance.md, "Resume planning")."""
     p = Path(model_path)
     if not p.exists():
         raise ExtractError(

@@ -6,30 +6,13 @@ from __future__ import annotations
 import sys
 
 from eagle3ops.command import CommandError, emit
-from eagle3ops.sglang_versions import DEFAULT_VERSION, KNOWN, UnknownVersion, get
+from eagle3ops.sglang_versions import KNOWN, UnknownVersion, get
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sglang-patch", help="the SGLang capture patch: status, apply, restore (byte-exact)")
-    p.add_argument("action", choices=["status", "apply", "restore"])
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--file", help="path of sglang/srt/models/deepseek_v2.py")
-    where.add_argument(
-        "--python", help="the SGLang venv's python (the file is found without importing sglang)"
-    )
-    where.add_argument("--site-packages", help="a directory holding sglang/")
-    p.add_argument(
-        "--sglang-version",
-        default=DEFAULT_VERSION,
-        help=f"the installed SGLang version, one of {', '.join(KNOWN)} (default {DEFAULT_VERSION})",
-    )
-    p.add_argument("--check", action="store_true", help="only report what would change")
-    p.add_argument("--diff", action="store_true", help="include the unified diff of the change")
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
-    p.set_defaults(func=cmd_patch)
+    from eagle3ops.extract.options import SGLANG_EXTRACT, SGLANG_PATCH
 
-    from eagle3ops.extract.options import SGLANG_EXTRACT
-
+    SGLANG_PATCH.add_parser(sub).set_defaults(func=cmd_patch)
     SGLANG_EXTRACT.add_parser(sub).set_defaults(func=cmd_extract)
 
 

@@ -189,7 +189,7 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     if not plan.remaining:
         result["seconds"] = round(time.perf_counter() - t_start, 3)
         return result
-    import torch  # only now: a converged re-run never pays its import (3-9 s on the loaded 2-core box)
+    import torch  # only now: a converged re-run never pays its import (docs/performance.md, "Idempotent re-run")
 
     result["preflight"] = preflight_disk(
         store.dir, plan.bytes_needed, margin_frac=cfg.margin_frac, margin_bytes=cfg.margin_bytes

@@ -8,27 +8,9 @@ import time
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "verify",
-        help="check every finished hidden-state file against its manifest line (size + header, or checksum)",
-    )
-    p.add_argument("--data", required=True, help="data directory (the one `eagle3ops extract` wrote into)")
-    p.add_argument(
-        "--level",
-        choices=["size", "checksum"],
-        default="size",
-        help="size: exists, recorded size, safetensors header matches the row (cheap, what every extract "
-        "plan does); checksum: also re-read every file and compare its content checksum",
-    )
-    p.add_argument(
-        "--move-aside",
-        action="store_true",
-        help="move damaged files to hidden_states/damaged/ and drop their manifest entries (and collapse "
-        "duplicate lines), so the next `eagle3ops extract` redoes them; nothing is deleted",
-    )
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
-    p.set_defaults(func=cmd_verify)
+    from eagle3ops.extract.options import VERIFY
+
+    VERIFY.add_parser(sub).set_defaults(func=cmd_verify)
 
 
 def _progress(total_files: int, total_bytes: int, by_bytes: bool, enabled: bool):
@@ -84,7 +66,7 @@ def cmd_verify(args) -> int:
         lens = {i: r["n"] for i, r in rows.items()}
     todo = [rows[i] for i in sorted(rows)]
     total_bytes = sum(r["b"] for r in todo)
-    advance, close = _progress(len(todo), total_bytes, args.level == "checksum", not args.no_progress)
+    advance, close = _progress(len(todo), total_bytes, args.level == "checksum", args.progress)
 
     def feed():
         for r in todo:

@@ -121,7 +121,8 @@ class SampleWriter:
     ):
         self.store = store
         self.fsync = fsync
-        # one directory fsync per batch instead of per file: opt-in, it measured slower on the VM disk here
+        # one directory fsync per batch instead of per file: opt-in, no win where measured (docs/performance.md,
+        # "Extraction write path on CPU")
         self.batch_dir_sync = batch_dir_sync
         # all of a batch's files in flight before the first fsync (HiddenStateStore.write_samples); default:
         # eagle3ops.store.write.BATCH_SYNC ($EAGLE3OPS_BATCH_SYNC)

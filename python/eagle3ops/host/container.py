@@ -21,8 +21,10 @@ import shutil
 import subprocess
 
 try:
+    from eagle3ops.host import options as _options
     from eagle3ops.host import pve, pve_container, pve_devices
 except ImportError:  # on the PVE host (module_utils/eagle3ops_container.py): eagle3ops is not installed
+    from ansible.module_utils import eagle3ops_host_options as _options
     from ansible.module_utils import eagle3ops_pve as pve
     from ansible.module_utils import eagle3ops_pve_container as pve_container
     from ansible.module_utils import eagle3ops_pve_devices as pve_devices
@@ -31,26 +33,10 @@ except ImportError:  # on the PVE host (module_utils/eagle3ops_container.py): ea
 LIB_GLOB = (
     "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.* /usr/lib64/libnvidia-ml.so.* /usr/lib/libnvidia-ml.so.*"
 )
-# The module's parameters, once: library/eagle3ops_container_gpu.py builds its AnsibleModule from this and
-# documents each (tests/unit/test_module_docs.py holds the two equal); converge() takes the same names and
-# fills in these defaults for a caller that leaves one out.
-ARGUMENT_SPEC = {
-    "vmid": {"type": "int", "required": True},
-    "options": {"type": "dict", "default": {}},
-    "gpus": {"type": "raw", "default": "all"},
-    "passthrough": {"type": "str", "choices": ["auto", "dev", "raw"], "default": "auto"},
-    "dev_options": {"type": "str", "default": ""},
-    "prune_unregistered_majors": {"type": "bool", "default": True},
-    "restart": {"type": "bool", "default": False},
-    "on_stale_mount": {"type": "str", "choices": ["restart", "fail"], "default": "restart"},
-    "busy_patterns": {"type": "list", "elements": "str"},
-    "state": {"type": "str", "choices": ["present", "started"], "default": "present"},
-    "pct": {"type": "path", "default": "/usr/sbin/pct"},
-    "config_dir": {"type": "path", "default": "/etc/pve/lxc"},
-    "dev_root": {"type": "path", "default": "/dev"},
-    "proc_devices": {"type": "path", "default": "/proc/devices"},
-    "driver_version_file": {"type": "path", "default": "/sys/module/nvidia/version"},
-}
+# The module's parameters: its definition (eagle3ops.host.options.CONTAINER_GPU), from which
+# library/eagle3ops_container_gpu.py builds its AnsibleModule; converge() takes the same names and fills in these
+# defaults for a caller that leaves one out.
+ARGUMENT_SPEC = _options.CONTAINER_GPU.argument_spec()
 
 
 class ContainerFailed(Exception):

@@ -85,8 +85,8 @@ def tokenizer_fingerprint(model: str | os.PathLike, tokenizer) -> str:
 
 
 def _fast_tokenizer_fingerprint(model: str | os.PathLike) -> str | None:
-    """:func:`tokenizer_fingerprint` without loading the tokenizer (transformers + speculators imports cost
-    10-40 s per process on the loaded 2-core box, most of a converged re-run's prepare task): the same file
+    """:func:`tokenizer_fingerprint` without loading the tokenizer (transformers + speculators imports were
+    most of a converged re-run's prepare task: docs/performance.md, "Idempotent re-run"): the same file
     hash, with the chat template read the way transformers finds it (chat_template.jinja, else
     tokenizer_config.json's string). Only used to recognise an unchanged dataset: a value that does not match
     the stored fingerprint falls back to the full path, so a wrong guess costs time, never correctness."""

@@ -25,9 +25,9 @@ def xxh3():
 
 def content_hash(payload) -> tuple[str, int]:
     """``("h", xxh3-64)`` of ``payload`` (bytes or a list of buffers, hashed back to back without joining), or
-    ``("c", crc32)`` without xxhash. xxh3 runs at memory speed (several GB/s per core, GIL released) where zlib's
-    crc32 managed ~0.6-1 GB/s on the 2-core box: the writer threads compute it over the bytes they already hold
-    (docs/performance.md, "Content checksum")."""
+    ``("c", crc32)`` without xxhash. xxh3 releases the GIL and is the faster of the two (figures:
+    docs/performance.md, "Issue 16: the content checksum costs"): the writer threads compute it over the bytes
+    they already hold."""
     h = xxh3()
     if h is None:
         return "c", crc32(payload)

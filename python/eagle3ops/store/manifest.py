@@ -135,8 +135,8 @@ class ManifestScan:
 def parse_manifest_file(path: Path, scan: ManifestScan) -> None:
     with open(path, "rb") as f:
         data = f.read()
-    # Fast path (one C-level json parse of the whole file instead of one json.loads per line: 6x faster at
-    # 100k lines, see docs/performance.md "Resume"); any torn or odd line falls back to the line-by-line path.
+    # Fast path (one C-level json parse of the whole file instead of one json.loads per line; the gain:
+    # docs/performance.md, "Resume planning"); any torn or odd line falls back to the line-by-line path.
     body = data.rstrip(b"\n")
     if body and data.endswith(b"\n") and b"\n\n" not in body:
         try:

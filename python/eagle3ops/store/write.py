@@ -19,8 +19,8 @@ from eagle3ops.durable import fsync_dir
 # Module-level so bench/write_path.py can A/B them in one process; the environment variables set them for a run.
 # None of them changes the guarantee: with ``fsync`` a file's bytes are durable before its rename, and the rename
 # is durable (directory fsync) before atomic_write_bytes returns. BATCH_SYNC (the extraction writer's scheme) is on
-# by default since it won on the H200 box's NVMe; the others are off (no measurable win there or on this project's
-# VM disk: bench/write_path.py, docs/performance.md).
+# by default since it won where measured; the others are off (no measurable win: bench/write_path.py,
+# docs/performance.md).
 
 
 def _env_mib(name: str) -> int:
@@ -58,8 +58,8 @@ DATASYNC = os.environ.get("EAGLE3OPS_FDATASYNC", "") == "1"
 #: the whole batch in flight instead of one file per thread (:func:`atomic_write_many`). Then each file is
 #: fsynced and renamed in order, and the batch's directory fsynced once. WRITEBACK_CHUNK does not apply there (each
 #: file's writeback is started whole, right after its last write).
-#: On by default: 1.42x the extraction throughput of one file in flight per thread on the H200 box's NVMe
-#: (docs/performance.md); ``EAGLE3OPS_BATCH_SYNC=0`` turns it off.
+#: On by default (its gain over one file in flight per thread: docs/performance.md, "2026-11-30: batch sync");
+#: ``EAGLE3OPS_BATCH_SYNC=0`` turns it off.
 BATCH_SYNC = os.environ.get("EAGLE3OPS_BATCH_SYNC", "1") != "0"
 
 
@@ -174,9 +174,9 @@ def atomic_write_bytes(
     ``fsync``: the file's data is on disk before the rename. ``sync_dir`` (default: ``fsync``): fsync the
     directory after the rename, so the new name survives a power cut. A caller writing many files may pass
     False and fsync the directory once for a batch before it records the batch in the manifest (the same
-    guarantee: a manifest line only names a durable file); measured on this project's VM disk that was
-    *slower* than a directory fsync per file (bench/write_path.py, docs/performance.md), so the extraction's
-    writer keeps one per file unless told otherwise. With ``fsync``, the module options WRITEBACK_CHUNK,
+    guarantee: a manifest line only names a durable file); it was no faster than a directory fsync per file
+    where measured (bench/write_path.py, docs/performance.md), so the extraction's writer keeps one per file
+    unless told otherwise. With ``fsync``, the module options WRITEBACK_CHUNK,
     WRITEBACK_WAIT, PREALLOCATE and DATASYNC change how the bytes get to disk, not the guarantee."""
     path = Path(path)
     tmp, views, total = _temp_and_views(path, data)

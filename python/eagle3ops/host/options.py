@@ -1,0 +1,292 @@
+"""The host wing's options, once: the storage, services and container phases' modules (``eagle3ops_storage_*``,
+``eagle3ops_services_*``, ``eagle3ops_container_gpu``), the ``eagle3ops storage plan|status`` and ``eagle3ops
+pve`` tools, and the storage/services roles' variables come from here (eagle3ops.options says how).
+
+These modules run on the machine that owns the disk, the units or the containers (the PVE host in production),
+where eagle3ops is not installed: they call the host wing directly (``module_utils/eagle3ops_storage.py``, ...),
+so most definitions here are module-only (``cli=False``): they give the module its argument_spec, and the
+module's DOCUMENTATION and the role are checked against them (tests/unit/test_options.py). A definition that is
+also a command (``storage plan``) gives both. Standard library only, shipped as
+module_utils/eagle3ops_host_options.py.
+"""
+
+from __future__ import annotations
+
+try:
+    from eagle3ops import options as _o
+except ImportError:  # on a target without eagle3ops: the copy Ansible ships
+    from ansible.module_utils import eagle3ops_options as _o
+
+Option, Command, Group = _o.Option, _o.Command, _o.Group
+
+# ---- storage: the /data migration -----------------------------------------------------------------------
+STATE_FILE = Option(
+    "state_file", "path", default="/var/lib/eagle3ops/storage-state.json", help="the migration's state file"
+)
+DATA_PATH = Option("data_path", "path", default="/data", help="the data directory to move onto the new disk")
+STAGING_PATH = Option(
+    "staging_path",
+    "path",
+    default="/mnt/eagle3ops-storage-new",
+    help="where the new filesystem is mounted while copying",
+)
+OLD_PATH = Option(
+    "old_path",
+    "path",
+    default="/data.old",
+    help="where the old data is kept as the rollback after the cut-over",
+)
+FSTAB = Option("fstab", "path", default="/etc/fstab", help="the fstab file consulted for the data directory")
+FSTYPE = Option("fstype", default="xfs", help="the filesystem to create")
+ALLOW_EMPTY_SOURCE = Option(
+    "allow_empty_source",
+    "bool",
+    default=False,
+    help="allow migrating an empty data directory (a host with no data yet)",
+)
+
+STORAGE_PLAN = Command(
+    "plan",
+    help="probe the disk and /data; print the steps or the refusal (changes nothing)",
+    check=False,  # it only reads
+    module="eagle3ops_storage_plan",
+    role="storage",
+    options=[
+        Option(
+            "disk",
+            "path",
+            required=True,
+            role_default="",  # empty skips the phase
+            help="the new disk, by a stable name (/dev/disk/by-id/...)",
+        ),
+        DATA_PATH,
+        STAGING_PATH,
+        OLD_PATH,
+        STATE_FILE,
+        FSTAB,
+        FSTYPE,
+        Option(
+            "force",
+            "bool",
+            default=False,
+            help="accept a disk with a partition table, signatures or unknown data (it is wiped)",
+        ),
+        ALLOW_EMPTY_SOURCE,
+        Option(
+            "cleanup_old",
+            "bool",
+            default=False,
+            help="plan the removal of the rollback copy after the cut-over",
+        ),
+        Option(
+            "require_stable_name",
+            "bool",
+            default=True,
+            false_aliases=("--allow-kernel-name",),
+            role="storage_disk_require_stable_name",
+            help="refuse kernel names such as /dev/nvme1n1 (they can change between boots)",
+        ),
+        Option(
+            "cutover",
+            "bool",
+            default=True,
+            help="cut over after the verification; --no-cutover stops after it (cut over in a later run)",
+        ),
+    ],
+)
+
+STORAGE_STATUS = Command("status", help="print the migration's state file", check=False, options=[STATE_FILE])
+
+STORAGE = Group(
+    "storage",
+    [STORAGE_PLAN, STORAGE_STATUS],
+    help="inspect the /data migration onto a new disk",
+)
+
+STORAGE_STATE = Command(
+    "storage-state",
+    help="record a step of the migration in its state file",
+    cli=False,
+    module="eagle3ops_storage_state",
+    role="storage",
+    options=[
+        STATE_FILE,
+        Option(
+            "step",
+            required=True,
+            choices=["preparing", "prepared", "cutover_started", "cutover", "cleaned"],
+            role=False,
+            help="the step reached",
+        ),
+        Option("disk_info", "dict", role=False, help="the plan module's disk result (for step=preparing)"),
+        Option("source", "dict", role=False, help="the plan module's source result (for step=preparing)"),
+        Option("partition", "path", role=False, help="the new partition's device (for step=prepared)"),
+        DATA_PATH,
+        STAGING_PATH,
+        OLD_PATH,
+        FSTYPE,
+        FSTAB,
+    ],
+)
+
+STORAGE_SYNC = Command(
+    "storage-sync",
+    help="copy, verify or quick-check the data onto the new filesystem (rsync)",
+    cli=False,
+    module="eagle3ops_storage_sync",
+    role="storage",
+    options=[
+        STATE_FILE,
+        Option(
+            "mode", required=True, choices=["copy", "verify", "quick"], role=False, help="which pass to run"
+        ),
+        ALLOW_EMPTY_SOURCE.but(
+            help="allow an empty source (only if the migration started from an empty one)"
+        ),
+        Option(
+            "rsync_opts",
+            "list",
+            elements="str",
+            default=[],
+            help="extra rsync options (--bwlimit=100M); --bwlimit is not applied to verification",
+        ),
+    ],
+)
+
+STORAGE_PARTITION = Command(
+    "storage-partition",
+    help="find (or create) the block node of a partition of the disk",
+    cli=False,
+    module="eagle3ops_storage_partition",
+    role="storage",
+    options=[
+        Option("disk", "path", required=True, role_default="", help="the whole disk"),
+        Option("number", "int", default=1, role=False, help="the partition number"),
+        Option("timeout", "int", default=10, role=False, help="seconds to wait for the partition to appear"),
+    ],
+)
+
+# ---- services: the GPU units -----------------------------------------------------------------------------
+BACKUP_DIR = Option(
+    "backup_dir",
+    "path",
+    default="/var/lib/eagle3ops/services",
+    help="where the per-unit state records and moved unit files are kept",
+)
+
+SERVICES_INFO = Command(
+    "services-info",
+    help="find the GPU units, their backups and other NVIDIA device holders",
+    cli=False,
+    module="eagle3ops_services_info",
+    role="services",
+    options=[
+        Option(
+            "units",
+            "list",
+            elements="str",
+            default=[],
+            role_default=[
+                "vllm.service"
+            ],  # the playbook looks for the usual GPU server unless told otherwise
+            help="unit names or glob patterns; a name without a suffix means <name>.service",
+        ),
+        BACKUP_DIR,
+        Option(
+            "holders",
+            "bool",
+            default=True,
+            role="services_report_holders",
+            help="scan /proc for processes holding /dev/nvidia* open (other than the units)",
+        ),
+    ],
+)
+
+SERVICES_BACKUP = Command(
+    "services-backup",
+    help="record, move aside, restore or forget one unit's state",
+    cli=False,
+    module="eagle3ops_services_backup",
+    role="services",
+    options=[
+        Option("unit", required=True, role=False, help="the unit name (no glob)"),
+        Option(
+            "state",
+            required=True,
+            choices=["recorded", "aside", "restored", "forgotten"],
+            role=False,  # each task of the role asks for one
+            help="what to do",
+        ),
+        BACKUP_DIR,
+    ],
+)
+
+# ---- container: the LXC container on the PVE host ------------------------------------------------------------
+CONTAINER_GPU = Command(
+    "container-gpu",
+    help="GPUs, data mount, sizes and state of one PVE LXC container",
+    cli=False,  # `eagle3ops pve plan` previews the same change offline
+    module="eagle3ops_container_gpu",
+    role="proxmox_container",
+    options=[
+        Option("vmid", "int", required=True, role_default=129, help="the container's id"),
+        Option(
+            "options",
+            "dict",
+            default={},
+            role=False,  # the role combines its sizes, mount and proxmox_container_options into it
+            help="plain config keys to enforce, as pct set takes them (cores, memory, features, mp0, ...)",
+        ),
+        Option(
+            "gpus",
+            "raw",
+            default="all",
+            help="all, none, comma-separated indices, or a list of GPU indices (a string or a list: raw)",
+        ),
+        Option(
+            "passthrough",
+            default="auto",
+            choices=["auto", "dev", "raw"],
+            help="dev writes devN entries (PVE >= 8.1), raw the lxc lines; auto picks from pveversion",
+        ),
+        Option("dev_options", default="", help="extra options appended to every devN entry (mode=0666)"),
+        Option(
+            "prune_unregistered_majors",
+            "bool",
+            default=True,
+            role=False,
+            help="remove lxc.cgroup2.devices.allow lines whose major no driver registers",
+        ),
+        Option("restart", "bool", default=False, help="restart a running container when a change needs it"),
+        Option(
+            "on_stale_mount",
+            default="restart",
+            choices=["restart", "fail"],
+            help="a running container whose bind mount no longer shows its host path: restart it, or fail",
+        ),
+        Option(
+            "busy_patterns",
+            "list",
+            elements="str",
+            role_default=[],  # empty: the module's own list, the eagle3ops data-writing commands
+            help="regexes of container processes a restart must not kill (default: the eagle3ops jobs)",
+        ),
+        Option(
+            "state",
+            default="present",
+            choices=["present", "started"],
+            role=False,  # the role's proxmox_container_start (a bool) picks it
+            help="started also starts a stopped container; present leaves it",
+        ),
+        Option("pct", "path", default="/usr/sbin/pct", help="path of pct"),
+        Option("config_dir", "path", default="/etc/pve/lxc", help="where the container configs live"),
+        Option("dev_root", "path", default="/dev", help="where to look for the NVIDIA device nodes (tests)"),
+        Option("proc_devices", "path", default="/proc/devices", help="the host's character-device majors"),
+        Option(
+            "driver_version_file",
+            "path",
+            default="/sys/module/nvidia/version",
+            help="the host driver's version (compared with the container's libraries)",
+        ),
+    ],
+)
