@@ -453,9 +453,17 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
 
     loadgen()
 
-    sets = {"orig": orig}
+    sets = {} if a.no_orig else {"orig": orig}
     if regen.exists():
-        sets = {"regen": regen, "orig": orig}
+        sets = {"regen": regen, **sets}
+        # the curve of acceptance vs N (#18): drafts trained on the first N regenerated conversations, N < n_conv,
+        # with the same epochs and wall budget as the full one, trained at the same time on the one GPU
+        lines = regen.read_text().splitlines(keepends=True)
+        for n in sorted({int(x) for x in a.curve.split(",") if x.strip()}):
+            if n < len(lines):
+                sub = d / f"regenerated-{n}.jsonl"
+                sub.write_text("".join(lines[:n]))
+                sets[f"regen{n}"] = sub
 
     def prepare(key):
         @stage(f"smol_prepare_{key}", 40)
@@ -476,7 +484,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
 
         return ext()
 
-    with cf.ThreadPoolExecutor(2) as ex:  # disk-bound, each well under the NVMe's ceiling: both at once
+    with cf.ThreadPoolExecutor(3) as ex:  # disk-bound, each well under the NVMe's ceiling: at once
         list(ex.map(extract, [k for k in sets if (d / f"data-{k}" / "prepare_meta.json").exists()]))
 
     # train both with the same budget, in parallel (the GPU has room for both)
@@ -510,7 +518,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
 
         return tr()
 
-    with cf.ThreadPoolExecutor(2) as ex:
+    with cf.ThreadPoolExecutor(len(sets)) as ex:
         list(ex.map(train, [k for k in sets if (d / f"data-{k}" / "hidden_states").is_dir()]))
 
     for key in sets:
@@ -550,6 +558,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
     # every EAGLE3 server at once (each caps its KV pool: they fit side by side), measured one after the other
     configs = [("regen", (3, 1, 4)), ("orig", (3, 1, 4)), ("regen", (5, 1, 6)), ("wrong", (3, 1, 4)),
                ("broken", (3, 1, 4))]  # fmt: skip
+    configs += [(k, (3, 1, 4)) for k in drafts if k.startswith("regen") and k != "regen"]  # the curve's
     configs = [(k, sp) for k, sp in configs if k in drafts]
     starts: dict[str, object] = {}
 
@@ -610,6 +619,16 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
         s = servers.get(name)
         if s is None or key in ("wrong", "broken"):
             continue
+        if key.startswith("regen") and key != "regen":  # a point of the curve: its acceptance is what counts
+
+            @stage(name, 20)
+            def curve_point(s=s, key=key):
+                k = f"conc{a.bench_concurrency}"
+                r = measure(s.url, qs_all[: a.mt_prompts], a.bench_tokens, a.bench_concurrency, render)
+                return {"conversations": int(key[len("regen") :]), "ready_s": s.ready_s, k: r}
+
+            curve_point()
+            continue
 
         @stage(name, 60)
         def serve_measure(s=s):
@@ -647,6 +666,20 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
 
         guard()
 
+    curve = []
+    for key in sets:
+        if not key.startswith("regen"):
+            continue
+        name = f"smol_eagle3_{key}_3-1-4"
+        got = SUMMARY.get(name) or {}
+        point = got.get(f"conc{a.bench_concurrency}") or {}
+        trained = SUMMARY.get(f"smol_train_{key}") or {}
+        curve.append({"conversations": int(key[len("regen") :] or len(train_rows)),
+                      "rows": (trained.get("samples") or {}).get("samples_with_states"),
+                      "steps": ((trained.get("train_status") or {}).get("metrics") or {}).get("global_step"),
+                      "acceptance_length": point.get("acceptance_length")})  # fmt: skip
+    if len(curve) > 1:
+        save("smol_curve", sorted(curve, key=lambda x: x["conversations"]))
     off_thread.join(timeout=max(1.0, left() - 200))
     save("smol_offline_regen", offline.get("res") or {"error": "not finished within the budget"})
 
@@ -718,6 +751,8 @@ def main() -> int:
     )
     ap.add_argument("--checkpoint-freq", type=float, default=0.5, help="epochs between checkpoints")
     ap.add_argument("--draft-vocab", type=int, default=16384)
+    ap.add_argument("--curve", default="", help="N,N,...: also drafts on the first N regenerated conversations")
+    ap.add_argument("--no-orig", action="store_true", help="no draft on the original answers")
     # with CUDA graphs the 135M target decodes at ~730 tok/s at batch 1 on the box (2026-12-01): all 80 MT-bench
     # first turns x 256 new tokens take ~30 s per batch-1 run; a server without graphs is measured on 24 x 128
     ap.add_argument("--mt-prompts", type=int, default=80)
@@ -756,7 +791,8 @@ def main() -> int:
         for k, v in {"n_conv": 12, "max_tokens": 16, "loadgen_requests": 8, "max_length": 256, "epochs": 1,
                      "total_seq_len": 512, "train_timeout": 600, "reserve_s": 60, "draft_vocab": 512,
                      "mt_prompts": 4, "bench_tokens": 16, "offline_prompts": 1, "offline_tokens": 8,
-                     "offline_threads": 1, "quiet_wait_s": 5, "playbook_need_s": 30}.items():  # fmt: skip
+                     "offline_threads": 1, "quiet_wait_s": 5, "playbook_need_s": 30,
+                     "curve": a.curve and "6"}.items():  # fmt: skip
             setattr(a, k, v)
     DEADLINE[0] = T0 + a.budget_s
     os.environ["PYTHONPATH"] = f"{ROOT / 'python'}:{os.environ.get('PYTHONPATH', '')}"
