@@ -751,7 +751,9 @@ def main() -> int:
     )
     ap.add_argument("--checkpoint-freq", type=float, default=0.5, help="epochs between checkpoints")
     ap.add_argument("--draft-vocab", type=int, default=16384)
-    ap.add_argument("--curve", default="", help="N,N,...: also drafts on the first N regenerated conversations")
+    ap.add_argument(
+        "--curve", default="", help="N,N,...: also drafts on the first N regenerated conversations"
+    )
     ap.add_argument("--no-orig", action="store_true", help="no draft on the original answers")
     # with CUDA graphs the 135M target decodes at ~730 tok/s at batch 1 on the box (2026-12-01): all 80 MT-bench
     # first turns x 256 new tokens take ~30 s per batch-1 run; a server without graphs is measured on 24 x 128
