@@ -30,6 +30,8 @@ description:
     once the trainer is started.
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops.diff
 options:
   data_dir:
     description: Data directory from prepare + extract (Arrow dataset, C(hidden_states/), C(token_freq.pt)).
@@ -193,18 +195,6 @@ options:
     description: Seconds O(wait) waits; the run keeps going after a timeout.
     type: float
     default: 3600
-  executable:
-    description:
-      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
-      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
-    type: path
-attributes:
-  check_mode:
-    support: full
-    description: Check mode predicts whether the task would change anything, and writes nothing.
-  diff_mode:
-    support: full
-    description: Returns a diff of what changes (in check mode too).
 notes:
   - Check mode reads the inputs and renders the config, and predicts launch/relaunch/nothing; it starts nothing.
   - A run stopped with SIGTERM (e.g. C(systemctl stop)) makes speculators save an C(interrupted) checkpoint it does
