@@ -27,7 +27,7 @@ import argparse
 import json
 import sys
 
-__all__ = ["CHECK_FLAG", "EXECUTABLE", "Command", "Module", "Option"]
+__all__ = ["CHECK_FLAG", "EXECUTABLE", "Command", "Module", "Option", "one_of"]
 
 _UNSET = object()
 CHECK_FLAG = "--check"
@@ -442,3 +442,8 @@ class Module:
 
     def argument_spec(self) -> dict:
         return {param: o.spec() for param, o in self.options().items()}
+
+
+def one_of(name, choices, **kw) -> Option:
+    """A str option that takes one of ``choices``, the first of them by default (``on_error``: fail or skip)."""
+    return Option(name, choices=choices, default=choices[0], **kw)

@@ -10,7 +10,7 @@ try:
 except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
-Option, Command, Module, EXECUTABLE = _o.Option, _o.Command, _o.Module, _o.EXECUTABLE
+Option, Command, Module, EXECUTABLE, one_of = _o.Option, _o.Command, _o.Module, _o.EXECUTABLE, _o.one_of
 
 MODULE = "eagle3ops_benchmark"
 _EXE = EXECUTABLE.but(role="benchmark_eagle3ops_bin")
@@ -22,10 +22,9 @@ _SETS = Option(
     param="prompt_sets",
     help="a named prompt set (repeatable)",
 )
-_TURNS = Option(
+_TURNS = one_of(
     "mtbench_turns",
-    choices=["first", "both"],
-    default="first",
+    ["first", "both"],
     help="MT-bench: first turns only, or both (the second follows the server's own first answer)",
 )
 
@@ -231,10 +230,9 @@ CONTAMINATION = Command(
             param="training_data",
             help="training conversations (JSONL/dir/HF dataset), repeatable",
         ),
-        Option(
+        one_of(
             "mode",
-            choices=["fail", "warn"],
-            default="fail",
+            ["fail", "warn"],
             param="contamination_mode",
             role="benchmark_contamination",
             help="fail (exit 2) or only report",

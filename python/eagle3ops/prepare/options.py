@@ -9,7 +9,7 @@ try:
 except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
-Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+Option, Command, EXECUTABLE, one_of = _o.Option, _o.Command, _o.EXECUTABLE, _o.one_of
 
 PREPARE = Command(
     "prepare",
@@ -51,10 +51,9 @@ PREPARE = Command(
             help="output data directory",
         ),
         Option("max_length", "int", default=2048, help="tokens per row (longer rows are truncated)"),
-        Option(
+        one_of(
             "on_error",
-            choices=["fail", "skip"],
-            default="fail",
+            ["fail", "skip"],
             help="bad input rows: fail (nothing is written) or skip (listed in the result)",
         ),
         Option("max_samples", "int", metavar="N", help="keep at most N rows"),
