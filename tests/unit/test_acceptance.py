@@ -27,6 +27,7 @@ from eagle3_draft_fixture import make_draft_checkpoint
 from eagle3ops.benchmark import acceptance as acc
 from eagle3ops.benchmark import report as rp
 from eagle3ops.train.fixtures import make_tiny_verifier
+from serve_flags import BOX_BACKEND_FLAGS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -308,12 +309,7 @@ def test_serve_unit_renders_valid_sglang_flags(tmp_path):
         "--tp-size 8",
         "--port 30000",
         "--mem-fraction-static 0.85",
-        "--dtype bfloat16",
-        "--attention-backend triton",
-        "--speculative-draft-attention-backend triton",
-        "--sampling-backend pytorch",
-        "--grammar-backend none",
-        "--disable-prefill-cuda-graph --disable-decode-cuda-graph",
+        *BOX_BACKEND_FLAGS,
     ):
         assert flag in joined, flag
     # the box's flags (SGLang 0.5.17 there) are CLI options of 0.5.17; the default flags are options of 0.5.23
