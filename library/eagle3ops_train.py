@@ -210,15 +210,15 @@ EXAMPLES = r"""
     epochs: 10
     draft_vocab_size: 32000
 
-- name: Wait for the run and show its accuracy per draft position
+- name: A short smoke run on CPU; wait for it and return its metrics (accuracy per draft position)
   eagle3ops_train:
-    data_dir: /data/eagle3/data
-    verifier_path: /data/models/Kimi-K2.5
-    run_dir: /data/eagle3/train/kimi-k25
-    epochs: 10
-    draft_vocab_size: 32000
+    data_dir: /data/eagle3/demo/data
+    verifier_path: /data/eagle3/demo/model
+    run_dir: /data/eagle3/train/smoke
+    device: cpu
+    max_steps: 30
     wait: true
-    timeout: 172800
+    timeout: 3600
   register: train
 """
 

@@ -42,6 +42,8 @@ ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
+EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")  # the entry point, as a user runs it
+
 FIGURES: dict = {
     "faults_injected": 0,
     "runs_resumed": 0,
@@ -203,3 +205,48 @@ def manifest_entries(store) -> dict:
     import dataclasses
 
     return {i: dataclasses.replace(e, ctime_ns=None) for i, e in store.scan_manifest().entries.items()}
+
+
+def fault_env(tmp_path: Path, spec: str) -> tuple[dict, Path]:
+    """The environment of an ``eagle3ops`` run that faulthook makes fail or pause as ``spec`` says
+    (``pause:replace:N``: it waits at its Nth os.replace until GO exists, and creates ``GO.paused`` when it gets
+    there), and that GO path (under ``tmp_path``, one per spec)."""
+    go = tmp_path / f"go-{spec.replace(':', '-')}"
+    env = {
+        **os.environ,
+        **ENV,
+        # faulthook first, then whatever eagle3ops the test runs (PYTHONPATH of the worktree under test)
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(HERE / "faulthook"), os.environ.get("PYTHONPATH")) if p
+        ),
+        "E3_FAULT": spec,
+        "E3_FAULT_GO": str(go),
+    }
+    return env, go
+
+
+def start_paused(
+    argv: list, tmp_path: Path, spec: str, timeout: float = 120
+) -> tuple[subprocess.Popen, Path]:
+    """Start ``eagle3ops ARGV`` (a plain subprocess, its output piped) with the ``pause:...`` fault ``spec`` and
+    return it and its GO path once it is paused at the fault point (a run holds its lock then). When it ends
+    first, or is not there within ``timeout`` s, it is killed and the test fails with its output."""
+    env, go = fault_env(tmp_path, spec)
+    proc = subprocess.Popen(
+        [EAGLE3OPS, *map(str, argv)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + timeout
+    while not Path(f"{go}.paused").exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(
+                f"eagle3ops {argv[0]} ended (rc {proc.returncode}) before its pause ({spec}): {out[-2000:]}{err[-3000:]}"
+            )
+        if time.monotonic() > deadline:
+            proc.kill()  # our own child, by its Popen handle
+            out, err = proc.communicate()
+            pytest.fail(
+                f"eagle3ops {argv[0]} never reached its pause ({spec}) in {timeout} s: {out[-2000:]}{err[-3000:]}"
+            )
+        time.sleep(0.05)
+    return proc, go

@@ -14,20 +14,25 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from eagle3ops.store import HiddenStateStore
-from rel_common import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files, leftovers, manifest_entries
+from rel_common import (
+    EXTRACT_ARGS,
+    LENGTHS,
+    fresh_data,
+    hs_files,
+    leftovers,
+    manifest_entries,
+    start_paused,
+)
 from safetensors.torch import load_file
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root; CI runs as root"),
 ]
-EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")
 
 
 @pytest.fixture
@@ -71,27 +76,9 @@ def test_disk_fills_mid_run_fails_clearly_keeps_every_file_and_resumes(
     # big enough for the preflight (the need + 5% + the 64 MiB default margin), filled from outside later
     mnt = small_fs("72m")
     data = fresh_data(prepared, mnt / "data")
-    go = tmp_path / "go"
-    env = {
-        **os.environ,
-        **ENV,
-        "PYTHONPATH": str(HERE / "faulthook"),
-        "E3_FAULT": "pause:replace:6",
-        "E3_FAULT_GO": str(go),
-    }
-    proc = subprocess.Popen(
-        [EAGLE3OPS, "extract", "--data", str(data), "--model", str(tiny_model), *EXTRACT_ARGS],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    argv = ["extract", "--data", data, "--model", tiny_model, *EXTRACT_ARGS]
+    proc, go = start_paused(argv, tmp_path, "pause:replace:6")  # its 6th rename
     try:
-        deadline = time.monotonic() + 120
-        while not Path(f"{go}.paused").exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the run never reached its 6th rename"
-            time.sleep(0.05)
         filler = mnt / "filler"
         assert _fill(filler) > 0
         assert shutil.disk_usage(mnt).free < 4096 * 4

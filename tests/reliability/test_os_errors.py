@@ -14,15 +14,12 @@ import errno
 import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from eagle3ops.store import HiddenStateStore
-from rel_common import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files, leftovers
+from rel_common import EXTRACT_ARGS, LENGTHS, fresh_data, hs_files, leftovers, start_paused
 
-EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root; CI runs as root")
 
 
@@ -101,30 +98,10 @@ def test_full_disk_at_a_manifest_append_is_one_line_and_leaves_no_torn_line(
     hs.mkdir()
     manifest = hs / "manifest-rank0.jsonl"
     manifest.write_bytes(b"\n" * 4095)  # blank lines (ignored): the next line crosses into a new page
-    go = tmp_path / "go"
-    env = {
-        **os.environ,
-        **ENV,
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(HERE / "faulthook"), os.environ.get("PYTHONPATH")) if p
-        ),
-        "E3_FAULT": "pause:replace:2",  # the 1st sample's rename (the 1st is extract_meta.json)
-        "E3_FAULT_GO": str(go),
-    }
     argv = ["extract", "--data", data, "--model", tiny_model, "--writer-threads", "1", *EXTRACT_ARGS]
-    proc = subprocess.Popen(
-        [EAGLE3OPS, *map(str, argv)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # the 1st sample's rename (the 1st is extract_meta.json)
+    proc, go = start_paused(argv, tmp_path, "pause:replace:2", timeout=180)
     try:
-        deadline = time.monotonic() + 180
-        while not Path(f"{go}.paused").exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the run never reached its 2nd rename"
-            time.sleep(0.05)
         _fill(mnt / "filler")
         go.touch()
         out, err = proc.communicate(timeout=180)
