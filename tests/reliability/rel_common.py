@@ -8,6 +8,7 @@ files lost) of a run as JSON: docs/reliability.md quotes them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -250,3 +251,41 @@ def start_paused(
             )
         time.sleep(0.05)
     return proc, go
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """``small_fs(size, opts="")``: a REAL tmpfs of that size (``"72m"``; ``opts`` such as ``ro`` added to its
+    mount options) mounted under ``tmp_path``, unmounted at the end of the test (root only)."""
+    mounts = []
+
+    def mount(size: str, opts: str = "") -> Path:
+        mnt = tmp_path / f"fs{len(mounts)}"
+        mnt.mkdir()
+        o = f"size={size}" + (f",{opts}" if opts else "")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", o, "tmpfs", str(mnt)], check=True)
+        mounts.append(mnt)
+        return mnt
+
+    yield mount
+    for m in mounts:
+        subprocess.run(["umount", str(m)], check=False)
+
+
+def fill_fs(path: Path) -> int:
+    """Write zeros to ``path`` until its file system is full (ENOSPC), down to 4 KiB pieces; the bytes written."""
+    n = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        chunk = b"\0" * (1 << 20)
+        while True:
+            try:
+                n += os.write(fd, chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                if len(chunk) == 4096:
+                    return n
+                chunk = chunk[: len(chunk) // 2]
+    finally:
+        os.close(fd)

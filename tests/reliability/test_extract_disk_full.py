@@ -9,18 +9,16 @@ test fills the filesystem from the outside, as another writer would. The resume 
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 from eagle3ops.store import HiddenStateStore
 from rel_common import (
     EXTRACT_ARGS,
     LENGTHS,
+    fill_fs,
     fresh_data,
     hs_files,
     leftovers,
@@ -35,41 +33,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    mounts = []
-
-    def mount(size: str) -> Path:
-        mnt = tmp_path / f"fs{len(mounts)}"
-        mnt.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
-        mounts.append(mnt)
-        return mnt
-
-    yield mount
-    for m in mounts:
-        subprocess.run(["umount", str(m)], check=False)
-
-
-def _fill(path: Path) -> int:
-    """Write zeros until the filesystem is full (ENOSPC); returns the bytes written."""
-    n = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        chunk = b"\0" * (1 << 20)
-        while True:
-            try:
-                n += os.write(fd, chunk)
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
-                if len(chunk) == 4096:
-                    return n
-                chunk = chunk[: len(chunk) // 2]
-    finally:
-        os.close(fd)
-
-
 def test_disk_fills_mid_run_fails_clearly_keeps_every_file_and_resumes(
     small_fs, zygote, tiny_model, prepared, reference, figures, tmp_path
 ):
@@ -80,7 +43,7 @@ def test_disk_fills_mid_run_fails_clearly_keeps_every_file_and_resumes(
     proc, go = start_paused(argv, tmp_path, "pause:replace:6")  # its 6th rename
     try:
         filler = mnt / "filler"
-        assert _fill(filler) > 0
+        assert fill_fs(filler) > 0
         assert shutil.disk_usage(mnt).free < 4096 * 4
         go.touch()
         out, err = proc.communicate(timeout=120)

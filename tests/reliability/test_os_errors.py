@@ -10,52 +10,15 @@ exit code 1, or exit 0 for a wrong path), as its docstring says.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 from eagle3ops.store import HiddenStateStore
-from rel_common import EXTRACT_ARGS, LENGTHS, fresh_data, hs_files, leftovers, start_paused
+from rel_common import EXTRACT_ARGS, LENGTHS, fill_fs, fresh_data, hs_files, leftovers, start_paused
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root; CI runs as root")
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    mounts = []
-
-    def mount(size: str, opts: str = "") -> Path:
-        mnt = tmp_path / f"fs{len(mounts)}"
-        mnt.mkdir()
-        o = f"size={size}" + (f",{opts}" if opts else "")
-        subprocess.run(["mount", "-t", "tmpfs", "-o", o, "tmpfs", str(mnt)], check=True)
-        mounts.append(mnt)
-        return mnt
-
-    yield mount
-    for m in mounts:
-        subprocess.run(["umount", str(m)], check=False)
-
-
-def _fill(path: Path) -> None:
-    """Write until the file system is full (ENOSPC), down to 4 KiB pieces."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        chunk = b"\0" * (1 << 20)
-        while True:
-            try:
-                os.write(fd, chunk)
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
-                if len(chunk) == 4096:
-                    return
-                chunk = chunk[: len(chunk) // 2]
-    finally:
-        os.close(fd)
 
 
 def _one_line_error(r, *needles: str) -> str:
@@ -76,7 +39,7 @@ def test_full_disk_at_extract_meta_json_is_one_line(small_fs, zygote, tiny_model
     """main: ``OSError: [Errno 28] No space left on device`` traceback, exit code 1."""
     mnt = small_fs("8m")
     data = fresh_data(prepared, mnt / "data")
-    _fill(mnt / "filler")
+    fill_fs(mnt / "filler")
     r = zygote.run(["extract", "--data", data, "--model", tiny_model, *EXTRACT_ARGS])
     msg = _one_line_error(r, str(data / "hidden_states" / "extract_meta.json"), "No space left on device")
     assert "ENOSPC" in msg and "free space" in msg and "re-run" in msg, msg
@@ -102,7 +65,7 @@ def test_full_disk_at_a_manifest_append_is_one_line_and_leaves_no_torn_line(
     # the 1st sample's rename (the 1st is extract_meta.json)
     proc, go = start_paused(argv, tmp_path, "pause:replace:2", timeout=180)
     try:
-        _fill(mnt / "filler")
+        fill_fs(mnt / "filler")
         go.touch()
         out, err = proc.communicate(timeout=180)
     finally:
