@@ -1,6 +1,6 @@
 """What every ``eagle3ops`` sub-command shares: the error it raises for the user (:class:`CommandError`, exit code
-2, no traceback), the one-line message for a failed file-system call (:func:`os_error_message`), and how it
-prints its result (:func:`emit`, ``--json``). Standard library only; commands and phase code import this, never
+2, no traceback), the one-line message for a failed file-system call (:func:`os_error_message`), how a handler
+hands the parsed options on (:func:`pick`), and how it prints its result (:func:`emit`, ``--json``). Standard library only; commands and phase code import this, never
 ``eagle3ops.cli`` (which imports every command).
 """
 
@@ -52,6 +52,12 @@ def os_error_message(e: OSError) -> str:
     what = e.strerror or str(e)
     advice = _OS_ADVICE.get(e.errno, "fix the cause and re-run")
     return f"{where}: {what}{f' ({name})' if name else ''}; {advice}."
+
+
+def pick(args, *names: str, **renamed: str) -> dict:
+    """The keyword arguments a handler hands its phase's function from the parsed options: ``{name: args.name}``
+    for each name, and ``{param: args.option}`` for each ``param="option"`` (a parameter named otherwise)."""
+    return {**{n: getattr(args, n) for n in names}, **{k: getattr(args, o) for k, o in renamed.items()}}
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.command import CommandError, emit
+from eagle3ops.command import CommandError, emit, pick
 from eagle3ops.prepare.options import PREPARE
 
 
@@ -37,13 +37,9 @@ def _prepare(args, prepare, PrepareError) -> dict:
             args.model,
             args.input,
             args.out,
-            max_length=args.max_length,
-            on_error=args.on_error,
-            max_samples=args.max_samples,
-            seed=args.seed,
-            force=args.force,
-            check=args.check,
-            trust_remote_code=args.trust_remote_code,
+            **pick(
+                args, "max_length", "on_error", "max_samples", "seed", "force", "check", "trust_remote_code"
+            ),
             log=lambda msg: print(msg, file=sys.stderr, flush=True),
             progress=sys.stderr.isatty() and not args.json,
         )

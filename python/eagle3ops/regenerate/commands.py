@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.command import CommandError, emit
+from eagle3ops.command import CommandError, emit, pick
 from eagle3ops.regenerate.options import REGENERATE
 
 
@@ -17,32 +17,35 @@ def run(args) -> int:
     from eagle3ops.regenerate.run import regenerate
 
     cfg = RegenerateConfig(
-        model=args.model,
-        inputs=args.input,
-        out=args.out,
-        backend=args.backend,
-        urls=args.url,
-        served_model=args.served_model_name,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        system=args.system,
-        think=args.think,
-        concurrency=args.concurrency,
-        retries=args.retries,
-        backoff=args.backoff,
-        backoff_max=args.backoff_max,
-        request_timeout=args.request_timeout,
-        health_timeout=args.health_timeout,
-        limit=args.limit,
-        on_error=args.on_error,
-        force=args.force,
-        plan=args.check,
-        device=args.device,
-        dtype=args.dtype,
-        threads=args.threads,
-        trust_remote_code=args.trust_remote_code,
+        **pick(
+            args,
+            "model",
+            "out",
+            "backend",
+            "max_new_tokens",
+            "temperature",
+            "top_p",
+            "seed",
+            "system",
+            "think",
+            "concurrency",
+            "retries",
+            "backoff",
+            "backoff_max",
+            "request_timeout",
+            "health_timeout",
+            "limit",
+            "on_error",
+            "force",
+            "device",
+            "dtype",
+            "threads",
+            "trust_remote_code",
+            inputs="input",
+            urls="url",
+            served_model="served_model_name",
+            plan="check",
+        ),
         progress=sys.stderr.isatty() and not args.json,
     )
     try:
