@@ -315,10 +315,6 @@ class LoopDevice:
         self.backing.unlink(missing_ok=True)
 
 
-# --------------------------------------------------------------------------------------------------
-# A host
-# --------------------------------------------------------------------------------------------------
-@dataclass
 class _InWorkdir:
     """A file of an :class:`NspawnHost`'s work directory as a read-only attribute: ``host.workdir / name``."""
 
@@ -332,6 +328,10 @@ class _InWorkdir:
         raise AttributeError(f"{self.name} is a file of the host's work directory, not settable")
 
 
+# --------------------------------------------------------------------------------------------------
+# A host
+# --------------------------------------------------------------------------------------------------
+@dataclass
 class NspawnHost:
     """One booted container. Reach it with :meth:`ssh`, Ansible with :attr:`inventory`, testinfra with
     :meth:`testinfra_host`. ``binds`` maps host device/path -> guest path (``{"/dev/loop7": "/dev/vdb"}``).
