@@ -253,6 +253,33 @@ def start_paused(
     return proc, go
 
 
+@contextlib.contextmanager
+def paused_run(argv: list, tmp_path: Path, spec: str, timeout: float = 120):
+    """:func:`start_paused` for a ``with`` block: ``(proc, go)``; the run is killed if it still runs at its end."""
+    proc, go = start_paused(argv, tmp_path, spec, timeout)
+    try:
+        yield proc, go
+    finally:
+        kill_child(proc)
+
+
+def finish(proc: subprocess.Popen, go: Path, timeout: float = 180) -> tuple[int, str, str]:
+    """Let a paused run go on (GO created) and wait for its end (killed after ``timeout`` s): its exit code, stdout
+    and stderr."""
+    go.touch()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        kill_child(proc)
+    return proc.returncode, out, err
+
+
+def kill_child(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()  # our own child, by its Popen handle
+        proc.wait()
+
+
 @pytest.fixture
 def small_fs(tmp_path):
     """``small_fs(size, opts="")``: a REAL tmpfs of that size (``"72m"``; ``opts`` such as ``ro`` added to its

@@ -19,11 +19,12 @@ from rel_common import (
     EXTRACT_ARGS,
     LENGTHS,
     fill_fs,
+    finish,
     fresh_data,
     hs_files,
     leftovers,
     manifest_entries,
-    start_paused,
+    paused_run,
 )
 from safetensors.torch import load_file
 
@@ -40,17 +41,11 @@ def test_disk_fills_mid_run_fails_clearly_keeps_every_file_and_resumes(
     mnt = small_fs("72m")
     data = fresh_data(prepared, mnt / "data")
     argv = ["extract", "--data", data, "--model", tiny_model, *EXTRACT_ARGS]
-    proc, go = start_paused(argv, tmp_path, "pause:replace:6")  # its 6th rename
-    try:
+    with paused_run(argv, tmp_path, "pause:replace:6") as (proc, go):  # its 6th rename
         filler = mnt / "filler"
         assert fill_fs(filler) > 0
         assert shutil.disk_usage(mnt).free < 4096 * 4
-        go.touch()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _, out, err = finish(proc, go, timeout=120)
     assert proc.returncode == 2, out + err[-3000:]
     res = json.loads(out.strip().splitlines()[-1])
     msg = res["msg"]

@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 from eagle3ops.store import HiddenStateStore
-from rel_common import EXTRACT_ARGS, LENGTHS, fill_fs, fresh_data, hs_files, leftovers, start_paused
+from rel_common import EXTRACT_ARGS, LENGTHS, fill_fs, finish, fresh_data, hs_files, leftovers, paused_run
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root; CI runs as root")
 
@@ -63,15 +63,9 @@ def test_full_disk_at_a_manifest_append_is_one_line_and_leaves_no_torn_line(
     manifest.write_bytes(b"\n" * 4095)  # blank lines (ignored): the next line crosses into a new page
     argv = ["extract", "--data", data, "--model", tiny_model, "--writer-threads", "1", *EXTRACT_ARGS]
     # the 1st sample's rename (the 1st is extract_meta.json)
-    proc, go = start_paused(argv, tmp_path, "pause:replace:2", timeout=180)
-    try:
+    with paused_run(argv, tmp_path, "pause:replace:2", timeout=180) as (proc, go):
         fill_fs(mnt / "filler")
-        go.touch()
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _, out, err = finish(proc, go)
     assert proc.returncode == 2, out[-2000:] + err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     res = json.loads(out.strip().splitlines()[-1])

@@ -19,19 +19,8 @@ from pathlib import Path
 import pytest
 from eagle3ops.store import HiddenStateStore
 from proc_helpers import alive
-from rel_common import EAGLE3OPS, ENV, EXTRACT_ARGS, LENGTHS, fresh_data, hs_files, start_paused
+from rel_common import EAGLE3OPS, ENV, EXTRACT_ARGS, LENGTHS, finish, fresh_data, hs_files, start_paused
 from store_helpers import manifest_rows
-
-
-def _finish(proc: subprocess.Popen, go: Path) -> tuple[int, str, str]:
-    go.touch()
-    try:
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, out, err
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -64,7 +53,7 @@ def test_second_extract_on_one_directory_fails_naming_the_first_and_writes_nothi
         assert second.json["holder"]["pid"] == first.pid
         assert hs_files(data) == before, "the refused run wrote samples"
     finally:
-        rc, out, err = _finish(first, go)
+        rc, out, err = finish(first, go)
     assert rc == 0, out[-2000:] + err[-3000:]
     res = json.loads(out.strip().splitlines()[-1])
     assert res["written"] == len(LENGTHS) and res["stale_lock"] is None
@@ -153,7 +142,7 @@ def test_second_prepare_on_one_directory_fails_naming_the_first(zygote, demo, tm
         assert f"{out} is in use by prepare PID {first.pid}" in msg and "eagle3ops prepare" in msg, msg
         assert "Traceback" not in second.stderr
     finally:
-        rc, o, e = _finish(first, go)
+        rc, o, e = finish(first, go)
     assert rc == 0, o[-2000:] + e[-3000:]
     # after it: the same prepare is up to date
     again = zygote.run([*argv, "--json"])
