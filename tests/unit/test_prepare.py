@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from eagle3ops import demo as demo_mod
+from eagle3ops import speculators_pin
 from eagle3ops.cli import main as cli_main
 from eagle3ops.prepare import dataset as prep_dataset
 from eagle3ops.prepare import render as prep_render
@@ -433,10 +434,11 @@ def test_stale_temp_dirs_of_a_killed_run_are_cleaned(tmp_path, model):
 
 
 def test_pinned_to_speculators_0_9_0(monkeypatch):
-    """The installed version is read through importlib.metadata; patched here to play a newer release."""
-    real = prep_render.importlib.metadata.version
+    """The installed version is read through importlib.metadata (eagle3ops.speculators_pin); patched here to play
+    a newer release."""
+    real = speculators_pin.importlib.metadata.version
     monkeypatch.setattr(
-        prep_render.importlib.metadata, "version", lambda n: "0.10.0" if n == "speculators" else real(n)
+        speculators_pin.importlib.metadata, "version", lambda n: "0.10.0" if n == "speculators" else real(n)
     )
     with pytest.raises(
         PrepareError, match=r"speculators 0\.10\.0 is installed.*pinned to speculators 0\.9\.0"
