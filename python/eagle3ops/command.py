@@ -12,13 +12,11 @@ import json
 import os
 import sys
 
+from eagle3ops.errors import WithDetails
 
-class CommandError(Exception):
+
+class CommandError(WithDetails, Exception):
     """An error the user can act on; printed without a traceback, exit code 2."""
-
-    def __init__(self, message: str, **details):
-        super().__init__(message)
-        self.details = details
 
 
 # what to do about a failed file-system call, by errno (the generic line of :func:`os_error_message`)

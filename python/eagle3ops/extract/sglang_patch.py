@@ -27,6 +27,7 @@ from pathlib import Path
 
 from eagle3ops import sglang_versions as _versions
 from eagle3ops.durable import atomic_write_bytes, sha256_file
+from eagle3ops.errors import WithDetails
 
 TARGET_RELPATH = "sglang/srt/models/deepseek_v2.py"
 BACKUP_SUFFIX = ".eagle3ops-pristine"
@@ -141,12 +142,8 @@ SPECS = {
 DEFAULT_VERSION = _versions.DEFAULT_VERSION
 
 
-class PatchError(RuntimeError):
+class PatchError(WithDetails, RuntimeError):
     """The file is not one this patch knows; the message says what to do. Nothing was changed."""
-
-    def __init__(self, message: str, **details):
-        super().__init__(message)
-        self.details = details
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3ops.errors import WithDetails
+
 REGENERATE_FORMAT = 1
 
 
@@ -31,12 +33,8 @@ MAX_ERRORS_SHOWN = 10
 ASSISTANT = "assistant"
 
 
-class RegenerateError(RuntimeError):
+class RegenerateError(WithDetails, RuntimeError):
     """A problem the user must act on; the message says what and where. ``details`` go into the JSON result."""
-
-    def __init__(self, message: str, **details):
-        super().__init__(message)
-        self.details = details
 
 
 @dataclass
