@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.command import CommandError, emit, pick
+from eagle3ops.command import CommandError, emit, listing, outcome, pick
 from eagle3ops.regenerate.options import REGENERATE
 
 
@@ -52,20 +52,19 @@ def run(args) -> int:
         r = regenerate(cfg)
     except RegenerateError as e:
         raise CommandError(str(e), **e.details) from e
+    human = outcome("regenerate", r["out"], r["changed"], args.check)
     if args.check:
-        human = (
-            f"regenerate: {r['out']} {'would change' if r['changed'] else 'is up to date'}: {r['left']} of "
-            f"{r['selected']} conversations left ({r['turns_left']} answers), {r['num_skipped']} rows skipped"
+        human += (
+            f": {r['left']} of {r['selected']} conversations left ({r['turns_left']} answers), "
+            f"{r['num_skipped']} rows skipped"
         )
     else:
-        state = "written" if r["changed"] else "up to date"
-        human = (
-            f"regenerate: {r['out']} {state}: {r['num_written']} written, {r['num_failed']} failed, "
-            f"{r['num_skipped']} skipped of {r['num_input']} rows; {r['output_tokens']} tokens in {r['wall_seconds']} s ({r['tok_per_s']} tok/s)"
+        human += (
+            f": {r['num_written']} written, {r['num_failed']} failed, {r['num_skipped']} skipped of "
+            f"{r['num_input']} rows; {r['output_tokens']} tokens in {r['wall_seconds']} s ({r['tok_per_s']} tok/s)"
+        ) + listing(
+            f"not in the output (also in {r.get('failures_file')})",
+            (f"{f['loc']}: {f['kind']}: {f['reason']}" for f in r["failures"][:20]),
         )
-        if r["failures"]:
-            human += f"\n  not in the output (also in {r['failures_file']}):\n    " + "\n    ".join(
-                f"{f['loc']}: {f['kind']}: {f['reason']}" for f in r["failures"][:20]
-            )
     emit(args, r, human)
     return 0
