@@ -66,17 +66,21 @@ def write_jsonl(path: Path, records: list) -> Path:
     return path
 
 
-THREE_TURNS = {
-    "conversations": [
-        {"from": "system", "value": "You are a helpful assistant."},
-        {"from": "human", "value": "What is 2 + 3?"},
-        {"from": "gpt", "value": "2 + 3 = 5."},
-        {"from": "human", "value": "Now add 4 to that."},
-        {"from": "gpt", "value": "5 + 4 = 9."},
-        {"role": "user", "content": "Spell the word cat."},
-        {"role": "assistant", "content": "c-a-t"},
-    ]
-}
+def sharegpt(*pairs: tuple[str, str], system: str | None = None) -> dict:
+    """A ShareGPT record: a system turn if given, then a human and a gpt turn per (question, answer) pair."""
+    turns = [{"from": "system", "value": system}] if system else []
+    for question, answer in pairs:
+        turns += [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
+    return {"conversations": turns}
+
+
+ADD = ("What is 2 + 3?", "2 + 3 = 5.")
+# three assistant turns; the last pair in the OpenAI schema (one record may mix both)
+THREE_TURNS = sharegpt(ADD, ("Now add 4 to that.", "5 + 4 = 9."), system="You are a helpful assistant.")
+THREE_TURNS["conversations"] += [
+    {"role": "user", "content": "Spell the word cat."},
+    {"role": "assistant", "content": "c-a-t"},
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -214,14 +218,7 @@ PREFILL_THINK = (
 def test_prefilled_think_uses_the_common_prefix_boundary(tmp_path, model, tokenizer):
     """speculators' fallback: the gen prompt ends in '<think>' but the recorded turn has no reasoning."""
     variant = _tokenizer_variant(model, tmp_path / "tok", PREFILL_THINK)
-    rec = {
-        "conversations": [
-            {"from": "human", "value": "What is 2 + 3?"},
-            {"from": "gpt", "value": "2 + 3 = 5."},
-            {"from": "human", "value": "Spell the word cat."},
-            {"from": "gpt", "value": "c-a-t"},
-        ]
-    }
+    rec = sharegpt(ADD, ("Spell the word cat.", "c-a-t"))
     prepare(variant, [write_jsonl(tmp_path / "t.jsonl", [rec])], tmp_path / "out", log=quiet)
     rows = rows_of(tmp_path / "out")
     assert len(rows) == 2
