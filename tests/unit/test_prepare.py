@@ -356,12 +356,18 @@ def test_truncation_and_max_samples(tmp_path, model, demo):
     assert all(1 in r["loss_mask"] for r in rows_of(out))
 
 
-def test_refuses_to_orphan_hidden_states_unless_forced(prepared, tmp_path, model, demo):
-    src, _ = prepared
-    out = tmp_path / "data"
+def _with_extracted_state(src: Path, out: Path) -> Path:
+    """A copy of the prepared data directory ``src`` at ``out`` whose ``hidden_states/`` holds one file (STAND-IN
+    bytes, not a real sample: prepare only counts and keeps or removes it)."""
     shutil.copytree(src, out)
     (out / "hidden_states").mkdir()
     (out / "hidden_states" / "hs_0.safetensors").write_bytes(b"x" * 64)
+    return out
+
+
+def test_refuses_to_orphan_hidden_states_unless_forced(prepared, tmp_path, model, demo):
+    src, _ = prepared
+    out = _with_extracted_state(src, tmp_path / "data")
     (out / "d2t-32.npy").write_bytes(b"stale")
     before = sorted(p.name for p in out.rglob("*"))
     with pytest.raises(PrepareError, match=r"hidden_states holds 1 files.*--force"):
@@ -378,10 +384,7 @@ def test_refuses_to_orphan_hidden_states_unless_forced(prepared, tmp_path, model
 
 def test_missing_file_is_repaired_keeping_hidden_states(prepared, tmp_path, model, demo):
     src, first = prepared
-    out = tmp_path / "data"
-    shutil.copytree(src, out)
-    (out / "hidden_states").mkdir()
-    (out / "hidden_states" / "hs_0.safetensors").write_bytes(b"x" * 64)
+    out = _with_extracted_state(src, tmp_path / "data")
     arrow = out / "data-00000-of-00001.arrow"
     good = arrow.read_bytes()
     arrow.write_bytes(good[:100])  # damaged: its size no longer matches prepare_meta.json

@@ -76,6 +76,17 @@ ACCEPTANCE = Command(
     ],
 )
 
+# the result files the report reads (each optional; the role passes them itself): option -> what it is
+_REPORT_INPUTS = {
+    "acceptance": "benchmark-acceptance result JSON",
+    "sglang_with": "SGLang bench JSONL of the server with the draft",
+    "sglang_without": "SGLang bench JSONL of the server without the draft",
+    "spec_probe": "benchmark-spec-probe result JSON (completion tokens / spec_verify_ct)",
+    "live_with": "benchmark-live result of the server with the draft",
+    "live_without": "benchmark-live result of the server without the draft",
+    "contamination": "benchmark-contamination result JSON",
+}
+
 REPORT = Command(
     "benchmark-report",
     help="JSON + markdown table + PNG plot of the benchmark results",
@@ -85,22 +96,7 @@ REPORT = Command(
         Option(
             "out_dir", "path", required=True, param="out", role="benchmark_dir", help="the report's directory"
         ),
-        Option("acceptance", "path", role=False, help="benchmark-acceptance result JSON"),
-        Option("sglang_with", "path", role=False, help="SGLang bench JSONL of the server with the draft"),
-        Option(
-            "sglang_without", "path", role=False, help="SGLang bench JSONL of the server without the draft"
-        ),
-        Option(
-            "spec_probe",
-            "path",
-            role=False,
-            help="benchmark-spec-probe result JSON (completion tokens / spec_verify_ct)",
-        ),
-        Option("live_with", "path", role=False, help="benchmark-live result of the server with the draft"),
-        Option(
-            "live_without", "path", role=False, help="benchmark-live result of the server without the draft"
-        ),
-        Option("contamination", "path", role=False, help="benchmark-contamination result JSON"),
+        *(Option(name, "path", role=False, help=what) for name, what in _REPORT_INPUTS.items()),
         _EXE,
     ],
 )
