@@ -27,7 +27,7 @@ import argparse
 import json
 import sys
 
-__all__ = ["CHECK_FLAG", "EXECUTABLE", "Command", "Module", "Option", "one_of"]
+__all__ = ["CHECK_FLAG", "EXECUTABLE", "Command", "Module", "Option", "one_of", "target_model"]
 
 _UNSET = object()
 CHECK_FLAG = "--check"
@@ -447,3 +447,8 @@ class Module:
 def one_of(name, choices, **kw) -> Option:
     """A str option that takes one of ``choices``, the first of them by default (``on_error``: fail or skip)."""
     return Option(name, choices=choices, default=choices[0], **kw)
+
+
+def target_model(name: str, use: str, **kw) -> Option:
+    """The required path option naming the target model's directory; ``use``: what the command takes of it."""
+    return Option(name, "path", required=True, help=f"target model directory ({use})", **kw)

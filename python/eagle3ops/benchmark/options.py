@@ -10,7 +10,8 @@ try:
 except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
-Option, Command, Module, EXECUTABLE, one_of = _o.Option, _o.Command, _o.Module, _o.EXECUTABLE, _o.one_of
+Option, Command, Module, EXECUTABLE = _o.Option, _o.Command, _o.Module, _o.EXECUTABLE
+one_of, target_model = _o.one_of, _o.target_model
 
 MODULE = "eagle3ops_benchmark"
 _EXE = EXECUTABLE.but(role="benchmark_eagle3ops_bin")
@@ -39,13 +40,7 @@ ACCEPTANCE = Command(
         Option(
             "checkpoint", "path", required=True, help="speculators checkpoint dir, save path or train run dir"
         ),
-        Option(
-            "target",
-            "path",
-            required=True,
-            role="benchmark_target_path",
-            help="target model directory (transformers)",
-        ),
+        target_model("target", "transformers", role="benchmark_target_path"),
         Option("prompts", "path", required=True, help="held-out prompts JSONL (not used in training)"),
         Option("out", "path", required=True, role=False, help="result JSON file"),
         Option("k", "int", default=3, help="draft tokens per verify step (speculative-num-steps)"),

@@ -11,7 +11,8 @@ except ImportError:  # on a target without eagle3ops: the copies Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
     from ansible.module_utils import eagle3ops_sglang_versions as _versions
 
-Option, Command, EXECUTABLE, one_of = _o.Option, _o.Command, _o.EXECUTABLE, _o.one_of
+Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+one_of, target_model = _o.one_of, _o.target_model
 
 # ---- shared by both backends -------------------------------------------------------------------------
 DATA = Option(
@@ -21,12 +22,8 @@ DATA = Option(
     param="data_dir",
     help="prepared data directory (Arrow dataset from `eagle3ops prepare`); hidden_states/ is written inside it",
 )
-MODEL = Option(
-    "model",
-    "path",
-    required=True,
-    role="extract_model_path",
-    help="target model directory (transformers format; for sglang, as the server serves it)",
+MODEL = target_model(
+    "model", "transformers format; for sglang, as the server serves it", role="extract_model_path"
 )
 LAYER_IDS = Option(
     "layer_ids", "list", elements="int", help="aux layer ids (default [2, N//2, N-3]); see --layer-convention"

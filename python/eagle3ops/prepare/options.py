@@ -9,7 +9,8 @@ try:
 except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
-Option, Command, EXECUTABLE, one_of = _o.Option, _o.Command, _o.EXECUTABLE, _o.one_of
+Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+one_of, target_model = _o.one_of, _o.target_model
 
 PREPARE = Command(
     "prepare",
@@ -23,14 +24,7 @@ PREPARE = Command(
     module="eagle3ops_prepare",
     role="prepare",
     options=[
-        Option(
-            "model",
-            "path",
-            required=True,
-            metavar="PATH",
-            role="prepare_model_path",
-            help="target model directory (its tokenizer and chat template)",
-        ),
+        target_model("model", "its tokenizer and chat template", metavar="PATH", role="prepare_model_path"),
         Option(
             "input",
             "list",

@@ -9,7 +9,8 @@ try:
 except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
-Option, Command, EXECUTABLE, one_of = _o.Option, _o.Command, _o.EXECUTABLE, _o.one_of
+Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+one_of = _o.one_of
 
 REGENERATE = Command(
     "regenerate",

@@ -11,7 +11,8 @@ except ImportError:  # on a target without eagle3ops: the copies Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
     from ansible.module_utils import eagle3ops_sglang_versions as _versions
 
-Option, Command, EXECUTABLE, one_of = _o.Option, _o.Command, _o.EXECUTABLE, _o.one_of
+Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+one_of = _o.one_of
 
 CONVERT = Command(
     "convert",

@@ -15,7 +15,8 @@ try:
 except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
-Option, Command, EXECUTABLE, one_of = _o.Option, _o.Command, _o.EXECUTABLE, _o.one_of
+Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+one_of, target_model = _o.one_of, _o.target_model
 
 DEFAULT_DRAFT_VOCAB = (
     32000  # the draft vocabulary asked for when none is given (capped at the distinct tokens)
@@ -39,13 +40,7 @@ TRAIN = Command(
             flag="--data",
             help="data dir: Arrow dataset + hidden_states/ + token_freq.pt",
         ),
-        Option(
-            "verifier_path",
-            "path",
-            required=True,
-            flag="--verifier",
-            help="target model directory (the one the states came from)",
-        ),
+        target_model("verifier_path", "the one the states came from", flag="--verifier"),
         Option("run_dir", "path", required=True, help="run directory (state, rendered config, log, metrics)"),
         # the role's "" (and [] below) mean "not set": the CLI leaves the option out (Option.argv)
         Option("save_path", "path", role_default="", help="checkpoint directory (default RUN/checkpoints)"),
