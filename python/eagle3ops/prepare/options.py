@@ -10,7 +10,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
-one_of, target_model = _o.one_of, _o.target_model
+conversation_inputs, one_of, target_model = _o.conversation_inputs, _o.one_of, _o.target_model
 
 PREPARE = Command(
     "prepare",
@@ -25,17 +25,7 @@ PREPARE = Command(
     role="prepare",
     options=[
         target_model("model", "its tokenizer and chat template", metavar="PATH", role="prepare_model_path"),
-        Option(
-            "input",
-            "list",
-            elements="path",
-            required=True,
-            nargs="append",
-            metavar="PATH",
-            param="inputs",
-            role="prepare_inputs",
-            help="JSONL/JSON file, directory of them, or a datasets.save_to_disk directory (repeatable)",
-        ),
+        conversation_inputs("prepare_inputs"),
         Option(
             "out",
             "path",

@@ -10,7 +10,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
-one_of = _o.one_of
+conversation_inputs, one_of = _o.conversation_inputs, _o.one_of
 
 REGENERATE = Command(
     "regenerate",
@@ -33,18 +33,7 @@ REGENERATE = Command(
             role_default="",  # the phase is off unless an inventory turns it on and names the target
             help="the target (local directory, or the served name)",
         ),
-        Option(
-            "input",
-            "list",
-            elements="path",
-            required=True,
-            nargs="append",
-            metavar="PATH",
-            param="inputs",
-            role="regenerate_inputs",
-            role_default=[],
-            help="JSONL/JSON file, directory of them, or a datasets.save_to_disk directory (repeatable)",
-        ),
+        conversation_inputs("regenerate_inputs", role_default=[]),
         Option(
             "out",
             "path",
