@@ -4,10 +4,7 @@
 # are the definitions' in python/eagle3ops/*_options.py; tests/unit/test_options.py fails when they disagree.
 from __future__ import annotations
 
-
-class ModuleDocFragment:
-    # every module that runs the eagle3ops CLI
-    DOCUMENTATION = r"""
+_EXECUTABLE = r"""
 options:
   executable:
     description:
@@ -15,6 +12,40 @@ options:
       - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
     type: path
 """
+
+_CHECK_MODE = r"""
+attributes:
+  check_mode:
+    support: full
+    description: Check mode predicts whether the task would change anything, and writes nothing.
+"""
+
+
+class ModuleDocFragment:
+    # every module that runs the eagle3ops CLI
+    DOCUMENTATION = _EXECUTABLE
+
+    # the same, for a module whose check mode predicts ``changed`` and that returns no diff
+    NO_DIFF = (
+        _EXECUTABLE
+        + _CHECK_MODE
+        + r"""
+  diff_mode:
+    support: none
+    description: No diff is returned; the result's fields say what changed.
+"""
+    )
+
+    # the same, for a module that returns a diff of what it changes, in check mode too
+    DIFF = (
+        _EXECUTABLE
+        + _CHECK_MODE
+        + r"""
+  diff_mode:
+    support: full
+    description: Returns a diff of what changes (in check mode too).
+"""
+    )
 
     # eagle3ops_extract and eagle3ops_extract_sglang: the store they both write (eagle3ops.extract_options)
     EXTRACT = r"""

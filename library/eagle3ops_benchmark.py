@@ -30,7 +30,7 @@ description:
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:
-  - eagle3ops
+  - eagle3ops.no_diff
 options:
   action:
     description: What to run.
@@ -160,13 +160,6 @@ options:
   spec_probe:
     description: C(eagle3ops benchmark-spec-probe) result (completion tokens / spec_verify_ct); C(report) only.
     type: path
-attributes:
-  check_mode:
-    support: full
-    description: Check mode predicts whether the task would change anything, and writes nothing.
-  diff_mode:
-    support: none
-    description: No diff is returned; the result's fields say what changed.
 """
 
 EXAMPLES = r"""

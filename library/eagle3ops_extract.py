@@ -22,7 +22,7 @@ description:
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:
-  - eagle3ops
+  - eagle3ops.no_diff
   - eagle3ops.extract
 options:
   model:
@@ -104,13 +104,6 @@ options:
         model once per run, slow for large models). A copy with new timestamps then resumes.
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-    description: Check mode predicts whether the task would change anything, and writes nothing.
-  diff_mode:
-    support: none
-    description: No diff is returned; the result's fields say what changed.
 notes:
   - Resume never loads tensors; it reads the manifests, checks every listed file's size and safetensors header
     (O(verify=size)), and reads the headers of files that are not in them.

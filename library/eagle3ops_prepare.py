@@ -21,7 +21,7 @@ description:
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:
-  - eagle3ops
+  - eagle3ops.no_diff
 options:
   model:
     description: Target model directory whose tokenizer and chat template are used.
@@ -66,13 +66,6 @@ options:
         re-plans, so a finished identical run gives C(changed=false). 0 fails at once, naming the holder.
     type: float
     default: 0
-attributes:
-  check_mode:
-    support: full
-    description: Check mode predicts whether the task would change anything, and writes nothing.
-  diff_mode:
-    support: none
-    description: No diff is returned; the result's fields say what changed.
 """
 
 EXAMPLES = r"""

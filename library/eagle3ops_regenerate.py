@@ -26,7 +26,7 @@ description:
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:
-  - eagle3ops
+  - eagle3ops.diff
 options:
   model:
     description: The target - a local model directory (C(transformers)), or the path/name the server serves (C(openai)).
@@ -136,13 +136,6 @@ options:
     description: Let the model run its own code. Only for trusted model directories.
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-    description: Check mode predicts whether the task would change anything, and writes nothing.
-  diff_mode:
-    support: full
-    description: Returns a diff of what changes (in check mode too).
 """
 
 EXAMPLES = r"""

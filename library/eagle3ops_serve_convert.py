@@ -20,7 +20,7 @@ description:
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:
-  - eagle3ops
+  - eagle3ops.no_diff
 options:
   checkpoint:
     description: A checkpoint directory, a speculators save path (C(checkpoint_best) or the newest epoch) or a train run directory.
@@ -46,13 +46,6 @@ options:
         C(eagle3ops.sglang_versions) (0.5.17, 0.5.23); another is refused with that list.
     type: str
     default: "0.5.23"
-attributes:
-  check_mode:
-    support: full
-    description: Check mode predicts whether the task would change anything, and writes nothing.
-  diff_mode:
-    support: none
-    description: No diff is returned; the result's fields say what changed.
 """
 
 EXAMPLES = r"""

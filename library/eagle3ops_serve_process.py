@@ -23,7 +23,7 @@ description:
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:
-  - eagle3ops
+  - eagle3ops.diff
 options:
   name:
     description: The server's name (its files in I(run_dir)).
@@ -67,13 +67,6 @@ options:
     description: Seconds from SIGTERM to SIGKILL.
     type: float
     default: 60
-attributes:
-  check_mode:
-    support: full
-    description: Check mode predicts whether the task would change anything, and writes nothing.
-  diff_mode:
-    support: full
-    description: Returns a diff of what changes (in check mode too).
 """
 
 EXAMPLES = r"""

@@ -22,6 +22,8 @@ description:
   - Runs C(eagle3ops sglang-patch) on the target (installed by the C(runtime) phase).
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops.diff
 options:
   state:
     description:
@@ -44,18 +46,6 @@ options:
     description: The SGLang version the patch entry is for.
     type: str
     default: "0.5.23"
-  executable:
-    description:
-      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
-      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
-    type: path
-attributes:
-  check_mode:
-    support: full
-    description: Check mode predicts whether the task would change anything, and writes nothing.
-  diff_mode:
-    support: full
-    description: Returns a diff of what changes (in check mode too).
 notes:
   - The C(extract) phase (C(extract_backend=sglang)) restores the file with this module (C(state=absent)) when
     extraction finishes; the C(sglang) phase applies it only while extraction has rows left. Serving a draft needs

@@ -30,6 +30,8 @@ description:
     once the trainer is started.
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
+extends_documentation_fragment:
+  - eagle3ops.diff
 options:
   data_dir:
     description: Data directory from prepare + extract (Arrow dataset, C(hidden_states/), C(token_freq.pt)).
@@ -193,18 +195,6 @@ options:
     description: Seconds O(wait) waits; the run keeps going after a timeout.
     type: float
     default: 3600
-  executable:
-    description:
-      - Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).
-      - When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).
-    type: path
-attributes:
-  check_mode:
-    support: full
-    description: Check mode predicts whether the task would change anything, and writes nothing.
-  diff_mode:
-    support: full
-    description: Returns a diff of what changes (in check mode too).
 notes:
   - Check mode reads the inputs and renders the config, and predicts launch/relaunch/nothing; it starts nothing.
   - A run stopped with SIGTERM (e.g. C(systemctl stop)) makes speculators save an C(interrupted) checkpoint it does
@@ -220,15 +210,15 @@ EXAMPLES = r"""
     epochs: 10
     draft_vocab_size: 32000
 
-- name: Wait for the run and show its accuracy per draft position
+- name: A short smoke run on CPU; wait for it and return its metrics (accuracy per draft position)
   eagle3ops_train:
-    data_dir: /data/eagle3/data
-    verifier_path: /data/models/Kimi-K2.5
-    run_dir: /data/eagle3/train/kimi-k25
-    epochs: 10
-    draft_vocab_size: 32000
+    data_dir: /data/eagle3/demo/data
+    verifier_path: /data/eagle3/demo/model
+    run_dir: /data/eagle3/train/smoke
+    device: cpu
+    max_steps: 30
     wait: true
-    timeout: 172800
+    timeout: 3600
   register: train
 """
 

@@ -3,7 +3,8 @@
 :func:`run_together` runs several commands side by side that need each other (the torchrun nodes of one
 rendezvous) and waits for all of them; :func:`probe_records` reads what ``eagle3ops.ddp_probe`` wrote per rank;
 :func:`alive` says whether a PID still runs; :func:`cli_imports` runs the ``eagle3ops`` console script and says
-which packages it imported (a command that needs no torch must not pay seconds of CPU for it).
+which packages it imported (a command that needs no torch must not pay seconds of CPU for it); :func:`run_infra`
+runs testinfra checks of tests/infra against a host, as a user would.
 """
 
 from __future__ import annotations
@@ -65,3 +66,16 @@ def cli_imports(*args, **run_kw) -> tuple[subprocess.CompletedProcess, set[str]]
     imported = {ln.split("|")[-1].strip().split(".")[0] for ln in lines if ln.startswith("import time:")}
     p.stderr = "\n".join(ln for ln in lines if not ln.startswith("import time:"))
     return p, imported
+
+
+def run_infra(*args: str, **run_kw) -> subprocess.CompletedProcess:
+    """``pytest -q ARGS`` (a tests/infra file or test and its ``--hosts=...``) in a child pytest run from the
+    repository, as a user runs the testinfra checks; its output captured, its exit code left to the caller."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        check=False,
+        **run_kw,
+    )

@@ -10,15 +10,12 @@ import os
 import zipfile
 from pathlib import Path
 
+from eagle3ops.errors import WithDetails
 from eagle3ops.store.sample import read_safetensors_header
 
 
-class CheckpointError(Exception):
+class CheckpointError(WithDetails, Exception):
     """No usable checkpoint where one was asked for; ``details``: ``path``, ``missing``."""
-
-    def __init__(self, message: str, **details):
-        super().__init__(message)
-        self.details = details
 
 
 def _valid_zip(path: Path) -> bool:

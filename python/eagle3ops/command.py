@@ -1,6 +1,7 @@
 """What every ``eagle3ops`` sub-command shares: the error it raises for the user (:class:`CommandError`, exit code
-2, no traceback), the one-line message for a failed file-system call (:func:`os_error_message`), and how it
-prints its result (:func:`emit`, ``--json``). Standard library only; commands and phase code import this, never
+2, no traceback), the one-line message for a failed file-system call (:func:`os_error_message`), how a handler
+hands the parsed options on (:func:`pick`), and how it prints its result (:func:`emit`, ``--json``; the human
+summary's head and lists: :func:`outcome`, :func:`listing`). Standard library only; commands and phase code import this, never
 ``eagle3ops.cli`` (which imports every command).
 """
 
@@ -11,13 +12,11 @@ import json
 import os
 import sys
 
+from eagle3ops.errors import WithDetails
 
-class CommandError(Exception):
+
+class CommandError(WithDetails, Exception):
     """An error the user can act on; printed without a traceback, exit code 2."""
-
-    def __init__(self, message: str, **details):
-        super().__init__(message)
-        self.details = details
 
 
 # what to do about a failed file-system call, by errno (the generic line of :func:`os_error_message`)
@@ -51,6 +50,26 @@ def os_error_message(e: OSError) -> str:
     what = e.strerror or str(e)
     advice = _OS_ADVICE.get(e.errno, "fix the cause and re-run")
     return f"{where}: {what}{f' ({name})' if name else ''}; {advice}."
+
+
+def pick(args, *names: str, **renamed: str) -> dict:
+    """The keyword arguments a handler hands its phase's function from the parsed options: ``{name: args.name}``
+    for each name, and ``{param: args.option}`` for each ``param="option"`` (a parameter named otherwise)."""
+    return {**{n: getattr(args, n) for n in names}, **{k: getattr(args, o) for k, o in renamed.items()}}
+
+
+def outcome(name: str, out, changed: bool, check: bool) -> str:
+    """The head of a phase command's human summary: ``NAME: OUT would change`` / ``is up to date`` in check mode,
+    ``NAME: OUT written`` / ``up to date`` after a run."""
+    if check:
+        return f"{name}: {out} {'would change' if changed else 'is up to date'}"
+    return f"{name}: {out} {'written' if changed else 'up to date'}"
+
+
+def listing(title: str, items) -> str:
+    """An indented list under ``title`` to append to a human summary; ``""`` when there is nothing to list."""
+    items = list(items)
+    return f"\n  {title}:\n    " + "\n    ".join(items) if items else ""
 
 
 def emit(args, result: dict, human: str | None = None) -> None:

@@ -134,6 +134,16 @@ def atomic_write_json(path: str | os.PathLike, obj, *, default=None, **kw) -> in
     return atomic_write_text(path, text, **kw)
 
 
+def read_json_object(path: str | os.PathLike) -> dict | None:
+    """The JSON object in the file at ``path`` (a stamp or meta record, as :func:`atomic_write_json` writes them);
+    None when the file is missing or unreadable, or holds no JSON object: the caller redoes what it records."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def fsync_tree(root: str | os.PathLike) -> None:
     """fsync every file and directory under ``root`` (before a directory is renamed into place)."""
     for dirpath, _dirs, files in os.walk(root):

@@ -26,6 +26,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from eagle3ops.errors import WithDetails
+
 CONVENTIONS = ("input", "output")
 MIN_LAYERS = 4  # EAGLE-3 needs low, mid and high states below the last layer
 # [2, N//2, N-3] is distinct and ascending from 7 layers on
@@ -34,12 +36,8 @@ MIN_LAYERS_FOR_DEFAULT = 7
 SGLANG_SHIFT = "SGLang's set_eagle3_layers_to_capture adds 1 to every id when the first is 1"
 
 
-class LayerIdError(ValueError):
+class LayerIdError(WithDetails, ValueError):
     """Aux layer ids that cannot be used; the message names them and says what to do."""
-
-    def __init__(self, message: str, **details):
-        super().__init__(message)
-        self.details = details
 
 
 def default_ids(num_layers: int) -> list[int]:

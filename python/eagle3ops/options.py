@@ -27,7 +27,17 @@ import argparse
 import json
 import sys
 
-__all__ = ["CHECK_FLAG", "EXECUTABLE", "Command", "Group", "Module", "Option"]
+__all__ = [
+    "CHECK_FLAG",
+    "EXECUTABLE",
+    "Command",
+    "Group",
+    "Module",
+    "Option",
+    "conversation_inputs",
+    "one_of",
+    "target_model",
+]
 
 _UNSET = object()
 CHECK_FLAG = "--check"
@@ -526,3 +536,30 @@ class Module:
 
     def argument_spec(self) -> dict:
         return {param: o.spec() for param, o in self.options().items()}
+
+
+def one_of(name, choices, **kw) -> Option:
+    """A str option that takes one of ``choices``, the first of them by default (``on_error``: fail or skip)."""
+    return Option(name, choices=choices, default=choices[0], **kw)
+
+
+def target_model(name: str, use: str, **kw) -> Option:
+    """The required path option naming the target model's directory; ``use``: what the command takes of it."""
+    return Option(name, "path", required=True, help=f"target model directory ({use})", **kw)
+
+
+def conversation_inputs(role: str, **kw) -> Option:
+    """``--input PATH`` (repeatable; the module's ``inputs``): the conversations prepare and regenerate read, in
+    the forms eagle3ops.conversations takes."""
+    return Option(
+        "input",
+        "list",
+        elements="path",
+        required=True,
+        nargs="append",
+        metavar="PATH",
+        param="inputs",
+        role=role,
+        help="JSONL/JSON file, directory of them, or a datasets.save_to_disk directory (repeatable)",
+        **kw,
+    )

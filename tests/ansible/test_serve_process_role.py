@@ -31,6 +31,7 @@ from eagle3_draft_fixture import make_draft_checkpoint
 from eagle3ops.serve import process as sp
 from eagle3ops.train.fixtures import make_tiny_verifier
 from runner import run_playbook
+from serve_flags import BOX_BACKEND_FLAGS
 
 INVENTORY = REPO / "inventory" / "local"
 GUARD = "Serve | Guard against silent no-speed-up (acceptance on probe prompts >= 1.3)"
@@ -103,12 +104,7 @@ def test_serve_as_a_process_guard_idempotence_and_stop(env):
         info = json.loads(f.read())
     joined = " ".join(info["argv"])
     for flag in (
-        "--dtype bfloat16",
-        "--attention-backend triton",
-        "--speculative-draft-attention-backend triton",
-        "--sampling-backend pytorch",
-        "--grammar-backend none",
-        "--disable-prefill-cuda-graph --disable-decode-cuda-graph",
+        *BOX_BACKEND_FLAGS,
         "--speculative-algorithm EAGLE3 --speculative-draft-model-path "
         + str(root / "work" / "serve" / "draft"),
         "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4",

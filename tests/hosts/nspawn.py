@@ -315,6 +315,19 @@ class LoopDevice:
         self.backing.unlink(missing_ok=True)
 
 
+class _InWorkdir:
+    """A file of an :class:`NspawnHost`'s work directory as a read-only attribute: ``host.workdir / name``."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, host, owner=None):
+        return self if host is None else host.workdir / self.name
+
+    def __set__(self, host, value):
+        raise AttributeError(f"{self.name} is a file of the host's work directory, not settable")
+
+
 # --------------------------------------------------------------------------------------------------
 # A host
 # --------------------------------------------------------------------------------------------------
@@ -348,21 +361,11 @@ class NspawnHost:
     def ip(self) -> str:
         return subnet_ips(self.idx)[1]
 
-    @property
-    def merged(self) -> Path:
-        return self.workdir / "merged"
-
-    @property
-    def ssh_config(self) -> Path:
-        return self.workdir / "ssh_config"
-
-    @property
-    def inventory(self) -> Path:
-        return self.workdir / "inventory.ini"
-
-    @property
-    def log(self) -> Path:
-        return self.workdir / "console.log"
+    # files of the host's work directory, as attributes (``host.log``: a Path)
+    merged = _InWorkdir("merged")  # the overlay's root: the container's file system
+    ssh_config = _InWorkdir("ssh_config")
+    inventory = _InWorkdir("inventory.ini")
+    log = _InWorkdir("console.log")
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def _mount(self) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from eagle3ops.host import storage
 from eagle3ops.host import storage_probe as storage_storage_probe
+from proc_helpers import run_infra
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = "playbooks/storage.yml"
@@ -158,22 +159,8 @@ def mounted_source(path: Path) -> str | None:
 
 def infra(env: Env) -> subprocess.CompletedProcess:
     """The user-facing testinfra checks (tests/infra/test_storage.py) against this host's inventory."""
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "tests/infra/test_storage.py",
-            "--hosts=ansible://localhost",
-            f"--ansible-inventory={env.inv}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
+    return run_infra(
+        "tests/infra/test_storage.py", "--hosts=ansible://localhost", f"--ansible-inventory={env.inv}"
     )
 
 

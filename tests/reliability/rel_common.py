@@ -8,6 +8,7 @@ files lost) of a run as JSON: docs/reliability.md quotes them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -41,6 +42,8 @@ ENV = {
     "OMP_NUM_THREADS": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+
+EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")  # the entry point, as a user runs it
 
 FIGURES: dict = {
     "faults_injected": 0,
@@ -203,3 +206,113 @@ def manifest_entries(store) -> dict:
     import dataclasses
 
     return {i: dataclasses.replace(e, ctime_ns=None) for i, e in store.scan_manifest().entries.items()}
+
+
+def fault_env(tmp_path: Path, spec: str) -> tuple[dict, Path]:
+    """The environment of an ``eagle3ops`` run that faulthook makes fail or pause as ``spec`` says
+    (``pause:replace:N``: it waits at its Nth os.replace until GO exists, and creates ``GO.paused`` when it gets
+    there), and that GO path (under ``tmp_path``, one per spec)."""
+    go = tmp_path / f"go-{spec.replace(':', '-')}"
+    env = {
+        **os.environ,
+        **ENV,
+        # faulthook first, then whatever eagle3ops the test runs (PYTHONPATH of the worktree under test)
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(HERE / "faulthook"), os.environ.get("PYTHONPATH")) if p
+        ),
+        "E3_FAULT": spec,
+        "E3_FAULT_GO": str(go),
+    }
+    return env, go
+
+
+def start_paused(
+    argv: list, tmp_path: Path, spec: str, timeout: float = 120
+) -> tuple[subprocess.Popen, Path]:
+    """Start ``eagle3ops ARGV`` (a plain subprocess, its output piped) with the ``pause:...`` fault ``spec`` and
+    return it and its GO path once it is paused at the fault point (a run holds its lock then). When it ends
+    first, or is not there within ``timeout`` s, it is killed and the test fails with its output."""
+    env, go = fault_env(tmp_path, spec)
+    proc = subprocess.Popen(
+        [EAGLE3OPS, *map(str, argv)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + timeout
+    while not Path(f"{go}.paused").exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(
+                f"eagle3ops {argv[0]} ended (rc {proc.returncode}) before its pause ({spec}): {out[-2000:]}{err[-3000:]}"
+            )
+        if time.monotonic() > deadline:
+            proc.kill()  # our own child, by its Popen handle
+            out, err = proc.communicate()
+            pytest.fail(
+                f"eagle3ops {argv[0]} never reached its pause ({spec}) in {timeout} s: {out[-2000:]}{err[-3000:]}"
+            )
+        time.sleep(0.05)
+    return proc, go
+
+
+@contextlib.contextmanager
+def paused_run(argv: list, tmp_path: Path, spec: str, timeout: float = 120):
+    """:func:`start_paused` for a ``with`` block: ``(proc, go)``; the run is killed if it still runs at its end."""
+    proc, go = start_paused(argv, tmp_path, spec, timeout)
+    try:
+        yield proc, go
+    finally:
+        kill_child(proc)
+
+
+def finish(proc: subprocess.Popen, go: Path, timeout: float = 180) -> tuple[int, str, str]:
+    """Let a paused run go on (GO created) and wait for its end (killed after ``timeout`` s): its exit code, stdout
+    and stderr."""
+    go.touch()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        kill_child(proc)
+    return proc.returncode, out, err
+
+
+def kill_child(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()  # our own child, by its Popen handle
+        proc.wait()
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """``small_fs(size, opts="")``: a REAL tmpfs of that size (``"72m"``; ``opts`` such as ``ro`` added to its
+    mount options) mounted under ``tmp_path``, unmounted at the end of the test (root only)."""
+    mounts = []
+
+    def mount(size: str, opts: str = "") -> Path:
+        mnt = tmp_path / f"fs{len(mounts)}"
+        mnt.mkdir()
+        o = f"size={size}" + (f",{opts}" if opts else "")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", o, "tmpfs", str(mnt)], check=True)
+        mounts.append(mnt)
+        return mnt
+
+    yield mount
+    for m in mounts:
+        subprocess.run(["umount", str(m)], check=False)
+
+
+def fill_fs(path: Path) -> int:
+    """Write zeros to ``path`` until its file system is full (ENOSPC), down to 4 KiB pieces; the bytes written."""
+    n = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        chunk = b"\0" * (1 << 20)
+        while True:
+            try:
+                n += os.write(fd, chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                if len(chunk) == 4096:
+                    return n
+                chunk = chunk[: len(chunk) // 2]
+    finally:
+        os.close(fd)

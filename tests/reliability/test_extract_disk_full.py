@@ -9,60 +9,29 @@ test fills the filesystem from the outside, as another writer would. The resume 
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 from eagle3ops.store import HiddenStateStore
-from rel_common import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files, leftovers, manifest_entries
+from rel_common import (
+    EXTRACT_ARGS,
+    LENGTHS,
+    fill_fs,
+    finish,
+    fresh_data,
+    hs_files,
+    leftovers,
+    manifest_entries,
+    paused_run,
+)
 from safetensors.torch import load_file
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root; CI runs as root"),
 ]
-EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    mounts = []
-
-    def mount(size: str) -> Path:
-        mnt = tmp_path / f"fs{len(mounts)}"
-        mnt.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
-        mounts.append(mnt)
-        return mnt
-
-    yield mount
-    for m in mounts:
-        subprocess.run(["umount", str(m)], check=False)
-
-
-def _fill(path: Path) -> int:
-    """Write zeros until the filesystem is full (ENOSPC); returns the bytes written."""
-    n = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        chunk = b"\0" * (1 << 20)
-        while True:
-            try:
-                n += os.write(fd, chunk)
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
-                if len(chunk) == 4096:
-                    return n
-                chunk = chunk[: len(chunk) // 2]
-    finally:
-        os.close(fd)
 
 
 def test_disk_fills_mid_run_fails_clearly_keeps_every_file_and_resumes(
@@ -71,36 +40,12 @@ def test_disk_fills_mid_run_fails_clearly_keeps_every_file_and_resumes(
     # big enough for the preflight (the need + 5% + the 64 MiB default margin), filled from outside later
     mnt = small_fs("72m")
     data = fresh_data(prepared, mnt / "data")
-    go = tmp_path / "go"
-    env = {
-        **os.environ,
-        **ENV,
-        "PYTHONPATH": str(HERE / "faulthook"),
-        "E3_FAULT": "pause:replace:6",
-        "E3_FAULT_GO": str(go),
-    }
-    proc = subprocess.Popen(
-        [EAGLE3OPS, "extract", "--data", str(data), "--model", str(tiny_model), *EXTRACT_ARGS],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not Path(f"{go}.paused").exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the run never reached its 6th rename"
-            time.sleep(0.05)
+    argv = ["extract", "--data", data, "--model", tiny_model, *EXTRACT_ARGS]
+    with paused_run(argv, tmp_path, "pause:replace:6") as (proc, go):  # its 6th rename
         filler = mnt / "filler"
-        assert _fill(filler) > 0
+        assert fill_fs(filler) > 0
         assert shutil.disk_usage(mnt).free < 4096 * 4
-        go.touch()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _, out, err = finish(proc, go, timeout=120)
     assert proc.returncode == 2, out + err[-3000:]
     res = json.loads(out.strip().splitlines()[-1])
     msg = res["msg"]

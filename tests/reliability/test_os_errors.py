@@ -10,55 +10,15 @@ exit code 1, or exit 0 for a wrong path), as its docstring says.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 from eagle3ops.store import HiddenStateStore
-from rel_common import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files, leftovers
+from rel_common import EXTRACT_ARGS, LENGTHS, fill_fs, finish, fresh_data, hs_files, leftovers, paused_run
 
-EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root; CI runs as root")
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    mounts = []
-
-    def mount(size: str, opts: str = "") -> Path:
-        mnt = tmp_path / f"fs{len(mounts)}"
-        mnt.mkdir()
-        o = f"size={size}" + (f",{opts}" if opts else "")
-        subprocess.run(["mount", "-t", "tmpfs", "-o", o, "tmpfs", str(mnt)], check=True)
-        mounts.append(mnt)
-        return mnt
-
-    yield mount
-    for m in mounts:
-        subprocess.run(["umount", str(m)], check=False)
-
-
-def _fill(path: Path) -> None:
-    """Write until the file system is full (ENOSPC), down to 4 KiB pieces."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        chunk = b"\0" * (1 << 20)
-        while True:
-            try:
-                os.write(fd, chunk)
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
-                if len(chunk) == 4096:
-                    return
-                chunk = chunk[: len(chunk) // 2]
-    finally:
-        os.close(fd)
 
 
 def _one_line_error(r, *needles: str) -> str:
@@ -79,7 +39,7 @@ def test_full_disk_at_extract_meta_json_is_one_line(small_fs, zygote, tiny_model
     """main: ``OSError: [Errno 28] No space left on device`` traceback, exit code 1."""
     mnt = small_fs("8m")
     data = fresh_data(prepared, mnt / "data")
-    _fill(mnt / "filler")
+    fill_fs(mnt / "filler")
     r = zygote.run(["extract", "--data", data, "--model", tiny_model, *EXTRACT_ARGS])
     msg = _one_line_error(r, str(data / "hidden_states" / "extract_meta.json"), "No space left on device")
     assert "ENOSPC" in msg and "free space" in msg and "re-run" in msg, msg
@@ -101,37 +61,11 @@ def test_full_disk_at_a_manifest_append_is_one_line_and_leaves_no_torn_line(
     hs.mkdir()
     manifest = hs / "manifest-rank0.jsonl"
     manifest.write_bytes(b"\n" * 4095)  # blank lines (ignored): the next line crosses into a new page
-    go = tmp_path / "go"
-    env = {
-        **os.environ,
-        **ENV,
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(HERE / "faulthook"), os.environ.get("PYTHONPATH")) if p
-        ),
-        "E3_FAULT": "pause:replace:2",  # the 1st sample's rename (the 1st is extract_meta.json)
-        "E3_FAULT_GO": str(go),
-    }
     argv = ["extract", "--data", data, "--model", tiny_model, "--writer-threads", "1", *EXTRACT_ARGS]
-    proc = subprocess.Popen(
-        [EAGLE3OPS, *map(str, argv)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        while not Path(f"{go}.paused").exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the run never reached its 2nd rename"
-            time.sleep(0.05)
-        _fill(mnt / "filler")
-        go.touch()
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    # the 1st sample's rename (the 1st is extract_meta.json)
+    with paused_run(argv, tmp_path, "pause:replace:2", timeout=180) as (proc, go):
+        fill_fs(mnt / "filler")
+        _, out, err = finish(proc, go)
     assert proc.returncode == 2, out[-2000:] + err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     res = json.loads(out.strip().splitlines()[-1])

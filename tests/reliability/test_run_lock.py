@@ -19,56 +19,8 @@ from pathlib import Path
 import pytest
 from eagle3ops.store import HiddenStateStore
 from proc_helpers import alive
-from rel_common import ENV, EXTRACT_ARGS, HERE, LENGTHS, fresh_data, hs_files
+from rel_common import EAGLE3OPS, ENV, EXTRACT_ARGS, LENGTHS, finish, fresh_data, hs_files, start_paused
 from store_helpers import manifest_rows
-
-EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")
-
-
-def _fault_env(tmp_path: Path, spec: str) -> tuple[dict, Path]:
-    go = tmp_path / f"go-{spec.replace(':', '-')}"
-    env = {
-        **os.environ,
-        **ENV,
-        # faulthook first, then whatever eagle3ops the test runs (PYTHONPATH of the worktree under test)
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(HERE / "faulthook"), os.environ.get("PYTHONPATH")) if p
-        ),
-        "E3_FAULT": spec,
-        "E3_FAULT_GO": str(go),
-    }
-    return env, go
-
-
-def _start_paused(
-    argv: list, tmp_path: Path, spec: str, timeout: float = 120
-) -> tuple[subprocess.Popen, Path]:
-    """Start ``eagle3ops ARGV`` and return once it is paused at the fault point (it holds its lock then)."""
-    env, go = _fault_env(tmp_path, spec)
-    proc = subprocess.Popen(
-        [EAGLE3OPS, *map(str, argv)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + timeout
-    while not Path(f"{go}.paused").exists():
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            pytest.fail(
-                f"the first run ended (rc {proc.returncode}) before its pause: {out[-2000:]}{err[-3000:]}"
-            )
-        assert time.monotonic() < deadline, "the first run never reached its pause point"
-        time.sleep(0.05)
-    return proc, go
-
-
-def _finish(proc: subprocess.Popen, go: Path) -> tuple[int, str, str]:
-    go.touch()
-    try:
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, out, err
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -84,7 +36,7 @@ def test_second_extract_on_one_directory_fails_naming_the_first_and_writes_nothi
     data = fresh_data(prepared, tmp_path / "data")
     # one writer thread: while it waits at its rename, the first run writes nothing else
     argv = ["extract", "--data", data, "--model", tiny_model, "--writer-threads", "1", *EXTRACT_ARGS]
-    first, go = _start_paused(argv, tmp_path, "pause:replace:4")  # 2 samples renamed, the 3rd waits
+    first, go = start_paused(argv, tmp_path, "pause:replace:4")  # 2 samples renamed, the 3rd waits
     try:
         # check mode takes no lock and reports the run in progress
         plan = zygote.run(["extract", "--data", data, "--model", tiny_model, "--plan", "--json"])
@@ -101,7 +53,7 @@ def test_second_extract_on_one_directory_fails_naming_the_first_and_writes_nothi
         assert second.json["holder"]["pid"] == first.pid
         assert hs_files(data) == before, "the refused run wrote samples"
     finally:
-        rc, out, err = _finish(first, go)
+        rc, out, err = finish(first, go)
     assert rc == 0, out[-2000:] + err[-3000:]
     res = json.loads(out.strip().splitlines()[-1])
     assert res["written"] == len(LENGTHS) and res["stale_lock"] is None
@@ -138,17 +90,9 @@ def test_workers_die_with_their_parent(tiny_model, prepared, tmp_path):
     argv += ["--max-batch-size", "1", "--no-progress", "--json"]
     # a worker's 2nd rename (its 2nd sample: mid-run); the parent's only rename is extract_meta.json, which it
     # writes before it starts the workers (the store is checked and pinned once, under the run lock)
-    env, go = _fault_env(tmp_path, "pause:replace:2")
-    parent = subprocess.Popen(
-        [EAGLE3OPS, *map(str, argv)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    parent, go = start_paused(argv, tmp_path, "pause:replace:2", timeout=180)  # the first worker to get there
     workers: list[int] = []
     try:
-        deadline = time.monotonic() + 180
-        while not Path(f"{go}.paused").exists():  # the first worker to get there
-            assert parent.poll() is None, parent.communicate()
-            assert time.monotonic() < deadline, "no worker reached its first rename"
-            time.sleep(0.05)
         children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
         workers = [int(c) for c in children]
         assert len(workers) == 2, workers
@@ -188,7 +132,7 @@ def test_second_prepare_on_one_directory_fails_naming_the_first(zygote, demo, tm
         "--max-samples",
         "16",
     ]
-    first, go = _start_paused([*argv, "--json"], tmp_path, "pause:replace:1")  # the swap into place waits
+    first, go = start_paused([*argv, "--json"], tmp_path, "pause:replace:1")  # the swap into place waits
     try:
         check = zygote.run([*argv, "--check", "--json"])
         assert check.rc == 0 and check.json["running"] is True, check.stdout[-2000:] + check.stderr[-2000:]
@@ -198,7 +142,7 @@ def test_second_prepare_on_one_directory_fails_naming_the_first(zygote, demo, tm
         assert f"{out} is in use by prepare PID {first.pid}" in msg and "eagle3ops prepare" in msg, msg
         assert "Traceback" not in second.stderr
     finally:
-        rc, o, e = _finish(first, go)
+        rc, o, e = finish(first, go)
     assert rc == 0, o[-2000:] + e[-3000:]
     # after it: the same prepare is up to date
     again = zygote.run([*argv, "--json"])
@@ -219,7 +163,7 @@ def test_second_train_on_one_run_dir_fails_naming_the_first(zygote, tmp_path_fac
     run = tmp_path / "run"
     argv = ["train", "--data", data, "--verifier", verifier, "--run-dir", run, "--device", "cpu"]
     argv += ["--launcher", "setsid", "--no-gpu-free-check", "--max-steps", "1", "--json"]
-    first, _ = _start_paused(argv, tmp_path, "pause:replace:1")
+    first, _ = start_paused(argv, tmp_path, "pause:replace:1")
     try:
         second = zygote.run(argv)
         assert second.rc == 2, second.stdout[-2000:] + second.stderr[-3000:]

@@ -27,6 +27,8 @@ from eagle3_draft_fixture import make_draft_checkpoint
 from eagle3ops.benchmark import acceptance as acc
 from eagle3ops.benchmark import report as rp
 from eagle3ops.train.fixtures import make_tiny_verifier
+from report_inputs import acceptance_result
+from serve_flags import BOX_BACKEND_FLAGS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -165,21 +167,7 @@ def test_report_with_sglang_results(tmp_path):
     src = _wheel_member("sglang/benchmark/serving.py")
     for key in rp.SGLANG_KEYS:
         assert f'"{key}":' in src, f"{key} is not in sglang 0.5.23's bench result record"
-    acceptance = {
-        "checkpoint": "c",
-        "target": "t",
-        "prompts_file": "p",
-        "layer_ids": [2, 4, 5],
-        "draft": {
-            "k": 3,
-            "prompts": 2,
-            "verify_steps": 10,
-            "acceptance_length": 2.5,
-            "max_acceptance_length": 4,
-            "per_position": [0.8, 0.5, 0.2],
-            "per_position_conditional": [0.8, 0.625, 0.4],
-        },
-    }
+    acceptance = acceptance_result(2.5, [0.8, 0.5, 0.2], [0.8, 0.625, 0.4])
     w, wo = tmp_path / "with.jsonl", tmp_path / "without.jsonl"
     w.write_text(
         json.dumps({"output_throughput": 1.0})
@@ -308,12 +296,7 @@ def test_serve_unit_renders_valid_sglang_flags(tmp_path):
         "--tp-size 8",
         "--port 30000",
         "--mem-fraction-static 0.85",
-        "--dtype bfloat16",
-        "--attention-backend triton",
-        "--speculative-draft-attention-backend triton",
-        "--sampling-backend pytorch",
-        "--grammar-backend none",
-        "--disable-prefill-cuda-graph --disable-decode-cuda-graph",
+        *BOX_BACKEND_FLAGS,
     ):
         assert flag in joined, flag
     # the box's flags (SGLang 0.5.17 there) are CLI options of 0.5.17; the default flags are options of 0.5.23

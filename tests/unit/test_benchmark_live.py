@@ -20,6 +20,7 @@ from eagle3ops.cli import main
 from eagle3ops.serve import process as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report_inputs import acceptance_result
 from test_serve_live import start_with_and_without
 
 MT = [
@@ -198,21 +199,7 @@ def test_live_benchmark_and_report_with_and_without_the_draft(files, tmp_path, c
         sp.stop(run_dir, "w", grace=10)
         sp.stop(run_dir, "o", grace=10)
 
-    acceptance = {
-        "checkpoint": "c",
-        "target": "t",
-        "prompts_file": str(held),
-        "layer_ids": [2, 4, 5],
-        "draft": {
-            "k": 3,
-            "prompts": 2,
-            "verify_steps": 10,
-            "acceptance_length": 2.2,
-            "max_acceptance_length": 4,
-            "per_position": [0.7, 0.4, 0.1],
-            "per_position_conditional": [0.7, 0.57, 0.25],
-        },
-    }
+    acceptance = acceptance_result(2.2, [0.7, 0.4, 0.1], [0.7, 0.57, 0.25], prompts_file=str(held))
     (tmp_path / "acc.json").write_text(json.dumps(acceptance))
     cont = tmp_path / "cont.json"
     assert (

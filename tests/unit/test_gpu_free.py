@@ -29,6 +29,7 @@ from eagle3ops.gpu_free import holders as gpu_holders
 from eagle3ops.gpu_free import nvml as gpu_nvml
 from eagle3ops.gpu_free import stop as gpu_stop
 from nvml_standin import StandInNVML, alive
+from proc_helpers import run_infra
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
@@ -524,21 +525,10 @@ def test_infra_check_fails_on_held_gpu_and_passes_on_free(tmp_path):
     for used in ("40960", "0"):
         env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "USED0": used}
         env.pop("EAGLE3OPS_GPU_FREE_THRESHOLD_MIB", None)
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "--hosts=local://",
-                str(REPO / "tests/infra/test_gpu_free.py::test_every_gpu_has_free_memory_and_no_process"),
-            ],
-            capture_output=True,
-            text=True,
+        r = run_infra(
+            "--hosts=local://",
+            str(REPO / "tests/infra/test_gpu_free.py::test_every_gpu_has_free_memory_and_no_process"),
             env=env,
-            cwd=REPO,
         )
         outcomes[used] = (r.returncode, r.stdout)
     rc, out = outcomes["40960"]

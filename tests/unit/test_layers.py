@@ -108,12 +108,19 @@ def test_sglang_rule_refuses_first_1_unsorted_and_duplicates():
 def test_capture_ids_per_model_file_rule():
     assert layers.capture_ids([2, 4, 5], "as_is_unless_first_is_1") == [2, 4, 5]
     assert layers.capture_ids([2, 30, 58], "plus_one") == [1, 29, 57]
-    with pytest.raises(layers.LayerIdError, match="shifts ids that start with 1"):
-        layers.capture_ids([1, 4, 5], "as_is_unless_first_is_1")
-    with pytest.raises(layers.LayerIdError, match="layer id 0"):
-        layers.capture_ids([0, 4, 5], "plus_one")
-    with pytest.raises(layers.LayerIdError, match="unknown SGLang layer-id rule"):
-        layers.capture_ids([2, 4, 5], "minus_two")
+
+
+@pytest.mark.parametrize(
+    ("ids", "rule", "match"),
+    [
+        ([1, 4, 5], "as_is_unless_first_is_1", "shifts ids that start with 1"),
+        ([0, 4, 5], "plus_one", "layer id 0"),
+        ([2, 4, 5], "minus_two", "unknown SGLang layer-id rule"),
+    ],
+)
+def test_capture_ids_refuses_what_the_rule_cannot_capture(ids, rule, match):
+    with pytest.raises(layers.LayerIdError, match=match):
+        layers.capture_ids(ids, rule)
 
 
 def _cli(*argv) -> tuple[int, dict]:

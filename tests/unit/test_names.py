@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from role_tasks import each_task
 from test_module_docs import MODULES, REPO, ansible_doc
 
 sys.path.insert(0, str(REPO / "module_utils"))
@@ -49,14 +50,6 @@ def test_old_names_are_the_table_and_link_to_the_new_module():
         assert f"Formerly named C({old})" in text, f"library/{new}.py's DOCUMENTATION does not name {old}"
 
 
-def _tasks(node):
-    """Every task (with its name, if any) of a tasks/handlers file, blocks descended."""
-    for t in node or []:
-        yield t
-        for k in ("block", "rescue", "always"):
-            yield from _tasks(t.get(k))
-
-
 def test_every_role_task_is_named_phase_action():
     """Kubespray's habit: "Extract | Work out what is left ..." says in a run's log which phase a task is of. The
     phase is what its playbook's play name starts with ("Extract - target hidden states ...")."""
@@ -71,7 +64,7 @@ def test_every_role_task_is_named_phase_action():
                 )
                 assert files, role
                 for f in files:
-                    for t in _tasks(yaml.safe_load(f.read_text())):
+                    for t in each_task(yaml.safe_load(f.read_text())):
                         name = t.get("name", "")
                         assert name.startswith(f"{label} | ") and len(name) > len(label) + 4, (
                             f"{f.relative_to(REPO)}: task {name or t} is not named '{label} | <action>'"

@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from eagle3ops import demo as demo_mod
+from eagle3ops import speculators_pin
 from eagle3ops.cli import main as cli_main
 from eagle3ops.prepare import dataset as prep_dataset
 from eagle3ops.prepare import render as prep_render
@@ -65,17 +66,21 @@ def write_jsonl(path: Path, records: list) -> Path:
     return path
 
 
-THREE_TURNS = {
-    "conversations": [
-        {"from": "system", "value": "You are a helpful assistant."},
-        {"from": "human", "value": "What is 2 + 3?"},
-        {"from": "gpt", "value": "2 + 3 = 5."},
-        {"from": "human", "value": "Now add 4 to that."},
-        {"from": "gpt", "value": "5 + 4 = 9."},
-        {"role": "user", "content": "Spell the word cat."},
-        {"role": "assistant", "content": "c-a-t"},
-    ]
-}
+def sharegpt(*pairs: tuple[str, str], system: str | None = None) -> dict:
+    """A ShareGPT record: a system turn if given, then a human and a gpt turn per (question, answer) pair."""
+    turns = [{"from": "system", "value": system}] if system else []
+    for question, answer in pairs:
+        turns += [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
+    return {"conversations": turns}
+
+
+ADD = ("What is 2 + 3?", "2 + 3 = 5.")
+# three assistant turns; the last pair in the OpenAI schema (one record may mix both)
+THREE_TURNS = sharegpt(ADD, ("Now add 4 to that.", "5 + 4 = 9."), system="You are a helpful assistant.")
+THREE_TURNS["conversations"] += [
+    {"role": "user", "content": "Spell the word cat."},
+    {"role": "assistant", "content": "c-a-t"},
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,14 +218,7 @@ PREFILL_THINK = (
 def test_prefilled_think_uses_the_common_prefix_boundary(tmp_path, model, tokenizer):
     """speculators' fallback: the gen prompt ends in '<think>' but the recorded turn has no reasoning."""
     variant = _tokenizer_variant(model, tmp_path / "tok", PREFILL_THINK)
-    rec = {
-        "conversations": [
-            {"from": "human", "value": "What is 2 + 3?"},
-            {"from": "gpt", "value": "2 + 3 = 5."},
-            {"from": "human", "value": "Spell the word cat."},
-            {"from": "gpt", "value": "c-a-t"},
-        ]
-    }
+    rec = sharegpt(ADD, ("Spell the word cat.", "c-a-t"))
     prepare(variant, [write_jsonl(tmp_path / "t.jsonl", [rec])], tmp_path / "out", log=quiet)
     rows = rows_of(tmp_path / "out")
     assert len(rows) == 2
@@ -358,12 +356,18 @@ def test_truncation_and_max_samples(tmp_path, model, demo):
     assert all(1 in r["loss_mask"] for r in rows_of(out))
 
 
-def test_refuses_to_orphan_hidden_states_unless_forced(prepared, tmp_path, model, demo):
-    src, _ = prepared
-    out = tmp_path / "data"
+def _with_extracted_state(src: Path, out: Path) -> Path:
+    """A copy of the prepared data directory ``src`` at ``out`` whose ``hidden_states/`` holds one file (STAND-IN
+    bytes, not a real sample: prepare only counts and keeps or removes it)."""
     shutil.copytree(src, out)
     (out / "hidden_states").mkdir()
     (out / "hidden_states" / "hs_0.safetensors").write_bytes(b"x" * 64)
+    return out
+
+
+def test_refuses_to_orphan_hidden_states_unless_forced(prepared, tmp_path, model, demo):
+    src, _ = prepared
+    out = _with_extracted_state(src, tmp_path / "data")
     (out / "d2t-32.npy").write_bytes(b"stale")
     before = sorted(p.name for p in out.rglob("*"))
     with pytest.raises(PrepareError, match=r"hidden_states holds 1 files.*--force"):
@@ -380,10 +384,7 @@ def test_refuses_to_orphan_hidden_states_unless_forced(prepared, tmp_path, model
 
 def test_missing_file_is_repaired_keeping_hidden_states(prepared, tmp_path, model, demo):
     src, first = prepared
-    out = tmp_path / "data"
-    shutil.copytree(src, out)
-    (out / "hidden_states").mkdir()
-    (out / "hidden_states" / "hs_0.safetensors").write_bytes(b"x" * 64)
+    out = _with_extracted_state(src, tmp_path / "data")
     arrow = out / "data-00000-of-00001.arrow"
     good = arrow.read_bytes()
     arrow.write_bytes(good[:100])  # damaged: its size no longer matches prepare_meta.json
@@ -433,10 +434,11 @@ def test_stale_temp_dirs_of_a_killed_run_are_cleaned(tmp_path, model):
 
 
 def test_pinned_to_speculators_0_9_0(monkeypatch):
-    """The installed version is read through importlib.metadata; patched here to play a newer release."""
-    real = prep_render.importlib.metadata.version
+    """The installed version is read through importlib.metadata (eagle3ops.speculators_pin); patched here to play
+    a newer release."""
+    real = speculators_pin.importlib.metadata.version
     monkeypatch.setattr(
-        prep_render.importlib.metadata, "version", lambda n: "0.10.0" if n == "speculators" else real(n)
+        speculators_pin.importlib.metadata, "version", lambda n: "0.10.0" if n == "speculators" else real(n)
     )
     with pytest.raises(
         PrepareError, match=r"speculators 0\.10\.0 is installed.*pinned to speculators 0\.9\.0"

@@ -39,24 +39,29 @@ def server():
     s.close()
 
 
-def _sharegpt(i: int, turns: int = 2, system: bool = False) -> dict:
-    conv = [{"from": "system", "value": f"system prompt {i}"}] if system else []
+# the two schemas of the inputs: the role key, the text key, the system/user/assistant role names, and how a
+# question and an old answer start
+_SCHEMAS = {
+    "sharegpt": ("from", "value", ("system", "human", "gpt"), "question", "old answer"),
+    "messages": ("role", "content", ("system", "user", "assistant"), "ask", "old"),
+}
+
+
+def _turns(schema: str, i: int, turns: int, system: bool) -> list[dict]:
+    """Conversation ``i``'s turns in ``schema``: a system prompt if asked, then ``turns`` question/answer pairs."""
+    role, text, (system_role, user, assistant), ask, old = _SCHEMAS[schema]
+    out = [{role: system_role, text: f"system prompt {i}"}] if system else []
     for t in range(turns):
-        conv += [
-            {"from": "human", "value": f"question {i}.{t}"},
-            {"from": "gpt", "value": f"old answer {i}.{t}"},
-        ]
-    return {"id": f"sg{i}", "conversations": conv}
+        out += [{role: user, text: f"{ask} {i}.{t}"}, {role: assistant, text: f"{old} {i}.{t}"}]
+    return out
+
+
+def _sharegpt(i: int, turns: int = 2, system: bool = False) -> dict:
+    return {"id": f"sg{i}", "conversations": _turns("sharegpt", i, turns, system)}
 
 
 def _messages(i: int, turns: int = 2, system: bool = False) -> dict:
-    msgs = [{"role": "system", "content": f"system prompt {i}"}] if system else []
-    for t in range(turns):
-        msgs += [
-            {"role": "user", "content": f"ask {i}.{t}"},
-            {"role": "assistant", "content": f"old {i}.{t}"},
-        ]
-    return {"id": f"m{i}", "messages": msgs, "meta": {"keep": i}}
+    return {"id": f"m{i}", "messages": _turns("messages", i, turns, system), "meta": {"keep": i}}
 
 
 def _write(path: Path, rows) -> Path:

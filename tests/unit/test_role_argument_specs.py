@@ -37,6 +37,7 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from role_tasks import each_task
 from test_module_docs import MODULES as MODULE_NAMES
 from test_module_docs import _argument_spec
 
@@ -282,22 +283,11 @@ def test_shared_paths_and_the_sglang_version_are_typed_once():
     assert not found, found
 
 
-def _tasks(node):
-    if isinstance(node, list):
-        for t in node:
-            yield from _tasks(t)
-    elif isinstance(node, dict):
-        yield node
-        for key in ("block", "rescue", "always"):
-            if key in node:
-                yield from _tasks(node[key])
-
-
 def _asserted(role: str) -> set[str]:
     """Role options named in an assert's ``that`` anywhere in the role's tasks."""
     names = set()
     for f in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
-        for t in _tasks(yaml.safe_load(f.read_text())):
+        for t in each_task(yaml.safe_load(f.read_text())):
             a = t.get("ansible.builtin.assert") or t.get("assert")
             if a:
                 names |= set(re.findall(r"[a-z][a-z0-9_]*", str(a.get("that"))))
@@ -337,7 +327,7 @@ def _module_calls(role: str):
     """(file, task, module) for each task (or handler) of the role that calls one of our modules."""
     for f in sorted((REPO / "roles" / role).glob("*/*.yml")):
         if f.parent.name in ("tasks", "handlers"):
-            for t in _tasks(yaml.safe_load(f.read_text())):
+            for t in each_task(yaml.safe_load(f.read_text())):
                 for module in sorted(set(t) & set(MODULES)):
                     yield f.relative_to(REPO), t, module
 
@@ -429,7 +419,7 @@ def _facts(role: str) -> set[str]:
     """Variables the role's tasks set (set_fact): its outputs, which an inventory may preset."""
     names = set()
     for f in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
-        for t in _tasks(yaml.safe_load(f.read_text())):
+        for t in each_task(yaml.safe_load(f.read_text())):
             names |= set(t.get("ansible.builtin.set_fact") or t.get("set_fact") or {})
     return names
 

@@ -11,20 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from role_tasks import each_task
 
 ROLES = Path(__file__).resolve().parents[2] / "roles"
-
-
-def _tasks(node):
-    """Every task mapping in a tasks file, blocks (block/rescue/always) included."""
-    if isinstance(node, list):
-        for item in node:
-            yield from _tasks(item)
-    elif isinstance(node, dict):
-        yield node
-        for key in ("block", "rescue", "always"):
-            if key in node:
-                yield from _tasks(node[key])
 
 
 def _role_variables() -> dict[str, str]:
@@ -48,7 +37,7 @@ def test_no_register_shadows_a_role_variable():
     clashes = []
     registered = 0
     for path in sorted(ROLES.glob("*/tasks/*.yml")) + sorted(ROLES.glob("*/handlers/*.yml")):
-        for task in _tasks(yaml.safe_load(path.read_text())):
+        for task in each_task(yaml.safe_load(path.read_text())):
             name = task.get("register")
             if name:
                 registered += 1

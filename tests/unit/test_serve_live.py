@@ -51,13 +51,12 @@ def start_with_and_without(run_dir, model_dir, draft, *, step_seconds: float) ->
 
 @pytest.fixture
 def model(tmp_path):
-    m = tmp_path / "model"
-    m.mkdir()
-    (m / "config.json").write_text("{}")
-    d = tmp_path / "draft"
-    d.mkdir()
-    (d / "config.json").write_text("{}")
-    return m, d
+    """A target and a draft directory, each with an empty config.json (what the stand-in server reads)."""
+    dirs = (tmp_path / "model", tmp_path / "draft")
+    for d in dirs:
+        d.mkdir()
+        (d / "config.json").write_text("{}")
+    return dirs
 
 
 def standin_argv(model_dir, port, draft=None, *extra):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from eagle3ops.durable import (
     atomic_write_json,
+    read_json_object,
     sha256_file,
 )
 
@@ -81,12 +81,7 @@ def log_default(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def read_stamp(path: Path) -> dict | None:
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
+read_stamp = read_json_object  # an asset's stamp; None: missing or unreadable, the step is done again
 
 
 def _select(names: list[str] | None) -> list[Asset]:

@@ -11,6 +11,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, Module, EXECUTABLE = _o.Option, _o.Command, _o.Module, _o.EXECUTABLE
+one_of, target_model = _o.one_of, _o.target_model
 
 MODULE = "eagle3ops_benchmark"
 _EXE = EXECUTABLE.but(role="benchmark_eagle3ops_bin")
@@ -22,10 +23,9 @@ _SETS = Option(
     param="prompt_sets",
     help="a named prompt set (repeatable)",
 )
-_TURNS = Option(
+_TURNS = one_of(
     "mtbench_turns",
-    choices=["first", "both"],
-    default="first",
+    ["first", "both"],
     help="MT-bench: first turns only, or both (the second follows the server's own first answer)",
 )
 
@@ -40,13 +40,7 @@ ACCEPTANCE = Command(
         Option(
             "checkpoint", "path", required=True, help="speculators checkpoint dir, save path or train run dir"
         ),
-        Option(
-            "target",
-            "path",
-            required=True,
-            role="benchmark_target_path",
-            help="target model directory (transformers)",
-        ),
+        target_model("target", "transformers", role="benchmark_target_path"),
         Option("prompts", "path", required=True, help="held-out prompts JSONL (not used in training)"),
         Option("out", "path", required=True, role=False, help="result JSON file"),
         Option("k", "int", default=3, help="draft tokens per verify step (speculative-num-steps)"),
@@ -77,6 +71,17 @@ ACCEPTANCE = Command(
     ],
 )
 
+# the result files the report reads (each optional; the role passes them itself): option -> what it is
+_REPORT_INPUTS = {
+    "acceptance": "benchmark-acceptance result JSON",
+    "sglang_with": "SGLang bench JSONL of the server with the draft",
+    "sglang_without": "SGLang bench JSONL of the server without the draft",
+    "spec_probe": "benchmark-spec-probe result JSON (completion tokens / spec_verify_ct)",
+    "live_with": "benchmark-live result of the server with the draft",
+    "live_without": "benchmark-live result of the server without the draft",
+    "contamination": "benchmark-contamination result JSON",
+}
+
 REPORT = Command(
     "benchmark-report",
     help="JSON + markdown table + PNG plot of the benchmark results",
@@ -86,22 +91,7 @@ REPORT = Command(
         Option(
             "out_dir", "path", required=True, param="out", role="benchmark_dir", help="the report's directory"
         ),
-        Option("acceptance", "path", role=False, help="benchmark-acceptance result JSON"),
-        Option("sglang_with", "path", role=False, help="SGLang bench JSONL of the server with the draft"),
-        Option(
-            "sglang_without", "path", role=False, help="SGLang bench JSONL of the server without the draft"
-        ),
-        Option(
-            "spec_probe",
-            "path",
-            role=False,
-            help="benchmark-spec-probe result JSON (completion tokens / spec_verify_ct)",
-        ),
-        Option("live_with", "path", role=False, help="benchmark-live result of the server with the draft"),
-        Option(
-            "live_without", "path", role=False, help="benchmark-live result of the server without the draft"
-        ),
-        Option("contamination", "path", role=False, help="benchmark-contamination result JSON"),
+        *(Option(name, "path", role=False, help=what) for name, what in _REPORT_INPUTS.items()),
         _EXE,
     ],
 )
@@ -231,10 +221,9 @@ CONTAMINATION = Command(
             param="training_data",
             help="training conversations (JSONL/dir/HF dataset), repeatable",
         ),
-        Option(
+        one_of(
             "mode",
-            choices=["fail", "warn"],
-            default="fail",
+            ["fail", "warn"],
             param="contamination_mode",
             role="benchmark_contamination",
             help="fail (exit 2) or only report",

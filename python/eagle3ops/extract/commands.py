@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from eagle3ops.command import CommandError, emit
+from eagle3ops.command import CommandError, emit, pick
 
 
 def register(sub) -> None:
@@ -26,26 +26,29 @@ def _config(args):
     from eagle3ops.extract.session import ExtractConfig
 
     return ExtractConfig(
-        data_dir=args.data,
-        model_path=args.model,
-        layer_ids=args.layer_ids,
-        layer_convention=args.layer_convention,
-        dtype=args.dtype,
-        compute_dtype=args.compute_dtype,
-        device=args.device,
-        max_batch_tokens=args.max_batch_tokens,
-        max_batch_size=args.max_batch_size,
+        **pick(
+            args,
+            "layer_ids",
+            "layer_convention",
+            "dtype",
+            "compute_dtype",
+            "device",
+            "max_batch_tokens",
+            "max_batch_size",
+            "fsync",
+            "writer_threads",
+            "limit",
+            "progress",
+            "verify",
+            "on_model_change",
+            "model_hash",
+            data_dir="data",
+            model_path="model",
+            margin_frac="margin",
+        ),
         world_size=args.world_size or 1,
         rank=args.rank or 0,
-        fsync=args.fsync,
-        writer_threads=args.writer_threads,
-        margin_frac=args.margin,
         margin_bytes=disk_margin_bytes(args.disk_margin_mib),
-        limit=args.limit,
-        progress=args.progress,
-        verify=args.verify,
-        on_model_change=args.on_model_change,
-        model_hash=args.model_hash,
     )
 
 

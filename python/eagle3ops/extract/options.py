@@ -12,6 +12,7 @@ except ImportError:  # on a target without eagle3ops: the copies Ansible ships
     from ansible.module_utils import eagle3ops_sglang_versions as _versions
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+one_of, target_model = _o.one_of, _o.target_model
 
 # ---- shared by both backends -------------------------------------------------------------------------
 DATA = Option(
@@ -21,26 +22,20 @@ DATA = Option(
     param="data_dir",
     help="prepared data directory (Arrow dataset from `eagle3ops prepare`); hidden_states/ is written inside it",
 )
-MODEL = Option(
-    "model",
-    "path",
-    required=True,
-    role="extract_model_path",
-    help="target model directory (transformers format; for sglang, as the server serves it)",
+MODEL = target_model(
+    "model", "transformers format; for sglang, as the server serves it", role="extract_model_path"
 )
 LAYER_IDS = Option(
     "layer_ids", "list", elements="int", help="aux layer ids (default [2, N//2, N-3]); see --layer-convention"
 )
-LAYER_CONVENTION = Option(
+LAYER_CONVENTION = one_of(
     "layer_convention",
-    choices=["input", "output"],
-    default="input",
+    ["input", "output"],
     help="input: id i = input of layer i (SGLang/vLLM/speculators); output: SpecForge/ModelOpt",
 )
-DTYPE = Option(
+DTYPE = one_of(
     "dtype",
-    choices=["bfloat16", "float16", "float32", "float8_e4m3fn"],
-    default="bfloat16",
+    ["bfloat16", "float16", "float32", "float8_e4m3fn"],
     help="stored dtype (float8_e4m3fn: e4m3 + a float32 scale per token and state; half the bytes)",
 )
 MARGIN = Option("margin", "float", default=0.05, help="free-space margin over the exact need (fraction)")
@@ -118,17 +113,15 @@ EXTRACT = Command(
         MARGIN,
         DISK_MARGIN_MIB,
         LIMIT,
-        Option(
+        one_of(
             "verify",
-            choices=["size", "checksum"],
-            default="size",
+            ["size", "checksum"],
             help="check of finished files before resuming: size (size + safetensors header, cheap) or checksum "
             "(re-reads every file); damaged ones are moved to hidden_states/damaged/ and extracted again",
         ),
-        Option(
+        one_of(
             "on_model_change",
-            choices=["refuse", "discard", "accept"],
-            default="refuse",
+            ["refuse", "discard", "accept"],
             help="the target's weights changed since the store was started: refuse; discard = move "
             "hidden_states aside (hidden_states.old-<time>) and start over; accept = same model, record it",
         ),

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import struct
 import subprocess
 import threading
@@ -35,9 +34,8 @@ from pathlib import Path
 
 from eagle3ops import jsonl
 from eagle3ops.extract import sglang_hook
+from eagle3ops.http_retry import RETRY_STATUS, RetrySettings
 from eagle3ops.store import HiddenStateStore, preflight_disk, read_safetensors_header
-
-RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 
 
 class SGLangClientError(RuntimeError):
@@ -45,19 +43,13 @@ class SGLangClientError(RuntimeError):
 
 
 @dataclass
-class SGLangExtractConfig:
+class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySettings' defaults
     data_dir: str
     model_path: str  # the target the server serves: its config gives layers/H and the store fingerprint
     url: str = "http://127.0.0.1:30000"
     layer_ids: list[int] | None = None
     layer_convention: str = "input"
     dtype: str = "bfloat16"
-    concurrency: int = 8
-    request_timeout: float = 600.0
-    retries: int = 5
-    backoff: float = 1.0
-    backoff_max: float = 60.0
-    health_timeout: float = 1800.0
     confirm_timeout: float = 120.0
     limit: int | None = None
     margin_frac: float = 0.05
@@ -240,9 +232,7 @@ class _Runner:
             out.attempts = attempt + 1
             if attempt:
                 out.retried += 1
-                cfg.sleep(
-                    min(cfg.backoff_max, cfg.backoff * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-                )
+                cfg.sleep(cfg.retry_delay(attempt))
             body = {
                 "input_ids": ids,
                 "rid": sglang_hook.make_rid(index, n, attempt),

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.command import CommandError, emit
+from eagle3ops.command import CommandError, emit, pick
 from eagle3ops.sglang_versions import KNOWN, UnknownVersion, get
+
+# the options of the store both the SGLang run and its check-mode plan (the transformers backend's) take
+_STORE_OPTIONS = ("layer_ids", "layer_convention", "dtype", "limit")
+_STORE_RENAMED = {"data_dir": "data", "model_path": "model", "margin_frac": "margin"}
 
 
 def register(sub) -> None:
@@ -55,29 +59,27 @@ def cmd_extract(args) -> int:
 
     _check_version(args.sglang_version)
     cfg = SGLangExtractConfig(
-        data_dir=args.data,
-        model_path=args.model,
-        url=args.url,
-        layer_ids=args.layer_ids,
-        layer_convention=args.layer_convention,
-        dtype=args.dtype,
-        concurrency=args.concurrency,
-        request_timeout=args.request_timeout,
-        retries=args.retries,
-        backoff=args.backoff,
-        backoff_max=args.backoff_max,
-        health_timeout=args.health_timeout,
-        confirm_timeout=args.confirm_timeout,
-        limit=args.limit,
-        margin_frac=args.margin,
+        **pick(
+            args,
+            *_STORE_OPTIONS,
+            "url",
+            "concurrency",
+            "request_timeout",
+            "retries",
+            "backoff",
+            "backoff_max",
+            "health_timeout",
+            "confirm_timeout",
+            "server_unit",
+            "server_pid",
+            "restore_patch",
+            "restore_patch_always",
+            "sglang_version",
+            "progress",
+            **_STORE_RENAMED,
+        ),
         margin_bytes=disk_margin_bytes(args.disk_margin_mib),
-        server_unit=args.server_unit,
-        server_pid=args.server_pid,
         stop_server=not args.keep_server,
-        restore_patch=args.restore_patch,
-        restore_patch_always=args.restore_patch_always,
-        sglang_version=args.sglang_version,
-        progress=args.progress,
     )
     try:
         if args.check:
@@ -87,16 +89,7 @@ def cmd_extract(args) -> int:
             if running and args.wait_running > 0:
                 running = wait_free(args.data, args.wait_running)
             res = plan_extraction(
-                ExtractConfig(
-                    data_dir=args.data,
-                    model_path=args.model,
-                    layer_ids=args.layer_ids,
-                    layer_convention=args.layer_convention,
-                    dtype=args.dtype,
-                    limit=args.limit,
-                    margin_frac=args.margin,
-                    margin_bytes=cfg.margin_bytes,
-                )
+                ExtractConfig(**pick(args, *_STORE_OPTIONS, **_STORE_RENAMED), margin_bytes=cfg.margin_bytes)
             )
             res.update(
                 backend="sglang", check_mode=True, changed=bool(res["to_extract"]), written=0, failed=0

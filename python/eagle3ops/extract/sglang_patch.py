@@ -27,6 +27,7 @@ from pathlib import Path
 
 from eagle3ops import sglang_versions as _versions
 from eagle3ops.durable import atomic_write_bytes, sha256_file
+from eagle3ops.errors import WithDetails
 
 TARGET_RELPATH = "sglang/srt/models/deepseek_v2.py"
 BACKUP_SUFFIX = ".eagle3ops-pristine"
@@ -35,19 +36,39 @@ MARK = "# eagle3ops"
 # ---------------------------------------------------------------------------------------------------------
 # The hunks: (where, old text, new text). ``old`` must occur exactly once in the pristine file.
 # ---------------------------------------------------------------------------------------------------------
-_HUNKS_0_5_23 = (
-    (
-        "module scope, after the imports (line 272)",
+
+
+def _import_hunk(version: str, line: int) -> tuple[str, str, str]:
+    """The hook's import at module scope, after the file's imports (the same text in every version)."""
+    return (
+        f"module scope, after the imports (line {line})",
         "logger = logging.getLogger(__name__)\n",
         "logger = logging.getLogger(__name__)\n"
         "\n"
-        "# eagle3ops capture patch (sglang 0.5.23): hidden-state dump for EAGLE-3 training.\n"
+        f"# eagle3ops capture patch (sglang {version}): hidden-state dump for EAGLE-3 training.\n"
         "# All logic lives in eagle3ops.sglang_hook; _eagle3ops_hook is None unless\n"
         "# EAGLE3OPS_SGLANG_DUMP_DIR is set. Remove with: eagle3ops sglang-patch restore\n"
         "from eagle3ops.sglang_hook import active_hook as _eagle3ops_active_hook  # eagle3ops\n"
         "\n"
         "_eagle3ops_hook = _eagle3ops_active_hook()  # eagle3ops\n",
-    ),
+    )
+
+
+_AUX_UNPACKED = "        if self.capture_aux_hidden_states:\n            hidden_states, aux_hidden_states = hidden_states\n"
+
+
+def _on_forward_hunk(line: int) -> tuple[str, str, str]:
+    """DeepseekV2ForCausalLM.forward hands the aux states to the hook once they are unpacked (every version)."""
+    return (
+        f"DeepseekV2ForCausalLM.forward, after the aux states are unpacked (line {line})",
+        _AUX_UNPACKED,
+        _AUX_UNPACKED + "        if _eagle3ops_hook is not None:  # eagle3ops\n"
+        "            _eagle3ops_hook.on_forward(self, forward_batch, aux_hidden_states)  # eagle3ops\n",
+    )
+
+
+_HUNKS_0_5_23 = (
+    _import_hunk("0.5.23", 272),
     (
         "DeepseekV2Model.forward, final norm (line 3239): capture the pre-norm last state",
         "                hidden_states = residual_batch.final_norm(\n"
@@ -58,15 +79,7 @@ _HUNKS_0_5_23 = (
         "                    capture=_eagle3ops_hook.capture_last(forward_batch) if _eagle3ops_hook else None,  # eagle3ops\n"
         "                )\n",
     ),
-    (
-        "DeepseekV2ForCausalLM.forward, after the aux states are unpacked (line 3419)",
-        "        if self.capture_aux_hidden_states:\n"
-        "            hidden_states, aux_hidden_states = hidden_states\n",
-        "        if self.capture_aux_hidden_states:\n"
-        "            hidden_states, aux_hidden_states = hidden_states\n"
-        "        if _eagle3ops_hook is not None:  # eagle3ops\n"
-        "            _eagle3ops_hook.on_forward(self, forward_batch, aux_hidden_states)  # eagle3ops\n",
-    ),
+    _on_forward_hunk(3419),
 )
 
 # SGLang 0.5.17: no residual_batch.final_norm (so no capture= callback) and no capture-only flag
@@ -74,18 +87,7 @@ _HUNKS_0_5_23 = (
 # from EAGLE3OPS_SGLANG_LAYER_IDS) and hands the final norm's updated residual (the pre-norm last state) to the
 # same capture callback.
 _HUNKS_0_5_17 = (
-    (
-        "module scope, after the imports (line 244)",
-        "logger = logging.getLogger(__name__)\n",
-        "logger = logging.getLogger(__name__)\n"
-        "\n"
-        "# eagle3ops capture patch (sglang 0.5.17): hidden-state dump for EAGLE-3 training.\n"
-        "# All logic lives in eagle3ops.sglang_hook; _eagle3ops_hook is None unless\n"
-        "# EAGLE3OPS_SGLANG_DUMP_DIR is set. Remove with: eagle3ops sglang-patch restore\n"
-        "from eagle3ops.sglang_hook import active_hook as _eagle3ops_active_hook  # eagle3ops\n"
-        "\n"
-        "_eagle3ops_hook = _eagle3ops_active_hook()  # eagle3ops\n",
-    ),
+    _import_hunk("0.5.17", 244),
     (
         "DeepseekV2Model.forward, final norm (line 2875): capture the pre-norm last state",
         "            if not forward_batch.forward_mode.is_idle():\n"
@@ -111,15 +113,7 @@ _HUNKS_0_5_17 = (
         "        if _eagle3ops_hook is not None:  # eagle3ops\n"
         "            _eagle3ops_hook.enable_capture(self)  # eagle3ops\n",
     ),
-    (
-        "DeepseekV2ForCausalLM.forward, after the aux states are unpacked (line 3095)",
-        "        if self.capture_aux_hidden_states:\n"
-        "            hidden_states, aux_hidden_states = hidden_states\n",
-        "        if self.capture_aux_hidden_states:\n"
-        "            hidden_states, aux_hidden_states = hidden_states\n"
-        "        if _eagle3ops_hook is not None:  # eagle3ops\n"
-        "            _eagle3ops_hook.on_forward(self, forward_batch, aux_hidden_states)  # eagle3ops\n",
-    ),
+    _on_forward_hunk(3095),
 )
 
 
@@ -148,12 +142,8 @@ SPECS = {
 DEFAULT_VERSION = _versions.DEFAULT_VERSION
 
 
-class PatchError(RuntimeError):
+class PatchError(WithDetails, RuntimeError):
     """The file is not one this patch knows; the message says what to do. Nothing was changed."""
-
-    def __init__(self, message: str, **details):
-        super().__init__(message)
-        self.details = details
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -9,17 +9,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from eagle3ops.errors import WithDetails
+
 MIB = 1024 * 1024
 # the v1 struct's share the driver reserves for itself (an idle H200: 615 MiB); gpu_free.options checks this
 DEFAULT_V1_RESERVED_ALLOWANCE_MIB = 1024
 
 
-class GpuFreeError(Exception):
+class GpuFreeError(WithDetails, Exception):
     """The GPUs are not free (or cannot be read); ``details`` is the full report."""
-
-    def __init__(self, message: str, **details):
-        super().__init__(message)
-        self.details = details
 
 
 class NoDriver(GpuFreeError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.command import CommandError, emit
+from eagle3ops.command import CommandError, emit, listing, outcome, pick
 from eagle3ops.prepare.options import PREPARE
 
 
@@ -37,13 +37,9 @@ def _prepare(args, prepare, PrepareError) -> dict:
             args.model,
             args.input,
             args.out,
-            max_length=args.max_length,
-            on_error=args.on_error,
-            max_samples=args.max_samples,
-            seed=args.seed,
-            force=args.force,
-            check=args.check,
-            trust_remote_code=args.trust_remote_code,
+            **pick(
+                args, "max_length", "on_error", "max_samples", "seed", "force", "check", "trust_remote_code"
+            ),
             log=lambda msg: print(msg, file=sys.stderr, flush=True),
             progress=sys.stderr.isatty() and not args.json,
         )
@@ -53,15 +49,11 @@ def _prepare(args, prepare, PrepareError) -> dict:
 
 
 def _emit(args, result) -> int:
-    if args.check:
-        human = f"prepare: {args.out} {'would change' if result['changed'] else 'is up to date'}"
-    else:
-        state = "written" if result["changed"] else "up to date"
-        human = (
-            f"prepare: {result['out']} {state}: {result['num_rows']} rows, {result['num_tokens']} tokens "
+    human = outcome("prepare", args.out if args.check else result["out"], result["changed"], args.check)
+    if not args.check:
+        human += (
+            f": {result['num_rows']} rows, {result['num_tokens']} tokens "
             f"({result['num_supervised_tokens']} supervised), {len(result['skipped'])} skipped"
-        )
-        if result["skipped"]:
-            human += "\n  skipped:\n    " + "\n    ".join(result["skipped"])
+        ) + listing("skipped", result["skipped"])
     emit(args, result, human)
     return 0

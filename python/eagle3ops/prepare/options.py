@@ -10,6 +10,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+conversation_inputs, one_of, target_model = _o.conversation_inputs, _o.one_of, _o.target_model
 
 PREPARE = Command(
     "prepare",
@@ -23,25 +24,8 @@ PREPARE = Command(
     module="eagle3ops_prepare",
     role="prepare",
     options=[
-        Option(
-            "model",
-            "path",
-            required=True,
-            metavar="PATH",
-            role="prepare_model_path",
-            help="target model directory (its tokenizer and chat template)",
-        ),
-        Option(
-            "input",
-            "list",
-            elements="path",
-            required=True,
-            nargs="append",
-            metavar="PATH",
-            param="inputs",
-            role="prepare_inputs",
-            help="JSONL/JSON file, directory of them, or a datasets.save_to_disk directory (repeatable)",
-        ),
+        target_model("model", "its tokenizer and chat template", metavar="PATH", role="prepare_model_path"),
+        conversation_inputs("prepare_inputs"),
         Option(
             "out",
             "path",
@@ -51,10 +35,9 @@ PREPARE = Command(
             help="output data directory",
         ),
         Option("max_length", "int", default=2048, help="tokens per row (longer rows are truncated)"),
-        Option(
+        one_of(
             "on_error",
-            choices=["fail", "skip"],
-            default="fail",
+            ["fail", "skip"],
             help="bad input rows: fail (nothing is written) or skip (listed in the result)",
         ),
         Option("max_samples", "int", metavar="N", help="keep at most N rows"),

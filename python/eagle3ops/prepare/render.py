@@ -5,14 +5,14 @@ and the read-check-render loop over every source."""
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import time
 from unittest import mock
 
 from eagle3ops.conversations import Problem, check_record, iter_records, role_of
 from eagle3ops.prepare.errors import PrepareError
+from eagle3ops.speculators_pin import PINNED, installed_version
 
-SPECULATORS_VERSION = "0.9.0"  # the release whose preprocessing this calls (requirements/speculators.txt)
+SPECULATORS_VERSION = PINNED  # the release whose preprocessing this calls
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -20,13 +20,12 @@ SPECULATORS_VERSION = "0.9.0"  # the release whose preprocessing this calls (req
 # ---------------------------------------------------------------------------------------------------
 def speculators_preprocessing():
     """speculators' preprocessing module, after checking that it is the pinned version."""
-    try:
-        version = importlib.metadata.version("speculators")
-    except importlib.metadata.PackageNotFoundError as e:
+    version = installed_version()
+    if version is None:
         raise PrepareError(
             f"speculators is not installed; prepare uses its {SPECULATORS_VERSION} data preparation. "
             "Install it: pip install --no-deps -r requirements/speculators.txt"
-        ) from e
+        )
     if version != SPECULATORS_VERSION:
         raise PrepareError(
             f"speculators {version} is installed but eagle3ops prepare is pinned to speculators "

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import random
 import threading
 import time
 import urllib.parse
@@ -18,8 +17,8 @@ from eagle3ops.conversations import (
     InputError,
     load_tokenizer,
 )
+from eagle3ops.http_retry import RETRY_STATUS
 from eagle3ops.regenerate.config import (
-    RETRY_STATUS,
     RegenerateConfig,
     RegenerateError,
 )
@@ -202,9 +201,7 @@ class OpenAIBackend:
         last = ""
         for attempt in range(cfg.retries + 1):
             if attempt:
-                cfg.sleep(
-                    min(cfg.backoff_max, cfg.backoff * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-                )
+                cfg.sleep(cfg.retry_delay(attempt))
             try:
                 code, payload = self.request(url, "POST", "/v1/chat/completions", body)
             except TimeoutError:

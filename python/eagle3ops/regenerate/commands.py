@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.command import CommandError, emit
+from eagle3ops.command import CommandError, emit, listing, outcome, pick
 from eagle3ops.regenerate.options import REGENERATE
 
 
@@ -17,52 +17,54 @@ def run(args) -> int:
     from eagle3ops.regenerate.run import regenerate
 
     cfg = RegenerateConfig(
-        model=args.model,
-        inputs=args.input,
-        out=args.out,
-        backend=args.backend,
-        urls=args.url,
-        served_model=args.served_model_name,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        system=args.system,
-        think=args.think,
-        concurrency=args.concurrency,
-        retries=args.retries,
-        backoff=args.backoff,
-        backoff_max=args.backoff_max,
-        request_timeout=args.request_timeout,
-        health_timeout=args.health_timeout,
-        limit=args.limit,
-        on_error=args.on_error,
-        force=args.force,
-        plan=args.check,
-        device=args.device,
-        dtype=args.dtype,
-        threads=args.threads,
-        trust_remote_code=args.trust_remote_code,
+        **pick(
+            args,
+            "model",
+            "out",
+            "backend",
+            "max_new_tokens",
+            "temperature",
+            "top_p",
+            "seed",
+            "system",
+            "think",
+            "concurrency",
+            "retries",
+            "backoff",
+            "backoff_max",
+            "request_timeout",
+            "health_timeout",
+            "limit",
+            "on_error",
+            "force",
+            "device",
+            "dtype",
+            "threads",
+            "trust_remote_code",
+            inputs="input",
+            urls="url",
+            served_model="served_model_name",
+            plan="check",
+        ),
         progress=sys.stderr.isatty() and not args.json,
     )
     try:
         r = regenerate(cfg)
     except RegenerateError as e:
         raise CommandError(str(e), **e.details) from e
+    human = outcome("regenerate", r["out"], r["changed"], args.check)
     if args.check:
-        human = (
-            f"regenerate: {r['out']} {'would change' if r['changed'] else 'is up to date'}: {r['left']} of "
-            f"{r['selected']} conversations left ({r['turns_left']} answers), {r['num_skipped']} rows skipped"
+        human += (
+            f": {r['left']} of {r['selected']} conversations left ({r['turns_left']} answers), "
+            f"{r['num_skipped']} rows skipped"
         )
     else:
-        state = "written" if r["changed"] else "up to date"
-        human = (
-            f"regenerate: {r['out']} {state}: {r['num_written']} written, {r['num_failed']} failed, "
-            f"{r['num_skipped']} skipped of {r['num_input']} rows; {r['output_tokens']} tokens in {r['wall_seconds']} s ({r['tok_per_s']} tok/s)"
+        human += (
+            f": {r['num_written']} written, {r['num_failed']} failed, {r['num_skipped']} skipped of "
+            f"{r['num_input']} rows; {r['output_tokens']} tokens in {r['wall_seconds']} s ({r['tok_per_s']} tok/s)"
+        ) + listing(
+            f"not in the output (also in {r.get('failures_file')})",
+            (f"{f['loc']}: {f['kind']}: {f['reason']}" for f in r["failures"][:20]),
         )
-        if r["failures"]:
-            human += f"\n  not in the output (also in {r['failures_file']}):\n    " + "\n    ".join(
-                f"{f['loc']}: {f['kind']}: {f['reason']}" for f in r["failures"][:20]
-            )
     emit(args, r, human)
     return 0

@@ -7,6 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3ops.errors import WithDetails
+from eagle3ops.http_retry import RetrySettings
+
 REGENERATE_FORMAT = 1
 
 
@@ -22,25 +25,20 @@ META_NAME = "meta"
 DONE_NAME = "done.log"
 
 
-RETRY_STATUS = {408, 429, 500, 502, 503, 504}
-
-
 MAX_ERRORS_SHOWN = 10
 
 
 ASSISTANT = "assistant"
 
 
-class RegenerateError(RuntimeError):
+class RegenerateError(WithDetails, RuntimeError):
     """A problem the user must act on; the message says what and where. ``details`` go into the JSON result."""
-
-    def __init__(self, message: str, **details):
-        super().__init__(message)
-        self.details = details
 
 
 @dataclass
-class RegenerateConfig:
+class RegenerateConfig(
+    RetrySettings
+):  # requests in flight and retries (openai backend); other defaults below
     model: str
     inputs: list[str]
     out: str
@@ -53,12 +51,9 @@ class RegenerateConfig:
     seed: int = 0
     system: str = "keep"  # keep | drop
     think: str = "keep"  # keep | strip
-    concurrency: int = 8
-    retries: int = 3
-    backoff: float = 1.0
-    backoff_max: float = 30.0
-    request_timeout: float = 600.0
-    health_timeout: float = 60.0
+    retries: int = field(default=3, kw_only=True)
+    backoff_max: float = field(default=30.0, kw_only=True)
+    health_timeout: float = field(default=60.0, kw_only=True)  # GET /v1/models
     abort_after: int = 0  # consecutive retryable conversation failures that stop the run (0: 2*concurrency+8)
     limit: int | None = None
     on_error: str = "fail"  # fail | skip

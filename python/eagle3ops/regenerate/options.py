@@ -10,6 +10,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+conversation_inputs, one_of = _o.conversation_inputs, _o.one_of
 
 REGENERATE = Command(
     "regenerate",
@@ -32,18 +33,7 @@ REGENERATE = Command(
             role_default="",  # the phase is off unless an inventory turns it on and names the target
             help="the target (local directory, or the served name)",
         ),
-        Option(
-            "input",
-            "list",
-            elements="path",
-            required=True,
-            nargs="append",
-            metavar="PATH",
-            param="inputs",
-            role="regenerate_inputs",
-            role_default=[],
-            help="JSONL/JSON file, directory of them, or a datasets.save_to_disk directory (repeatable)",
-        ),
+        conversation_inputs("regenerate_inputs", role_default=[]),
         Option(
             "out",
             "path",
@@ -52,12 +42,7 @@ REGENERATE = Command(
             role="regenerate_output",
             help="the regenerated conversations (JSONL)",
         ),
-        Option(
-            "backend",
-            choices=["transformers", "openai"],
-            default="transformers",
-            help="where the answers come from",
-        ),
+        one_of("backend", ["transformers", "openai"], help="where the answers come from"),
         Option(
             "url",
             "list",
@@ -77,8 +62,8 @@ REGENERATE = Command(
         Option("temperature", "float", default=0.0, help="0 = greedy"),
         Option("top_p", "float", default=1.0, help="nucleus sampling (temperature > 0)"),
         Option("seed", "int", default=0, help="sampling seed (temperature > 0)"),
-        Option("system", choices=["keep", "drop"], default="keep", help="the system turns"),
-        Option("think", choices=["keep", "strip"], default="keep", help="<think> blocks of the answers"),
+        one_of("system", ["keep", "drop"], help="the system turns"),
+        one_of("think", ["keep", "strip"], help="<think> blocks of the answers"),
         Option(
             "concurrency",
             "int",
@@ -91,10 +76,9 @@ REGENERATE = Command(
         Option("request_timeout", "float", default=600.0, help="openai: seconds per request"),
         Option("health_timeout", "float", default=60.0, help="openai: wait for /v1/models (s)"),
         Option("limit", "int", metavar="N", help="the first N usable conversations"),
-        Option(
+        one_of(
             "on_error",
-            choices=["fail", "skip"],
-            default="fail",
+            ["fail", "skip"],
             help="rows that cannot be regenerated: fail or skip (listed in OUT.failures)",
         ),
         Option(
@@ -104,12 +88,7 @@ REGENERATE = Command(
             help="inputs or settings changed: discard what was regenerated, redo",
         ),
         Option("device", default="auto", help="transformers: auto, cpu, cuda, cuda:N"),
-        Option(
-            "dtype",
-            choices=["auto", "float32", "bfloat16", "float16"],
-            default="auto",
-            help="transformers: the model's dtype",
-        ),
+        one_of("dtype", ["auto", "float32", "bfloat16", "float16"], help="transformers: the model's dtype"),
         Option(
             "threads", "int", default=0, help="transformers on the CPU: torch threads (0 = torch's default)"
         ),

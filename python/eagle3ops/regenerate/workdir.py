@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3ops import jsonl
-from eagle3ops.durable import fsync_dir
+from eagle3ops.durable import fsync_dir, read_json_object
 from eagle3ops.regenerate.config import (
     DONE_NAME,
     FAILURES_SUFFIX,
@@ -105,12 +105,7 @@ def set_aside(done_path: Path, done: DoneLog) -> Path:
     return aside
 
 
-def read_meta(path: Path) -> dict | None:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return d if isinstance(d, dict) else None
+read_meta = read_json_object  # OUT.regenerate/meta.json; None: missing or unreadable (a fresh start)
 
 
 def atomic_write(path: Path, chunks, check: Callable[[Path], None] | None = None) -> str:

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from eagle3ops.command import CommandError, emit
+from eagle3ops.command import CommandError, emit, pick
 from eagle3ops.serve.options import CONVERT, SERVE_PROCESS
 from eagle3ops.sglang_versions import KNOWN
 
@@ -25,11 +25,9 @@ def cmd_convert(args) -> int:
         res = cv.convert(
             args.checkpoint,
             args.out,
-            serve_window=args.serve_window,
-            target_arch=args.target_arch,
-            sglang_ids=args.sglang_layer_ids,
-            check=args.check,
-            sglang_version=args.sglang_version,
+            **pick(
+                args, "serve_window", "target_arch", "check", "sglang_version", sglang_ids="sglang_layer_ids"
+            ),
         )
     except cv.ConvertError as e:
         if args.check and e.details.get("missing") and args.sglang_version in KNOWN:
@@ -112,10 +110,7 @@ def cmd_serve_process(args) -> int:
                 args.run_dir,
                 args.name,
                 spec,
-                health_timeout=args.health_timeout,
-                interval=args.interval,
-                check=args.check,
-                stop_grace=args.stop_grace,
+                **pick(args, "health_timeout", "interval", "check", "stop_grace"),
             )
             res["spec"] = spec
     except sp.ServeProcessError as e:

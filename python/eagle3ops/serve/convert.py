@@ -42,6 +42,7 @@ from pathlib import Path
 from eagle3ops import layers, sglang_versions
 from eagle3ops.checkpoints import CheckpointError, resolve_checkpoint
 from eagle3ops.durable import sha256_file
+from eagle3ops.errors import WithDetails
 
 SGLANG_VERSION = sglang_versions.DEFAULT_VERSION
 CONVERTER_VERSION = 2  # 2: weights always written in DRAFT_DTYPE
@@ -65,12 +66,8 @@ def _version(sglang_version: str | None) -> sglang_versions.SGLangVersion:
         raise ConvertError(str(e), sglang_version=sglang_version, known=list(sglang_versions.KNOWN)) from None
 
 
-class ConvertError(Exception):
+class ConvertError(WithDetails, Exception):
     """A checkpoint SGLang cannot serve, or an unusable input; the message says what to do."""
-
-    def __init__(self, message: str, **details):
-        super().__init__(message)
-        self.details = details
 
 
 def sglang_layer_ids(

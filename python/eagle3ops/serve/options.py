@@ -12,6 +12,7 @@ except ImportError:  # on a target without eagle3ops: the copies Ansible ships
     from ansible.module_utils import eagle3ops_sglang_versions as _versions
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+one_of = _o.one_of
 
 CONVERT = Command(
     "convert",
@@ -79,9 +80,7 @@ SERVE_PROCESS = Command(
             "action", positional=True, choices=["start", "stop", "status"], param=False, help="what to do"
         ),
         # the module's state: started/stopped/status (it passes the action)
-        Option(
-            "state", cli=False, choices=["started", "stopped", "status"], default="started", help="the state"
-        ),
+        one_of("state", ["started", "stopped", "status"], cli=False, help="the state"),
         Option("run_dir", "path", required=True, help="directory of the state, PID and log files"),
         Option("name", required=True, role=False, help="the server's name (file names in RUN_DIR)"),
         Option("spec_file", "path", role=False, help="JSON {NAME: {argv: [...], env: {...}, url: ...}}"),

@@ -16,6 +16,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+one_of, target_model = _o.one_of, _o.target_model
 
 DEFAULT_DRAFT_VOCAB = (
     32000  # the draft vocabulary asked for when none is given (capped at the distinct tokens)
@@ -39,13 +40,7 @@ TRAIN = Command(
             flag="--data",
             help="data dir: Arrow dataset + hidden_states/ + token_freq.pt",
         ),
-        Option(
-            "verifier_path",
-            "path",
-            required=True,
-            flag="--verifier",
-            help="target model directory (the one the states came from)",
-        ),
+        target_model("verifier_path", "the one the states came from", flag="--verifier"),
         Option("run_dir", "path", required=True, help="run directory (state, rendered config, log, metrics)"),
         # the role's "" (and [] below) mean "not set": the CLI leaves the option out (Option.argv)
         Option("save_path", "path", role_default="", help="checkpoint directory (default RUN/checkpoints)"),
@@ -85,18 +80,17 @@ TRAIN = Command(
             default=False,
             help="speculators' default; SGLang 0.5.23 cannot serve it, so off unless asked",
         ),
-        Option("attention", choices=["full", "sliding"], default="full", help="draft attention"),
+        one_of("attention", ["full", "sliding"], help="draft attention"),
         Option("sliding_window", "int", default=2048, help="window of sliding attention"),
-        Option(
+        one_of(
             "on_missing",
-            choices=["raise", "skip", "warn"],
-            default="raise",
+            ["raise", "skip", "warn"],
             help="a sample without hidden states: raise refuses incomplete extraction",
         ),
         Option(
             "mask_token_id", "int", param=False, help="speculators' mask token (default from the verifier)"
         ),
-        Option("device", choices=["auto", "cpu", "gpu"], default="auto", help="auto: GPUs when visible"),
+        one_of("device", ["auto", "cpu", "gpu"], help="auto: GPUs when visible"),
         Option("nproc", "int", help="trainer processes on GPUs (default: every visible GPU)"),
         # the role passes null as omitted (0 workers is a value): not a plain pass-through
         Option("num_workers", "int", role=False, help="loader workers per process (default 0 on CPU)"),
@@ -124,10 +118,9 @@ TRAIN = Command(
             role_default="",
             help="network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)",
         ),
-        Option(
+        one_of(
             "trainer",
-            choices=["speculators", "ddp_probe"],
-            default="speculators",
+            ["speculators", "ddp_probe"],
             help="speculators, or ddp_probe: the minimal DDP job through the same launcher (a cluster check; the "
             "multi-node trainer on CPU)",
         ),
@@ -158,12 +151,7 @@ TRAIN = Command(
         Option(
             "restart_on_change", "bool", default=False, help="a changed config: stop, set aside, start over"
         ),
-        Option(
-            "launcher",
-            choices=["auto", "systemd", "setsid"],
-            default="auto",
-            help="auto: systemd-run where systemd is PID 1",
-        ),
+        one_of("launcher", ["auto", "systemd", "setsid"], help="auto: systemd-run where systemd is PID 1"),
         Option(
             "unit_name", role_default="", help="systemd unit name (default eagle3-train-<hash of run dir>)"
         ),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from eagle3ops.errors import WithDetails
+
 SHIM_MODULE = "eagle3ops.speculators_shim"
 
 
@@ -68,12 +70,8 @@ MANAGED_KEYS = {
 }
 
 
-class TrainError(Exception):
+class TrainError(WithDetails, Exception):
     """A problem the user must act on; the message names the file/PID and what to do."""
-
-    def __init__(self, message: str, **details):
-        super().__init__(message)
-        self.details = details
 
 
 @dataclass

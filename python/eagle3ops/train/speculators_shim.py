@@ -26,7 +26,6 @@ It is what the ``train`` phase launches (directly, or under ``torchrun -m``), in
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import os
@@ -35,7 +34,9 @@ import time
 import traceback
 from collections.abc import Mapping
 
-SUPPORTED_SPECULATORS = "0.9.0"
+from eagle3ops.speculators_pin import PINNED, installed_version
+
+SUPPORTED_SPECULATORS = PINNED
 ENV_METRICS = "EAGLE3OPS_METRICS"
 ENV_EXIT = "EAGLE3OPS_EXIT"
 ENV_FORCE_CPU = "EAGLE3OPS_FORCE_CPU"
@@ -50,13 +51,12 @@ class UnsupportedSpeculatorsVersion(RuntimeError):
 def check_version(installed: str | None = None) -> str:
     """Return the installed speculators version; refuse any version the shim was not written for."""
     if installed is None:
-        try:
-            installed = importlib.metadata.version("speculators")
-        except importlib.metadata.PackageNotFoundError as e:
+        installed = installed_version()
+        if installed is None:
             raise UnsupportedSpeculatorsVersion(
                 f"speculators is not installed in {sys.prefix}; install speculators=={SUPPORTED_SPECULATORS} "
                 "(requirements/speculators.txt, --no-deps) or run the runtime phase."
-            ) from e
+            )
     if installed != SUPPORTED_SPECULATORS:
         raise UnsupportedSpeculatorsVersion(
             f"speculators {installed} is installed in {sys.prefix}, but eagle3ops' training shim "
