@@ -47,6 +47,15 @@ class ModuleDocFragment:
 """
     )
 
+    # the storage modules that read or write the /data migration's state file (plan, state, sync)
+    STORAGE_STATE = r"""
+options:
+  state_file:
+    description: The migration's state file, on the machine whose /data migrates.
+    type: path
+    default: /var/lib/eagle3ops/storage-state.json
+"""
+
     # eagle3ops_extract and eagle3ops_extract_sglang: the store they both write (eagle3ops.extract_options)
     EXTRACT = r"""
 options:

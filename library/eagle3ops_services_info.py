@@ -79,22 +79,18 @@ holders:
   elements: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_host_options import SERVICES_INFO
+from ansible.module_utils.eagle3ops_module import run_host_module
 from ansible.module_utils.eagle3ops_services import ServicesError, gather
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=SERVICES_INFO.argument_spec(),
-        supports_check_mode=True,
-    )
+def _info(module):
     p = module.params
-    try:
-        result = gather(p["units"], p["backup_dir"], holders=p["holders"])
-    except ServicesError as e:
-        module.fail_json(msg=str(e))
-    module.exit_json(changed=False, **result)
+    return {"changed": False, **gather(p["units"], p["backup_dir"], holders=p["holders"])}
+
+
+def main():
+    run_host_module(SERVICES_INFO, _info, ServicesError)
 
 
 if __name__ == "__main__":

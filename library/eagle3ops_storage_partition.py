@@ -51,23 +51,25 @@ created:
   type: bool
 """
 
-from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_host_options import STORAGE_PARTITION
+from ansible.module_utils.eagle3ops_module import run_host_module
 from ansible.module_utils.eagle3ops_storage_probe import StorageError, partition_path
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=STORAGE_PARTITION.argument_spec(),
-        supports_check_mode=True,
-    )
+def _partition(module):
     p = module.params
-    try:
-        res = partition_path(p["disk"], p["number"], create=not module.check_mode, timeout=p["timeout"])
-    except (StorageError, OSError) as e:
-        module.fail_json(msg=f"partition {p['number']} of {p['disk']}: {e}")
+    res = partition_path(p["disk"], p["number"], create=not module.check_mode, timeout=p["timeout"])
     diff = {"before": "", "after": f"block node {res['path']} ({res['devnum']})\n"} if res["created"] else {}
-    module.exit_json(changed=res["created"], diff=diff, **res)
+    return {"changed": res["created"], "diff": diff, **res}
+
+
+def main():
+    run_host_module(
+        STORAGE_PARTITION,
+        _partition,
+        (StorageError, OSError),
+        context=lambda p: f"partition {p['number']} of {p['disk']}",
+    )
 
 
 if __name__ == "__main__":

@@ -30,10 +30,6 @@ options:
     description: Where the old data is kept as the rollback after the cut-over.
     type: path
     default: /data.old
-  state_file:
-    description: The migration's state file on this machine.
-    type: path
-    default: /var/lib/eagle3ops/storage-state.json
   fstab:
     description: The fstab file consulted for /data.
     type: path
@@ -62,6 +58,8 @@ options:
     description: Refuse kernel names such as C(/dev/nvme1n1) (they can change between boots).
     type: bool
     default: true
+extends_documentation_fragment:
+  - eagle3ops.storage_state
 author: eagle3ops developers (@eagle3ops)
 """
 
@@ -104,21 +102,13 @@ fs_uuid:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_host_options import STORAGE_PLAN
+from ansible.module_utils.eagle3ops_module import run_host_module
 from ansible.module_utils.eagle3ops_storage import StorageError, plan
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=STORAGE_PLAN.argument_spec(),
-        supports_check_mode=True,
-    )
-    try:
-        result = plan(**module.params)
-    except StorageError as e:
-        module.fail_json(msg=str(e), **e.details)
-    module.exit_json(changed=False, **result)
+    run_host_module(STORAGE_PLAN, lambda module: {"changed": False, **plan(**module.params)}, StorageError)
 
 
 if __name__ == "__main__":

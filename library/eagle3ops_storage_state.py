@@ -13,10 +13,6 @@ description:
     (C(.eagle3ops-storage.json)) into the root of the new filesystem, which must be mounted at the
     staging path.
 options:
-  state_file:
-    description: The migration's state file.
-    type: path
-    default: /var/lib/eagle3ops/storage-state.json
   step:
     description: The step reached.
     type: str
@@ -51,6 +47,8 @@ options:
     description: The fstab file used.
     type: path
     default: /etc/fstab
+extends_documentation_fragment:
+  - eagle3ops.storage_state
 author: eagle3ops developers (@eagle3ops)
 """
 

@@ -25,10 +25,6 @@ description:
     not empty, and that the staging path is the new filesystem; it fails with what was found otherwise.
   - Check mode runs rsync with C(--dry-run) to predict the change.
 options:
-  state_file:
-    description: The migration's state file.
-    type: path
-    default: /var/lib/eagle3ops/storage-state.json
   mode:
     description: Which pass to run.
     type: str
@@ -43,6 +39,8 @@ options:
     type: list
     elements: str
     default: []
+extends_documentation_fragment:
+  - eagle3ops.storage_state
 author: eagle3ops developers (@eagle3ops)
 """
 
@@ -71,30 +69,27 @@ n_differences:
   type: int
 """
 
-from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_host_options import STORAGE_SYNC
+from ansible.module_utils.eagle3ops_module import run_host_module
 from ansible.module_utils.eagle3ops_storage import StorageError, sync
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=STORAGE_SYNC.argument_spec(),
-        supports_check_mode=True,
-    )
+def _sync(module):
     p = module.params
-    try:
-        result = sync(
-            p["state_file"],
-            p["mode"],
-            check_mode=module.check_mode,
-            allow_empty_source=p["allow_empty_source"],
-            extra=p["rsync_opts"],
-        )
-    except StorageError as e:
-        module.fail_json(msg=str(e), **e.details)
+    result = sync(
+        p["state_file"],
+        p["mode"],
+        check_mode=module.check_mode,
+        allow_empty_source=p["allow_empty_source"],
+        extra=p["rsync_opts"],
+    )
     changes = result.get("changes") or []
     result["diff"] = {"prepared": "\n".join(changes[:200]) + ("\n" if changes else "")}
-    module.exit_json(**result)
+    return result
+
+
+def main():
+    run_host_module(STORAGE_SYNC, _sync, StorageError)
 
 
 if __name__ == "__main__":
