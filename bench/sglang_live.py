@@ -726,7 +726,8 @@ def _smol_playbook(a, m, d, heldout, orig) -> None:
 
     @stage("smol_playbook", a.playbook_need_s)
     def pb():
-        return run_playbooks("smol", {
+        waited = demo_capture_over(timeout=max(0.0, left() - a.playbook_need_s))
+        return {"waited_for_demo_capture": waited, **run_playbooks("smol", {
             "eagle3ops_checkpoint": str(d / "run-regen"), "eagle3ops_model_path": str(m),
             "serve_port": 30030, "serve_baseline_port": 30031, "serve_disable_cuda_graph": nograph,
             "serve_min_accept_length": a.guard_floor,
@@ -735,9 +736,23 @@ def _smol_playbook(a, m, d, heldout, orig) -> None:
                                       "heldout": str(heldout)},
             "benchmark_training_data": [str(orig), str(d / "regenerated.jsonl")],
             **({"serve_server_command": SERVER_CMD, "serve_sglang_site_packages": a.smoke_site} if a.smoke else {}),
-        }, timeout=max(60, left() - 20))  # fmt: skip
+        }, timeout=max(60, left() - 20))}  # fmt: skip
 
     pb()
+
+
+def demo_capture_over(timeout: float) -> dict:
+    """Lane demo patches the SGLang install both lanes share while it captures, and the serve phase refuses a patched
+    file: wait (bounded) until lane demo has restored it (its result.json has ``patch_status_after``) or ended."""
+    res, t = W / "demo" / "result.json", time.time()
+    while not DEMO_QUIET.is_set() and time.time() - t < timeout:
+        try:
+            if "patch_status_after" in json.loads(res.read_text()):
+                break
+        except (OSError, ValueError):  # not written yet, or caught mid-write
+            pass
+        time.sleep(2)
+    return {"s": round(time.time() - t, 1), "demo_ended": DEMO_QUIET.is_set()}
 
 
 # --------------------------------------------------------------------------------------------- lane demo

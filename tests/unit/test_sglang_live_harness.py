@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
-import sglang_live as L  # noqa: E402
+import sglang_live as L
 
 PLAY = """
 - name: Harness parse
@@ -79,3 +79,36 @@ def test_a_role_task_is_found_by_its_name_without_the_role_prefix():
         "status": "changed", "changed": True, "patch_state": "applied",
     }  # fmt: skip
     assert parsed["stats"]["gpu-box"]["changed"] == 1 and parsed["stats"]["gpu-box"]["skipped"] == 3
+
+
+def test_lane_smol_playbook_waits_for_lane_demo_to_restore_the_shared_install(tmp_path, monkeypatch):
+    """Both lanes share one SGLang install; lane demo patches it while capturing and the serve phase refuses a
+    patched file, so lane smol's playbook waits until lane demo's result.json says the patch was looked at again
+    (after its restore) or lane demo ended; never longer than the timeout."""
+    import json
+    import threading
+    import time
+
+    monkeypatch.setattr(L, "W", tmp_path)
+    (tmp_path / "demo").mkdir()
+    res = tmp_path / "demo" / "result.json"
+    res.write_text(json.dumps({"patch_apply": {"state": "applied"}}))
+    L.DEMO_QUIET.clear()
+    try:
+        threading.Timer(
+            2.5, lambda: res.write_text(json.dumps({"patch_status_after": {"state": "pristine"}}))
+        ).start()
+        t = time.time()
+        got = L.demo_capture_over(timeout=60)
+        assert 2.5 <= time.time() - t < 10 and got["demo_ended"] is False and 2 <= got["s"] < 10, got
+
+        res.write_text("{}")  # lane demo still capturing: bounded by the timeout
+        t = time.time()
+        got = L.demo_capture_over(timeout=1)
+        assert 1 <= time.time() - t < 5 and got["demo_ended"] is False
+
+        L.DEMO_QUIET.set()  # lane demo ended (or is not run): no wait
+        t = time.time()
+        assert L.demo_capture_over(timeout=60)["demo_ended"] is True and time.time() - t < 1
+    finally:
+        L.DEMO_QUIET.clear()
