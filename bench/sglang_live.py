@@ -739,6 +739,21 @@ def _smol_playbook(a, m, d, heldout, orig) -> None:
         }, timeout=max(60, left() - 20))}  # fmt: skip
 
     pb()
+    if a.smoke:
+        save("smol_playbook_servers_stopped", stop_playbook_servers("smol"))
+
+
+def stop_playbook_servers(name: str) -> dict:
+    """Stop the servers playbook run ``name`` left running (the serve phase keeps its server up, by design): the
+    smoke run does, so a shared CPU machine is not left with stand-ins holding the ports. Through the serve phase's
+    own launcher (``eagle3ops serve-process stop``), one per PID file in its run directory."""
+    run = W / f"pb-{name}" / "work" / "serve" / "run"
+    return {
+        f.stem: cli(
+            "serve-process", "stop", "--run-dir", str(run), "--name", f.stem, name=f"stop_{name}_{f.stem}"
+        )
+        for f in sorted(run.glob("*.pid"))
+    }
 
 
 def demo_capture_over(timeout: float) -> dict:

@@ -294,6 +294,8 @@ def main() -> int:
     if os.environ.get("LIVE_SERVER_CMD"):
         ev["serve_server_command"] = L.SERVER_CMD
     done("playbook", L.run_playbooks("demo", ev, timeout=max(60, L.left() - 20)))
+    if a.device == "cpu":  # the smoke run leaves no stand-in holding a port
+        done("playbook_servers_stopped", L.stop_playbook_servers("demo"))
     return 0
 
 
