@@ -208,6 +208,9 @@ def test_site_packages_install_is_patched_in_place_without_installing(site_setup
 
     r, changed, failed = _play(site_setup)
     assert (changed, failed) == (0, 0), r.stdout[-4000:]
+    r, changed, failed = _play(site_setup, "--check", "--diff", sglang_capture_patch_state="absent")
+    assert (changed, failed) == (1, 0), r.stdout[-4000:]  # predicted, not done
+    assert _sha(target) == spec.patched_sha256
 
     r, changed, failed = _play(site_setup, sglang_capture_patch_state="absent")
     assert (changed, failed) == (1, 0), r.stdout[-4000:]
