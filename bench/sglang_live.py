@@ -13,9 +13,10 @@ and firing on a copy whose aux layer ids are wrong; then, if the budget allows, 
 themselves (``playbooks/serve.yml`` + ``playbooks/benchmark.yml`` with ``inventory/gpu-box``) on the draft.
 
 Lane ``demo`` (#17, ``bench/sglang_live_demo.py``): the demo target (tiny DeepSeek-V3, MLA + MoE) through the
-real server: the capture patch applied to the installed SGLang, hidden states extracted through the patched
-server, compared with the transformers backend's files, the patch restored byte-exact; a demo draft trained
-and served by the serve and benchmark phases (the playbooks) against the real server.
+real server, driven by the phases: ``playbooks/sglang.yml`` applies the capture patch to the installed SGLang, the
+harness starts the capture server, ``playbooks/extract.yml`` extracts through it and restores the patch
+byte-exact, a re-run of both changes nothing; the states are compared with the transformers backend's files; a
+demo draft trained and served by the serve and benchmark phases (the playbooks) against the real server.
 
 Every server runs with CUDA graphs (the box's wheelhouse carries ``sgl-deep-gemm``, which 0.5.17's EAGLE worker
 imports when graphs are on); one that fails to start with them is started once more without, and its
@@ -36,6 +37,7 @@ import concurrent.futures as cf
 import gzip
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -285,9 +287,66 @@ def ansible_playbook() -> list[str] | None:
     return [w] if w else None
 
 
-def run_playbooks(name: str, extravars: dict, timeout: float) -> dict:
-    """playbooks/serve.yml + playbooks/benchmark.yml on inventory/gpu-box (connection local), with the run's own
-    paths as extra variables. Returns the recap counts, the guard's and the report's results and the log tail."""
+_TASK = re.compile(r"^(?:TASK|RUNNING HANDLER) \[(?P<task>.*)\] \**$")
+_RESULT = re.compile(
+    r"^(?P<status>ok|changed|fatal|failed|skipping): \[(?P<host>[^\]]+)\](?:: FAILED!)?"
+    r"(?: => \(item=.*?\))?(?: => (?P<json>\{.*\}))?$"
+)
+_RECAP = re.compile(
+    r"^(?P<host>\S+)\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)\s+"
+    r"failed=(?P<failed>\d+)\s+skipped=(?P<skipped>\d+)\s+rescued=(?P<rescued>\d+)\s+ignored=(?P<ignored>\d+)"
+)
+
+
+def parse_playbook_output(out: str) -> dict:
+    """What ansible-playbook -v printed with the default callback, results as one-line JSON
+    (``ANSIBLE_CALLBACK_RESULT_FORMAT=json``, ``ANSIBLE_CALLBACK_FORMAT_PRETTY=false``): ``tasks``, every result in
+    order as {task ("role : name"), host, status (ok, changed, fatal, failed, skipping), result (the JSON, or None
+    where a line carries none)}; ``stats``, the recap counts per host (the last recap: one per run)."""
+    tasks: list[dict] = []
+    stats: dict = {}
+    task = None
+    for line in out.splitlines():
+        m = _TASK.match(line)
+        if m:
+            task = m["task"]
+            continue
+        m = _RESULT.match(line)
+        if m and task is not None:
+            try:
+                result = json.loads(m["json"]) if m["json"] else None
+            except ValueError:
+                result = None
+            tasks.append({"task": task, "host": m["host"], "status": m["status"], "result": result})
+            continue
+        m = _RECAP.match(line.strip())
+        if m:
+            stats[m["host"]] = {k: int(v) for k, v in m.groupdict().items() if k != "host"}
+    return {"tasks": tasks, "stats": stats}
+
+
+def task_result(parsed: dict, task: str) -> dict | None:
+    """The last result of the task whose name ends with ``task`` (role prefix left out), None when it never ran."""
+    hits = [t for t in parsed["tasks"] if t["task"].split(" : ", 1)[-1] == task and t["status"] != "skipping"]
+    if not hits:
+        return None
+    return {"status": hits[-1]["status"], **(hits[-1]["result"] or {})}
+
+
+def playbook_env(d: Path) -> dict:
+    """ansible-playbook's environment: the repo's ansible.cfg, its temp and home under ``d``, and results printed as
+    one-line JSON (what :func:`parse_playbook_output` reads at -v)."""
+    return {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8",
+            "ANSIBLE_LOCAL_TEMP": str(d / "tmp"), "ANSIBLE_HOME": str(d / "ansible-home"), "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json", "ANSIBLE_CALLBACK_FORMAT_PRETTY": "false"}  # fmt: skip
+
+
+def run_playbooks(name: str, extravars: dict, timeout: float, playbooks=("serve.yml", "benchmark.yml"),
+                  keep: tuple[str, ...] = ()) -> dict:  # fmt: skip
+    """``playbooks`` (default playbooks/serve.yml + playbooks/benchmark.yml) in one ansible-playbook run on
+    inventory/gpu-box (connection local), with the run's own paths as extra variables. Returns the recap (line and
+    counts per host), the changed tasks, the results of the tasks named in ``keep``, the benchmark's report files
+    where it wrote them, and the log tail on failure; every task's result is kept in WORK/pb-NAME/tasks.json."""
     apb = ansible_playbook()
     if not apb:
         return {"error": "no ansible-playbook (carry ansible-core)"}
@@ -299,21 +358,28 @@ def run_playbooks(name: str, extravars: dict, timeout: float) -> dict:
         **extravars,
     }
     (d / "vars.json").write_text(json.dumps(ev, indent=1))
-    argv = [*apb, "-i", str(ROOT / "inventory" / "gpu-box"), "-e", f"@{d / 'vars.json'}",
-            str(ROOT / "playbooks" / "serve.yml"), str(ROOT / "playbooks" / "benchmark.yml")]  # fmt: skip
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8",
-           "ANSIBLE_LOCAL_TEMP": str(d / "tmp"), "ANSIBLE_HOME": str(d / "ansible-home")}  # fmt: skip
+    argv = [*apb, "-v", "-i", str(ROOT / "inventory" / "gpu-box"), "-e", f"@{d / 'vars.json'}",
+            *(str(ROOT / "playbooks" / p) for p in playbooks)]  # fmt: skip
     t = time.time()
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
+        r = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env=playbook_env(d), cwd=str(ROOT)
+        )
         out, rc = r.stdout + "\n--- stderr\n" + r.stderr, r.returncode
     except subprocess.TimeoutExpired as e:
         out, rc = f"{e.stdout or ''}\n--- timed out after {timeout:.0f} s\n{e.stderr or ''}", None
+    out = out if isinstance(out, str) else str(out)
     (W / "logs").mkdir(parents=True, exist_ok=True)
-    (W / "logs" / f"playbook-{name}.log").write_text(out if isinstance(out, str) else str(out))
+    (W / "logs" / f"playbook-{name}.log").write_text(out)
+    parsed = parse_playbook_output(out)
+    (d / "tasks.json").write_text(json.dumps(parsed, indent=1, default=str))
     res: dict = {"rc": rc, "wall_s": round(time.time() - t, 1), "argv": " ".join(argv)}
-    recap = [ln for ln in out.splitlines() if "ok=" in ln and "changed=" in ln and "failed=" in ln]
+    recap = [ln for ln in out.splitlines() if _RECAP.match(ln.strip())]
     res["recap"] = recap[-1].strip() if recap else None
+    res["stats"] = parsed["stats"]
+    res["changed_tasks"] = [x["task"] for x in parsed["tasks"] if x["status"] == "changed"]
+    for task in keep:
+        res[task] = task_result(parsed, task)
     bdir = d / "work" / "benchmark"
     for f in ("report.json", "live_with_draft.json", "live_without_draft.json", "acceptance.json"):
         if (bdir / f).exists():
@@ -693,7 +759,8 @@ def _smol_playbook(a, m, d, heldout, orig) -> None:
 
     @stage("smol_playbook", a.playbook_need_s)
     def pb():
-        return run_playbooks("smol", {
+        waited = demo_capture_over(timeout=max(0.0, left() - a.playbook_need_s))
+        return {"waited_for_demo_capture": waited, **run_playbooks("smol", {
             "eagle3ops_checkpoint": str(d / "run-regen"), "eagle3ops_model_path": str(m),
             "serve_port": 30030, "serve_baseline_port": 30031, "serve_disable_cuda_graph": nograph,
             "serve_min_accept_length": a.guard_floor,
@@ -702,9 +769,38 @@ def _smol_playbook(a, m, d, heldout, orig) -> None:
                                       "heldout": str(heldout)},
             "benchmark_training_data": [str(orig), str(d / "regenerated.jsonl")],
             **({"serve_server_command": SERVER_CMD, "serve_sglang_site_packages": a.smoke_site} if a.smoke else {}),
-        }, timeout=max(60, left() - 20))  # fmt: skip
+        }, timeout=max(60, left() - 20))}  # fmt: skip
 
     pb()
+    if a.smoke:
+        save("smol_playbook_servers_stopped", stop_playbook_servers("smol"))
+
+
+def stop_playbook_servers(name: str) -> dict:
+    """Stop the servers playbook run ``name`` left running (the serve phase keeps its server up, by design): the
+    smoke run does, so a shared CPU machine is not left with stand-ins holding the ports. Through the serve phase's
+    own launcher (``eagle3ops serve-process stop``), one per PID file in its run directory."""
+    run = W / f"pb-{name}" / "work" / "serve" / "run"
+    return {
+        f.stem: cli(
+            "serve-process", "stop", "--run-dir", str(run), "--name", f.stem, name=f"stop_{name}_{f.stem}"
+        )
+        for f in sorted(run.glob("*.pid"))
+    }
+
+
+def demo_capture_over(timeout: float) -> dict:
+    """Lane demo patches the SGLang install both lanes share while it captures, and the serve phase refuses a patched
+    file: wait (bounded) until lane demo has restored it (its result.json has ``patch_status_after``) or ended."""
+    res, t = W / "demo" / "result.json", time.time()
+    while not DEMO_QUIET.is_set() and time.time() - t < timeout:
+        try:
+            if "patch_status_after" in json.loads(res.read_text()):
+                break
+        except (OSError, ValueError):  # not written yet, or caught mid-write
+            pass
+        time.sleep(2)
+    return {"s": round(time.time() - t, 1), "demo_ended": DEMO_QUIET.is_set()}
 
 
 # --------------------------------------------------------------------------------------------- lane demo
@@ -716,7 +812,8 @@ def lane_demo(a) -> None:
         (W / "logs").mkdir(parents=True, exist_ok=True)
         argv = [PY, str(script), "--work", str(W / "demo"), "--budget-s", str(max(0, left() - 30))]
         if a.smoke:
-            argv += ["--site", a.smoke_site, "--device", "cpu"]
+            # 48 rows through the stand-in (it computes each with transformers: all 867 take ~10 min on 2 cores)
+            argv += ["--site", a.smoke_site, "--device", "cpu", "--rows", "48"]
         with open(W / "logs" / "demo.log", "w") as logf:  # streamed: a poll packs it while the lane runs
             r = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, text=True)
         res = W / "demo" / "result.json"
@@ -779,7 +876,8 @@ def main() -> int:
         "--smoke",
         action="store_true",
         help="CPU dry run of the control flow here: the stand-in server (tests/fixtures) instead of SGLang, "
-        "tiny sizes, the real 0.5.17 wheel unpacked in --smoke-site for the patch",
+        "tiny sizes, the real 0.5.17 wheel's deepseek_v2.py + dist-info unpacked into --smoke-site for the patch "
+        "(tests/.artifacts/sglang or EAGLE3OPS_SGLANG_WHEEL_0_5_17; pip download when neither has it)",
     )
     ap.add_argument("--smoke-site", default="/tmp/sgl017")
     a = ap.parse_args()
@@ -787,6 +885,11 @@ def main() -> int:
     W = Path(a.work)
     W.mkdir(parents=True, exist_ok=True)
     if a.smoke:
+        sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+        from sglang_standin import site_packages
+
+        # the real 0.5.17 wheel's deepseek_v2.py and dist-info, pip --target-shaped (kept when already there)
+        site_packages(a.smoke_site, "0.5.17")
         SERVER_CMD = [PY, str(ROOT / "tests" / "fixtures" / "sglang_standin_server.py")]
         os.environ["LIVE_SERVER_CMD"] = shlex.join(SERVER_CMD)
         a.device = "cpu"

@@ -3,15 +3,27 @@
 On the box, with SGLang installed under /tmp/sglsite (bench/sglang_live.sh): the demo target
 (``eagle3ops demo``: a tiny DeepSeek-V3, MLA + MoE, SGLang's config fields, bf16) is prepared once and copied
 to two data directories; one is extracted by the transformers backend on CUDA, the other through the real
-server: ``eagle3ops sglang-patch apply`` on the installed ``deepseek_v2.py``, the server launched with the
-capture flags and the hook's environment, ``eagle3ops sglang-extract`` sending every row, the patch restored
-byte-exact (sha256 checked). Then both stores are compared file by file (token ids equal; states within the
-stated bf16 tolerance) and the capture overhead is measured on the same server: the same rows once more as
-plain prefills (request ids the hook ignores, ``max_new_tokens=1``) against the captured run's tok/s.
+server, by the phases themselves (``--capture-via playbooks``, the default; ``inventory/gpu-box``):
+``playbooks/sglang.yml`` applies the capture patch to the installed ``deepseek_v2.py`` (``sglang_site_packages``:
+nothing is installed), the harness launches the server with the capture flags and the hook's environment (no
+systemd there for the role's unit), ``playbooks/extract.yml`` (``extract_backend: sglang``,
+``extract_sglang_server_unit: ""``) attaches to it, sends every row and restores the patch byte-exact; after the
+server stopped both playbooks run once more and must change nothing (``playbook_rerun.changed_zero``); the file's
+sha256 must equal the one before (``restored_byte_exact``). ``--capture-via cli`` does the same through
+``eagle3ops sglang-patch apply/restore`` and ``eagle3ops sglang-extract`` (the runs up to 2026-12-02). Then both
+stores are compared file by file (token ids equal; states within the stated bf16 tolerance) and the capture
+overhead is measured on the same server: the same rows once more as plain prefills (request ids the hook ignores,
+``max_new_tokens=1``) against the captured run's tok/s.
 Last, a demo draft is trained on the transformers store (speculators, on the GPU) and the serve and benchmark
 phases run as playbooks (``playbooks/serve.yml`` + ``playbooks/benchmark.yml``, ``inventory/gpu-box``) against
 the real server: the capture patch must be pristine again, the draft is converted and served by the role's own
 launcher, the guard probes it, the benchmark measures it with and without the draft and writes the report.
+
+CPU smoke run (``bench/sglang_live.py --smoke``, ``--device cpu``): the same steps and playbooks on the real 0.5.17
+``deepseek_v2.py`` (patched and restored for real), with the capture server stood in by
+tests/fixtures/sglang_standin_server.py, which runs the REAL hook and store over the transformers forward. Not
+exercised there: SGLang loading the patched 0.5.17 file and calling the hook from its own forward (CUDA only; the
+stand-in calls the hook as 0.5.23's patched lines do), and every timing (the capture overhead means nothing on CPU).
 
 Result: WORK/result.json (read by sglang_live.py).
 """
@@ -20,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import hashlib
 import json
 import os
 import shutil
@@ -72,12 +85,112 @@ def compare(tf_dir: Path, sg_dir: Path, limit: int | None = None) -> dict:
     }
 
 
+PATCH_TASK = "SGLang | Capture patch in deepseek_v2.py"
+EXTRACT_TASK = "Extract | Extract target hidden states through the patched SGLang server"
+RESTORE_TASK = "Extract | Restore the capture patch byte-exact (SGLang as shipped; serving needs it)"
+
+
+def sha256(p: Path) -> str | None:
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
+
+
+def capture_server(a, model: Path, ids: list[int]) -> L.Server:
+    """The capture server the harness starts (not the roles: the box has no systemd for the sglang phase's unit).
+
+    On the box: SGLang with the capture flags (docs/sglang.md), loading the patched ``deepseek_v2.py``. In the CPU
+    smoke run (``--device cpu``): the STAND-IN of a patched server (tests/fixtures/sglang_standin_server.py, its
+    capture mode), which runs the REAL hook over the transformers forward of the same model and writes the real
+    store; it calls the hook as 0.5.23's patched lines do, so the 0.5.17 patch's own lines run only on the box."""
+    from eagle3ops.sglang_versions import dump_capture_args
+
+    # what the dump needs, plus the version's capture-only flags (none on 0.5.17: the patch turns the capture on)
+    capture = ["--disable-radix-cache", "--chunked-prefill-size", "-1", "--disable-prefill-cuda-graph",
+               *dump_capture_args(SGLANG_VERSION, ids)]  # fmt: skip
+    srv = L.Server("demo_capture", model, 30020, extra=capture, cuda_graph=True)
+    if a.device == "cpu":
+        srv.argv = [L.PY, str(L.ROOT / "tests" / "fixtures" / "sglang_standin_server.py"), "--model", str(model),
+                    "--port", "30020", "--port-file", str(L.W / "standin-capture.port"), "--max-batch", "8"]  # fmt: skip
+    return srv
+
+
+def capture_playbooks(done, srv: L.Server, env: dict, ev: dict) -> dict:
+    """Issue #17 through the roles: playbooks/sglang.yml applies the capture patch in the pip --target install
+    (sglang_site_packages: nothing installed), the harness starts the capture server, playbooks/extract.yml
+    (extract_backend sglang) attaches to it (extract_sglang_server_unit "") and restores the patch byte-exact."""
+    pb = L.run_playbooks("demo-sglang", ev, timeout=max(60, L.left() - 300), playbooks=("sglang.yml",),
+                         keep=(PATCH_TASK,))  # fmt: skip
+    done("sglang_playbook", pb)
+    done("patch_apply", pb.get(PATCH_TASK) or {"error": "the patch task did not run", "rc": pb.get("rc")})
+    if pb.get("rc") != 0:
+        raise RuntimeError(f"playbooks/sglang.yml exited {pb.get('rc')}: {pb.get('recap')}")
+    srv.start(timeout=240, env=env)
+    done("server_ready_s", srv.ready_s)
+    x = L.run_playbooks("demo-extract", ev, timeout=max(60, L.left() - 120), playbooks=("extract.yml",),
+                        keep=(EXTRACT_TASK, RESTORE_TASK))  # fmt: skip
+    r = x.pop(EXTRACT_TASK, None) or {"error": "the extract task did not run", "rc": x.get("rc")}
+    done("patch_restore", x.pop(RESTORE_TASK, None) or {"error": "the restore task did not run"})
+    done("extract_playbook", x)
+    done("extract_sglang", r)
+    return r
+
+
+def capture_cli(
+    done, srv: L.Server, env: dict, sg: Path, model: Path, site: list[str], rows: int | None
+) -> dict:
+    """The same through the CLIs (``--capture-via cli``: the path of the runs up to 2026-12-02)."""
+    done("patch_apply", L.cli("sglang-patch", "apply", *site, name="patch_apply"))
+    srv.start(timeout=240, env=env)
+    done("server_ready_s", srv.ready_s)
+    r = L.cli("sglang-extract", "--data", str(sg), "--model", str(model), "--url", srv.url, "--concurrency", "32",
+              "--sglang-version", SGLANG_VERSION, "--no-progress", "--server-pid", str(srv.proc.pid),
+              "--health-timeout", "120", *(["--limit", str(rows)] if rows else []), name="sglang_extract",
+              timeout=max(60, L.left() - 120))  # fmt: skip
+    done("extract_sglang", r)
+    return r
+
+
+def plain_prefills(srv: L.Server, tf: Path, r: dict, limit: int | None) -> dict:
+    """The same rows again on the same server as plain prefills (request ids the hook ignores, max_new_tokens=1)
+    against the captured run's tok/s: the capture's overhead. The server keeps the patched module it loaded."""
+    from datasets import load_from_disk
+
+    rows = load_from_disk(str(tf)).with_format(None)["input_ids"][:limit]
+    t = time.time()
+
+    def prefill(i_ids):
+        i, ids_ = i_ids
+        L.http(srv.url + "/generate", {"input_ids": ids_, "rid": f"plain-{i}-{time.time_ns()}",
+                                       "sampling_params": {"max_new_tokens": 1, "temperature": 0}})  # fmt: skip
+
+    with cf.ThreadPoolExecutor(32) as ex:
+        list(ex.map(prefill, enumerate(rows)))
+    wall = time.time() - t
+    toks = sum(len(x) for x in rows)
+    cap = r.get("tokens_per_second") or r.get("tok_s")
+    return {"plain_prefill_tok_s": round(toks / wall, 1), "rows": len(rows), "tokens": toks, "captured_tok_s": cap,
+            "ratio": round(cap / (toks / wall), 3) if cap else None}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", default="/tmp/live/demo")
     ap.add_argument("--budget-s", type=float, default=900)
     ap.add_argument("--site", default="/tmp/sglsite")
     ap.add_argument("--device", default="cuda", help="cpu: bench/sglang_live.py --smoke (stand-in server)")
+    ap.add_argument(
+        "--capture-via",
+        choices=["playbooks", "cli"],
+        default="playbooks",
+        help="playbooks: playbooks/sglang.yml + playbooks/extract.yml with inventory/gpu-box (issue #17); "
+        "cli: eagle3ops sglang-patch / sglang-extract",
+    )
+    ap.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help="only the first N rows through SGLang, compared, and prefilled plainly (the CPU smoke run: the "
+        "stand-in computes every row with transformers); default every row",
+    )
     a = ap.parse_args()
     w = Path(a.work)
     w.mkdir(parents=True, exist_ok=True)
@@ -88,6 +201,7 @@ def main() -> int:
     def done(k, v):
         res[k] = v
         (w / "result.json").write_text(json.dumps(res, indent=1, default=str))
+        return v
 
     demo, tf, sg = w / "demo", w / "data-tf", w / "data-sgl"
     model = demo / "model"
@@ -101,56 +215,55 @@ def main() -> int:
     done("extract_transformers", L.cli("extract", "--data", str(tf), "--model", str(model), "--device", a.device,
                                        "--workers", "1", "--no-progress", name="extract_tf"))  # fmt: skip
     meta = json.loads((tf / "hidden_states" / "extract_meta.json").read_text())
-    ids = [str(i) for i in meta["layer_ids"]]
+    ids = [int(i) for i in meta["layer_ids"]]
     site = ["--site-packages", a.site, "--sglang-version", SGLANG_VERSION]
-    done("patch_status_before", L.cli("sglang-patch", "status", *site, name="patch_status0"))
-    done("patch_apply", L.cli("sglang-patch", "apply", *site, name="patch_apply"))
     target = Path(a.site) / "sglang/srt/models/deepseek_v2.py"
-    env = {"EAGLE3OPS_SGLANG_DUMP_DIR": str(sg), "EAGLE3OPS_SGLANG_LAYER_IDS": ",".join(ids)}
-    from eagle3ops.sglang_versions import dump_capture_args
-
-    # what the dump needs (docs/sglang.md), plus the version's capture-only flags (none on 0.5.17: the patch
-    # turns the capture on itself)
-    capture = ["--disable-radix-cache", "--chunked-prefill-size", "-1", "--disable-prefill-cuda-graph",
-               *dump_capture_args(SGLANG_VERSION, meta["layer_ids"])]  # fmt: skip
-    srv = L.Server("demo_capture", model, 30020, extra=capture, cuda_graph=True)
+    done("deepseek_v2_sha256_before", sha256(target))
+    done("patch_status_before", L.cli("sglang-patch", "status", *site, name="patch_status0"))
+    env = {"EAGLE3OPS_SGLANG_DUMP_DIR": str(sg), "EAGLE3OPS_SGLANG_LAYER_IDS": ",".join(map(str, ids))}
+    srv = capture_server(a, model, ids)
+    # the playbooks' variables: SGLang where pip --target put it, extraction through it, the harness's server
+    ev = {
+        "eagle3ops_model_path": str(model), "eagle3ops_data_dir": str(sg), "eagle3ops_sglang_site_packages": a.site,
+        "eagle3ops_sglang_version": SGLANG_VERSION, "eagle3ops_extract_backend": "sglang",
+        # auto looks for /dev/nvidiactl: the box has it, the CPU smoke run does not
+        "sglang_enabled": True, "sglang_layer_ids": ids, "extract_layer_ids": ids,
+        "extract_sglang_url": srv.url, "extract_sglang_concurrency": 32, "extract_sglang_health_timeout": 120,
+        "extract_poll_interval": 2, "eagle3ops_extract_limit": a.rows,
+    }  # fmt: skip
     try:
-        if a.device == "cpu":  # the smoke run's stand-in serves; it runs no hook (tests/ansible cover that)
-            raise RuntimeError("smoke run: no capture server on the CPU")
-        srv.start(timeout=240, env=env)
-        done("server_ready_s", srv.ready_s)
-        r = L.cli("sglang-extract", "--data", str(sg), "--model", str(model), "--url", srv.url, "--concurrency",
-                  "32", "--sglang-version", SGLANG_VERSION, "--no-progress", "--server-pid", str(srv.proc.pid),
-                  "--health-timeout", "120", name="sglang_extract", timeout=max(60, L.left() - 120))  # fmt: skip
-        done("extract_sglang", r)
-        # the same rows again as plain prefills: request ids the hook ignores
-        from datasets import load_from_disk
-
-        rows = load_from_disk(str(tf)).with_format(None)["input_ids"]
-        t = time.time()
-
-        def prefill(i_ids):
-            i, ids_ = i_ids
-            L.http(srv.url + "/generate", {"input_ids": ids_, "rid": f"plain-{i}-{time.time_ns()}",
-                                           "sampling_params": {"max_new_tokens": 1, "temperature": 0}})  # fmt: skip
-
-        with cf.ThreadPoolExecutor(32) as ex:
-            list(ex.map(prefill, enumerate(rows)))
-        wall = time.time() - t
-        toks = sum(len(x) for x in rows)
-        cap = r.get("tokens_per_second") or r.get("tok_s")
-        done("capture_overhead", {"plain_prefill_tok_s": round(toks / wall, 1), "rows": len(rows),
-                                  "tokens": toks, "captured_tok_s": cap,
-                                  "ratio": round(cap / (toks / wall), 3) if cap else None})  # fmt: skip
+        if a.capture_via == "playbooks":
+            r = capture_playbooks(done, srv, env, ev)
+        else:
+            r = capture_cli(done, srv, env, sg, model, site, a.rows)
+        done("capture_overhead", plain_prefills(srv, tf, r, a.rows))
     except Exception as e:  # the restore below must run whatever happened
         done("server_error", f"{type(e).__name__}: {e}")
     finally:
         srv.stop()
-        done("patch_restore", L.cli("sglang-patch", "restore", *site, name="patch_restore"))
+        if a.capture_via == "cli":
+            done("patch_restore", L.cli("sglang-patch", "restore", *site, name="patch_restore"))
+        elif sha256(target) != res["deepseek_v2_sha256_before"]:
+            # the extract role restores only after a run without a failed row: the sglang role's own restore
+            done("patch_restore_fallback", L.run_playbooks(
+                "demo-restore", {**ev, "sglang_capture_patch_state": "absent"}, timeout=max(60, L.left() - 60),
+                playbooks=("sglang.yml",), keep=(PATCH_TASK,)))  # fmt: skip
+        if a.capture_via == "playbooks" and res.get("extract_playbook", {}).get("rc") == 0:
+            # both phases once more, the server stopped: every row is extracted, so nothing may change (after a
+            # failed extraction rows are left and sglang.yml would rightly patch again: not run then)
+            rerun = L.run_playbooks("demo-rerun", ev, timeout=max(60, L.left() - 60),
+                                    playbooks=("sglang.yml", "extract.yml"), keep=(PATCH_TASK, RESTORE_TASK))  # fmt: skip
+            rerun["changed_zero"] = (
+                rerun.get("rc") == 0
+                and all(h.get("changed") == 0 for h in rerun.get("stats", {}).values())
+                and bool(rerun.get("stats"))
+            )
+            done("playbook_rerun", rerun)
         done("patch_status_after", L.cli("sglang-patch", "status", *site, name="patch_status1"))
         done("deepseek_v2_exists", target.exists())
+        done("restored_byte_exact", sha256(target) == res["deepseek_v2_sha256_before"])
     try:
-        done("compare", compare(tf, sg))
+        done("compare", compare(tf, sg, a.rows))
     except Exception as e:
         done("compare", {"error": f"{type(e).__name__}: {e}"})
 
@@ -169,7 +282,7 @@ def main() -> int:
     ev = {
         "eagle3ops_checkpoint": str(run), "eagle3ops_model_path": str(model),
         "serve_port": 30050, "serve_baseline_port": 30051,
-        "serve_sglang_site_packages": a.site, "eagle3ops_sglang_version": SGLANG_VERSION,
+        "eagle3ops_sglang_site_packages": a.site, "eagle3ops_sglang_version": SGLANG_VERSION,
         # the demo target is random: its draft accepts little (offline ~1.1), so the floor is set just above 1.00
         # (what a draft that is never accepted gives); the smol lane's guard uses the default floor
         "serve_min_accept_length": 1.01,
@@ -181,6 +294,8 @@ def main() -> int:
     if os.environ.get("LIVE_SERVER_CMD"):
         ev["serve_server_command"] = L.SERVER_CMD
     done("playbook", L.run_playbooks("demo", ev, timeout=max(60, L.left() - 20)))
+    if a.device == "cpu":  # the smoke run leaves no stand-in holding a port
+        done("playbook_servers_stopped", L.stop_playbook_servers("demo"))
     return 0
 
 

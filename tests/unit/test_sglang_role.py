@@ -2,7 +2,9 @@
 wheel installed into a fresh venv from an offline wheelhouse (``--no-deps``: its CUDA dependencies cannot
 install here, and the role's patch only needs the package's files), eagle3ops installed beside it, the capture
 patch applied / idempotent / predicted in check mode / restored byte-exact, the unit file rendered into a test
-directory (no systemd here: ``sglang_systemd_reload: false``)."""
+directory (no systemd here: ``sglang_systemd_reload: false``). And the role on an SGLang installed without a venv
+(``sglang_site_packages``, as on the lent H200 box): the REAL 0.5.17 wheel's ``deepseek_v2.py`` and dist-info
+unpacked ``pip --target``-style, nothing installed, the patch applied / idempotent / restored there."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import pytest
 from eagle3ops.extract import sglang_patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from sglang_standin import offline_role_inputs, pristine_deepseek_v2
+from sglang_standin import offline_role_inputs, pristine_deepseek_v2, site_packages
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -153,3 +155,71 @@ def test_layer_ids_starting_at_1_are_refused_before_installing(setup):
     r, _, failed = _play(setup, sglang_layer_ids=[1, 3, 5])
     assert "TASK [sglang : SGLang | Install SGLang" not in r.stdout
     assert failed == 1 and "adds 1 to every id" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def site_setup(tmp_path_factory, tiny_target):
+    """sglang_site_packages: SGLang 0.5.17 as pip --target left it (its real files), no venv, no wheelhouse."""
+    base = tmp_path_factory.mktemp("sglang-site")
+    site = site_packages(base / "site", "0.5.17")
+    inv = base / "hosts.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": {"localhost": local}}}}}))
+    (base / "units").mkdir()
+    vars_ = {
+        "sglang_enabled": True,
+        "eagle3ops_sglang_site_packages": str(site),
+        "eagle3ops_sglang_version": "0.5.17",
+        "eagle3ops_sglang_venv_dir": str(base / "no-venv"),  # must stay absent: nothing is installed
+        "sglang_eagle3ops_wheel_dir": str(base / "no-wheels"),  # likewise never looked at
+        "sglang_eagle3ops_bin": str(BIN / "eagle3ops"),
+        "sglang_model_path": str(tiny_target),
+        "sglang_tp_size": 1,
+        "sglang_dump_data_dir": str(base / "data"),
+        "sglang_extract_backend": "sglang",
+        "sglang_unit_dir": str(base / "units"),
+        "sglang_systemd_reload": False,
+    }
+    return base, inv, vars_
+
+
+@pytest.mark.slow
+def test_site_packages_install_is_patched_in_place_without_installing(site_setup):
+    base, _, vars_ = site_setup
+    target = Path(vars_["eagle3ops_sglang_site_packages"]) / sglang_patch.TARGET_RELPATH
+    spec = sglang_patch.SPECS["0.5.17"]
+    pristine = pristine_deepseek_v2("0.5.17").read_bytes()
+    assert target.read_bytes() == pristine
+
+    r, changed, failed = _play(site_setup)
+    assert failed == 0 and changed > 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert _sha(target) == spec.patched_sha256
+    assert "TASK [sglang : SGLang | Capture patch in deepseek_v2.py]" in r.stdout
+    assert "TASK [sglang : SGLang | Install SGLang" not in r.stdout  # install.yml never ran
+    assert not (base / "no-venv").exists() and not (base / "no-wheels").exists()
+    words = " ".join(r.stdout.split())  # the report's message is wrapped by the yaml result format
+    assert f"sglang 0.5.17 in {vars_['eagle3ops_sglang_site_packages']}; capture patch applied" in words, (
+        words[-3000:]
+    )
+    unit = (base / "units" / "eagle3ops-sglang-extract.service").read_text()
+    assert f"Environment=PYTHONPATH={vars_['eagle3ops_sglang_site_packages']}" in unit
+    assert "ExecStart=python3 -m sglang.launch_server" in unit
+    assert "--enable-return-aux-hidden-states" not in unit  # 0.5.17: the patch turns the capture on
+
+    r, changed, failed = _play(site_setup)
+    assert (changed, failed) == (0, 0), r.stdout[-4000:]
+    r, changed, failed = _play(site_setup, "--check", "--diff", sglang_capture_patch_state="absent")
+    assert (changed, failed) == (1, 0), r.stdout[-4000:]  # predicted, not done
+    assert _sha(target) == spec.patched_sha256
+
+    r, changed, failed = _play(site_setup, sglang_capture_patch_state="absent")
+    assert (changed, failed) == (1, 0), r.stdout[-4000:]
+    assert target.read_bytes() == pristine and _sha(target) == spec.pristine_sha256
+
+    # another version in the directory than the one pinned: refused before the patch, naming both
+    r, _, failed = _play(site_setup, eagle3ops_sglang_version="0.5.23")
+    assert failed == 1, r.stdout[-4000:]
+    words = " ".join(r.stdout.split())
+    assert "holds sglang-0.5.17.dist-info, not sglang-0.5.23.dist-info" in words, words[-3000:]
+    assert "TASK [sglang : SGLang | Capture patch in deepseek_v2.py]" not in r.stdout
+    assert target.read_bytes() == pristine
