@@ -4,7 +4,8 @@ back, the re-run completes; then torchrun on both meets at a c10d rendezvous on 
 Real: two booted Debian hosts (systemd PID 1, sshd), Ansible over ssh with the extract phase playbook (the
 role's share maths from hostvars, the module, the CLI, each host's own store on its own disk), a real tiny
 DeepseekV3 target on CPU, a host killed (SIGKILL to its PID 1: it and every process on it die at once, as in a power
-loss) in the middle of its extraction and booted again, torchrun (the argv of ``eagle3ops.train.planning.torchrun_argv``) on both hosts
+loss) in the middle of its extraction and booted again (its extraction is held at its 5th ``os.replace`` by the
+test-only fault hook, tests/reliability/faulthook, so that the kill lands mid-run on any box), torchrun (the argv of ``eagle3ops.train.planning.torchrun_argv``) on both hosts
 with gloo over their network.
 STAND-INS, said here: the hosts run the controller's venv (torch, transformers) and this checkout's
 ``python/`` bound read-only at the same paths (the runtime phase would install them; tests/hosts/
@@ -56,6 +57,13 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     hosts = [a, b]
     multihost.link(hosts)
     multihost.install_cli(hosts)
+    # hostB's extraction stops at its 5th os.replace (extract_meta.json and 3 rows renamed, 2+ in its manifest)
+    # and waits there: the power-off lands mid-run however fast the box is (a 2-core CI box once saw hostB
+    # finish all 8 rows between the first manifest line and the kill)
+    for name in ("sitecustomize.py", "faults.py"):
+        b.put(f"/opt/e3/faulthook/{name}", (REPO / "tests/reliability/faulthook" / name).read_text())
+    b.put(multihost.EXE, multihost.WRAPPER.replace("PYTHONPATH=/opt/e3/python ", "PYTHONPATH=/opt/e3/python:"
+          "/opt/e3/faulthook E3_FAULT=pause:replace:5 E3_FAULT_GO=/opt/e3/go "), mode="0755")  # fmt: skip
     for h in hosts:
         shutil.copytree(prepared, h.merged / "srv/e3/data")  # each host's own disk
     inv = tmp_path / "inventory.ini"
@@ -74,7 +82,12 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     def power_off_b_mid_run():
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            if (store_b / "hidden_states").is_dir() and len(manifest_rows(store_b, torn_ok=True)) >= 1:
+            paused = (b.merged / "opt/e3/go.paused").exists()
+            if (
+                paused
+                and (store_b / "hidden_states").is_dir()
+                and len(manifest_rows(store_b, torn_ok=True)) >= 1
+            ):
                 # the host's PID 1 (nspawn's child): the kernel kills every process of its PID namespace at
                 # once, as in a power loss (SIGKILL to nspawn alone would leave the container running)
                 init = int(Path(f"/proc/{b.pid}/task/{b.pid}/children").read_text().split()[0])
@@ -96,6 +109,7 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
 
     b.start()  # the host comes back with its disk; the re-run goes on with its rows
     multihost.link(hosts)
+    multihost.install_cli([b])  # without the pause
     died_with = manifest_rows(store_b, torn_ok=True)
     assert 0 < len(died_with) < 8, died_with  # it died with rows left
     r2 = run_playbook("playbooks/extract.yml", inv, extravars=xv)
