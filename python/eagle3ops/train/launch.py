@@ -82,28 +82,30 @@ def _unit_procs(unit: str) -> list[int]:
 def free_unit_name(unit: str, log, wait_s: float = 10.0) -> str:
     """Make ``unit`` free for a new ``systemd-run --unit`` of the next attempt; returns its state then.
 
-    Two leftovers of the previous attempt are waited for (and ended) here instead of failing the launch:
-    - a unit whose main process died while its other processes are still being stopped (``deactivating``:
-      torchrun's workers outlive an agent killed with SIGKILL; systemd sends them SIGTERM and waits up to the
-      unit's TimeoutStopSec): wait ``wait_s``, then SIGKILL what is left in its cgroup, and wait again;
-    A unit that is really running (``active``) is left alone: the caller refuses to start a second trainer."""
+    A unit whose main process died while its other processes are still being stopped (``deactivating``:
+    torchrun's workers outlive an agent killed with SIGKILL; systemd sends them SIGTERM and waits up to the
+    unit's TimeoutStopSec) is waited for ``wait_s``, then what is left in its cgroup gets SIGKILL, and it is
+    waited for again, instead of failing the launch. A unit that is really running (``active``) is left alone:
+    the caller refuses to start a second trainer."""
 
-    def settle(busy) -> str:
+    def settle() -> str:
         deadline = time.monotonic() + wait_s
-        while busy() and time.monotonic() < deadline:
+        state = _systemctl("is-active", unit)
+        while state == "deactivating" and time.monotonic() < deadline:
             time.sleep(0.2)
-        return _systemctl("is-active", unit)
+            state = _systemctl("is-active", unit)
+        return state
 
     _systemctl("reset-failed", unit)
     state = _systemctl("is-active", unit)
     if state == "deactivating":
-        state = settle(lambda: _systemctl("is-active", unit) == "deactivating")
+        state = settle()
         if state == "deactivating":
             pids = _unit_procs(unit)
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-            state = settle(lambda: _systemctl("is-active", unit) == "deactivating")
+            state = settle()
             log(
                 f"{unit}: killed the previous attempt's leftover processes {pids} (they ignored SIGTERM): now {state}"
             )
@@ -197,9 +199,8 @@ def launch(
     unit = None
     if launcher == "systemd":
         unit = unit_name_for(run_dir, plan_.spec.unit_name)
-        for old in dict.fromkeys(
-            u for u in (unit, previous_unit) if u
-        ):  # the name, and the last attempt's unit
+        # the name, and the last attempt's unit (another name when it ran under one of its own)
+        for old in dict.fromkeys(u for u in (unit, previous_unit) if u):
             active = free_unit_name(old, log)
             if active in ("active", "activating", "deactivating", "reloading"):
                 raise TrainError(
@@ -223,10 +224,7 @@ def launch(
             )
         pid = 0
         for _ in range(50):
-            out = subprocess.run(
-                ["systemctl", "show", "-P", "MainPID", unit], capture_output=True, text=True, check=False
-            ).stdout.strip()
-            pid = int(out or 0)
+            pid = int(_systemctl("show", "-P", "MainPID", unit) or 0)
             if pid:
                 break
             time.sleep(0.1)
@@ -308,7 +306,7 @@ def stop_run(run_dir: Path, state: dict, grace_s: float = 60, log=lambda s: None
     if not is_our_trainer(pid, run_dir / CONFIG):
         return False
     if state.get("launcher") == "systemd" and state.get("unit"):
-        subprocess.run(["systemctl", "stop", state["unit"]], capture_output=True, check=False)
+        _systemctl("stop", state["unit"])
     else:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
