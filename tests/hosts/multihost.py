@@ -27,10 +27,6 @@ SSH_ARGS = (
 )
 HOST_VARS = {"ansible_ssh_timeout": 10, "ansible_ssh_common_args": SSH_ARGS}
 EXE = "/opt/e3/eagle3ops"
-WRAPPER = (
-    "#!/bin/sh\nexport PYTHONPATH=/opt/e3/python HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 "
-    f'OMP_NUM_THREADS=1\nexec {VENV}/bin/python -m eagle3ops "$@"\n'
-)
 
 
 def ro_binds(extra: dict | None = None) -> dict[str, str]:
@@ -41,9 +37,18 @@ def ro_binds(extra: dict | None = None) -> dict[str, str]:
     return binds
 
 
-def install_cli(hosts) -> None:
+def install_cli(hosts, *, pythonpath: tuple[str, ...] = (), env: dict | None = None) -> None:
+    """``EXE`` on each host: the controller venv's ``python -m eagle3ops`` with this checkout's ``python/``,
+    offline; ``pythonpath`` entries after it and ``env`` on top (a test's fault hook, tests/reliability/faulthook)."""
+    exports = {"PYTHONPATH": ":".join(("/opt/e3/python", *pythonpath)), "HF_HUB_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}  # fmt: skip
+    wrapper = (
+        "#!/bin/sh\nexport "
+        + " ".join(f"{k}={v}" for k, v in exports.items())
+        + f'\nexec {VENV}/bin/python -m eagle3ops "$@"\n'
+    )
     for h in hosts:
-        h.put(EXE, WRAPPER, mode="0755")
+        h.put(EXE, wrapper, mode="0755")
 
 
 def link(hosts) -> None:

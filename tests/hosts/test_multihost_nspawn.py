@@ -62,8 +62,8 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     # finish all 8 rows between the first manifest line and the kill)
     for name in ("sitecustomize.py", "faults.py"):
         b.put(f"/opt/e3/faulthook/{name}", (REPO / "tests/reliability/faulthook" / name).read_text())
-    b.put(multihost.EXE, multihost.WRAPPER.replace("PYTHONPATH=/opt/e3/python ", "PYTHONPATH=/opt/e3/python:"
-          "/opt/e3/faulthook E3_FAULT=pause:replace:5 E3_FAULT_GO=/opt/e3/go "), mode="0755")  # fmt: skip
+    multihost.install_cli([b], pythonpath=("/opt/e3/faulthook",),
+                          env={"E3_FAULT": "pause:replace:5", "E3_FAULT_GO": "/opt/e3/go"})  # fmt: skip
     for h in hosts:
         shutil.copytree(prepared, h.merged / "srv/e3/data")  # each host's own disk
     inv = tmp_path / "inventory.ini"
