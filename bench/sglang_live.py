@@ -539,8 +539,20 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
 
         return prep()
 
+    # the GPU idles while prepare runs on the CPU: lane demo's capture-overhead measurement (--mid) takes that window
+    (W / "smol" / "gpu-window").touch()
     with cf.ThreadPoolExecutor(2) as ex:  # CPU work, independent: both at once
         list(ex.map(prepare, list(sets)))
+    if a.mid and "demo" in a.lanes.split(","):  # ... and the extraction waits (bounded) until it is over
+
+        @stage("smol_wait_mid", 5)
+        def wait_mid():
+            t, done = time.time(), W / "demo" / "mid-done"
+            while not done.exists() and not DEMO_QUIET.is_set() and time.time() - t < a.mid_wait_s:
+                time.sleep(1)
+            return {"waited_s": round(time.time() - t, 1), "mid_done": done.exists()}
+
+        wait_mid()
 
     def extract(key):
         @stage(f"smol_extract_{key}", 60)
@@ -680,6 +692,37 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
             servers["base_nograph"] = nograph_base[0]
         return nograph_base[0]
 
+    # the guard (#17): the serve phase's probe, on the right draft (must pass), the wrong-layer copy and the one that
+    # is never accepted (must fail); before the tok/s measurements (nothing else may run during those), probes at once
+    right, wrong_s = servers.get("smol_eagle3_regen_3-1-4"), servers.get("smol_eagle3_wrong_3-1-4")
+    broken_s = servers.get("smol_eagle3_broken_3-1-4")
+    if right or wrong_s or broken_s:
+
+        @stage("smol_guard", 30)
+        def guard():
+            out = {}
+            probes = [(k, s) for k, s in (("right", right), ("wrong_layer_ids", wrong_s), ("never_accepted", broken_s))
+                      if s is not None]  # fmt: skip
+
+            def probe(k_s):  # each on its own server: at once
+                k, s = k_s
+                out[k] = cli("benchmark-spec-probe", "--url", s.url, "--min-accept-length", str(a.guard_floor),
+                             "--chat-template", str(m), name=f"guard_{k}")  # fmt: skip
+
+            with cf.ThreadPoolExecutor(max(1, len(probes))) as ex:
+                list(ex.map(probe, probes))
+            out["passed_right"] = out.get("right", {}).get("rc") == 0 if right else None
+            out["fired_on_wrong"] = out.get("wrong_layer_ids", {}).get("rc") == 2 if wrong_s else None
+            out["fired_on_never_accepted"] = (
+                out.get("never_accepted", {}).get("rc") == 2 if broken_s else None
+            )
+            return out
+
+        guard()
+    # measured in this order (the budget may cut the tail): the regenerated draft at 3/1/4, the curve's points, the
+    # original-answers draft, then 5/1/6
+    configs.sort(key=lambda c: (c[0] != "regen" or c[1] != (3, 1, 4), not c[0].startswith("regen") or c[0] == "regen",
+                                c[0] != "orig"))  # fmt: skip
     for key, spec in configs:
         name = f"smol_eagle3_{key}_{'-'.join(map(str, spec))}"
         s = servers.get(name)
@@ -710,27 +753,6 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
             return out
 
         serve_measure()
-
-    # the guard (#17): the serve phase's probe, on the right draft (must pass) and the wrong-layer copy (must fail)
-    right, wrong_s = servers.get("smol_eagle3_regen_3-1-4"), servers.get("smol_eagle3_wrong_3-1-4")
-    broken_s = servers.get("smol_eagle3_broken_3-1-4")
-    if right or wrong_s or broken_s:
-
-        @stage("smol_guard", 30)
-        def guard():
-            out = {}
-            for key, s in (("right", right), ("wrong_layer_ids", wrong_s), ("never_accepted", broken_s)):
-                if s is not None:
-                    out[key] = cli("benchmark-spec-probe", "--url", s.url, "--min-accept-length", str(a.guard_floor),
-                                   "--chat-template", str(m), name=f"guard_{key}")  # fmt: skip
-            out["passed_right"] = out.get("right", {}).get("rc") == 0 if right else None
-            out["fired_on_wrong"] = out.get("wrong_layer_ids", {}).get("rc") == 2 if wrong_s else None
-            out["fired_on_never_accepted"] = (
-                out.get("never_accepted", {}).get("rc") == 2 if broken_s else None
-            )
-            return out
-
-        guard()
 
     curve = []
     for key in sets:
@@ -810,7 +832,14 @@ def lane_demo(a) -> None:
     try:
         script = ROOT / "bench" / "sglang_live_demo.py"
         (W / "logs").mkdir(parents=True, exist_ok=True)
-        argv = [PY, str(script), "--work", str(W / "demo"), "--budget-s", str(max(0, left() - 30))]
+        argv = [PY, str(script), "--work", str(W / "demo"), "--budget-s", str(max(0, left() - 30)),
+                "--assets", a.assets, "--mid-done", str(W / "demo" / "mid-done")]  # fmt: skip
+        if a.mid:  # the capture overhead on a realistic-width target, in lane smol's GPU window
+            argv += ["--mid", "--mid-tokenizer", str(W / "models" / "smollm2"), "--gpu-window",
+                     str(W / "smol" / "gpu-window")]  # fmt: skip
+            if a.smoke:
+                argv += ["--mid-hidden", "64", "--mid-layers", "8", "--mid-conversations", "12", "--mid-concurrency",
+                         "4", "--mid-dir", str(W / "demo" / "mid"), "--gpu-window-wait-s", "120"]  # fmt: skip
         if a.smoke:
             # 48 rows through the stand-in (it computes each with transformers: all 867 take ~10 min on 2 cores)
             argv += ["--site", a.smoke_site, "--device", "cpu", "--rows", "48"]
@@ -880,6 +909,15 @@ def main() -> int:
         "(tests/.artifacts/sglang or EAGLE3OPS_SGLANG_WHEEL_0_5_17; pip download when neither has it)",
     )
     ap.add_argument("--smoke-site", default="/tmp/sgl017")
+    ap.add_argument(
+        "--mid",
+        action="store_true",
+        help="lane demo also measures the capture overhead on a "
+        "realistic-width DeepSeek-V3-shaped target (bench/capture_target.py) in lane smol's GPU window",
+    )
+    ap.add_argument(
+        "--mid-wait-s", type=float, default=150, help="how long lane smol's extraction waits for it"
+    )
     a = ap.parse_args()
     global W, SERVER_CMD
     W = Path(a.work)

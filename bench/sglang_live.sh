@@ -47,7 +47,7 @@ poll() {
 }
 
 case "${1:-}" in
-  carry1) cp .sgl1/*.whl "$C/" && ls "$C" | wc -l; nvidia-smi -L; df -h /tmp | tail -1 ;;
+  carry1) cp .sgl1/*.whl "$C/" && ls "$C" | wc -l; nvidia-smi -L; df -h /tmp /dev/shm; free -g | head -2 ;;
   carry2) cp .sgl2/*.whl "$C/" && ls "$C" | wc -l ;;
   carry3) cp .devcarry/a/gguf.* "$C/" && cp .devcarry/a/whl/*.whl "$C/" && ls "$C" | wc -l ;;
   start)

@@ -25,6 +25,19 @@ tests/fixtures/sglang_standin_server.py, which runs the REAL hook and store over
 exercised there: SGLang loading the patched 0.5.17 file and calling the hook from its own forward (CUDA only; the
 stand-in calls the hook as 0.5.23's patched lines do), and every timing (the capture overhead means nothing on CPU).
 
+Capture overhead on a target whose forward dominates (``--mid``; the goal's setting): the demo rows are tiny and
+the demo target computes them in microseconds, so there the per-row costs are all that is measured. A
+DeepSeek-V3-shaped random target of realistic width (bench/capture_target.py: hidden 2048, 40 layers, MLA + MoE,
+~3.9B parameters) is built on the GPU meanwhile, with the converted SmolLM2's tokenizer (lane smol writes it), and
+ShareGPT conversations are prepared for it (rows of real length). Its capture server starts while the patch that
+``playbooks/sglang.yml`` applied is in place (the server keeps the patched module it loaded; the demo's extraction
+waits for it, then restores the file); it writes its store under ``--mid-dir`` (``/dev/shm`` where it has room: the
+box's disk is the other lane's). When lane smol leaves the GPU to the CPU (its ``prepare``: it touches
+``--gpu-window``), the same rows go through the server as a warm-up of plain prefills, then captured
+(``eagle3ops sglang-extract``: the request loop's tok/s), then as plain prefills again, all at one concurrency: the
+ratio captured / plain is the overhead figure. ``--mid-done`` is touched after (lane smol's extraction waits for it,
+bounded).
+
 Result: WORK/result.json (read by sglang_live.py).
 """
 
@@ -32,11 +45,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import gzip
 import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -113,7 +129,7 @@ def capture_server(a, model: Path, ids: list[int]) -> L.Server:
     return srv
 
 
-def capture_playbooks(done, srv: L.Server, env: dict, ev: dict) -> dict:
+def capture_playbooks(done, srv: L.Server, env: dict, ev: dict, after_patch=None) -> dict:
     """Issue #17 through the roles: playbooks/sglang.yml applies the capture patch in the pip --target install
     (sglang_site_packages: nothing installed), the harness starts the capture server, playbooks/extract.yml
     (extract_backend sglang) attaches to it (extract_sglang_server_unit "") and restores the patch byte-exact."""
@@ -123,8 +139,14 @@ def capture_playbooks(done, srv: L.Server, env: dict, ev: dict) -> dict:
     done("patch_apply", pb.get(PATCH_TASK) or {"error": "the patch task did not run", "rc": pb.get("rc")})
     if pb.get("rc") != 0:
         raise RuntimeError(f"playbooks/sglang.yml exited {pb.get('rc')}: {pb.get('recap')}")
+    # a second capture server (--mid) loads the patched module while it is in place; extract.yml restores it
+    waiter = after_patch() if after_patch else None
     srv.start(timeout=240, env=env)
     done("server_ready_s", srv.ready_s)
+    if waiter is not None:
+        t = time.time()
+        waiter.join(timeout=max(0.0, L.left() - 300))
+        done("mid_server_wait_s", round(time.time() - t, 1))
     x = L.run_playbooks("demo-extract", ev, timeout=max(60, L.left() - 120), playbooks=("extract.yml",),
                         keep=(EXTRACT_TASK, RESTORE_TASK))  # fmt: skip
     r = x.pop(EXTRACT_TASK, None) or {"error": "the extract task did not run", "rc": x.get("rc")}
@@ -135,11 +157,14 @@ def capture_playbooks(done, srv: L.Server, env: dict, ev: dict) -> dict:
 
 
 def capture_cli(
-    done, srv: L.Server, env: dict, sg: Path, model: Path, site: list[str], rows: int | None
+    done, srv: L.Server, env: dict, sg: Path, model: Path, site: list[str], rows: int | None, after_patch=None
 ) -> dict:
     """The same through the CLIs (``--capture-via cli``: the path of the runs up to 2026-12-02)."""
     done("patch_apply", L.cli("sglang-patch", "apply", *site, name="patch_apply"))
+    waiter = after_patch() if after_patch else None
     srv.start(timeout=240, env=env)
+    if waiter is not None:
+        waiter.join(timeout=max(0.0, L.left() - 300))
     done("server_ready_s", srv.ready_s)
     r = L.cli("sglang-extract", "--data", str(sg), "--model", str(model), "--url", srv.url, "--concurrency", "32",
               "--sglang-version", SGLANG_VERSION, "--no-progress", "--server-pid", str(srv.proc.pid),
@@ -149,9 +174,11 @@ def capture_cli(
     return r
 
 
-def plain_prefills(srv: L.Server, tf: Path, r: dict, limit: int | None) -> dict:
+def plain_prefills(srv: L.Server, tf: Path, r: dict, limit: int | None, concurrency: int = 32) -> dict:
     """The same rows again on the same server as plain prefills (request ids the hook ignores, max_new_tokens=1)
-    against the captured run's tok/s: the capture's overhead. The server keeps the patched module it loaded."""
+    against the captured run's tok/s: the capture's overhead. The server keeps the patched module it loaded. The
+    captured rate is the client's request loop (``loop_tokens_per_second``: first request to last confirmed file),
+    as the plain one is this loop's; the whole command's rate (setup included) is kept beside it."""
     from datasets import load_from_disk
 
     rows = load_from_disk(str(tf)).with_format(None)["input_ids"][:limit]
@@ -162,13 +189,150 @@ def plain_prefills(srv: L.Server, tf: Path, r: dict, limit: int | None) -> dict:
         L.http(srv.url + "/generate", {"input_ids": ids_, "rid": f"plain-{i}-{time.time_ns()}",
                                        "sampling_params": {"max_new_tokens": 1, "temperature": 0}})  # fmt: skip
 
-    with cf.ThreadPoolExecutor(32) as ex:
+    with cf.ThreadPoolExecutor(concurrency) as ex:
         list(ex.map(prefill, enumerate(rows)))
     wall = time.time() - t
     toks = sum(len(x) for x in rows)
-    cap = r.get("tokens_per_second") or r.get("tok_s")
+    cap = r.get("loop_tokens_per_second") or r.get("tokens_per_second") or r.get("tok_s")
     return {"plain_prefill_tok_s": round(toks / wall, 1), "rows": len(rows), "tokens": toks, "captured_tok_s": cap,
-            "ratio": round(cap / (toks / wall), 3) if cap else None}  # fmt: skip
+            "captured_tok_s_whole_command": r.get("tokens_per_second"), "concurrency": concurrency,
+            "row_seconds": r.get("row_seconds"), "ratio": round(cap / (toks / wall), 3) if cap else None}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ the realistic-width target (--mid)
+
+
+def wait_file(p: Path, timeout: float) -> float:
+    t = time.time()
+    while not p.exists() and time.time() - t < timeout:
+        time.sleep(1)
+    return round(time.time() - t, 1)
+
+
+class Mid:
+    """The capture-overhead measurement on a target whose forward dominates (module docstring, ``--mid``)."""
+
+    def __init__(self, a, done):
+        self.a, self.done = a, done
+        self.base = mid_dir(a)
+        self.model, self.data = self.base / "model", self.base / "data"
+        # on the disk (no room in /dev/shm) the store shares it with lane smol's: ~600 rows (~6 GB), removed after
+        self.rows = a.mid_rows or (0 if str(self.base).startswith("/dev/shm") else 600)
+        self.srv: L.Server | None = None
+        self.ids: list[int] = []
+        self.error: str | None = None
+
+    def prepare(self) -> None:
+        """Thread 1: the target (on the GPU, seconds) and its rows (ShareGPT, prepared with its tokenizer)."""
+        a = self.a
+        try:
+            tok = Path(a.mid_tokenizer)
+            waited = wait_file(tok / "tokenizer.json", a.mid_tokenizer_wait_s)
+            if not (tok / "config.json").exists():
+                raise RuntimeError(f"no tokenizer at {tok} after {waited} s (lane smol converts it)")
+            self.base.mkdir(parents=True, exist_ok=True)
+            r = subprocess.run([L.PY, str(L.ROOT / "bench" / "capture_target.py"), "--out", str(self.model),
+                                  "--tokenizer-from", str(tok), "--hidden", str(a.mid_hidden), "--layers",
+                                  str(a.mid_layers), "--device", a.device], capture_output=True, text=True,
+                                 timeout=900)  # fmt: skip
+            if r.returncode:
+                raise RuntimeError(f"capture_target.py exited {r.returncode}: {r.stderr[-1500:]}")
+            built = json.loads(r.stdout.strip().splitlines()[-1])
+            with gzip.open(Path(a.assets) / "sharegpt_12k.jsonl.gz", "rt") as f:
+                rows = [x for x in f if x.strip()]
+            conv = self.base / "conversations.jsonl"
+            conv.write_text(
+                "".join(rows[-a.mid_conversations :])
+            )  # the end of the file: lane smol trains on its start
+            p = L.cli("prepare", "--model", str(self.model), "--input", str(conv), "--out", str(self.data),
+                      "--max-length", "2048", "--on-error", "skip", name="mid_prepare")  # fmt: skip
+            if p.get("rc"):
+                raise RuntimeError(f"prepare exited {p.get('rc')}: {p.get('stderr_tail', '')[-800:]}")
+            from eagle3ops import layers
+
+            self.ids = layers.resolve(int(built.get("num_layers") or a.mid_layers), None, "input")
+            self.done("mid_target", {"tokenizer_wait_s": waited, "dir": str(self.base), **built,
+                                     "prepare": {k: p.get(k) for k in ("num_rows", "num_tokens", "seconds", "rc")},
+                                     "layer_ids": self.ids})  # fmt: skip
+        except Exception as e:  # recorded; lane demo goes on without it
+            self.error = f"{type(e).__name__}: {e}"
+            self.done("mid_target", {"error": self.error})
+            self.release()
+
+    def release(self) -> None:
+        """Lane smol's extraction waits for this file: touched once the measurement is over or cannot happen."""
+        if self.a.mid_done:
+            Path(self.a.mid_done).touch()
+
+    def start(self, prep: threading.Thread) -> None:
+        """Thread 2, started right after the patch was applied: the capture server loads the patched module."""
+        prep.join()
+        if self.error:
+            return
+        try:
+            from eagle3ops.sglang_versions import dump_capture_args
+
+            capture = ["--disable-radix-cache", "--chunked-prefill-size", "-1", "--disable-prefill-cuda-graph",
+                       *dump_capture_args(SGLANG_VERSION, self.ids)]  # fmt: skip
+            srv = L.Server("mid_capture", self.model, 30021, extra=capture, cuda_graph=True, mem=0.3,
+                           max_tokens=131072, graph_bs=8)  # fmt: skip
+            if self.a.device == "cpu":
+                srv.argv = [L.PY, str(L.ROOT / "tests" / "fixtures" / "sglang_standin_server.py"), "--model",
+                            str(self.model), "--port", "30021", "--port-file", str(L.W / "standin-mid.port"),
+                            "--max-batch", "8"]  # fmt: skip
+            env = {"EAGLE3OPS_SGLANG_DUMP_DIR": str(self.data),
+                   "EAGLE3OPS_SGLANG_LAYER_IDS": ",".join(map(str, self.ids))}  # fmt: skip
+            self.srv = srv.start(timeout=360, env=env)
+            self.done("mid_server_ready_s", srv.ready_s)
+        except Exception as e:
+            self.error = f"{type(e).__name__}: {e}"
+            self.done("mid_server", {"error": self.error})
+            self.release()
+
+    def measure(self) -> None:
+        """Thread 3: in lane smol's GPU window, plain (warm-up) / captured / plain, one concurrency; then stop."""
+        a = self.a
+        try:
+            if self.srv is None:
+                return
+            waited = wait_file(Path(a.gpu_window), a.gpu_window_wait_s) if a.gpu_window else 0.0
+            conc = a.mid_concurrency
+            warm = plain_prefills(self.srv, self.data, {}, min(self.rows or 10**9, 256), conc)
+            r = L.cli("sglang-extract", "--data", str(self.data), "--model", str(self.model), "--url",
+                      self.srv.url, "--concurrency", str(conc), "--sglang-version", SGLANG_VERSION, "--no-progress",
+                      "--server-pid", str(self.srv.proc.pid), "--health-timeout", "120",
+                      *(["--limit", str(self.rows)] if self.rows else []), name="mid_sglang_extract",
+                      timeout=max(60, L.left() - 60))  # fmt: skip
+            after = plain_prefills(self.srv, self.data, r, self.rows or None, conc)
+            keep = ("written", "failed", "tokens", "bytes", "seconds", "tokens_per_second", "loop_seconds",
+                    "loop_tokens_per_second", "row_seconds", "retries", "errors", "rc")  # fmt: skip
+            self.done("mid_capture_overhead", {
+                "gpu_window_wait_s": waited, "concurrency": conc, "store": str(self.data),
+                "warmup_plain_tok_s": warm["plain_prefill_tok_s"], "extract": {k: r.get(k) for k in keep},
+                **after,
+            })  # fmt: skip
+        except Exception as e:
+            self.done("mid_capture_overhead", {"error": f"{type(e).__name__}: {e}"})
+        finally:
+            if self.srv is not None:
+                self.srv.stop()
+            self.release()
+            shutil.rmtree(
+                self.data / "hidden_states", ignore_errors=True
+            )  # /dev/shm is memory; the disk is shared
+            shutil.rmtree(self.model, ignore_errors=True)
+
+
+def mid_dir(a) -> Path:
+    """/dev/shm where it has room for the store (memory, not the disk lane smol fills), else WORK/mid."""
+    if a.mid_dir:
+        return Path(a.mid_dir)
+    try:
+        if shutil.disk_usage("/dev/shm").free >= a.mid_shm_need_gb * 1e9:
+            return Path("/dev/shm/e3mid")
+    except OSError:
+        pass
+    return L.W / "mid"
 
 
 def main() -> int:
@@ -191,16 +355,38 @@ def main() -> int:
         help="only the first N rows through SGLang, compared, and prefilled plainly (the CPU smoke run: the "
         "stand-in computes every row with transformers); default every row",
     )
+    ap.add_argument("--assets", default="/tmp/assets")
+    ap.add_argument(
+        "--mid", action="store_true", help="also the capture overhead on a realistic-width target"
+    )
+    ap.add_argument(
+        "--mid-tokenizer", default="/tmp/live/models/smollm2", help="lane smol's converted SmolLM2"
+    )
+    ap.add_argument("--mid-tokenizer-wait-s", type=float, default=300)
+    ap.add_argument("--mid-dir", default="", help="default /dev/shm/e3mid where it has room, else WORK/mid")
+    ap.add_argument("--mid-shm-need-gb", type=float, default=45)
+    ap.add_argument("--mid-hidden", type=int, default=2048)
+    ap.add_argument("--mid-layers", type=int, default=40)
+    ap.add_argument("--mid-conversations", type=int, default=2000)
+    ap.add_argument("--mid-rows", type=int, default=0, help="rows sent (0: all prepared)")
+    ap.add_argument("--mid-concurrency", type=int, default=64)
+    ap.add_argument("--gpu-window", default="", help="a file lane smol touches when it leaves the GPU idle")
+    ap.add_argument("--gpu-window-wait-s", type=float, default=420)
+    ap.add_argument("--mid-done", default="", help="a file touched when the measurement is over")
     a = ap.parse_args()
     w = Path(a.work)
     w.mkdir(parents=True, exist_ok=True)
     L.W = w
     L.DEADLINE[0] = time.time() + a.budget_s
     res: dict = {}
+    lock = threading.Lock()
 
-    def done(k, v):
-        res[k] = v
-        (w / "result.json").write_text(json.dumps(res, indent=1, default=str))
+    def done(k, v):  # lane demo's threads (--mid) record here too
+        with lock:
+            res[k] = v
+            tmp = w / "result.json.tmp"
+            tmp.write_text(json.dumps(res, indent=1, default=str))
+            tmp.replace(w / "result.json")
         return v
 
     demo, tf, sg = w / "demo", w / "data-tf", w / "data-sgl"
@@ -231,11 +417,24 @@ def main() -> int:
         "extract_sglang_url": srv.url, "extract_sglang_concurrency": 32, "extract_sglang_health_timeout": 120,
         "extract_poll_interval": 2, "eagle3ops_extract_limit": a.rows,
     }  # fmt: skip
+    mid = Mid(a, done) if a.mid else None
+    mid_threads: list = []
+    if mid is not None:
+        prep = threading.Thread(target=mid.prepare, name="mid-prepare")
+        prep.start()
+
+        def after_patch():
+            t = threading.Thread(target=mid.start, args=(prep,), name="mid-start")
+            t.start()
+            mid_threads.append(t)
+            return t
+    else:
+        after_patch = None
     try:
         if a.capture_via == "playbooks":
-            r = capture_playbooks(done, srv, env, ev)
+            r = capture_playbooks(done, srv, env, ev, after_patch)
         else:
-            r = capture_cli(done, srv, env, sg, model, site, a.rows)
+            r = capture_cli(done, srv, env, sg, model, site, a.rows, after_patch)
         done("capture_overhead", plain_prefills(srv, tf, r, a.rows))
     except Exception as e:  # the restore below must run whatever happened
         done("server_error", f"{type(e).__name__}: {e}")
@@ -262,6 +461,14 @@ def main() -> int:
         done("patch_status_after", L.cli("sglang-patch", "status", *site, name="patch_status1"))
         done("deepseek_v2_exists", target.exists())
         done("restored_byte_exact", sha256(target) == res["deepseek_v2_sha256_before"])
+    if mid is not None:
+        for t in mid_threads:
+            t.join(timeout=max(0.0, L.left() - 300))
+        measuring = threading.Thread(target=mid.measure, name="mid-measure")
+        measuring.start()
+        mid_threads.append(measuring)
+    elif a.mid_done:
+        Path(a.mid_done).touch()
     try:
         done("compare", compare(tf, sg, a.rows))
     except Exception as e:
@@ -278,6 +485,8 @@ def main() -> int:
         done("train_stop", L.cli("train-stop", "--run-dir", str(run), "--grace", "20", name="train_stop"))
     if L.left() < 150:
         done("playbook", {"skipped": f"{L.left():.0f} s left"})
+        for t in mid_threads:
+            t.join()
         return 0
     ev = {
         "eagle3ops_checkpoint": str(run), "eagle3ops_model_path": str(model),
@@ -296,6 +505,8 @@ def main() -> int:
     done("playbook", L.run_playbooks("demo", ev, timeout=max(60, L.left() - 20)))
     if a.device == "cpu":  # the smoke run leaves no stand-in holding a port
         done("playbook_servers_stopped", L.stop_playbook_servers("demo"))
+    for t in mid_threads:
+        t.join()
     return 0
 
 

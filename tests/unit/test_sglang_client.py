@@ -123,6 +123,38 @@ def test_full_run_bounded_concurrency_then_nothing_left(tmp_path, data_dir, tiny
     assert json.loads((data_dir / "hidden_states" / "extract_meta.json").read_text())["backend"] == "sglang"
 
 
+def test_a_row_waiting_for_its_file_holds_no_request_slot(
+    tmp_path, data_dir, tiny_target, reference, monkeypatch
+):
+    """``concurrency`` bounds the requests in flight, not the rows being confirmed: with concurrency 1, the next
+    row's request reaches the server while the first row still waits for its file (before, the slot stayed taken
+    until the file was confirmed, so the server idled through every confirmation: the capture-overhead figure of
+    2026-12-02). The first confirmation waits (bounded) for the server to have seen a second request."""
+    from eagle3ops.extract import sglang_client as sc
+
+    real_confirm = sc._Runner._confirm
+    seen: list[int] = []
+
+    def first_confirm_waits(self, index, ids, since):
+        if not seen:
+            t0 = time.monotonic()
+            while _stats(url)["calls"] < 2 and time.monotonic() - t0 < 30:
+                time.sleep(0.02)
+            seen.append(_stats(url)["calls"])
+        return real_confirm(self, index, ids, since)
+
+    monkeypatch.setattr(sc._Runner, "_confirm", first_confirm_waits)
+    with standin_server(tmp_path, data_dir, tiny_target) as url:
+        res = run_sglang_extraction(_cfg(data_dir, tiny_target, url, concurrency=1))
+        assert seen and seen[0] >= 2, "no second request went out while the first row was being confirmed"
+        assert _stats(url)["max_inflight"] == 1  # still never more requests in flight than asked
+    assert res["written"] == len(LENGTHS) and res["failed"] == 0
+    # the request loop's own rate (what the capture overhead is judged by) excludes the run's setup
+    assert 0 < res["loop_seconds"] <= res["seconds"]
+    assert res["loop_tokens_per_second"] >= res["tokens_per_second"]
+    _assert_equal_to_reference(data_dir, reference)
+
+
 def test_5xx_and_timeouts_are_retried_with_backoff(tmp_path, data_dir, tiny_target, reference):
     sleeps = []
     with standin_server(
