@@ -2,10 +2,13 @@
 
 Three panels: acceptance length per served draft (MT-bench first turns, batch 1 and the higher concurrency,
 overall = completion tokens / spec_verify_ct); the per-request acceptance of the regenerated vs the original
-draft at the same settings (what regeneration is worth); output tok/s with and without the draft, each pair
-measured one right after the other.
+draft at the same settings (what regeneration is worth) or, for a run with ``--curve``, acceptance vs the number of
+training conversations (``smol_curve``; points of earlier runs can be added as ``N:ACCEPTANCE:LABEL``); output tok/s
+with and without the draft, each pair measured one right after the other.
 
     python bench/plot_live.py bench/results/sglang_live_2026-12-02_run3.json docs/img/live-smol-2026-12-02.png
+    python bench/plot_live.py bench/results/sglang_live_2026-12-02_run4.json docs/img/live-smol-2026-12-02-run4.png \
+        3000:2.113:run3
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import sys
 from pathlib import Path
 
 
-def main(src: str, out: str) -> int:
+def main(src: str, out: str, *extra: str) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,10 +46,24 @@ def main(src: str, out: str) -> int:
     ax[0].set_title("SGLang 0.5.17, MT-bench first turns")
     ax[0].legend()
 
-    per = [smol[c]["batch1"]["acceptance_per_request"] for c in configs[:2]]
-    ax[1].boxplot(per, tick_labels=labels[:2])
-    ax[1].set_ylabel("acceptance length per request (batch 1)")
-    ax[1].set_title("regenerated vs original answers, same budget")
+    curve = smol.get("smol_curve")
+    if curve:
+        ax[1].plot([p["conversations"] for p in curve], [p["acceptance_length"] for p in curve], "o-",
+                   label="this run")  # fmt: skip
+        for e in extra:  # N:ACCEPTANCE:LABEL of earlier runs
+            n, acc, lab = e.split(":", 2)
+            ax[1].plot([int(n)], [float(acc)], "s", label=lab)
+        ax[1].axhline(2.5, color="grey", lw=0.8, ls="--")
+        ax[1].set_xscale("log")
+        ax[1].set_xlabel("regenerated training conversations")
+        ax[1].set_ylabel(f"acceptance length, 3/1/4, {conc}")
+        ax[1].set_title("acceptance vs N (MT-bench)")
+        ax[1].legend(fontsize=7)
+    else:
+        per = [smol[c]["batch1"]["acceptance_per_request"] for c in configs[:2]]
+        ax[1].boxplot(per, tick_labels=labels[:2])
+        ax[1].set_ylabel("acceptance length per request (batch 1)")
+        ax[1].set_title("regenerated vs original answers, same budget")
 
     width = 0.2
     for j, (key, name) in enumerate((("batch1", "batch 1"), (conc, conc))):
@@ -59,8 +76,11 @@ def main(src: str, out: str) -> int:
     ax[2].set_ylabel("output tok/s")
     ax[2].set_title("with vs without the draft (paired)")
     ax[2].legend(fontsize=7)
+    n = (smol.get("smol_data") or {}).get("train_conversations")
+    secs = ((smol.get("smol_train_regen") or {}).get("exit") or {}).get("seconds")
     fig.suptitle(
-        f"{run.get('date', '')}: SmolLM2-135M-Instruct target, EAGLE-3 drafts trained 300 s on 3000 conversations"
+        f"{run.get('date', '')}: SmolLM2-135M-Instruct target, EAGLE-3 draft trained "
+        f"{f'{secs:.0f} s' if secs else '?'} on {n or '?'} regenerated conversations"
     )
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -70,4 +90,4 @@ def main(src: str, out: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:]))
