@@ -76,11 +76,14 @@ def left() -> float:
 
 
 def save(stage: str, obj) -> None:
+    """One stage's result, and the summary of all so far (replaced whole: a poll may copy it at any moment)."""
+    from eagle3ops.durable import atomic_write_text
+
     (W / "res").mkdir(parents=True, exist_ok=True)
     (W / "res" / f"{stage}.json").write_text(json.dumps(obj, indent=1, default=str))
     with _LOCK:
         SUMMARY[stage] = obj
-        (W / "summary.json").write_text(json.dumps(SUMMARY, indent=1, default=str))
+        atomic_write_text(W / "summary.json", json.dumps(SUMMARY, indent=1, default=str), fsync=False)
 
 
 def stage(name: str, need_s: float = 30):
@@ -422,15 +425,15 @@ def sharegpt_rows(assets: str) -> list[str]:
     since 2026-12-02: up to 16,000, continuation chunks included) or the older ``sharegpt_12k.jsonl.gz``."""
     import lzma
 
-    a = Path(assets)
-    opener = (lzma.open, a / "sharegpt.jsonl.xz") if (a / "sharegpt.jsonl.xz").exists() else (
-        gzip.open, a / "sharegpt_12k.jsonl.gz")  # fmt: skip
-    with opener[0](opener[1], "rt", encoding="utf-8") as f:
+    xz = Path(assets) / "sharegpt.jsonl.xz"
+    opener, path = (lzma.open, xz) if xz.exists() else (gzip.open, Path(assets) / "sharegpt_12k.jsonl.gz")
+    with opener(path, "rt", encoding="utf-8") as f:
         return [x for x in f if x.strip()]
 
 
 def serve_configs(spec: str) -> list[tuple[str, tuple[int, int, int]]]:
-    """``--serve-configs``: ``KEY:S-K-D,...`` (KEY: regen, orig, wrong, broken) -> [(key, (steps, topk, draft))]."""
+    """``--serve-configs``: ``KEY:S-K-D,...`` (KEY: regen, orig, wrong, broken) -> [(key, (steps, topk, draft))];
+    parsed in main(), before any lane starts, so a typo ends the run at once and not after the training."""
     out = []
     for item in (x.strip() for x in spec.split(",") if x.strip()):
         key, _, sp = item.partition(":")
@@ -445,9 +448,7 @@ def serve_configs(spec: str) -> list[tuple[str, tuple[int, int, int]]]:
 
 def lane_smol(a) -> None:
     m = W / "models" / "smollm2"
-    # the lane's work directory: WORK/smol, or --smol-dir (e.g. /dev/shm: the hidden states of ~15k conversations,
-    # ~70 GB in bf16, do not fit the box's disk)
-    d = Path(a.smol_dir) if a.smol_dir else W / "smol"
+    d = a.smol_dir
     d.mkdir(parents=True, exist_ok=True)
     gguf = Path(a.assets) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -640,7 +641,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
     if not drafts:
         return
     # a copy of the regenerated draft whose aux layer ids are wrong: the guard must fire on it
-    wanted = {k for k, _ in serve_configs(a.serve_configs)}
+    wanted = {k for k, _ in a.serve_configs}
     if "regen" in drafts and "wrong" in wanted:
         wrong = d / "draft-wrong-layers"
         shutil.rmtree(wrong, ignore_errors=True)
@@ -664,7 +665,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
         drafts["broken"] = broken
 
     # every EAGLE3 server at once (each caps its KV pool: they fit side by side), measured one after the other
-    configs = serve_configs(a.serve_configs)
+    configs = list(a.serve_configs)
     configs += [(k, (3, 1, 4)) for k in drafts if k.startswith("regen") and k != "regen"]  # the curve's
     configs = [(k, sp) for k, sp in configs if k in drafts]
     starts: dict[str, object] = {}
@@ -748,10 +749,16 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
             return out
 
         guard()
+
     # measured in this order (the budget may cut the tail): the regenerated draft at 3/1/4, the curve's points, the
-    # original-answers draft, then 5/1/6
-    configs.sort(key=lambda c: (c[0] != "regen" or c[1] != (3, 1, 4), not c[0].startswith("regen") or c[0] == "regen",
-                                c[0] != "orig"))  # fmt: skip
+    # original-answers draft, then the rest (5/1/6; the guard's bad copies are not measured)
+    def rank(cfg) -> int:
+        key, spec = cfg
+        if key == "regen":
+            return 0 if spec == (3, 1, 4) else 3
+        return 1 if key.startswith("regen") else 2 if key == "orig" else 3
+
+    configs.sort(key=rank)
     for key, spec in configs:
         name = f"smol_eagle3_{key}_{'-'.join(map(str, spec))}"
         s = servers.get(name)
@@ -865,7 +872,7 @@ def lane_demo(a) -> None:
                 "--assets", a.assets, "--mid-done", str(W / "demo" / "mid-done")]  # fmt: skip
         if a.mid:  # the capture overhead on a realistic-width target, in lane smol's GPU window
             argv += ["--mid", "--mid-tokenizer", str(W / "models" / "smollm2"), "--gpu-window",
-                     str((Path(a.smol_dir) if a.smol_dir else W / "smol") / "gpu-window")]  # fmt: skip
+                     str(a.smol_dir / "gpu-window")]  # fmt: skip
             if a.smoke:
                 argv += ["--mid-hidden", "64", "--mid-layers", "8", "--mid-conversations", "12", "--mid-concurrency",
                          "4", "--mid-dir", str(W / "demo" / "mid"), "--gpu-window-wait-s", "120"]  # fmt: skip
@@ -957,6 +964,10 @@ def main() -> int:
     a = ap.parse_args()
     global W, SERVER_CMD
     W = Path(a.work)
+    a.serve_configs = serve_configs(a.serve_configs)
+    # lane smol's work directory: WORK/smol, or --smol-dir (e.g. /dev/shm: the hidden states of ~15k conversations,
+    # ~70 GB in bf16, do not fit the box's disk)
+    a.smol_dir = Path(a.smol_dir) if a.smol_dir else W / "smol"
     W.mkdir(parents=True, exist_ok=True)
     if a.smoke:
         sys.path.insert(0, str(ROOT / "tests" / "fixtures"))

@@ -44,7 +44,7 @@ good, chunks = [], 0
 for x in rows:
     turns = list(x.get("conversations") or [])
     # the "split" file cuts long chats into chunks; a later chunk starts with the assistant's (or a system) turn:
-    # its user turns are real prompts, kept from the first human turn on (6,358 of the 17,671 records)
+    # its user turns are real prompts, kept from the first human turn on (6,401 of the 17,671 records)
     lead = next((j for j, t in enumerate(turns) if t.get("from") == "human"), len(turns))
     chunks += lead > 0
     k = []  # alternating human/gpt text turns from there; up to 2 exchanges; prompts < 4000 chars

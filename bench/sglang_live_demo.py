@@ -109,8 +109,11 @@ def sha256(p: Path) -> str | None:
     return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
 
 
-def capture_server(a, model: Path, ids: list[int]) -> L.Server:
+def capture_server(
+    a, model: Path, ids: list[int], name: str = "demo_capture", port: int = 30020, **server_kw
+) -> L.Server:
     """The capture server the harness starts (not the roles: the box has no systemd for the sglang phase's unit).
+    ``server_kw`` go to :class:`sglang_live.Server` (``--mid``'s larger target takes less memory and fewer graphs).
 
     On the box: SGLang with the capture flags (docs/sglang.md), loading the patched ``deepseek_v2.py``. In the CPU
     smoke run (``--device cpu``): the STAND-IN of a patched server (tests/fixtures/sglang_standin_server.py, its
@@ -121,11 +124,18 @@ def capture_server(a, model: Path, ids: list[int]) -> L.Server:
     # what the dump needs, plus the version's capture-only flags (none on 0.5.17: the patch turns the capture on)
     capture = ["--disable-radix-cache", "--chunked-prefill-size", "-1", "--disable-prefill-cuda-graph",
                *dump_capture_args(SGLANG_VERSION, ids)]  # fmt: skip
-    srv = L.Server("demo_capture", model, 30020, extra=capture, cuda_graph=True)
+    srv = L.Server(name, model, port, extra=capture, cuda_graph=True, **server_kw)
     if a.device == "cpu":
         srv.argv = [L.PY, str(L.ROOT / "tests" / "fixtures" / "sglang_standin_server.py"), "--model", str(model),
-                    "--port", "30020", "--port-file", str(L.W / "standin-capture.port"), "--max-batch", "8"]  # fmt: skip
+                    "--port", str(port), "--port-file", str(L.W / f"standin-{name}.port"), "--max-batch", "8"]  # fmt: skip
     return srv
+
+
+def capture_env(data_dir: Path, ids: list[int]) -> dict:
+    """The capture hook's environment (what the sglang phase's unit sets): where to write, which layers."""
+    from eagle3ops.extract import sglang_hook
+
+    return {sglang_hook.ENV_DUMP_DIR: str(data_dir), sglang_hook.ENV_LAYER_IDS: ",".join(map(str, ids))}
 
 
 def capture_playbooks(done, srv: L.Server, env: dict, ev: dict, after_patch=None) -> dict:
@@ -239,9 +249,8 @@ class Mid:
             built = json.loads(r.stdout.strip().splitlines()[-1])
             rows = L.sharegpt_rows(a.assets)
             conv = self.base / "conversations.jsonl"
-            conv.write_text(
-                "".join(rows[-a.mid_conversations :])
-            )  # the end of the file: lane smol trains on its start
+            # the end of the file: lane smol trains on its start
+            conv.write_text("".join(rows[-a.mid_conversations :]))
             p = L.cli("prepare", "--model", str(self.model), "--input", str(conv), "--out", str(self.data),
                       "--max-length", "2048", "--on-error", "skip", name="mid_prepare")  # fmt: skip
             if p.get("rc"):
@@ -268,19 +277,9 @@ class Mid:
         if self.error:
             return
         try:
-            from eagle3ops.sglang_versions import dump_capture_args
-
-            capture = ["--disable-radix-cache", "--chunked-prefill-size", "-1", "--disable-prefill-cuda-graph",
-                       *dump_capture_args(SGLANG_VERSION, self.ids)]  # fmt: skip
-            srv = L.Server("mid_capture", self.model, 30021, extra=capture, cuda_graph=True, mem=0.3,
-                           max_tokens=131072, graph_bs=8)  # fmt: skip
-            if self.a.device == "cpu":
-                srv.argv = [L.PY, str(L.ROOT / "tests" / "fixtures" / "sglang_standin_server.py"), "--model",
-                            str(self.model), "--port", "30021", "--port-file", str(L.W / "standin-mid.port"),
-                            "--max-batch", "8"]  # fmt: skip
-            env = {"EAGLE3OPS_SGLANG_DUMP_DIR": str(self.data),
-                   "EAGLE3OPS_SGLANG_LAYER_IDS": ",".join(map(str, self.ids))}  # fmt: skip
-            self.srv = srv.start(timeout=360, env=env)
+            srv = capture_server(self.a, self.model, self.ids, "mid_capture", 30021, mem=0.3, max_tokens=131072,
+                                 graph_bs=8)  # fmt: skip
+            self.srv = srv.start(timeout=360, env=capture_env(self.data, self.ids))
             self.done("mid_server_ready_s", srv.ready_s)
         except Exception as e:
             self.error = f"{type(e).__name__}: {e}"
@@ -315,9 +314,8 @@ class Mid:
             if self.srv is not None:
                 self.srv.stop()
             self.release()
-            shutil.rmtree(
-                self.data / "hidden_states", ignore_errors=True
-            )  # /dev/shm is memory; the disk is shared
+            # /dev/shm is memory; the disk is shared
+            shutil.rmtree(self.data / "hidden_states", ignore_errors=True)
             shutil.rmtree(self.model, ignore_errors=True)
 
 
@@ -379,12 +377,14 @@ def main() -> int:
     res: dict = {}
     lock = threading.Lock()
 
-    def done(k, v):  # lane demo's threads (--mid) record here too
+    def done(
+        k, v
+    ):  # lane demo's threads (--mid) record here too; replaced whole: a poll may copy it any time
+        from eagle3ops.durable import atomic_write_text
+
         with lock:
             res[k] = v
-            tmp = w / "result.json.tmp"
-            tmp.write_text(json.dumps(res, indent=1, default=str))
-            tmp.replace(w / "result.json")
+            atomic_write_text(w / "result.json", json.dumps(res, indent=1, default=str), fsync=False)
         return v
 
     demo, tf, sg = w / "demo", w / "data-tf", w / "data-sgl"
@@ -404,7 +404,7 @@ def main() -> int:
     target = Path(a.site) / "sglang/srt/models/deepseek_v2.py"
     done("deepseek_v2_sha256_before", sha256(target))
     done("patch_status_before", L.cli("sglang-patch", "status", *site, name="patch_status0"))
-    env = {"EAGLE3OPS_SGLANG_DUMP_DIR": str(sg), "EAGLE3OPS_SGLANG_LAYER_IDS": ",".join(map(str, ids))}
+    env = capture_env(sg, ids)
     srv = capture_server(a, model, ids)
     # the playbooks' variables: SGLang where pip --target put it, extraction through it, the harness's server
     ev = {

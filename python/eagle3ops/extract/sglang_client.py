@@ -174,7 +174,8 @@ class _Runner:
         self.health_waits = 0
         # requests in flight: a row's thread gives its slot back when the answer arrives, before it waits for the
         # file, so ``concurrency`` requests keep the server busy while earlier rows are being confirmed
-        self._in_flight = threading.BoundedSemaphore(max(1, int(cfg.concurrency)))
+        self.concurrency = max(1, int(cfg.concurrency))
+        self._in_flight = threading.BoundedSemaphore(self.concurrency)
 
     def _wait_until_healthy(self) -> None:
         """The server is down (restarting?): one thread polls /health, the others queue behind it."""
@@ -383,7 +384,7 @@ def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progr
     runner = _Runner(cfg, store, seq_lens, num_states, hidden)
     pending = set()
     todo = iter(remaining)
-    conc = max(1, int(cfg.concurrency))
+    conc = runner.concurrency
 
     def collect(done):
         for fut in done:
