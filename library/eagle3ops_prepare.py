@@ -52,6 +52,20 @@ options:
     description: Shuffle seed (speculators splits train/val contiguously, so rows are shuffled).
     type: int
     default: 0
+  rows:
+    description:
+      - C(turn) writes one row per assistant turn, the turn's history repeated in it (speculators' own layout).
+      - C(conversation) writes one row per conversation with every assistant turn supervised, so the history is
+        extracted, stored and trained on once; the supervised tokens are the same. A conversation whose chat
+        template renders its history differently from the turns themselves (one that drops earlier reasoning)
+        keeps its per-turn rows; RV(rows) counts both kinds.
+    type: str
+    choices: [turn, conversation]
+    default: turn
+  workers:
+    description: Processes that render the conversations (chat template and tokenizer); the rows do not depend on it.
+    type: int
+    default: 1
   force:
     description: Replace a dataset even when hidden states were extracted for it.
     type: bool
@@ -86,6 +100,13 @@ num_tokens:
   description: Tokens over all rows.
   returned: success
   type: int
+rows:
+  description:
+    - The row layout (C(layout)); for C(conversation), C(conversations_merged) (one row) and
+      C(conversations_kept_per_turn) (the template re-renders their history).
+  returned: success
+  type: dict
+  sample: {layout: conversation, conversations_merged: 7997, conversations_kept_per_turn: 0}
 skipped:
   description: Skipped input rows as C(file:line - reason) (C(on_error=skip)).
   returned: success

@@ -356,6 +356,91 @@ def test_truncation_and_max_samples(tmp_path, model, demo):
     assert all(1 in r["loss_mask"] for r in rows_of(out))
 
 
+def test_workers_render_the_same_rows_in_the_same_order(prepared, tmp_path, model, demo):
+    """Two forked rendering processes give the dataset one process gave, byte for byte."""
+    out, first = prepared
+    result = prepare(
+        model, [demo["conversations_path"]], tmp_path / "w2", max_length=512, workers=2, log=quiet
+    )
+    assert result["fingerprint"] == first["fingerprint"] and result["num_rows"] == first["num_rows"]
+    one = json.loads((out / "prepare_meta.json").read_text())["checksums"]
+    two = json.loads((tmp_path / "w2" / "prepare_meta.json").read_text())["checksums"]
+    assert one == two and any(name.endswith(".arrow") for name in one)
+
+
+def _supervised(row) -> list[int]:
+    return [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
+
+
+def test_conversation_rows_supervise_every_turn_once(tmp_path, model, tokenizer):
+    """rows=conversation: one row per conversation; its tokens are the longest turn row's, its supervised tokens
+    every turn's supervised tokens; fewer tokens in all, the same supervised ones."""
+    src = write_jsonl(tmp_path / "c.jsonl", [THREE_TURNS, sharegpt(ADD)])
+    per_turn = prepare(model, [src], tmp_path / "turn", log=quiet)
+    merged = prepare(model, [src], tmp_path / "conv", rows="conversation", log=quiet)
+    turn_rows, conv_rows = rows_of(tmp_path / "turn"), rows_of(tmp_path / "conv")
+    assert per_turn["num_rows"] == len(turn_rows) == 4 and merged["num_rows"] == len(conv_rows) == 2
+    assert merged["rows"] == {
+        "layout": "conversation",
+        "conversations_merged": 1,
+        "conversations_kept_per_turn": 0,
+    }
+    assert per_turn["rows"] == {"layout": "turn"}
+    assert merged["num_supervised_tokens"] == per_turn["num_supervised_tokens"]
+    assert merged["num_tokens"] < per_turn["num_tokens"]
+    assert merged["fingerprint"] != per_turn["fingerprint"]
+    longest = max(turn_rows, key=lambda r: len(r["input_ids"]))
+    three = max(conv_rows, key=lambda r: len(r["input_ids"]))
+    assert three["input_ids"] == longest["input_ids"]
+    # the three turns of THREE_TURNS, in order, and nothing else (the user turns and the system prompt are not)
+    spans = sorted((r for r in turn_rows if r["input_ids"] == longest["input_ids"][: len(r["input_ids"])]),
+                   key=lambda r: len(r["input_ids"]))  # fmt: skip
+    assert len(spans) == 3
+    assert _supervised(three) == [t for r in spans for t in _supervised(r)]
+    text = tokenizer.decode(_supervised(three))
+    assert all(a in text for a in ("2 + 3 = 5.", "5 + 4 = 9.", "c-a-t")) and "Spell" not in text
+    # the single-turn conversation is the same row either way
+    (single,) = [r for r in conv_rows if r is not three]
+    assert single in turn_rows
+
+
+def test_a_template_that_rewrites_history_keeps_per_turn_rows(tmp_path, model, tokenizer):
+    """A Qwen3-like template drops the first answer's reasoning once a later user turn follows: the second turn's
+    row does not extend the first's, so merging would train on a history the target never sees; that
+    conversation keeps its two rows and is counted."""
+    variant = _tokenizer_variant(model, tmp_path / "tok", PREFILL_THINK)
+    rec = {
+        "conversations": [
+            {"role": "user", "content": "What is 6 * 7?"},
+            {"role": "assistant", "content": "6 * 7 = 42.", "reasoning_content": "six sevens"},
+            {"role": "user", "content": "And 6 * 8?"},
+            {"role": "assistant", "content": "48."},
+        ]
+    }
+    src = write_jsonl(tmp_path / "t.jsonl", [rec, THREE_TURNS])
+    result = prepare(variant, [src], tmp_path / "out", rows="conversation", log=quiet)
+    assert result["rows"] == {
+        "layout": "conversation",
+        "conversations_merged": 1,
+        "conversations_kept_per_turn": 1,
+    }
+    rows = rows_of(tmp_path / "out")
+    assert len(rows) == 3
+    texts = sorted(tokenizer.decode(_supervised(r)) for r in rows)
+    # (the generation prompt pre-fills <think>: the first answer is supervised from the reasoning on)
+    assert "six sevens</think>6 * 7 = 42.<|end|>" in texts and "48.<|end|>" in texts
+
+
+def test_rows_and_workers_are_checked(tmp_path, model, demo):
+    for kw, what in (
+        ({"rows": "session"}, "rows must be one of turn, conversation"),
+        ({"workers": 0}, "workers 0"),
+    ):
+        with pytest.raises(PrepareError, match=what):
+            prepare(model, [demo["conversations_path"]], tmp_path / "x", log=quiet, **kw)
+    assert not (tmp_path / "x").exists()
+
+
 def _with_extracted_state(src: Path, out: Path) -> Path:
     """A copy of the prepared data directory ``src`` at ``out`` whose ``hidden_states/`` holds one file (STAND-IN
     bytes, not a real sample: prepare only counts and keeps or removes it)."""

@@ -38,7 +38,16 @@ def _prepare(args, prepare, PrepareError) -> dict:
             args.input,
             args.out,
             **pick(
-                args, "max_length", "on_error", "max_samples", "seed", "force", "check", "trust_remote_code"
+                args,
+                "max_length",
+                "on_error",
+                "max_samples",
+                "seed",
+                "force",
+                "check",
+                "trust_remote_code",
+                "rows",
+                "workers",
             ),
             log=lambda msg: print(msg, file=sys.stderr, flush=True),
             progress=sys.stderr.isatty() and not args.json,

@@ -48,7 +48,7 @@ from pathlib import Path
 from eagle3ops.conversations import InputError, Source, load_tokenizer, resolve_sources
 from eagle3ops.durable import fsync_dir, fsync_tree, sha256_file, swap_dir_into_place
 from eagle3ops.prepare.errors import PrepareError
-from eagle3ops.prepare.render import SPECULATORS_VERSION, collect, speculators_preprocessing
+from eagle3ops.prepare.render import ROWS_CHOICES, SPECULATORS_VERSION, collect, speculators_preprocessing
 from eagle3ops.store.layout import DATASET_FILES, HS_DIR, PREPARE_META, TOKEN_FREQ
 
 PREPARE_FORMAT = 1
@@ -229,14 +229,22 @@ def prepare(
     force: bool = False,
     check: bool = False,
     trust_remote_code: bool = False,
+    rows: str = "turn",
+    workers: int = 1,
     log: Callable[[str], None] | None = None,
     progress: bool = False,
 ) -> dict:
     """Build (or confirm) the prepared dataset at ``out``; see the module docstring.
 
     Returns changed, out, num_rows, num_tokens, num_supervised_tokens, skipped (``file:line: what``),
-    dropped (turns that did not fit), fingerprint, seconds. ``check=True`` writes nothing and predicts
-    ``changed``.
+    dropped (turns that did not fit), rows (the row layout and, for ``conversation``, how many conversations
+    were merged into one row or kept one row per turn), fingerprint, seconds. ``check=True`` writes nothing
+    and predicts ``changed``.
+
+    ``rows="conversation"`` writes one row per conversation with all its assistant turns supervised instead of
+    speculators' one row per turn (whose rows repeat the history: extraction stores, and training reads, it
+    again for every turn); a conversation whose template re-renders history differently keeps its per-turn
+    rows. ``workers`` renders in that many processes; it does not change the rows.
     """
     t0 = time.monotonic()
     log = log or _log_default
@@ -246,9 +254,17 @@ def prepare(
         raise PrepareError(f"max_length {max_length} is too small")
     if max_samples is not None and max_samples < 1:
         raise PrepareError(f"max_samples {max_samples} must be at least 1")
+    if rows not in ROWS_CHOICES:
+        raise PrepareError(f"rows must be one of {', '.join(ROWS_CHOICES)}, not {rows!r}")
+    if workers < 1:
+        raise PrepareError(f"workers {workers} must be at least 1 (the rendering processes)")
     data_dir = Path(out).absolute()
     sources = resolve_sources(inputs)
     params = {"max_length": max_length, "max_samples": max_samples, "seed": seed}
+    if (
+        rows != "turn"
+    ):  # (not in the default's params: datasets prepared before the option keep their fingerprint)
+        params["rows"] = rows
     # 0. already done? (cheap: no tokenizer, no speculators import)
     meta = read_meta(data_dir)
     fast_fp = _fast_tokenizer_fingerprint(model) if meta else None
@@ -289,7 +305,9 @@ def prepare(
         }
 
     # 2. read, check and render every conversation
-    groups, problems, dropped, n_records = collect(pp, tokenizer, sources, max_length, log, progress)
+    groups, problems, dropped, n_records, merge_counts = collect(
+        pp, tokenizer, sources, max_length, log, progress, rows=rows, workers=workers
+    )
     if problems and on_error == "fail":
         raise _failure([str(p) for p in problems])
 
@@ -355,6 +373,7 @@ def prepare(
             **stats,
             "skipped": [str(p) for p in problems],
             "dropped": dropped,
+            "rows": {"layout": rows, **(merge_counts if rows == "conversation" else {})},
             "files": files,
             "checksums": checksums,
         }
@@ -440,6 +459,7 @@ def _result(data_dir: Path, meta: dict, changed: bool) -> dict:
         "num_conversations": meta.get("num_conversations"),
         "skipped": meta.get("skipped", []),
         "dropped": meta.get("dropped", {}),
+        "rows": meta.get("rows", {"layout": "turn"}),
         "fingerprint": meta["fingerprint"],
         "token_freq": str(data_dir / TOKEN_FREQ),
     }

@@ -42,6 +42,20 @@ PREPARE = Command(
         ),
         Option("max_samples", "int", metavar="N", help="keep at most N rows"),
         Option("seed", "int", default=0, help="shuffle seed"),
+        one_of(
+            "rows",
+            ["turn", "conversation"],
+            help="turn: one row per assistant turn, its history repeated (speculators' layout); conversation: "
+            "one row per conversation with every assistant turn supervised (less to extract, store and train "
+            "on; a conversation whose template re-renders its history keeps per-turn rows)",
+        ),
+        Option(
+            "workers",
+            "int",
+            default=1,
+            metavar="N",
+            help="render in N processes (the same rows; the tokenizer and chat template run on N cores)",
+        ),
         Option(
             "force",
             "bool",

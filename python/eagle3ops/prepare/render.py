@@ -69,57 +69,155 @@ def render_rows(pp, conv: list[dict], tools: object, max_length: int) -> list[di
     return pp._render_boundary_rows(normalized, "local", max_length, tools=parsed_tools)
 
 
-def collect(pp, tokenizer, sources, max_length, log, progress):
-    """Read, check and render every record. Returns (groups, problems, dropped, n_records)."""
+ROWS_CHOICES = ("turn", "conversation")
+
+
+def merge_turn_rows(rows: list[dict]) -> dict | None:
+    """One row for a whole conversation: the longest turn row, with every turn's supervised tokens supervised.
+
+    Valid only where each turn's row is a prefix of the longest one (the template renders history as it
+    rendered the turn itself: ChatML, Llama, most templates). None where a template rewrites history (drops
+    earlier reasoning, say): that conversation keeps one row per turn.
+    """
+    base = max(rows, key=lambda r: len(r["input_ids"]))
+    ids, mask = base["input_ids"], list(base["loss_mask"])
+    for r in rows:
+        if r is base:
+            continue
+        if list(ids[: len(r["input_ids"])]) != list(r["input_ids"]):
+            return None
+        for j, m in enumerate(r["loss_mask"]):
+            if m:
+                mask[j] = 1
+    return {"input_ids": ids, "loss_mask": mask}
+
+
+def _one_record(pp, loc, rec, max_length: int, merge: bool):
+    """What one input record gives: ("problem", Problem) or ("rows", kept rows, dropped counts, merged?)."""
     from speculators.data_generation.preprocessing import BoundaryUnstableError
 
+    dropped = {"turns_context_over_max_length": 0, "rows_unsupervised_after_truncation": 0}
+    if isinstance(rec, Problem):
+        return ("problem", rec)
+    checked = check_record(rec)
+    if isinstance(checked, str):
+        return ("problem", Problem(loc, checked))
+    kind, payload = checked
+    if kind == "rows":
+        ids, mask = payload
+        if sum(mask[:max_length]) == 0:
+            dropped["rows_unsupervised_after_truncation"] += 1
+            return ("rows", [], dropped, None)
+        return ("rows", [_compact(ids[:max_length], mask[:max_length])], dropped, None)
+    n_asst = sum(1 for j, t in enumerate(payload) if j > 0 and role_of(t) not in ("user", "system", "tool"))
+    try:
+        rows = render_rows(pp, payload, rec.get("tools"), max_length)
+    except BoundaryUnstableError as e:
+        return ("problem", Problem(loc, f"the chat template is not prefix-stable here: {e}"))
+    except Exception as e:  # templates raise anything (jinja errors, raise_exception)
+        return ("problem", Problem(loc, f"the chat template failed: {type(e).__name__}: {e}"))
+    dropped["turns_context_over_max_length"] += n_asst - len(rows)
+    merged = None
+    if merge and len(rows) > 1:
+        one = merge_turn_rows(rows)
+        merged = one is not None
+        if merged:
+            rows = [one]
+    kept = []
+    for r in rows:
+        if sum(r["loss_mask"][:max_length]) == 0:
+            dropped["rows_unsupervised_after_truncation"] += 1
+            continue
+        kept.append(_compact(r["input_ids"][:max_length], r["loss_mask"][:max_length]))
+    return ("rows", kept, dropped, merged)
+
+
+# what a forked worker renders with: set in the parent right before the pool forks (inherited, not pickled)
+_WORKER: dict = {}
+
+
+def _render_chunk(chunk):
+    w = _WORKER
+    return [_one_record(w["pp"], loc, rec, w["max_length"], w["merge"]) for loc, rec in chunk]
+
+
+def _chunks(records, size: int):
+    chunk = []
+    for item in records:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _records(sources, log):
+    for source in sources:
+        log(f"prepare: reading {source.path}")
+        yield from iter_records(source)
+
+
+def collect(pp, tokenizer, sources, max_length, log, progress, *, rows: str = "turn", workers: int = 1):
+    """Read, check and render every record. Returns (groups, problems, dropped, n_records, merge_counts).
+
+    rows: "turn" (speculators' rows: one per assistant turn, the history repeated in each) or "conversation"
+    (one row per conversation with every assistant turn supervised, where the template allows it:
+    :func:`merge_turn_rows`). workers > 1 renders in that many forked processes; the result is the same, in
+    the same order, as with one.
+    """
+    if rows not in ROWS_CHOICES:
+        raise PrepareError(f"rows must be one of {', '.join(ROWS_CHOICES)}, not {rows!r}")
+    if workers < 1:
+        raise PrepareError(f"workers {workers} must be at least 1")
     groups: list[list[tuple[list[int], list[int]]]] = []
     problems: list[Problem] = []
     dropped = {"turns_context_over_max_length": 0, "rows_unsupervised_after_truncation": 0}
+    merge_counts = {"conversations_merged": 0, "conversations_kept_per_turn": 0}
     n_records = 0
-    bar = _progress(progress)
-    with local_render(pp, tokenizer), bar as advance:
-        for source in sources:
-            log(f"prepare: reading {source.path}")
-            for loc, rec in iter_records(source):
-                n_records += 1
-                advance()
-                if isinstance(rec, Problem):
-                    problems.append(rec)
-                    continue
-                checked = check_record(rec)
-                if isinstance(checked, str):
-                    problems.append(Problem(loc, checked))
-                    continue
-                kind, payload = checked
-                if kind == "rows":
-                    ids, mask = payload
-                    if sum(mask[:max_length]) == 0:
-                        dropped["rows_unsupervised_after_truncation"] += 1
-                        continue
-                    groups.append([_compact(ids[:max_length], mask[:max_length])])
-                    continue
-                n_asst = sum(
-                    1 for j, t in enumerate(payload) if j > 0 and role_of(t) not in ("user", "system", "tool")
-                )
-                try:
-                    rows = render_rows(pp, payload, rec.get("tools"), max_length)
-                except BoundaryUnstableError as e:
-                    problems.append(Problem(loc, f"the chat template is not prefix-stable here: {e}"))
-                    continue
-                except Exception as e:  # templates raise anything (jinja errors, raise_exception)
-                    problems.append(Problem(loc, f"the chat template failed: {type(e).__name__}: {e}"))
-                    continue
-                dropped["turns_context_over_max_length"] += n_asst - len(rows)
-                kept = []
-                for r in rows:
-                    if sum(r["loss_mask"][:max_length]) == 0:
-                        dropped["rows_unsupervised_after_truncation"] += 1
-                        continue
-                    kept.append(_compact(r["input_ids"][:max_length], r["loss_mask"][:max_length]))
-                if kept:
-                    groups.append(kept)
-    return groups, problems, dropped, n_records
+    merge = rows == "conversation"
+    with (
+        local_render(pp, tokenizer),
+        _progress(progress) as advance,
+        _results(pp, _records(sources, log), max_length, merge, workers) as results,
+    ):
+        for out in results:
+            n_records += 1
+            advance()
+            if out[0] == "problem":
+                problems.append(out[1])
+                continue
+            _, kept, d, merged = out
+            for k, v in d.items():
+                dropped[k] += v
+            if merged is not None:
+                merge_counts["conversations_merged" if merged else "conversations_kept_per_turn"] += 1
+            if kept:
+                groups.append(kept)
+    return groups, problems, dropped, n_records, merge_counts
+
+
+@contextlib.contextmanager
+def _results(pp, records, max_length: int, merge: bool, workers: int):
+    """Every record's :func:`_one_record`, in input order: here, or in ``workers`` forked processes."""
+    if workers == 1:
+        yield (_one_record(pp, loc, rec, max_length, merge) for loc, rec in records)
+        return
+    import multiprocessing
+    import os
+
+    # the parent's tokenizer (inside local_render) goes to the children by fork; they must not start the
+    # Rust tokenizer's own thread pool on top of the processes (nor warn that it was forked)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER.update(pp=pp, max_length=max_length, merge=merge)
+    pool = multiprocessing.get_context("fork").Pool(workers)
+    try:
+        results = pool.imap(_render_chunk, _chunks(records, 64))
+        yield (out for chunk in results for out in chunk)
+    finally:
+        pool.terminate()
+        pool.join()
+        _WORKER.clear()
 
 
 def _compact(ids: list[int], mask: list[int]):
