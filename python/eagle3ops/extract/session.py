@@ -420,6 +420,9 @@ def repair_store(cfg: ExtractConfig) -> dict:
     )
     store.close()
     return {
+        # files under their final name without a manifest line (a run killed between the rename and the append),
+        # recorded by this plan: the workers then find them done, so the run's result counts them from here
+        "adopted": plan.adopted,
         "damaged": len(plan.damaged),
         "damaged_files": damaged_report(store, plan.damaged),
         "moved_aside": plan.moved_aside,

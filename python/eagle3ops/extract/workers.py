@@ -144,6 +144,9 @@ def spawn_workers(
             signal.signal(s, h)
     keys = ("total", "done_before", "adopted", "written", "failed", "tokens", "bytes")
     merged = {k: sum(r.get(k, 0) for r in results) for k in keys}
+    # what the repair above adopted, the workers count as done before (as a single process counts its adopted
+    # files in done_before too); adopted says this run recorded them
+    merged["adopted"] += pre.pop("adopted", 0)
     secs = time.perf_counter() - t0
     merged.update(
         **pre,
