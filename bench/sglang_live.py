@@ -523,6 +523,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
                 "cuda_graph": base.cuda_graph}  # fmt: skip
 
     sanity()
+    target_agreement(a, m, base, qs_all)
     regen = d / "regenerated.jsonl"
 
     @stage("smol_regenerate", 120)
@@ -828,6 +829,75 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
         save("smol_offline_regen", offline.get("res") or {"error": "not finished within the budget"})
 
 
+def target_agreement(a, m: Path, base: Server, qs_all: list[str]) -> None:
+    """Does the served target predict what the trained-on target predicts? The draft learns the argmax of the
+    transformers forward (extraction's, bf16) and is verified against SGLang's. Where the two disagree no draft can
+    be accepted, so the share of SGLang's greedy tokens that transformers' argmax also gives, on the same token
+    ids, is a ceiling on the per-token acceptance. SmolLM2 is often near a tie (its first answer token to "What is
+    the capital of France?" is "The" at 0.173 against "L" at 0.135 in transformers bf16), so bf16 kernels that
+    differ can flip it: in every box run SGLang answered "L'Etoile, ..." where transformers answers "Paris"."""
+
+    @stage("smol_target_agreement", 40)
+    def agreement():
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(m))
+        prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                           add_generation_prompt=True) for q in qs_all[: a.agreement_prompts]]  # fmt: skip
+        ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
+
+        def served(k):
+            # the rendered text, as the measurements send it (SmolLM2's tokenizer adds no BOS: the same ids)
+            o = http(base.url + "/generate", {"text": prompts[k], "return_logprob": True,
+                     "sampling_params": {"temperature": 0, "max_new_tokens": a.agreement_tokens}})  # fmt: skip
+            got = [t[1] for t in (o.get("meta_info") or {}).get("output_token_logprobs") or []]
+            return (got or o.get("output_ids") or tok(o["text"], add_special_tokens=False).input_ids), bool(
+                got
+            )
+
+        with cf.ThreadPoolExecutor(8) as ex:
+            outs = list(ex.map(served, range(len(prompts))))
+        dev = "cuda" if a.device == "cuda" else "cpu"
+        model = AutoModelForCausalLM.from_pretrained(str(m), dtype=torch.bfloat16).to(dev).eval()
+        agree = total = 0
+        first_diff, margins = [], []
+        for x, (y, _) in zip(ids, outs, strict=True):
+            if not y:
+                continue
+            with torch.no_grad():
+                logits = (
+                    model(torch.tensor([x + y], device=dev))
+                    .logits[0, len(x) - 1 : len(x) + len(y) - 1]
+                    .float()
+                )
+            pred = logits.argmax(-1).tolist()
+            same = [p == t for p, t in zip(pred, y, strict=True)]
+            agree, total = agree + sum(same), total + len(same)
+            first_diff.append(same.index(False) if False in same else None)
+            probs = logits.softmax(-1)
+            for j, ok in enumerate(same):  # how close transformers' own choice was where the two differ
+                if not ok:
+                    margins.append(round(float(probs[j, pred[j]] - probs[j, y[j]]), 4))
+        del model
+        share = agree / total if total else None
+        return {
+            "prompts": len(ids),
+            "tokens": total,
+            "agreement": round(share, 4) if share is not None else None,
+            # 1 + a + a^2 + a^3: the most 3/1/4 can reach when each token is accepted at most as often as they agree
+            "ceiling_3_1_4": round(sum(share**k for k in range(4)), 3) if share is not None else None,
+            "first_divergence": first_diff,
+            "disagreement_prob_gap": {
+                "n": len(margins),
+                "median": sorted(margins)[len(margins) // 2] if margins else None,
+            },
+            "served_ids_from": "output_token_logprobs" if all(g for _, g in outs) else "text (re-tokenised)",
+        }
+
+    agreement()
+
+
 def _smol_playbook(a, m, d, heldout, orig) -> None:
     """The serve and benchmark phases themselves on the regenerated draft, when the budget still allows."""
     if not (d / "run-regen").is_dir() or not (d / "draft-regen" / "config.json").exists():
@@ -933,6 +1003,10 @@ def main() -> int:
     )
     ap.add_argument("--checkpoint-freq", type=float, default=0.5, help="epochs between checkpoints")
     ap.add_argument("--draft-vocab", type=int, default=16384)
+    ap.add_argument(
+        "--agreement-prompts", type=int, default=16, help="MT-bench prompts of the target-agreement check"
+    )
+    ap.add_argument("--agreement-tokens", type=int, default=64, help="greedy tokens per prompt of that check")
     ap.add_argument("--prepare-rows", choices=["turn", "conversation"], default="turn", help="prepare --rows")
     ap.add_argument("--prepare-workers", type=int, default=8, help="prepare --workers")
     ap.add_argument(
@@ -1009,7 +1083,7 @@ def main() -> int:
         for k, v in {"n_conv": 12, "max_tokens": 16, "loadgen_requests": 8 if a.loadgen_requests else 0, "max_length": 256, "epochs": 1,
                      "total_seq_len": 512, "train_timeout": 600, "reserve_s": 60, "draft_vocab": 512,
                      "mt_prompts": 4, "bench_tokens": 16, "offline_prompts": 1, "offline_tokens": 8,
-                     "offline_threads": 1, "quiet_wait_s": 5, "playbook_need_s": 30, "heldout_prompts": 4, "prepare_workers": 2,
+                     "offline_threads": 1, "quiet_wait_s": 5, "playbook_need_s": 30, "heldout_prompts": 4, "prepare_workers": 2, "agreement_prompts": 4, "agreement_tokens": 8,
                      "curve": a.curve and "6"}.items():  # fmt: skip
             setattr(a, k, v)
     DEADLINE[0] = T0 + a.budget_s
