@@ -523,7 +523,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
                 "cuda_graph": base.cuda_graph}  # fmt: skip
 
     sanity()
-    target_agreement(a, m, base, qs_all)
+    target_agreement(a, m, base, qs_all, render)
     regen = d / "regenerated.jsonl"
 
     @stage("smol_regenerate", 120)
@@ -829,7 +829,7 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
         save("smol_offline_regen", offline.get("res") or {"error": "not finished within the budget"})
 
 
-def target_agreement(a, m: Path, base: Server, qs_all: list[str]) -> None:
+def target_agreement(a, m: Path, base: Server, qs_all: list[str], render) -> None:
     """Does the served target predict what the trained-on target predicts? The draft learns the argmax of the
     transformers forward (extraction's, bf16) and is verified against SGLang's. Where the two disagree no draft can
     be accepted, so the share of SGLang's greedy tokens that transformers' argmax also gives, on the same token
@@ -843,8 +843,7 @@ def target_agreement(a, m: Path, base: Server, qs_all: list[str]) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(m))
-        prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                           add_generation_prompt=True) for q in qs_all[: a.agreement_prompts]]  # fmt: skip
+        prompts = [render([{"role": "user", "content": q}]) for q in qs_all[: a.agreement_prompts]]
         ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
 
         def served(k):

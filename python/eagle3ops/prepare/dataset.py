@@ -261,9 +261,8 @@ def prepare(
     data_dir = Path(out).absolute()
     sources = resolve_sources(inputs)
     params = {"max_length": max_length, "max_samples": max_samples, "seed": seed}
-    if (
-        rows != "turn"
-    ):  # (not in the default's params: datasets prepared before the option keep their fingerprint)
+    # rows is not in the default's params: datasets prepared before the option keep their fingerprint
+    if rows != "turn":
         params["rows"] = rows
     # 0. already done? (cheap: no tokenizer, no speculators import)
     meta = read_meta(data_dir)

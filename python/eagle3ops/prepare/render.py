@@ -70,6 +70,8 @@ def render_rows(pp, conv: list[dict], tools: object, max_length: int) -> list[di
 
 
 ROWS_CHOICES = ("turn", "conversation")
+# what the result's ``dropped`` counts
+DROPPED = ("turns_context_over_max_length", "rows_unsupervised_after_truncation")
 
 
 def merge_turn_rows(rows: list[dict]) -> dict | None:
@@ -96,28 +98,28 @@ def _one_record(pp, loc, rec, max_length: int, merge: bool):
     """What one input record gives: ("problem", Problem) or ("rows", kept rows, dropped counts, merged?)."""
     from speculators.data_generation.preprocessing import BoundaryUnstableError
 
-    dropped = {"turns_context_over_max_length": 0, "rows_unsupervised_after_truncation": 0}
+    dropped = dict.fromkeys(DROPPED, 0)
     if isinstance(rec, Problem):
         return ("problem", rec)
     checked = check_record(rec)
     if isinstance(checked, str):
         return ("problem", Problem(loc, checked))
     kind, payload = checked
-    if kind == "rows":
-        ids, mask = payload
-        if sum(mask[:max_length]) == 0:
-            dropped["rows_unsupervised_after_truncation"] += 1
-            return ("rows", [], dropped, None)
-        return ("rows", [_compact(ids[:max_length], mask[:max_length])], dropped, None)
-    n_asst = sum(1 for j, t in enumerate(payload) if j > 0 and role_of(t) not in ("user", "system", "tool"))
-    try:
-        rows = render_rows(pp, payload, rec.get("tools"), max_length)
-    except BoundaryUnstableError as e:
-        return ("problem", Problem(loc, f"the chat template is not prefix-stable here: {e}"))
-    except Exception as e:  # templates raise anything (jinja errors, raise_exception)
-        return ("problem", Problem(loc, f"the chat template failed: {type(e).__name__}: {e}"))
-    dropped["turns_context_over_max_length"] += n_asst - len(rows)
     merged = None
+    if kind == "rows":  # already tokenised: one row, as given
+        ids, mask = payload
+        rows = [{"input_ids": ids, "loss_mask": mask}]
+    else:
+        n_asst = sum(
+            1 for j, t in enumerate(payload) if j > 0 and role_of(t) not in ("user", "system", "tool")
+        )
+        try:
+            rows = render_rows(pp, payload, rec.get("tools"), max_length)
+        except BoundaryUnstableError as e:
+            return ("problem", Problem(loc, f"the chat template is not prefix-stable here: {e}"))
+        except Exception as e:  # templates raise anything (jinja errors, raise_exception)
+            return ("problem", Problem(loc, f"the chat template failed: {type(e).__name__}: {e}"))
+        dropped["turns_context_over_max_length"] += n_asst - len(rows)
     if merge and len(rows) > 1:
         one = merge_turn_rows(rows)
         merged = one is not None
@@ -164,15 +166,11 @@ def collect(pp, tokenizer, sources, max_length, log, progress, *, rows: str = "t
     rows: "turn" (speculators' rows: one per assistant turn, the history repeated in each) or "conversation"
     (one row per conversation with every assistant turn supervised, where the template allows it:
     :func:`merge_turn_rows`). workers > 1 renders in that many forked processes; the result is the same, in
-    the same order, as with one.
+    the same order, as with one (both checked by :func:`eagle3ops.prepare.dataset.prepare`).
     """
-    if rows not in ROWS_CHOICES:
-        raise PrepareError(f"rows must be one of {', '.join(ROWS_CHOICES)}, not {rows!r}")
-    if workers < 1:
-        raise PrepareError(f"workers {workers} must be at least 1")
     groups: list[list[tuple[list[int], list[int]]]] = []
     problems: list[Problem] = []
-    dropped = {"turns_context_over_max_length": 0, "rows_unsupervised_after_truncation": 0}
+    dropped = dict.fromkeys(DROPPED, 0)
     merge_counts = {"conversations_merged": 0, "conversations_kept_per_turn": 0}
     n_records = 0
     merge = rows == "conversation"
