@@ -11,6 +11,9 @@ export HF_DATASETS_OFFLINE := 1
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # Bytecode is written (git-ignored __pycache__/): with PYTHONDONTWRITEBYTECODE every xdist worker re-did pytest's
 # assertion rewrite of every test module (~6 s CPU per collection) and every eagle3ops process recompiled the package.
+# unexport: these machines set PYTHONDONTWRITEBYTECODE=1 in every shell's environment (CI's too), so leaving the
+# variable out of this Makefile was not enough (no __pycache__ after a whole `make test`, 2026-12-03).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help venv run test test-vm lint unit system-deps clean lock
 

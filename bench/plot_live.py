@@ -9,6 +9,8 @@ with and without the draft, each pair measured one right after the other.
     python bench/plot_live.py bench/results/sglang_live_2026-12-02_run3.json docs/img/live-smol-2026-12-02.png
     python bench/plot_live.py bench/results/sglang_live_2026-12-02_run4.json docs/img/live-smol-2026-12-02-run4.png \
         3000:2.113:run3
+    python bench/plot_live.py bench/results/sglang_live_2026-12-03_run6.json docs/img/live-smol-2026-12-03-run6.png \
+        1500:1.657:run4 3000:2.113:run3 8000:2.347:run4
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ def main(src: str, out: str, *extra: str) -> int:
     ax[0].set_title("SGLang 0.5.17, MT-bench first turns")
     ax[0].legend()
 
-    curve = smol.get("smol_curve")
+    curve = smol.get("smol_curve") or []
+    if not curve and extra and "smol_data" in smol:  # one draft: this run's point on the earlier runs' curve
+        curve = [{"conversations": smol["smol_data"]["train_conversations"],
+                  "acceptance_length": smol[configs[0]][conc]["acceptance_length"]}]  # fmt: skip
     if curve:
         ax[1].plot([p["conversations"] for p in curve], [p["acceptance_length"] for p in curve], "o-",
                    label="this run")  # fmt: skip
@@ -77,7 +82,8 @@ def main(src: str, out: str, *extra: str) -> int:
     ax[2].set_title("with vs without the draft (paired)")
     ax[2].legend(fontsize=7)
     n = (smol.get("smol_data") or {}).get("train_conversations")
-    secs = ((smol.get("smol_train_regen") or {}).get("exit") or {}).get("seconds")
+    tr = smol.get("smol_train_regen") or {}
+    secs = (tr.get("exit") or {}).get("seconds") or tr.get("wall_s")
     fig.suptitle(
         f"{run.get('date', '')}: SmolLM2-135M-Instruct target, EAGLE-3 draft trained "
         f"{f'{secs:.0f} s' if secs else '?'} on {n or '?'} regenerated conversations"

@@ -616,14 +616,19 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
                     "train-stop",
                     "--run-dir",
                     str(d / f"run-{key}"),
-                    "--grace",
-                    "20",
+                    "--grace",  # the ranks' interrupt save must end before the group stop
+                    "45",
                     name=f"train_stop_{key}",
                 )
             st = cli("train-status", "--run-dir", str(d / f"run-{key}"), name=f"train_status_{key}")
             r["train_status"] = {
                 k: st.get(k) for k in ("status", "metrics", "checkpoint", "save_path") if k in st
             }
+            # every validation and step record comes back with the logs (train-status keeps only the last)
+            metrics = d / f"run-{key}" / "metrics.jsonl"
+            if metrics.is_file():
+                with gzip.open(W / "logs" / f"train_metrics_{key}.jsonl.gz", "wb") as f:
+                    f.write(metrics.read_bytes())
             return r
 
         return tr()
@@ -635,8 +640,19 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
 
         @stage(f"smol_convert_draft_{key}", 20)
         def conv(key=key):
-            return cli("convert", "--checkpoint", str(d / f"run-{key}"), "--out", str(d / f"draft-{key}"),
-                       name=f"convert_{key}")  # fmt: skip
+            # a finished run: convert's default (checkpoint_best, the best validated epoch); a stopped one: its
+            # newest readable save (the interrupted one, later in the LR decay than any validated epoch)
+            from eagle3ops.checkpoints import newest_checkpoint
+
+            ended = ((SUMMARY.get(f"smol_train_{key}") or {}).get("train_status") or {}).get("status")
+            ckpt = d / f"run-{key}"
+            if ended not in ("finished", "done"):
+                ckpt = newest_checkpoint(ckpt) or ckpt
+            r = cli(
+                "convert", "--checkpoint", str(ckpt), "--out", str(d / f"draft-{key}"), name=f"convert_{key}"
+            )
+            r["train_ended"] = ended
+            return r
 
         conv()
 
@@ -683,17 +699,20 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
         except Exception as e:  # recorded; the other configurations still run
             starts[name] = e
 
-    # the offline estimate (the CPU path's benchmark-acceptance) of the regenerated draft on the same MT-bench
-    # questions, on a few CPU cores while the servers start
+    # the offline estimate (benchmark-acceptance: transformers target, speculators draft) of the regenerated draft
+    # on the same MT-bench questions, on the CPU or the GPU (--offline-device) while the servers start and measure
     offline: dict = {}
 
     def offline_estimate():
         if "regen" not in drafts or a.offline_prompts <= 0:
             return
-        offline["res"] = cli("benchmark-acceptance", "--checkpoint", str(d / "run-regen"), "--target", str(m),
+        # the checkpoint the served draft was converted from, in the server's dtype on the GPU when asked for
+        ckpt = (SUMMARY.get("smol_convert_draft_regen") or {}).get("checkpoint") or d / "run-regen"
+        offline["res"] = cli("benchmark-acceptance", "--checkpoint", str(ckpt), "--target", str(m),
                              "--prompts", str(mt_prompts), "--out", str(d / "offline-regen.json"), "--k", "3",
                              "--max-new-tokens", str(a.offline_tokens), "--limit", str(a.offline_prompts),
-                             "--threads", str(a.offline_threads), "--no-baseline", name="offline_regen",
+                             "--threads", str(a.offline_threads), "--no-baseline", "--device", a.offline_device,
+                             "--dtype", a.offline_dtype, name="offline_regen",
                              timeout=max(60, left() - 60))  # fmt: skip
 
     off_thread = threading.Thread(target=offline_estimate, name="offline")
@@ -826,7 +845,24 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
         save("smol_curve", sorted(curve, key=lambda x: x["conversations"]))
     off_thread.join(timeout=max(1.0, left() - 200))
     if a.offline_prompts > 0:
-        save("smol_offline_regen", offline.get("res") or {"error": "not finished within the budget"})
+        res = offline.get("res") or {"error": "not finished within the budget"}
+        per = ((res.get("result") or {}).get("draft") or {}).get("per_prompt") or []
+        served = ((SUMMARY.get("smol_eagle3_regen_3-1-4") or {}).get("batch1") or {}).get(
+            "acceptance_per_request"
+        )
+        # the same prompts (the first N MT-bench first turns, in order) on the server, batch 1
+        if per and served:
+            pairs = [
+                (p["acceptance_length"], s)
+                for p, s in zip(per, served, strict=False)
+                if p["acceptance_length"]
+            ]
+            res["vs_served_batch1"] = {
+                "prompts": len(pairs),
+                "offline_mean_per_prompt": round(sum(o for o, _ in pairs) / len(pairs), 4),
+                "served_mean_per_prompt": round(sum(s for _, s in pairs) / len(pairs), 4),
+            }
+        save("smol_offline_regen", res)
 
 
 def target_agreement(a, m: Path, base: Server, qs_all: list[str], render) -> None:
@@ -1033,9 +1069,11 @@ def main() -> int:
     ap.add_argument("--quiet-wait-s", type=float, default=150, help="how long measuring waits for lane demo")
     ap.add_argument("--offline-prompts", type=int, default=8)
     # the offline estimate at the benchmark's own length (2026-12-02: 64 tokens offline vs 256 on the server were not
-    # comparable: acceptance rose with the answer's length); the CPU path recomputes the whole sequence per step
+    # comparable: acceptance rose with the answer's length)
     ap.add_argument("--offline-tokens", type=int, default=256)
     ap.add_argument("--offline-threads", type=int, default=10)
+    ap.add_argument("--offline-device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--offline-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument(
         "--playbook-need-s", type=float, default=330, help="the smol playbook stage runs if this is left"
     )

@@ -148,6 +148,20 @@ options:
       - Skip the offline measurement (C(too_large) in the result, not a failure) when the target's weights exceed
         this many GiB; it runs the target in float32. C(acceptance) only.
     type: float
+  device:
+    description:
+      - Where the offline measurement runs the target and the draft (C(cuda) is the first visible GPU). C(acceptance)
+        only.
+    type: str
+    choices: [cpu, cuda]
+    default: cpu
+  dtype:
+    description:
+      - The offline measurement's dtype; C(bfloat16) is what an SGLang server computes in. Set with I(device), it
+        is recorded in the result's inputs (a change re-measures). C(acceptance) only.
+    type: str
+    choices: [float32, bfloat16]
+    default: float32
   acceptance:
     description: The acceptance result JSON; C(report) only.
     type: path

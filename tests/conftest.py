@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -176,18 +177,118 @@ def pytest_xdist_make_scheduler(config, log):
                 self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
             super()._assign_work_unit(node)
 
+        def remove_node(self, node):
+            # A crashed worker (a test that hung past its limit, tests/conftest.py _hard_stop_after): the rest of
+            # its group runs on another worker, the test it crashed in does not run again (xdist's loadscope
+            # would queue it with the rest, and a test that hangs would take down worker after worker).
+            workload = self.assigned_work.get(node, {})
+            crashed = next(
+                (nid for unit in workload.values() for nid, done in unit.items() if not done), None
+            )
+            if crashed is None:
+                return super().remove_node(node)
+            for unit in workload.values():
+                if crashed in unit:
+                    unit[crashed] = True
+            if self._pending_of(workload):
+                super().remove_node(node)  # re-queues the rest of the group
+            else:
+                self.assigned_work.pop(node)
+            return crashed
+
         def _reschedule(self, node):
             # queue the next group when the worker is on its last test (xdist's default waits for <= 2, which
-            # leaves a group stuck behind two long tests while other workers may be idle)
+            # leaves a group stuck behind two long tests while other workers may be idle). A worker holds its
+            # last queued test until it has a next one or is told to stop: a new worker (one replacing a crashed
+            # one) given a one-test group gets a second group, or the stop, in the same call; else it would wait
+            # for ever.
             if node.shutting_down:
                 return
+            while self.workqueue and self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
             if not self.workqueue:
                 node.shutdown()
-                return
-            if self._pending_of(self.assigned_work[node]) <= 1:
-                self._assign_work_unit(node)
 
     return GroupScheduling(config, log)
+
+
+def _original_stderr(config) -> int:
+    """The file descriptor of the terminal's stderr behind pytest's capture (2 when it cannot be found)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    err = getattr(getattr(capman, "_global_capturing", None), "err", None)
+    return getattr(err, "targetfd_save", 2)
+
+
+def _hard_stop_after(item):
+    """A timer that ends this process if ``item`` runs 120 s past its pytest-timeout limit: the SIGALRM of
+    pytest-timeout's "signal" method reaches only a main thread that runs Python; a test stuck elsewhere would
+    hold the whole suite until CI's own limit. Under xdist the controller then reports the worker crashed in
+    that test and starts another. Not in a serial run (that would end pytest itself). ``E3T_HARD_STOP_GRACE``
+    sets the 120 s."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    mark = item.get_closest_marker("timeout")
+    try:  # no "timeout" ini key without pytest-timeout (ValueError)
+        limit = float(mark.args[0] if mark and mark.args else item.config.getini("timeout"))
+    except (TypeError, ValueError):
+        return None
+    if limit <= 0:
+        return None
+    import threading
+
+    grace = float(os.environ.get("E3T_HARD_STOP_GRACE", "120"))
+
+    def stop():
+        msg = f"\n[{os.environ['PYTEST_XDIST_WORKER']}] {item.nodeid}: still running {limit + grace:.0f} s after its start, past its timeout; ending this worker (PID {os.getpid()})\n"
+        with contextlib.suppress(OSError):
+            os.write(_original_stderr(item.config), msg.encode())
+        os._exit(3)
+
+    t = threading.Timer(limit + grace, stop)
+    t.daemon = True
+    t.start()
+    return t
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    watchdog = _hard_stop_after(item)
+    try:
+        yield
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+
+
+_KEPT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+
+
+def _signal_state() -> tuple[dict, frozenset]:
+    return {s: signal.getsignal(s) for s in _KEPT_SIGNALS}, frozenset(
+        signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    )
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found():
+    """A test ends with the test worker's signal handlers and mask as it found them. Every process the worker
+    forks afterwards inherits both: a handler that only records SIGTERM, left by ansible-runner, made a later
+    test's pool workers ignore their SIGTERM, and CI waited 900 s (tests/hosts/runner.py now restores them).
+    A test that leaves one changed fails here, naming it; the worker's state is put back first."""
+    handlers, mask = _signal_state()
+    yield
+    now_handlers, now_mask = _signal_state()
+    changed = [s for s in _KEPT_SIGNALS if now_handlers[s] != handlers[s]]
+    for s in changed:
+        signal.signal(s, handlers[s])
+    names = [s.name for s in changed]
+    if now_mask != mask:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        names.append(f"the signal mask ({sorted(s.name for s in now_mask)})")
+    if names:
+        pytest.fail(
+            f"this test left changed: {', '.join(names)} (restored now); restore them where it sets them"
+        )
 
 
 def pytest_addoption(parser):

@@ -86,3 +86,25 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         path=str(p),
         missing=True,
     )
+
+
+def newest_checkpoint(save_path: str | os.PathLike) -> Path | None:
+    """The most recently written checkpoint of a save directory whose weights are readable: a numbered epoch
+    directory (end or mid-epoch save) or speculators' ``interrupted`` save (a stopped run's last state, written
+    without a training_state.json). None when there is none. Not ``checkpoint_best``: that one is the best
+    *validated* epoch, and a stopped run's newest weights (later in its learning-rate decay) were never validated."""
+    p = Path(save_path)
+    if (p / "checkpoints").is_dir():
+        p = p / "checkpoints"
+    found = []
+    for d in p.iterdir() if p.is_dir() else ():
+        if d.is_symlink() or not d.is_dir() or not (d.name.isdigit() or d.name == "interrupted"):
+            continue
+        model = d / "model.safetensors"
+        try:
+            read_safetensors_header(model)
+        except (OSError, ValueError):
+            continue
+        if (d / "config.json").is_file():
+            found.append((model.stat().st_mtime_ns, d))
+    return max(found)[1] if found else None

@@ -8,6 +8,7 @@ The tests assert on these (e.g. ``changed == 0`` on a second run).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -137,20 +138,28 @@ def run_playbook(
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         **(envvars or {}),
     }
-    r = ansible_runner.run(
-        private_data_dir=str(pdd),
-        project_dir=str(REPO),
-        playbook=str(pb),
-        inventory=str(Path(inventory).resolve()),
-        extravars=extravars or {},
-        tags=tags,
-        skip_tags=skip_tags,
-        limit=limit,
-        cmdline=cmdline or None,
-        envvars=env,
-        quiet=True,
-        timeout=timeout,
-    )
+    # ansible-runner sets SIGTERM and SIGINT handlers that only record the signal, and leaves them set: a process
+    # this test worker forks later (prepare's rendering pool) inherited one, ignored the pool's SIGTERM, and CI
+    # waited 900 s in pool.join. The worker's own handlers come back after each run.
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        r = ansible_runner.run(
+            private_data_dir=str(pdd),
+            project_dir=str(REPO),
+            playbook=str(pb),
+            inventory=str(Path(inventory).resolve()),
+            extravars=extravars or {},
+            tags=tags,
+            skip_tags=skip_tags,
+            limit=limit,
+            cmdline=cmdline or None,
+            envvars=env,
+            quiet=True,
+            timeout=timeout,
+        )
+    finally:
+        for s, h in kept.items():
+            signal.signal(s, h)
     raw = r.stats or {}
     hosts = set()
     for v in raw.values():

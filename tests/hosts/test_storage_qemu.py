@@ -32,7 +32,8 @@ import pytest
 
 from hosts import nspawn
 
-pytestmark = [pytest.mark.root, pytest.mark.qemu, pytest.mark.slow]
+# TCG: ~20 min under load
+pytestmark = [pytest.mark.root, pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parents[2]
 QEMU = shutil.which("qemu-system-x86_64")

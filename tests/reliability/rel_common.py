@@ -164,6 +164,8 @@ def demo(zygote, tmp_path_factory):
     demo_dir = run_cache.demo_dir(tmp_path_factory)  # built once per run (tests/run_cache.py)
     with run_cache.run_lock(tmp_path_factory, run_cache.DEMO):
         r = zygote.run(["demo", "--out", demo_dir, "--json"])
+        if r.rc == 0:
+            run_cache.keep_demo(tmp_path_factory)
     assert r.rc == 0, r.stderr[-3000:]
     return {"model": Path(r.json["model_path"]), "convs": Path(r.json["conversations_path"])}
 

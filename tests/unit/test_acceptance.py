@@ -89,6 +89,44 @@ def test_draft_chain_equals_speculators_own_forward(setup):
     assert d.propose(ids, aux[:-1], 3)[0] == tokens[0]  # its own chain starts from the same first draft
 
 
+def test_incremental_path_equals_the_whole_sequence_recomputed(setup):
+    """The measurement's default keeps KV caches as a server does (the target verifies only the new tokens, the
+    draft computes only the pairs committed since its last proposal); it must give what recomputing everything
+    gives. The draft is checked on a sequence that grows by 1 to 4 tokens between proposals (several new queries
+    after cached keys: the case sdpa's own causal flag would get wrong), the target through whole measurements."""
+    import torch
+    from transformers import DynamicCache
+
+    d, t = setup["drafter"], setup["target"]
+    ids = list(range(5, 60))
+    _, aux = t.forward(ids)
+    d.begin()
+    try:
+        n = 12
+        for grow in (1, 3, 4, 2, 1, 4, 3):
+            n += grow
+            got = d.propose(ids[: n + 1], aux[:n], 3)
+            assert got == d.chain(ids[: n + 1], aux[:n], 3)[0], n
+    finally:
+        d.end()
+    # the target's incremental forward: the same choices and states as the whole sequence's
+    cache = DynamicCache()
+    c0, a0 = t.extend(cache, ids[:20], 0)
+    t.extend(cache, [7, 8, 9], 20)  # rejected drafts, dropped by the next call
+    c1, a1 = t.extend(cache, ids[20:24], 20)
+    full_c, full_a = t.forward(ids[:24])
+    assert c0 + c1 == full_c and torch.allclose(torch.cat([a0, a1]), full_a, atol=1e-5)
+    for drafter in (d, acc.RandomDrafter(512, seed=2)):
+        kw = {"k": 3, "max_new_tokens": 10}
+        inc = acc.measure(
+            t, drafter if drafter is d else acc.RandomDrafter(512, seed=2), setup["prompts"], **kw
+        )
+        ref = acc.measure(t, drafter, setup["prompts"], incremental=False, **kw)
+        assert (
+            inc["accepted_histogram"] == ref["accepted_histogram"] and inc["per_prompt"] == ref["per_prompt"]
+        )
+
+
 def test_oracle_draft_reaches_k_plus_1_and_random_stays_near_1(setup):
     t, prompts = setup["target"], setup["prompts"]
     k = 3
@@ -140,6 +178,18 @@ def test_cli_measures_once_and_then_is_up_to_date(setup, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is False
     assert main([*argv[:-1], "--k", "3", "--json", "--check"]) == 0  # other settings: would measure again
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is True
+    # in the server's dtype: another measurement, recorded as such; a GPU asked for on a host without one: refused
+    bf16 = setup["root"] / "acceptance-bf16.json"
+    assert main([*argv[:-1], "--dtype", "bfloat16", "--out", str(bf16), "--json"]) == 0
+    r16 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["result"]
+    assert r16["dtype"] == "bfloat16" and r16["inputs"]["settings"]["dtype"] == "bfloat16"
+    assert r16["draft"]["verify_steps"] > 0 and 1.0 <= r16["draft"]["acceptance_length"] <= 3.0
+    assert (
+        "dtype" not in r["inputs"]["settings"]
+    )  # the default is not recorded: earlier results stay up to date
+    gpu = setup["root"] / "acceptance-gpu.json"
+    assert main([*argv[:-1], "--device", "cuda", "--out", str(gpu), "--json"]) == 2
+    assert "sees no GPU on this host; use device cpu" in capsys.readouterr().err and not gpu.exists()
     # the report from it: written once, then left alone
     rep_dir = setup["root"] / "report"
     argv = ["benchmark-report", "--out-dir", str(rep_dir), "--acceptance", str(out), "--json"]

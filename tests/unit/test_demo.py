@@ -31,7 +31,9 @@ def build_session_demo(tmp_path_factory) -> dict:
     """The default demo, built once per run for every xdist worker (tests/run_cache.py); later calls are the
     real idempotent no-op."""
     with run_cache.run_lock(tmp_path_factory, run_cache.DEMO):
-        return demo_mod.build_demo(run_cache.demo_dir(tmp_path_factory), log=lambda m: None)
+        res = demo_mod.build_demo(run_cache.demo_dir(tmp_path_factory), log=lambda m: None)
+        run_cache.keep_demo(tmp_path_factory)
+        return res
 
 
 @pytest.fixture(scope="session")

@@ -368,6 +368,57 @@ def test_workers_render_the_same_rows_in_the_same_order(prepared, tmp_path, mode
     assert one == two and any(name.endswith(".arrow") for name in one)
 
 
+_INHERITED_HANDLER = """
+import signal
+from speculators.data_generation import preprocessing  # imported before the fork, as prepare() has it
+from eagle3ops.conversations import Problem
+from eagle3ops.prepare import render
+
+seen = []
+signal.signal(signal.SIGTERM, lambda *a: seen.append(a[0]))  # records the signal and goes on
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+def records(n):
+    return ((f"c.jsonl:{i}", Problem(f"c.jsonl:{i}", "not a conversation")) for i in range(n))
+with render._results(None, records(300), 64, False, 2) as results:
+    assert sum(1 for _ in results) == 300
+try:
+    with render._results(None, records(300), 64, False, 2) as results:
+        next(results)
+        raise RuntimeError("the consumer failed")
+except RuntimeError:
+    pass
+print("ended", seen)
+"""
+
+
+def test_render_workers_end_under_a_parent_that_keeps_sigterm(tmp_path):
+    """Rendering processes end, on completion and on an error, in a parent whose SIGTERM handler only records
+    the signal and whose mask blocks it: the forked children do not inherit either (CI hung 900 s in pool.join
+    of the test above, in a test worker where such a handler was left). Real: the pool, fork, signals; the
+    records are Problems, which render without a tokenizer. Run in a child process: a regression hangs there,
+    to the timeout."""
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", _INHERITED_HANDLER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        out, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)  # it keeps SIGTERM, and so would the workers of a regression
+        child.communicate()
+        pytest.fail("the rendering pool did not end within 120 s")
+    assert child.returncode == 0, err[-2000:]
+    assert out.strip() == "ended []"
+
+
 def _supervised(row) -> list[int]:
     return [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
 

@@ -345,3 +345,26 @@ def test_the_ansible_module_check_run_idempotent(tmp_path, data_dir, tiny_target
         second = run("second")
         assert second["changed"] is False and second["done_before"] == len(LENGTHS)
     _assert_equal_to_reference(data_dir, reference)
+
+
+def test_the_run_ends_once_the_manifest_names_every_confirmed_row(tmp_path):
+    """The server's writer names a row in the manifest just after its file is complete (what confirms the row):
+    the run waits for the names, and names the rows still missing after its timeout (CI once saw a run end, and
+    its server stop, between the two: 12 rows written, 11 in the manifest). STAND-IN: a store whose manifest
+    scan is a set that a thread fills 0.3 s later, as the server's writer does."""
+    from types import SimpleNamespace
+
+    from eagle3ops.extract import sglang_client as sc
+
+    named: dict[int, object] = {0: None}
+    store = SimpleNamespace(dir=tmp_path, scan_manifest=lambda: SimpleNamespace(entries=dict(named)))
+    late = threading.Timer(0.3, lambda: named.update({1: None, 2: None}))
+    late.start()
+    t0 = time.monotonic()
+    sc._await_manifest(store, [0, 1, 2], timeout=30)
+    late.join()
+    assert 0.3 <= time.monotonic() - t0 < 10
+    with pytest.raises(
+        sc.SGLangClientError, match=r"rows \[3, 4\] have complete files.*named 2 of them in no"
+    ):
+        sc._await_manifest(store, [0, 3, 4], timeout=0.2)

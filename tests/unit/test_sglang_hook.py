@@ -127,12 +127,15 @@ def test_wrong_layers_or_no_aux_are_refused(tmp_path, tiny_target, states):
     d = _fresh_store(tmp_path, tiny_target)
     rows = _rows(d)
     fb, aux, last = sglang_like_forward([_req(rows, 0)], states)
-    with pytest.raises(HookError, match=r"adds 1 to every id"):
-        run_patched_calls(DumpHook(d, LAYERS), StandInModel([3, 5, 6]), fb, aux, last)
-    with pytest.raises(HookError, match="--enable-return-aux-hidden-states"):
-        run_patched_calls(
-            DumpHook(d, LAYERS), StandInModel([], capture_aux_hidden_states=False), fb, None, last
-        )
+    hooks = [DumpHook(d, LAYERS), DumpHook(d, LAYERS)]
+    try:
+        with pytest.raises(HookError, match=r"adds 1 to every id"):
+            run_patched_calls(hooks[0], StandInModel([3, 5, 6]), fb, aux, last)
+        with pytest.raises(HookError, match="--enable-return-aux-hidden-states"):
+            run_patched_calls(hooks[1], StandInModel([], capture_aux_hidden_states=False), fb, None, last)
+    finally:
+        for hook in hooks:  # their writer threads end
+            hook.close()
 
 
 def test_only_tp_rank_0_writes_and_foreign_batches_cost_nothing(tmp_path, tiny_target, states):

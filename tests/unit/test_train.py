@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -222,6 +223,25 @@ def test_incomplete_newest_checkpoint_is_moved_aside(tmp_path):
     assert all(Path(m["moved_to"]).is_dir() for m in moved)
     assert train_run.resume_point(save)["global_step"] == 9
     assert train_run.quarantine_incomplete(save) == []  # complete now: nothing to do
+
+
+def test_newest_checkpoint_is_a_stopped_runs_last_save_not_the_best_validated(tmp_path):
+    save = tmp_path / "run" / "checkpoints"
+    for name in ("0", "1", "interrupted", "2"):
+        _write_ckpt(save / name, training_state=name != "interrupted", truncate_model=name == "2")
+        (save / name / "config.json").write_text("{}")
+        time.sleep(0.01)
+    (save / "checkpoint_best").symlink_to("0")
+    # "2" is newest but its weights are cut short: the interrupted save (later in the LR decay than "1") wins
+    assert train_checkpoints.newest_checkpoint(tmp_path / "run") == save / "interrupted"
+    assert (
+        train_checkpoints.resolve_checkpoint(tmp_path / "run") == (save / "0").resolve()
+    )  # convert's default
+    shutil.rmtree(save / "2")
+    _write_ckpt(save / "2")  # a later epoch saved after a resume: newer than an old interrupted save
+    (save / "2" / "config.json").write_text("{}")
+    assert train_checkpoints.newest_checkpoint(save) == save / "2"
+    assert train_checkpoints.newest_checkpoint(tmp_path / "nothing") is None
 
 
 def test_metrics_summary_per_attempt(tmp_path):

@@ -12,6 +12,7 @@ inputs are ``eagle3ops.train.fixtures``' (test_train.py's ``inputs``: a tiny ver
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -93,6 +94,16 @@ def test_the_ddp_probe_trainer_runs_over_cpu_nodes_through_the_same_launcher(tmp
         )
 
 
+def _kill_ours(pids, *markers: str) -> None:
+    """SIGKILL those of ``pids`` still running whose command line has one of ``markers`` (this test's own
+    processes: a PID that ended earlier may belong to another process by now; pid_max can be 32768)."""
+    for pid in pids:
+        argv = " ".join(train_launch.cmdline(pid) or [])
+        if alive(pid) and any(m in argv for m in markers):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_stopped_trainer_takes_the_workers_of_its_own_sessions_along(tmp_path):
     """torchrun's workers run in sessions of their own: an agent that ignores SIGTERM is killed after the grace
     with every descendant, not only its process group (real processes: a parent ignoring SIGTERM and a child
@@ -126,9 +137,91 @@ def test_a_stopped_trainer_takes_the_workers_of_its_own_sessions_along(tmp_path)
             time.sleep(0.05)
         assert not alive(child), "the worker in its own session outlived the stop"
     finally:
-        for pid in (agent.pid, child):
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)  # this test's own processes
+        _kill_ours([agent.pid, child], str(cfg))
+
+
+def test_descendants_of_a_scan_with_a_reused_pid_end(tmp_path):
+    """/proc is read one process at a time: a PID reused meanwhile can make two processes each other's parent in
+    the scan. The walk must end (it looped, growing its list, before) and list each process once."""
+    for pid, ppid in ((10, 1), (11, 10), (12, 11), (10_000, 12)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (py thon) S {ppid} {pid} {pid} 0 -1\n")
+    # 11's parent read after 12 took its place
+    (tmp_path / "11" / "stat").write_text("11 (x) S 12 11 11 0 -1\n")
+    assert sorted(train_launch.descendants(10, tmp_path)) == []  # 11 no longer a child of 10 in this scan
+    assert sorted(train_launch.descendants(11, tmp_path)) == [12, 10_000]
+    assert sorted(train_launch.descendants(12, tmp_path)) == [11, 10_000]
+
+
+WORKER = r"""
+import json, multiprocessing as mp, os, signal, sys, time
+
+
+def loader():
+    time.sleep(300)
+
+
+if __name__ == "__main__":
+    record = os.path.join(os.path.dirname(sys.argv[-1]), "stopped.json")
+    child = mp.get_context("spawn").Process(target=loader, daemon=True)  # as speculators' DataLoader starts them
+    child.start()
+
+    def on_term(signum, frame):
+        time.sleep(1.0)  # a checkpoint save takes a while: is the loader still there when it ends?
+        with open(record, "w") as f:
+            json.dump({"loader_alive_at_save": child.is_alive(), "loader_exitcode": child.exitcode}, f)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+    with open(os.path.join(os.path.dirname(sys.argv[-1]), "ready"), "w") as f:
+        f.write(str(child.pid))
+    time.sleep(300)
+"""
+
+
+def test_a_stop_lets_the_ranks_save_while_their_loader_workers_still_run(tmp_path):
+    """The stop signals the training processes, not their sessions: the rank's interrupt save must find its
+    loader workers alive (on the H200 box a stop through torchrun's own killpg killed them first, and
+    speculators' interrupt checkpoint failed with "DataLoader worker ... is killed by signal: Terminated").
+    Real: torchrun (``python -m torch.distributed.run --standalone``), a rank in its own session, a loader worker
+    started by multiprocessing's spawn context (as speculators' DataLoader does). STAND-IN: the rank is a script
+    (``--no-python``) with the shim's name and the run's config on its command line, whose SIGTERM handler
+    takes 1 s, as a save does, and records whether its loader worker still lives."""
+    cfg = tmp_path / train_spec.CONFIG
+    cfg.write_text("")
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    argv = [sys.executable, "-m", train_launch.TORCHRUN, "--standalone", "--nproc_per_node=1", "--no-python",
+            sys.executable, str(worker), train_spec.SHIM_MODULE, "--config", str(cfg)]  # fmt: skip
+    # a file, not a pipe: the rank and its loader keep a pipe open after torchrun ends
+    err = tmp_path / "torchrun.err"
+    with err.open("wb") as f:
+        agent = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=f)
+    loader, ranks = 0, []
+    try:
+        for _ in range(600):
+            if (tmp_path / "ready").exists() or agent.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert (tmp_path / "ready").exists(), err.read_text()[-2000:] if agent.poll() else "slow"
+        loader = int((tmp_path / "ready").read_text())
+        ranks = train_launch.trainer_ranks(agent.pid, cfg)
+        assert len(ranks) == 1 and agent.pid not in ranks and loader not in ranks
+        assert train_launch.stop_run(tmp_path, {"pid": agent.pid, "launcher": "setsid"}, grace_s=30)
+        assert json.loads((tmp_path / "stopped.json").read_text()) == {
+            "loader_alive_at_save": True,
+            "loader_exitcode": None,
+        }
+        agent.wait(timeout=30)
+        for _ in range(100):
+            if not alive(loader):
+                break
+            time.sleep(0.05)
+        assert not alive(loader) and not alive(ranks[0])
+    finally:
+        # once reaped, the agent's PID may be another process's
+        tree = train_launch.descendants(agent.pid) if agent.poll() is None else []
+        _kill_ours([agent.pid, *tree, *ranks, loader], str(tmp_path), "multiprocessing")
 
 
 def test_the_shim_writes_every_node_its_exit_record(tmp_path, monkeypatch):

@@ -43,6 +43,9 @@ def cmd_acceptance(args) -> int:
         "limit": args.limit,
         "baseline": args.baseline,
     }
+    # device and dtype are recorded only where set: results measured before they existed stay up to date
+    if (args.device, args.dtype) != ("cpu", "float32"):
+        settings |= {"device": args.device, "dtype": args.dtype}
     try:
         inputs = uptodate.acceptance_inputs(args.checkpoint, args.target, args.prompts, **settings)
     except uptodate.MissingInput as e:

@@ -60,6 +60,18 @@ ACCEPTANCE = Command(
             param=False,
             help="torch CPU threads (1 is fastest on a busy machine)",
         ),
+        one_of(
+            "device",
+            ["cpu", "cuda"],
+            role="benchmark_offline_device",
+            help="where the target and the draft run (cuda: the first visible GPU)",
+        ),
+        one_of(
+            "dtype",
+            ["float32", "bfloat16"],
+            role="benchmark_offline_dtype",
+            help="the target's and the draft's dtype (bfloat16: what an SGLang server computes in)",
+        ),
         Option(
             "max_target_gb",
             "float",

@@ -32,7 +32,7 @@ def fingerprint(paths: list[Path]) -> dict:
 
 
 def acceptance_inputs(
-    checkpoint: str, target: str, prompts: str, *, k: int, max_new_tokens: int, limit, baseline: str
+    checkpoint: str, target: str, prompts: str, *, k: int, max_new_tokens: int, limit, baseline: str, **where
 ) -> dict:
     """What an offline acceptance measurement depends on: the draft checkpoint (resolved from a run or save
     directory), the target's config and weights, the prompts and the settings."""
@@ -49,7 +49,8 @@ def acceptance_inputs(
     return {
         "checkpoint": str(ckpt),
         "files": fingerprint(files),
-        "settings": {"k": k, "max_new_tokens": max_new_tokens, "limit": limit, "baseline": baseline},
+        # ``where``: device and dtype, when not the defaults (cpu, float32)
+        "settings": {"k": k, "max_new_tokens": max_new_tokens, "limit": limit, "baseline": baseline, **where},
     }
 
 

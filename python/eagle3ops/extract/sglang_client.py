@@ -207,10 +207,8 @@ class _Runner:
 
     def _confirm(self, index: int, ids: list[int], since: float) -> str | None:
         """None once the row's file is complete and holds these tokens; else why not (after the timeout)."""
-        deadline = time.monotonic() + self.cfg.confirm_timeout
         reason = "file never appeared"
-        delay = 0.005  # the hook writes a row within milliseconds of the answer: look soon, then back off
-        while True:
+        for _ in _looks(self.cfg.confirm_timeout):
             reason = self.store.validate_header(index, len(ids), self.num_states, self.hidden, self.cfg.dtype)
             if reason is None:
                 got = read_token_ids(self.store.path(index))
@@ -220,10 +218,7 @@ class _Runner:
             err = self._server_error_for(index, since)
             if err:
                 return f"the server's writer failed: {err}"
-            if time.monotonic() > deadline:
-                return f"{self.store.path(index)} not confirmed within {self.cfg.confirm_timeout:.0f} s: {reason}"
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
+        return f"{self.store.path(index)} not confirmed within {self.cfg.confirm_timeout:.0f} s: {reason}"
 
     def one(self, index: int, ids: list[int]) -> _Outcome:
         cfg = self.cfg
@@ -395,6 +390,7 @@ def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progr
                 timings["request_s"].append(o.request_s)
                 timings["confirm_s"].append(o.confirm_s)
                 result["written"] += 1
+                confirmed.append(o.index)
                 result["tokens"] += o.tokens
                 result["bytes"] += o.nbytes
                 if on_progress:
@@ -405,6 +401,7 @@ def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progr
                     result["errors"].append({"index": o.index, "error": o.error})
 
     timings: dict[str, list[float]] = {"request_s": [], "confirm_s": []}
+    confirmed: list[int] = []
     # twice the request concurrency in threads: ``conc`` requests in flight (the runner's semaphore) while as many
     # answered rows wait for their files
     slots = 2 * conc
@@ -425,6 +422,7 @@ def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progr
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             collect(done)
+        _await_manifest(store, confirmed, cfg.confirm_timeout)
     except BaseException:
         aborted = True
         runner._stop.set()
@@ -440,6 +438,39 @@ def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progr
         result["loop_seconds"] = round(loop_s, 3)
         if result["tokens"] and loop_s > 0:
             result["loop_tokens_per_second"] = round(result["tokens"] / loop_s, 1)
+
+
+def _await_manifest(store, rows: list[int], timeout: float) -> None:
+    """Return once the store's manifest names every row this run confirmed.
+
+    A row is confirmed by its complete file; the server's writer names it in the manifest just after. Without this
+    wait a run could end (and its server be stopped) between the two, reporting a row written that the manifest
+    does not record (seen once in CI). Rows still unnamed after ``timeout`` end the run with an error naming them;
+    a re-run adopts their complete files.
+    """
+    if not rows:
+        return
+    for _ in _looks(timeout):
+        missing = set(rows).difference(store.scan_manifest().entries)
+        if not missing:
+            return
+    raise SGLangClientError(
+        f"{store.dir}: rows {sorted(missing)[:20]} have complete files, but the server's writer named "
+        f"{len(missing)} of them in no manifest within {timeout:.0f} s; re-run extract: it adopts complete files"
+    )
+
+
+def _looks(timeout: float):
+    """Paces the looks at what the server's writer leaves: one at once, then one after each sleep (5 ms growing to
+    0.25 s: the hook writes within milliseconds of the answer) until a look ends past ``timeout`` s from the first."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        yield
+        if time.monotonic() > deadline:
+            return
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
 
 
 def _spread(xs: list[float]) -> dict | None:

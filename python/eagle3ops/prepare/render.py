@@ -138,6 +138,22 @@ def _one_record(pp, loc, rec, max_length: int, merge: bool):
 _WORKER: dict = {}
 
 
+def _worker_init() -> None:
+    """A rendering process starts with the default signal dispositions and nothing blocked.
+
+    A forked child inherits its parent's Python signal handlers and signal mask. A handler that only records the
+    signal (a trainer's graceful stop, a test harness) would make the pool's SIGTERM a no-op, and the parent's
+    join would then wait for ever (seen in CI: a test worker whose earlier test left such a handler). The parent
+    alone handles Ctrl-C and ends the pool.
+    """
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _render_chunk(chunk):
     w = _WORKER
     return [_one_record(w["pp"], loc, rec, w["max_length"], w["merge"]) for loc, rec in chunk]
@@ -208,12 +224,19 @@ def _results(pp, records, max_length: int, merge: bool, workers: int):
     # Rust tokenizer's own thread pool on top of the processes (nor warn that it was forked)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER.update(pp=pp, max_length=max_length, merge=merge)
-    pool = multiprocessing.get_context("fork").Pool(workers)
+    pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+    done = False
     try:
         results = pool.imap(_render_chunk, _chunks(records, 64))
         yield (out for chunk in results for out in chunk)
+        done = True
     finally:
-        pool.terminate()
+        # all read: the workers end on the pool's sentinel; otherwise (an error, Ctrl-C) they are ended by SIGTERM,
+        # which _worker_init left at its default
+        if done:
+            pool.close()
+        else:
+            pool.terminate()
         pool.join()
         _WORKER.clear()
 

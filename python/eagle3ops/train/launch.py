@@ -28,6 +28,8 @@ from eagle3ops.train.spec import (
     TrainError,
 )
 
+TORCHRUN = "torch.distributed.run"  # the agent's module (planning.torchrun_argv), never a training process
+
 
 def _proc_state(pid: int) -> str | None:
     try:
@@ -276,10 +278,12 @@ def launch(
     return state
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from /proc's parent links), children first."""
+def descendants(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc's parent links), children first. The links are read one process
+    at a time while others end and start: a PID reused during the scan can make two of them each other's parent
+    (pid_max is 32768 on some hosts), so each process is visited once."""
     children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
+    for d in proc.iterdir():
         if not d.name.isdigit():
             continue
         try:
@@ -288,32 +292,63 @@ def descendants(pid: int) -> list[int]:
             continue
         ppid = int(stat[stat.rfind(")") + 2 :].split(" ", 2)[1])
         children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
+    out, todo, seen = [], [pid], {pid}
     while todo:
         for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
+            if c not in seen:
+                seen.add(c)
+                out.append(c)
+                todo.append(c)
     return out
 
 
-def stop_run(run_dir: Path, state: dict, grace_s: float = 60, log=lambda s: None) -> bool:
-    """Stop the trainer of ``state`` (whole process group / unit). True when something was stopped.
+def trainer_ranks(pid: int, config_path: Path) -> list[int]:
+    """The training processes of the trainer launched as ``pid``: torchrun's workers (each in a session of its
+    own), or ``pid`` itself where it runs the trainer without torchrun. Not the agent, not the loader workers (their
+    command lines do not name the trainer and the run's config)."""
+    return [
+        p
+        for p in [pid, *descendants(pid)]
+        if is_our_trainer(p, config_path) and TORCHRUN not in (cmdline(p) or [])
+    ]
 
-    torchrun starts each worker in a session of its own: the agent's process group does not hold them, and
-    an agent killed with SIGKILL leaves them running (and, on GPUs, holding memory). SIGTERM lets the agent
-    stop them; the SIGKILL after ``grace_s`` goes to the agent's group and to every descendant found before."""
+
+def _wait_gone(pid: int, config_path: Path, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and is_our_trainer(pid, config_path):
+        time.sleep(0.2)
+    return not is_our_trainer(pid, config_path)
+
+
+def stop_run(run_dir: Path, state: dict, grace_s: float = 60, log=lambda s: None) -> bool:
+    """Stop the trainer of ``state`` gracefully, then by force. True when something was stopped.
+
+    1. SIGTERM to the training processes themselves, not to their process groups: speculators then saves its
+       ``interrupted`` checkpoint while its DataLoader workers still run. Its workers are spawned into the
+       rank's session with the default SIGTERM action; signalled with the group (torchrun's own stop does
+       ``killpg`` on each worker, ``systemctl stop`` signals the whole cgroup) they die first, and the save fails
+       with "DataLoader worker ... is killed by signal: Terminated" (seen on the H200 box, 2026-12-03).
+    2. What is still running after ``grace_s``: the launcher's own stop (SIGTERM to the agent's group, or
+       ``systemctl stop`` of the unit), 10 s, then SIGKILL to the group and to every descendant found before
+       (torchrun starts each worker in a session of its own: an agent killed with SIGKILL leaves them running
+       and, on GPUs, holding memory)."""
     pid = state.get("pid")
-    if not is_our_trainer(pid, run_dir / CONFIG):
+    cfg = run_dir / CONFIG
+    if not is_our_trainer(pid, cfg):
         return False
+    ranks = trainer_ranks(pid, cfg)
+    for rank in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank, signal.SIGTERM)
+    if ranks and _wait_gone(pid, cfg, grace_s):
+        log(f"stopped PID {pid}: its training processes {ranks} ended on SIGTERM")
+        return True
     if state.get("launcher") == "systemd" and state.get("unit"):
         _systemctl("stop", state["unit"])
     else:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and is_our_trainer(pid, run_dir / CONFIG):
-        time.sleep(0.2)
-    if is_our_trainer(pid, run_dir / CONFIG):
+    if not _wait_gone(pid, cfg, min(10.0, grace_s) if ranks else grace_s):
         tree = descendants(pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
