@@ -43,9 +43,9 @@ options:
   sglang_version:
     description:
       - The SGLang version that serves the draft (its layer-id rules and draft layout); one of the versions in
-        C(eagle3ops.sglang_versions) (0.5.17, 0.5.23); another is refused with that list.
+        C(eagle3ops.sglang_versions) (0.5.17, 0.5.23); another is refused with that list. Unset, the SGLang
+        installed on the host when it is one of them, else 0.5.23; the stamp records the one used.
     type: str
-    default: "0.5.23"
 """
 
 EXAMPLES = r"""

@@ -64,13 +64,13 @@ options:
     type: int
     default: 3
   lr:
-    description: Learning rate.
+    description: Learning rate (unset - the trainer's own, speculators 0.001, specforge 0.0001).
     type: float
-    default: 0.001
   ttt_steps:
-    description: Test-time-training steps (draft positions trained).
+    description:
+      - Test-time-training steps, the draft positions trained (unset - the trainer's own, speculators 3, specforge
+        7).
     type: int
-    default: 3
   num_layers:
     description: Draft decoder layers.
     type: int
@@ -154,12 +154,14 @@ options:
     type: str
   trainer:
     description:
-      - C(speculators), or C(ddp_probe) - the minimal DDP job of C(eagle3ops.ddp_probe) (a linear model on the
-        same data, checkpoints and records) through the same launcher and rendezvous. It checks a cluster's
-        launch, data and restart in seconds before a long run, and it is the only trainer that runs over several
-        CPU hosts.
+      - C(speculators); C(specforge) - SpecForge 0.2.0's offline EAGLE-3 trainer on the same extraction (it reads
+        the store in place through one pointer file a row, with the same rows, draft vocabulary and layer ids;
+        GPU hosts only; C(eagle3ops convert) exports its draft with SpecForge's own exporter); or C(ddp_probe) -
+        the minimal DDP job of C(eagle3ops.ddp_probe) (a linear model on the same data, checkpoints and records)
+        through the same launcher and rendezvous. It checks a cluster's launch, data and restart in seconds
+        before a long run, and it is the only trainer that runs over several CPU hosts.
     type: str
-    choices: [speculators, ddp_probe]
+    choices: [speculators, specforge, ddp_probe]
     default: speculators
   extra_config:
     description:

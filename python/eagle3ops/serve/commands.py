@@ -22,15 +22,27 @@ def cmd_convert(args) -> int:
     from eagle3ops.serve import convert as cv
 
     try:
-        res = cv.convert(
-            args.checkpoint,
-            args.out,
-            **pick(
-                args, "serve_window", "target_arch", "check", "sglang_version", sglang_ids="sglang_layer_ids"
-            ),
-        )
+        if cv.is_specforge_run(args.checkpoint):  # a run of trainer specforge: SpecForge's own exporter
+            res = cv.convert_specforge(
+                args.checkpoint,
+                args.out,
+                **pick(args, "target_arch", "check", "sglang_version", sglang_ids="sglang_layer_ids"),
+            )
+        else:
+            res = cv.convert(
+                args.checkpoint,
+                args.out,
+                **pick(
+                    args,
+                    "serve_window",
+                    "target_arch",
+                    "check",
+                    "sglang_version",
+                    sglang_ids="sglang_layer_ids",
+                ),
+            )
     except cv.ConvertError as e:
-        if args.check and e.details.get("missing") and args.sglang_version in KNOWN:
+        if args.check and e.details.get("missing") and args.sglang_version in (None, *KNOWN):
             # check mode before training wrote a checkpoint (e.g. a first --check run of the whole pipeline)
             res = {
                 "changed": True,

@@ -59,9 +59,22 @@ STAMP = "eagle3ops_convert.json"
 LAYER_ID_RULES: dict[str, tuple[str, str]] = sglang_versions.get(SGLANG_VERSION).layer_id_rules
 
 
-def _version(sglang_version: str | None) -> sglang_versions.SGLangVersion:
+def installed_sglang() -> str | None:
+    """The SGLang version importable here, when it is one eagle3ops knows (the server that will load the draft on
+    this host); None otherwise."""
+    import importlib.metadata
+
     try:
-        return sglang_versions.get(sglang_version)
+        v = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return v if v in sglang_versions.KNOWN else None
+
+
+def _version(sglang_version: str | None) -> sglang_versions.SGLangVersion:
+    """The version asked for; without one, the installed SGLang's (when known), else the project's pin."""
+    try:
+        return sglang_versions.get(sglang_version or installed_sglang())
     except sglang_versions.UnknownVersion as e:
         raise ConvertError(str(e), sglang_version=sglang_version, known=list(sglang_versions.KNOWN)) from None
 
@@ -394,3 +407,103 @@ def convert(
             shutil.rmtree(tmp, ignore_errors=True)
     p["weights"] = {k: list(v.shape) for k, v in sorted(tensors.items())}
     return p
+
+
+# ---------------------------------------------------------------------------------- a SpecForge run's draft
+
+
+def is_specforge_run(path: str | os.PathLike) -> bool:
+    """A train run directory of ``trainer: specforge`` (its SpecForge inputs beside the config)."""
+    from eagle3ops.train import specforge
+
+    return (Path(path) / specforge.INPUTS / specforge.DRAFT_CONFIG).is_file()
+
+
+def convert_specforge(
+    run_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    target_arch: str | None = None,
+    sglang_ids: list[int] | None = None,
+    check: bool = False,
+    sglang_version: str | None = None,
+) -> dict:
+    """A SpecForge run's newest checkpoint, exported by SpecForge's own exporter (``specforge export --to sglang``:
+    its weights are already named as SGLang's ``LlamaForCausalLMEagle3`` loads them), with the aux layer ids
+    translated for SGLang as for a speculators draft, and the same stamp (idempotent, atomic)."""
+    from eagle3ops.train import specforge
+
+    version = _version(sglang_version).version
+    run = Path(run_dir)
+    inputs = run / specforge.INPUTS
+    ckpt = specforge.latest_checkpoint(specforge.output_dir(run))
+    if ckpt is None:
+        raise ConvertError(
+            f"{specforge.output_dir(run)}: no complete SpecForge checkpoint (no *-latest with "
+            f"{specforge.STATE_FILE}); train first",
+            missing=True,
+        )
+    dcfg = json.loads((inputs / specforge.DRAFT_CONFIG).read_text())
+    ids = list(dcfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    tcfg = json.loads((inputs / "target" / "config.json").read_text())
+    arch = target_arch or (tcfg.get("architectures") or [None])[0]
+    if sglang_ids:
+        out_ids, rule = [int(i) for i in sglang_ids], "given"
+    else:
+        out_ids, rule = sglang_layer_ids(ids, arch, tcfg.get("num_hidden_layers"), sglang_version=version)
+    src = {"training_state": sha256_file(ckpt / specforge.STATE_FILE)}
+    stamp = {
+        "converter_version": CONVERTER_VERSION,
+        "trainer": "specforge",
+        "specforge_version": specforge.installed_version(),
+        "dtype": DRAFT_DTYPE,
+        "sglang_version": version,
+        "source": src,
+        "sglang_layer_ids": out_ids,
+        "draft_window_size": None,
+    }
+    out = Path(out_dir)
+    try:
+        current = json.loads((out / STAMP).read_text())
+    except (OSError, ValueError):
+        current = None
+    res = {
+        "checkpoint": str(ckpt),
+        "out": str(out),
+        "trainer": "specforge",
+        "target_arch": arch,
+        "layer_ids": ids,
+        "sglang_layer_ids": out_ids,
+        "layer_id_rule": rule,
+        "draft_window_size": None,
+        "stamp": stamp,
+        "serve_args": ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(out)],
+        "changed": current != stamp or not any(out.glob("*.safetensors")),
+        "check_mode": check,
+    }
+    if not res["changed"] or check:
+        return res
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        specforge.export_to_sglang(ckpt, run, tmp)
+        cfg = json.loads((tmp / "config.json").read_text())
+        cfg["eagle_config"] = {**(cfg.get("eagle_config") or {}), "eagle_aux_hidden_state_layer_ids": out_ids}
+        cfg["torch_dtype"] = cfg["dtype"] = DRAFT_DTYPE
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        (tmp / STAMP).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
+        os.chmod(tmp, 0o755)
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old.{os.getpid()}")
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    res["config"] = json.loads((out / "config.json").read_text())
+    return res

@@ -56,8 +56,8 @@ CONVERT = Command(
         ),
         Option(
             "sglang_version",
-            default=_versions.DEFAULT_VERSION,
-            help=f"the SGLang version that serves the draft, one of {', '.join(_versions.KNOWN)}",
+            help=f"the SGLang version that serves the draft, one of {', '.join(_versions.KNOWN)} (default: the "
+            f"SGLang installed here when it is one of them, else {_versions.DEFAULT_VERSION}; it goes into the stamp)",
         ),
         EXECUTABLE.but(role="serve_eagle3ops_bin"),
     ],

@@ -65,8 +65,17 @@ TRAIN = Command(
             help="token frequencies (default DATA/token_freq.pt)",
         ),
         Option("epochs", "int", default=3, help="training epochs"),
-        Option("lr", "float", default=0.001, help="learning rate"),
-        Option("ttt_steps", "int", default=3, help="test-time-training steps (draft positions trained)"),
+        Option(
+            "lr",
+            "float",
+            help="learning rate (default: the trainer's own: speculators 0.001, specforge 0.0001)",
+        ),
+        Option(
+            "ttt_steps",
+            "int",
+            help="test-time-training steps, the draft positions trained (default: the trainer's own: speculators 3, "
+            "specforge 7)",
+        ),
         Option("num_layers", "int", default=1, help="draft decoder layers"),
         Option("total_seq_len", "int", default=8192, help="tokens per packed batch (per process)"),
         Option("train_data_ratio", "float", default=0.9, param=False, help="share of the rows trained on"),
@@ -120,8 +129,9 @@ TRAIN = Command(
         ),
         one_of(
             "trainer",
-            ["speculators", "ddp_probe"],
-            help="speculators, or ddp_probe: the minimal DDP job through the same launcher (a cluster check; the "
+            ["speculators", "specforge", "ddp_probe"],
+            help="speculators; specforge: SpecForge's offline EAGLE-3 trainer on the same extraction (read in place; "
+            "GPU hosts); or ddp_probe: the minimal DDP job through the same launcher (a cluster check; the "
             "multi-node trainer on CPU)",
         ),
         # the role's "auto" is the CLI's default (left out): not a plain pass-through

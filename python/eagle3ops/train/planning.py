@@ -24,6 +24,7 @@ from eagle3ops.train.spec import (
     DEFAULT_DRAFT_VOCAB,
     MANAGED_KEYS,
     TEMPLATE,
+    TRAINER_DEFAULTS,
     TRAINERS,
     TrainError,
     TrainSpec,
@@ -163,11 +164,46 @@ class Plan:
     samples: dict = field(default_factory=dict)
 
 
+def prepared_max_length(data: Path) -> int:
+    """The row length the prepare phase cut at (prepare_meta.json), 2048 when it does not say."""
+    import json
+
+    try:
+        return int(json.loads((data / "prepare_meta.json").read_text())["params"]["max_length"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 2048
+
+
+def render_specforge(values: dict) -> str:
+    """SpecForge's run config as YAML, after SpecForge's own schema accepted it."""
+    import yaml
+
+    from eagle3ops.train import specforge
+
+    cfg = specforge.run_config(values)
+    specforge.validate(cfg)
+    head = (
+        "# Rendered by eagle3ops (eagle3ops.train.specforge.run_config). Do not edit by hand: the train phase\n"
+        "# compares this file with the one it would render to tell whether the run's configuration changed.\n"
+        f"# Loaded by: [torchrun -m] {values['trainer_module']} --config <this file> "
+        f"(specforge {values['specforge_version']})\n"
+        f"# aux layer ids {values['layer_ids']} from {values['meta_path']}; draft vocab {values['draft_vocab_size']} "
+        f"(requested {values['draft_vocab_requested']}, {values['distinct_tokens']} distinct tokens seen); "
+        f"rows: the first {values['train_data_ratio']} of the dataset (the speculators trainer's training split)\n"
+    )
+    return head + yaml.safe_dump(cfg, sort_keys=False)
+
+
 def plan(spec: TrainSpec) -> Plan:
     """Read the inputs and render the config; writes nothing."""
-    check_extra(spec.extra)
     if spec.trainer not in TRAINERS:
         raise TrainError(f"train trainer must be one of {sorted(TRAINERS)}, got {spec.trainer!r}")
+    if spec.trainer == "specforge":
+        from eagle3ops.train import specforge
+
+        specforge.check_extra(spec.extra)
+    else:
+        check_extra(spec.extra)
     if spec.attention not in ("full", "sliding"):
         raise TrainError(f"train attention must be 'full' or 'sliding', got {spec.attention!r}")
     data = Path(spec.data_dir).resolve()
@@ -231,8 +267,10 @@ def plan(spec: TrainSpec) -> Plan:
         "on_missing": spec.on_missing,
         # eager everywhere by default: speculators 0.9.0's fused KL loss failed under torch 2.11's dynamo on an H200
         "loss_implementation": spec.loss_implementation or "eager",
-        "ttt_steps": spec.ttt_steps,
-        "lr": spec.lr,
+        "ttt_steps": spec.ttt_steps
+        if spec.ttt_steps is not None
+        else TRAINER_DEFAULTS[spec.trainer]["ttt_steps"],
+        "lr": spec.lr if spec.lr is not None else TRAINER_DEFAULTS[spec.trainer]["lr"],
         "epochs": spec.epochs,
         "save_path": str(save_path),
         "checkpoint_freq": spec.checkpoint_freq,
@@ -244,7 +282,25 @@ def plan(spec: TrainSpec) -> Plan:
         # FP8Transfer; the default file backend would hand the trainer unscaled e4m3 values
         "hidden_states_backend": "fp8" if meta.get("dtype") == "float8_e4m3fn" else "file",
     }
-    text = render_config(values)
+    if spec.trainer == "specforge":
+        from eagle3ops.train import specforge
+
+        if device != "gpu":
+            raise TrainError(
+                "train trainer specforge needs a GPU host: SpecForge 0.2.0 shards the draft with FSDP on an "
+                "accelerator and computes its loss with a Triton kernel (use trainer speculators on CPU)"
+            )
+        values.update(
+            specforge_version=specforge.installed_version() or "missing",
+            specforge_dir=str(run_dir / specforge.INPUTS),
+            specforge_lr=values["lr"],
+            specforge_ttt=values["ttt_steps"],
+            lm_head_key=specforge.lm_head_key(Path(spec.verifier_path)),
+            max_length=prepared_max_length(data),
+        )
+        text = render_specforge(values)
+    else:
+        text = render_config(values)
     return Plan(
         spec=spec,
         run_dir=run_dir,

@@ -334,6 +334,14 @@ def ensure_run(
             write_vocab_maps(
                 p.token_freq, p.values["draft_vocab_size"], p.target_vocab, Path(p.values["d2t_path"]).parent
             )
+            if (
+                spec.trainer == "specforge"
+            ):  # its inputs beside the config: target view, draft config, pointers
+                from eagle3ops.train import specforge
+
+                result["specforge_inputs"] = specforge.prepare_inputs(
+                    p.values, Path(p.values["data_path"]), Path(p.values["verifier_path"]), p.samples["rows"]
+                )
             atomic_write_bytes(cfg_path, p.config_text.encode())
             launcher = spec.launcher
             if launcher == "auto":
@@ -355,7 +363,13 @@ def ensure_run(
         result.update(wait_for(run_dir, state, timeout=timeout, poll_s=poll_s, log=log))
     if result.get("status") == "finished":
         result["exit"] = read_exit(run_dir)
-        result["checkpoint"] = final_checkpoint(p.save_path)
+        if spec.trainer == "specforge":
+            from eagle3ops.train import specforge
+
+            ck = specforge.latest_checkpoint(specforge.output_dir(run_dir))
+            result["checkpoint"] = str(ck) if ck else None
+        else:
+            result["checkpoint"] = final_checkpoint(p.save_path)
     result["metrics"] = read_metrics(run_dir)
     return result
 

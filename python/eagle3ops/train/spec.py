@@ -10,9 +10,20 @@ from eagle3ops.errors import WithDetails
 SHIM_MODULE = "eagle3ops.speculators_shim"
 
 
-# what a run trains with: speculators (through the shim), or the minimal DDP job of eagle3ops.ddp_probe, which
+# what a run trains with: speculators (through the shim), SpecForge on the same extraction (eagle3ops.train.specforge:
+# its offline trainer reading our store through pointer files), or the minimal DDP job of eagle3ops.ddp_probe, which
 # goes through the same launcher, rendezvous, data and checkpoints (a cluster check; the multi-node trainer on CPU)
-TRAINERS = {"speculators": SHIM_MODULE, "ddp_probe": "eagle3ops.ddp_probe"}
+TRAINERS = {
+    "speculators": SHIM_MODULE,
+    "specforge": "eagle3ops.train.specforge_shim",
+    "ddp_probe": "eagle3ops.ddp_probe",
+}
+# each trainer's own learning rate and test-time-training steps, used where the run sets none
+TRAINER_DEFAULTS = {
+    "speculators": {"lr": 1e-3, "ttt_steps": 3},
+    "ddp_probe": {"lr": 1e-3, "ttt_steps": 3},
+    "specforge": {"lr": 1e-4, "ttt_steps": 7},
+}
 
 
 TEMPLATE = "speculators_train.yaml.j2"
@@ -84,8 +95,8 @@ class TrainSpec:
     draft_vocab_size: int | None = None
     token_freq_path: str | None = None
     epochs: int = 3
-    lr: float = 1e-3
-    ttt_steps: int = 3
+    lr: float | None = None  # None: the trainer's own (TRAINER_DEFAULTS)
+    ttt_steps: int | None = None
     num_layers: int = 1
     total_seq_len: int = 8192
     train_data_ratio: float = 0.9
