@@ -516,12 +516,7 @@ API_DEFAULTS = [
         {"gpus": "None selects every GPU, the option's ['all'] too"},
     ),
     ("eagle3ops.train.spec.TrainSpec", "train", {"extra": "extra_config"}, {}),
-    (
-        "eagle3ops.serve.convert.convert",
-        "convert",
-        {},
-        {"sglang_version": "None is sglang_versions.DEFAULT_VERSION, the option's default"},
-    ),
+    ("eagle3ops.serve.convert.convert", "convert", {}, {}),
     ("eagle3ops.benchmark.acceptance.run", "benchmark-acceptance", {}, {}),
     ("eagle3ops.host.storage.plan", "storage plan", {}, {}),
     ("eagle3ops.demo.build_demo", "demo", {}, {}),
