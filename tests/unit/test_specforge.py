@@ -174,6 +174,11 @@ def test_specforge_accepts_the_run_config_and_refuses_a_bad_one(run):
         sf.validate(bad)
     capped = sf.run_config({**run.values, "max_steps": 50})
     assert capped["training"]["max_steps"] == capped["training"]["total_steps"] == 50
+    # torchrun's world (the launcher's) is the topology SpecForge checks WORLD_SIZE against
+    assert cfg["deployment"]["trainer"] == {"nnodes": 1, "nproc_per_node": 1}
+    two = sf.run_config({**run.values, "nproc": 4, "nnodes": 2, "rdzv_host": "10.0.0.1"})
+    sf.validate(two)
+    assert two["deployment"]["trainer"] == {"nnodes": 2, "nproc_per_node": 4, "master_addr": "10.0.0.1"}
 
 
 @pytest.mark.parametrize(
@@ -274,3 +279,75 @@ def test_convert_without_a_checkpoint_says_train_first(run, tmp_path):
     shutil.copytree(run.inputs, rundir / sf.INPUTS, symlinks=True, ignore=shutil.ignore_patterns(sf.FEATURES))
     with pytest.raises(cv.ConvertError, match="no complete SpecForge checkpoint"):
         cv.convert_specforge(rundir, tmp_path / "draft")
+
+
+def _shim_run(tmp_path, monkeypatch, fake):
+    """Run eagle3ops.train.specforge_shim with SpecForge's CLI entry replaced by ``fake`` (STAND-IN: SpecForge's
+    training needs a GPU; what is tested is the shim's own work around it: resume, metrics, the exit record)."""
+    import specforge.cli
+    from eagle3ops.train import specforge_shim
+
+    run = tmp_path / "run"
+    (run / sf.INPUTS / sf.OUTPUT).mkdir(parents=True)
+    (run / "config.yaml").write_text("{}\n")
+    monkeypatch.setenv("EAGLE3OPS_METRICS", str(run / "metrics.jsonl"))
+    monkeypatch.setenv("EAGLE3OPS_EXIT", str(run / "exit.json"))
+    seen = {}
+
+    def cli_main(argv):
+        seen["argv"] = argv
+        return fake(run / sf.INPUTS / sf.OUTPUT)
+
+    monkeypatch.setattr(specforge.cli, "main", cli_main)
+    rc = specforge_shim.main(["--config", str(run / "config.yaml")])
+    ex = json.loads((run / "exit.json").read_text())
+    metrics = (
+        [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        if (run / "metrics.jsonl").exists()
+        else []
+    )
+    return rc, ex, metrics, seen, run
+
+
+def test_shim_records_a_finished_run_its_metrics_and_step_times(tmp_path, monkeypatch):
+    def fake(out):
+        print("step 10: {'loss': 2.0}")
+        print("step 20: {'loss': 1.5}")
+        d = out / "eagle3ops-step20"
+        d.mkdir()
+        (d / sf.STATE_FILE).write_bytes(b"x")
+        (out / "eagle3ops-latest").symlink_to(d.name)
+        return 0
+
+    rc, ex, metrics, seen, _ = _shim_run(tmp_path, monkeypatch, fake)
+    assert rc == 0 and ex["status"] == "finished" and ex["checkpoint"].endswith("eagle3ops-step20")
+    assert [m["step"] for m in metrics] == [10, 20] and all(m["time"] for m in metrics)
+    assert metrics[1]["data"]["loss"] == 1.5
+    assert not any(a.startswith("training.resume_from") for a in seen["argv"])
+
+
+def test_shim_resumes_from_the_latest_checkpoint_and_reports_a_stop(tmp_path, monkeypatch):
+    def fake(out):
+        return 128 + 15  # SpecForge's answer to SIGTERM
+
+    import specforge.cli
+    from eagle3ops.train import specforge_shim
+
+    # a first attempt left a complete checkpoint: the relaunch resumes from it
+    out = tmp_path / "run" / sf.INPUTS / sf.OUTPUT
+    (out / "eagle3ops-step5").mkdir(parents=True)
+    (out / "eagle3ops-step5" / sf.STATE_FILE).write_bytes(b"x")
+    (out / "eagle3ops-latest").symlink_to("eagle3ops-step5")
+    (tmp_path / "run" / "config.yaml").write_text("{}\n")
+    monkeypatch.setenv("EAGLE3OPS_EXIT", str(tmp_path / "run" / "exit.json"))
+    seen = {}
+    monkeypatch.setattr(specforge.cli, "main", lambda argv: seen.setdefault("argv", argv) and fake(out))
+    rc = specforge_shim.main(["--config", str(tmp_path / "run" / "config.yaml")])
+    ex = json.loads((tmp_path / "run" / "exit.json").read_text())
+    assert rc == 143 and ex["status"] == "interrupted"
+    assert f"training.resume_from={(out / 'eagle3ops-step5').resolve()}" in seen["argv"]
+
+
+def test_shim_calls_a_run_without_checkpoint_failed(tmp_path, monkeypatch):
+    rc, ex, _, _, _ = _shim_run(tmp_path, monkeypatch, lambda out: 0)
+    assert rc == 1 and ex["status"] == "failed" and "without a checkpoint" in ex["error"]

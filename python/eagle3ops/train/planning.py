@@ -297,6 +297,9 @@ def plan(spec: TrainSpec) -> Plan:
             specforge_ttt=values["ttt_steps"],
             lm_head_key=specforge.lm_head_key(Path(spec.verifier_path)),
             max_length=prepared_max_length(data),
+            nproc=nproc,
+            nnodes=spec.nnodes,
+            rdzv_host=(spec.rdzv_endpoint or "").rpartition(":")[0] or None,
         )
         text = render_specforge(values)
     else:

@@ -54,6 +54,7 @@ MANAGED = {
     "data": {"hidden_states_path", "max_length"},
     "training": {"num_epochs", "max_steps", "total_steps", "learning_rate", "ttt_length", "seed"},
     "": {"output_dir", "run_id"},
+    "deployment": {"trainer"},
 }
 # SpecForge's own defaults for what the speculators trainer sets differently (its recipe, not ours)
 DEFAULTS = {"learning_rate": 1e-4, "ttt_length": 7, "batch_size": 1}
@@ -299,7 +300,12 @@ def run_config(values: dict) -> dict:
         "output_dir": str(inputs / OUTPUT),
         "run_id": "eagle3ops",
     }
-    for section in ("tracking", "profiling", "runtime", "deployment"):
+    # the process topology SpecForge checks torchrun's WORLD_SIZE against (the launcher's torchrun)
+    trainer = {"nnodes": values.get("nnodes", 1), "nproc_per_node": values.get("nproc", 1)}
+    if trainer["nnodes"] > 1:
+        trainer["master_addr"] = values["rdzv_host"]
+    cfg["deployment"] = {**extra.get("deployment", {}), "trainer": trainer}
+    for section in ("tracking", "profiling", "runtime"):
         if section in extra:
             cfg[section] = extra[section]
     return cfg

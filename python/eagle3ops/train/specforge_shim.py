@@ -25,7 +25,6 @@ import time
 import traceback
 from pathlib import Path
 
-from eagle3ops.speculators_shim import write_exit
 from eagle3ops.train.specforge import (
     SPECFORGE_PIN,
     installed_version,
@@ -33,17 +32,23 @@ from eagle3ops.train.specforge import (
     metrics_from_log,
     output_dir,
 )
+from eagle3ops.train.speculators_shim import write_exit
 
 ENV_METRICS = "EAGLE3OPS_METRICS"
 
 
 class _Tee(io.TextIOBase):
-    """stdout as before, and a copy kept to read SpecForge's metric lines from at the end."""
+    """stdout as before, and a copy kept to read SpecForge's metric lines from at the end, with the time each
+    ``step N:`` line was printed (the run's step rate, which SpecForge does not log)."""
 
     def __init__(self, out):
-        self.out, self.kept = out, io.StringIO()
+        self.out, self.kept, self.times = out, io.StringIO(), {}
 
     def write(self, s):
+        if s.startswith("step "):
+            head = s[5:].split(":", 1)[0]
+            if head.isdigit():
+                self.times[int(head)] = round(time.time(), 3)
         self.kept.write(s)
         return self.out.write(s)
 
@@ -96,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         if path and rank == 0:
             with open(path, "a") as f:
                 for rec in metrics_from_log(tee.kept.getvalue()):
-                    f.write(json.dumps({"kind": "train", "step": rec["step"], "data": rec}) + "\n")
+                    t = tee.times.get(rec["step"])
+                    f.write(json.dumps({"kind": "train", "step": rec["step"], "time": t, "data": rec}) + "\n")
     seconds = round(time.time() - started, 3)
     if rc == 0 and latest_checkpoint(output) is not None:
         write_exit("finished", rc=0, seconds=seconds, checkpoint=str(latest_checkpoint(output)))
