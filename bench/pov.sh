@@ -52,6 +52,18 @@ install_trainers() {  # the trainers' wheels (speculators, datasets, SpecForge, 
     > "$W/pip-trainers.log" 2>&1 || { echo "pip install (trainers) failed"; tail -20 "$W/pip-trainers.log"; exit 4; }
 }
 
+sitecustomize() {  # transformers 5.17 already registers qwen3_asr; sglang 0.5.17 registers it again
+  cat > "$S/sitecustomize.py" <<'PY'
+# transformers 5.17 already registers qwen3_asr; sglang 0.5.17 registers it again
+try:
+    from transformers import AutoConfig
+    _o = AutoConfig.register
+    AutoConfig.register = staticmethod(lambda *a, exist_ok=False, **k: _o(*a, exist_ok=True, **k))
+except Exception as e:  # noqa: BLE001
+    print("sitecustomize:", e)
+PY
+}
+
 case "${1:-}" in
   probe)
     cp .pov/a/gguf.aa "$C/"
@@ -69,7 +81,13 @@ case "${1:-}" in
     pack "$P"
     ;;
   carry1) cp .sgl1/*.whl "$C/" && ls "$C" | wc -l ;;
-  carry2) cp .sgl2/*.whl "$C/" && ls "$C" | wc -l ;;
+  carry2)
+    cp .sgl2/*.whl "$C/" && ls "$C" | wc -l
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$S" "$C"/*.whl \
+      > "$W/pip.log" 2>&1 || { echo "pip install failed"; tail -20 "$W/pip.log"; exit 4; }
+    sitecustomize
+    python3 -c "import sglang, sgl_kernel, dill, openai; print('sglang', sglang.__version__)" 2>&1 | tail -1
+    ;;
   start)
     ls "$C"/gguf.aa "$C"/sglang-*.whl "$C"/xgrammar-*.whl >/dev/null || { echo "an earlier carry was lost: the box was not kept warm"; exit 3; }
     [ -d "$E/specforge" ] || install_trainers 2>/dev/null || true
@@ -79,15 +97,7 @@ case "${1:-}" in
     sha256sum /tmp/assets/*.gguf /tmp/assets/*.xz
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$S" "$C"/*.whl .pov/d/whl/*.whl \
       > "$W/pip.log" 2>&1 || { echo "pip install failed"; tail -20 "$W/pip.log"; exit 4; }
-    cat > "$S/sitecustomize.py" <<'PY'
-# transformers 5.17 already registers qwen3_asr; sglang 0.5.17 registers it again
-try:
-    from transformers import AutoConfig
-    _o = AutoConfig.register
-    AutoConfig.register = staticmethod(lambda *a, exist_ok=False, **k: _o(*a, exist_ok=True, **k))
-except Exception as e:  # noqa: BLE001
-    print("sitecustomize:", e)
-PY
+    sitecustomize
     python3 -c "import sglang, sgl_kernel, speculators, specforge, datasets, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)" 2>&1 | tail -2
     (nohup python3 -m compileall -q -j 0 "$S/sglang" > "$W/compileall.log" 2>&1 &)
     rm -f "$W/done"
