@@ -3,13 +3,14 @@
 # what a call installed only while it stays warm (30 s between calls): each call is issued the moment the previous
 # one returns, and the long work runs detached between them, polled by the next call.
 #
-#   call 1  bench/pov.sh probe    carry .pov/a   trainer wheels + SpecForge, GGUF part 1; SpecForge trained through
+#   call 1  bench/pov.sh carry1   carry .sgl1    the SGLang wheelhouse, chunk 1
+#   call 2  bench/pov.sh carry2   carry .sgl2    chunk 2; installs SGLang 0.5.17 (its wheelhouse also brings dill and
+#                                                openai, which datasets and SpecForge import)
+#   call 3  bench/pov.sh probe    carry .pov/a   trainer wheels + SpecForge, GGUF part 1; SpecForge trained through
 #                                                our train phase on synthetic SmolLM2-shaped states (its rate, its
 #                                                export): a SpecForge that fails, fails here, before the long run
-#   call 2  bench/pov.sh carry1   carry .sgl1    the SGLang wheelhouse, chunk 1
-#   call 3  bench/pov.sh carry2   carry .sgl2    chunk 2
 #   call 4  bench/pov.sh start    carry .pov/d   GGUF part 2, the regenerated conversations, MT-bench, held-out
-#                                                prompts; installs SGLang, starts proof_of_value.py detached, polls
+#                                                prompts; starts proof_of_value.py detached, polls
 #   call 5+ bench/pov.sh poll                    polls; packs $OUT each time
 # .pov: bench/pov_carry.sh; .sgl1/.sgl2: ../shared/gpu-box/sglang-wheelhouse.sh (all git-ignored).
 # POV_POLL_S bounds one poll (default 560 s, under the tool's 600 s); POV_ARGS go to proof_of_value.py.
@@ -89,15 +90,15 @@ case "${1:-}" in
     python3 -c "import sglang, sgl_kernel, dill, openai; print('sglang', sglang.__version__)" 2>&1 | tail -1
     ;;
   start)
-    ls "$C"/gguf.aa "$C"/sglang-*.whl "$C"/xgrammar-*.whl >/dev/null || { echo "an earlier carry was lost: the box was not kept warm"; exit 3; }
+    ls "$C"/gguf.aa >/dev/null || { echo "the probe's carry was lost: the box was not kept warm"; exit 3; }
     [ -d "$E/specforge" ] || install_trainers 2>/dev/null || true
     mkdir -p /tmp/assets
     cat "$C"/gguf.aa .pov/d/gguf.ab > /tmp/assets/SmolLM2-135M-Instruct.Q4_1.gguf
     cp .pov/d/*.jsonl .pov/d/*.xz /tmp/assets/
     sha256sum /tmp/assets/*.gguf /tmp/assets/*.xz
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$S" "$C"/*.whl .pov/d/whl/*.whl \
+    [ -d "$S/sglang" ] || { echo "SGLang is not installed: carry2 was lost (the box was not kept warm)"; exit 3; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$S" .pov/d/whl/*.whl \
       > "$W/pip.log" 2>&1 || { echo "pip install failed"; tail -20 "$W/pip.log"; exit 4; }
-    sitecustomize
     python3 -c "import sglang, sgl_kernel, speculators, specforge, datasets, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)" 2>&1 | tail -2
     (nohup python3 -m compileall -q -j 0 "$S/sglang" > "$W/compileall.log" 2>&1 &)
     rm -f "$W/done"
