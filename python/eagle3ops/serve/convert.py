@@ -327,6 +327,28 @@ def plan(
     }
 
 
+def _publish(out: Path, write) -> None:
+    """``write(tmp)`` fills a new directory beside ``out``, which then replaces ``out`` whole (a crash leaves the old
+    draft or the new one, never a mix); files readable by a server running as another user."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write(tmp)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
+        os.chmod(tmp, 0o755)
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old.{os.getpid()}")
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def convert(
     checkpoint: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -386,25 +408,13 @@ def convert(
         raise ConvertError(
             f"lm_head.weight {tuple(tensors['lm_head.weight'].shape)} does not match draft_vocab_size x hidden"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(p["config"], indent=2, sort_keys=True) + "\n")
         (tmp / STAMP).write_text(json.dumps(p["stamp"], indent=2, sort_keys=True) + "\n")
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)  # the server may run as another user
-        os.chmod(tmp, 0o755)
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old.{os.getpid()}")
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    _publish(out, write)
     p["weights"] = {k: list(v.shape) for k, v in sorted(tensors.items())}
     return p
 
@@ -483,27 +493,15 @@ def convert_specforge(
     }
     if not res["changed"] or check:
         return res
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         specforge.export_to_sglang(ckpt, run, tmp)
         cfg = json.loads((tmp / "config.json").read_text())
         cfg["eagle_config"] = {**(cfg.get("eagle_config") or {}), "eagle_aux_hidden_state_layer_ids": out_ids}
         cfg["torch_dtype"] = cfg["dtype"] = DRAFT_DTYPE
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         (tmp / STAMP).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        os.chmod(tmp, 0o755)
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old.{os.getpid()}")
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    _publish(out, write)
     res["config"] = json.loads((out / "config.json").read_text())
     return res
