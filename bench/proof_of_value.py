@@ -39,7 +39,6 @@ import lzma
 import os
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
@@ -49,6 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_live as L  # the live harness: servers, stages, budget
+from pov_measure import measure_all
 
 ROOT = L.ROOT
 PY = sys.executable
@@ -211,118 +211,85 @@ def first_turns(path: Path, limit: int) -> list[str]:
     return out[:limit]
 
 
-def identical(a, base: L.Server, wide: L.Server, qs: list[str], render) -> dict:
-    """The widened target's greedy answers against SmolLM2's, token by token (output ids when the server returns
-    them, else the text)."""
-    from eagle3ops.benchmark.loadgen import generate
+class Run:
+    """One proof-of-value run: its paths, the drafts converted so far, the servers started (one port each)."""
 
-    same, first_diff, compared = 0, [], 0
-    for i, q in enumerate(qs):
-        s = {"temperature": 0, "max_new_tokens": a.identity_tokens}
-        x, y = (
-            generate(base.url, render([{"role": "user", "content": q}]), s),
-            generate(wide.url, render([{"role": "user", "content": q}]), s),
-        )
-        xs, ys = x.get("output_ids") or x.get("text"), y.get("output_ids") or y.get("text")
-        compared += len(xs)
-        if xs == ys:
-            same += 1
-        else:
-            k = next(
-                (j for j, (u, v) in enumerate(zip(xs, ys, strict=False)) if u != v), min(len(xs), len(ys))
+    def __init__(self, a):
+        self.a = a
+        self.d = Path(a.smol_dir)
+        self.d.mkdir(parents=True, exist_ok=True)
+        self.m = self.d / "models" / "smollm2"
+        self.wide = Path(a.wide_dir)
+        self.assets = Path(a.assets)
+        self.data = self.d / "data"
+        self.paths = [self.d, self.wide.parent, Path("/tmp")]
+        self.drafts: dict[str, Path] = {}
+        self.servers: dict[str, L.Server] = {}
+        self.starts: dict[str, object] = {}
+        self.ports = iter(range(a.port0, a.port0 + 100))  # one port per server, taken when it is launched
+        self.configs = [tuple(int(x) for x in c.split("-")) for c in a.configs.split(",")]
+        self.tag = {c: "-".join(map(str, c)) for c in self.configs}
+        self.data_s = None
+
+    # ---- data: the target, the conversations, prepare + extract (the widening beside them)
+    def inputs(self) -> bool:
+        a, m = self.a, self.m
+
+        @L.stage("convert_target", 60)
+        def convert():
+            return L.cli("assets", "convert", "--gguf", str(self.assets / "SmolLM2-135M-Instruct.Q4_1.gguf"), "--out",
+                         str(m), name="assets_convert", timeout=900)  # fmt: skip
+
+        convert()
+        if not (m / "config.json").exists():
+            return False
+        from eagle3ops.benchmark.loadgen import chat_template_render
+
+        self.render = chat_template_render(str(m))
+        with lzma.open(self.assets / a.conversations, "rt", encoding="utf-8") as f:
+            conv = [x for x in f if x.strip()][: a.n_conv]
+        self.regen = self.d / "regenerated.jsonl"
+        self.regen.write_text("".join(conv))
+        self.qs = first_turns(self.assets / "mtbench_question.jsonl", a.mt_prompts)
+        self.heldout = first_turns(self.assets / "heldout.jsonl", a.heldout_prompts)
+        seen = {
+            L.norm(t["value"])
+            for r in map(json.loads, conv)
+            for t in r["conversations"]
+            if t["from"] == "human"
+        }
+        L.save("data", {"conversations": len(conv), "mtbench": len(self.qs), "heldout": len(self.heldout),
+                        "mtbench_in_training": sum(L.norm(q) in seen for q in self.qs),
+                        "heldout_in_training": sum(L.norm(q) in seen for q in self.heldout)})  # fmt: skip
+        t = time.time()
+        with cf.ThreadPoolExecutor(2) as ex:  # --wide-late: after the training, in the store's place
+            list(
+                ex.map(lambda f: f(), [self.prep_extract] if a.wide_late else [self.widen, self.prep_extract])
             )
-            first_diff.append({"prompt": i, "at": k})
-    return {"prompts": len(qs), "identical": same, "compared_units": compared,
-            "unit": "output_ids" if isinstance(xs, list) else "text", "differ": first_diff}  # fmt: skip
+        self.data_s = round(time.time() - t, 1)
+        L.save("disk_after_extract", disk("after extract", self.paths))
+        return (self.data / "hidden_states").is_dir()
 
-
-def rounds(a, eagle: L.Server, base: L.Server, qs: list[str], render) -> dict:
-    """Interleaved batch-1 rounds: with, without, with, without, ... (``a.rounds`` each); the speed-up from the
-    medians, the spread of the per-round ratios."""
-    w, wo, acc = [], [], []
-    for _ in range(a.rounds):
-        r1 = L.measure(eagle.url, qs, a.tokens, 1, render)
-        r0 = L.measure(base.url, qs, a.tokens, 1, render)
-        w.append(r1["output_tok_s"])
-        wo.append(r0["output_tok_s"])
-        acc.append(r1["acceptance_length"])
-    ratios = [x / y for x, y in zip(w, wo, strict=True)]
-    return {"prompts": len(qs), "tokens": a.tokens, "with_tok_s": w, "without_tok_s": wo, "acceptance": acc,
-            "with_median": statistics.median(w), "without_median": statistics.median(wo),
-            "speedup": round(statistics.median(w) / statistics.median(wo), 4),
-            "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4)}  # fmt: skip
-
-
-def cycle_split(res: dict) -> dict:
-    """One EAGLE3 cycle's time, split from the measured batch-1 rates (derived, not profiled): cycle = accepted
-    tokens per cycle / tok/s; verify ~ the plain decode step (a 4-6 token verify of a memory-bound 8B model costs
-    about one decode step); one draft step ~ (cycle at 5 steps - cycle at 3 steps) / 2 (same verify); the rest
-    (draft extend, sampling, scheduling) = cycle - verify - steps x draft step."""
-    out = {}
-    for draft in ("ours", "specforge"):
-        r3, r5 = res.get(f"wide_{draft}_3-1-4"), res.get(f"wide_{draft}_5-1-6")
-        if not (r3 and r5) or "speedup" not in r3 or "speedup" not in r5:
-            continue
-        c3 = 1000 * statistics.median(r3["acceptance"]) / r3["with_median"]
-        c5 = 1000 * statistics.median(r5["acceptance"]) / r5["with_median"]
-        verify = 1000 / statistics.median(r3["without_tok_s"] + r5["without_tok_s"])
-        step = max(0.0, (c5 - c3) / 2)
-        out[draft] = {"cycle_ms_3-1-4": round(c3, 3), "cycle_ms_5-1-6": round(c5, 3), "verify_ms": round(verify, 3),
-                      "draft_step_ms": round(step, 3), "rest_ms_3-1-4": round(c3 - verify - 3 * step, 3),
-                      "derived": True}  # fmt: skip
-    return out
-
-
-def run(a) -> None:
-    d = Path(a.smol_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    m = d / "models" / "smollm2"
-    wide = Path(a.wide_dir)
-    assets = Path(a.assets)
-
-    @L.stage("convert_target", 60)
-    def convert():
-        return L.cli("assets", "convert", "--gguf", str(assets / "SmolLM2-135M-Instruct.Q4_1.gguf"), "--out", str(m),
-                     name="assets_convert", timeout=900)  # fmt: skip
-
-    convert()
-    if not (m / "config.json").exists():
-        return
-    from eagle3ops.benchmark.loadgen import chat_template_render
-
-    render = chat_template_render(str(m))
-    with lzma.open(assets / a.conversations, "rt", encoding="utf-8") as f:
-        conv = [x for x in f if x.strip()][: a.n_conv]
-    regen = d / "regenerated.jsonl"
-    regen.write_text("".join(conv))
-    qs = first_turns(assets / "mtbench_question.jsonl", a.mt_prompts)
-    heldout = first_turns(assets / "heldout.jsonl", a.heldout_prompts)
-    seen = {
-        L.norm(t["value"]) for r in map(json.loads, conv) for t in r["conversations"] if t["from"] == "human"
-    }
-    L.save("data", {"conversations": len(conv), "mtbench": len(qs), "heldout": len(heldout),
-                    "mtbench_in_training": sum(L.norm(q) in seen for q in qs),
-                    "heldout_in_training": sum(L.norm(q) in seen for q in heldout)})  # fmt: skip
-    data = d / "data"
-    paths = [d, wide.parent, Path("/tmp")]
-
-    def widen():
+    def widen(self):
         @L.stage("widen_target", 30)
         def w():
-            r = subprocess.run([PY, str(ROOT / "bench" / "widen_target.py"), str(m), str(wide), "--intermediate",
-                                str(a.wide_intermediate)], capture_output=True, text=True, check=False)  # fmt: skip
+            r = subprocess.run([PY, str(ROOT / "bench" / "widen_target.py"), str(self.m), str(self.wide),
+                                "--intermediate", str(self.a.wide_intermediate)], capture_output=True, text=True,
+                               check=False)  # fmt: skip
             if r.returncode:
                 raise RuntimeError(r.stderr[-1500:])
             return json.loads(r.stdout.strip().splitlines()[-1])
 
         return w()
 
-    def prep_extract():
+    def prep_extract(self):
+        a, m, data = self.a, self.m, self.data
+
         @L.stage("prepare", 40)
         def prep():
-            return L.cli("prepare", "--model", str(m), "--input", str(regen), "--out", str(data), "--max-length",
-                         str(a.max_length), "--on-error", "skip", "--rows", "conversation", "--workers",
-                         str(a.prepare_workers), name="prepare")  # fmt: skip
+            return L.cli("prepare", "--model", str(m), "--input", str(self.regen), "--out", str(data),
+                         "--max-length", str(a.max_length), "--on-error", "skip", "--rows", "conversation",
+                         "--workers", str(a.prepare_workers), name="prepare")  # fmt: skip
 
         prep()
 
@@ -333,35 +300,8 @@ def run(a) -> None:
 
         ext()
 
-    t_data = time.time()
-    with cf.ThreadPoolExecutor(2) as ex:  # --wide-late: after the training, in the store's place
-        list(ex.map(lambda f: f(), [prep_extract] if a.wide_late else [widen, prep_extract]))
-    data_s = round(time.time() - t_data, 1)
-    L.save("disk_after_extract", disk("after extract", paths))
-    if not (data / "hidden_states").is_dir():
-        return
-
-    # ---- the trainers, one after the other, the same budget each
-    budget = float(a.train_s)
-    steps = a.sf_steps or max(10, int(a.sf_rate * max(30.0, budget - a.sf_startup_s)))
-    sf_run, ours_run = d / "run-specforge", d / "run-ours"
-    servers: dict[str, L.Server] = {}
-    starts: dict[str, object] = {}
-    drafts: dict[str, Path] = {}
-
-    @L.stage("train_specforge", 90)
-    def train_sf():
-        r = train(a, "specforge", data, m, sf_run,
-                  ["--trainer", "specforge", "--epochs", "50", "--max-steps", str(steps), "--extra", sf_extra(a)],
-                  budget)  # fmt: skip
-        r["planned_steps"] = steps
-        r["planned_from"] = {"steps_per_s": a.sf_rate, "startup_s": a.sf_startup_s, "budget_s": budget}
-        return r
-
-    if not a.smoke:
-        train_sf()
-
-    def convert_draft(key: str, run_dir: Path) -> None:
+    # ---- drafts and servers
+    def convert_draft(self, key: str, run_dir: Path) -> None:
         @L.stage(f"convert_{key}", 20)
         def c():
             from eagle3ops.checkpoints import newest_checkpoint
@@ -370,143 +310,102 @@ def run(a) -> None:
             ended = ((L.SUMMARY.get(f"train_{key}") or {}).get("train_status") or {}).get("status")
             if key == "ours" and ended not in ("finished", "done"):
                 ckpt = newest_checkpoint(run_dir) or run_dir
-            r = L.cli("convert", "--checkpoint", str(ckpt), "--out", str(d / f"draft-{key}"), "--sglang-version",
+            r = L.cli("convert", "--checkpoint", str(ckpt), "--out", str(self.d / f"draft-{key}"), "--sglang-version",
                       "0.5.17", name=f"convert_{key}")  # fmt: skip
             r["train_ended"] = ended
             return r
 
         c()
-        if (d / f"draft-{key}" / "config.json").exists():
-            drafts[key] = d / f"draft-{key}"
+        if (self.d / f"draft-{key}" / "config.json").exists():
+            self.drafts[key] = self.d / f"draft-{key}"
 
-    ports = iter(range(a.port0, a.port0 + 100))  # one port per server, taken when it is launched
-
-    def start(name: str, model: Path, draft: Path | None, spec, mem: float, port: int):
+    def _start(self, name: str, model: Path, draft: Path | None, spec, mem: float, port: int):
         try:
-            servers[name] = L.start_server(name, model, port, draft=draft, spec=spec, graph_bs=16,
-                                           mem=mem, max_tokens=a.kv_tokens, timeout=420)  # fmt: skip
-            starts[name] = servers[name].ready_s
+            self.servers[name] = L.start_server(name, model, port, draft=draft, spec=spec, graph_bs=16, mem=mem,
+                                                max_tokens=self.a.kv_tokens, timeout=420)  # fmt: skip
+            self.starts[name] = self.servers[name].ready_s
         except Exception as e:  # recorded; the other servers still run
-            starts[name] = f"{type(e).__name__}: {e}"[-600:]
+            self.starts[name] = f"{type(e).__name__}: {e}"[-600:]
 
-    def start_group(names: list[tuple]) -> list[threading.Thread]:
+    def start_group(self, names: list[tuple]) -> list[threading.Thread]:
+        """Start each server in a thread of its own, ``stagger_s`` apart (each sees the memory the last one took)."""
         ts = []
         for i, args in enumerate(names):
-            t = threading.Thread(target=start, args=(*args, next(ports)), name=args[0])
+            t = threading.Thread(target=self._start, args=(*args, next(self.ports)), name=args[0])
             t.start()
             ts.append(t)
-            time.sleep(a.stagger_s if i < len(names) - 1 else 0)
+            time.sleep(self.a.stagger_s if i < len(names) - 1 else 0)
         return ts
 
-    configs = [tuple(int(x) for x in c.split("-")) for c in a.configs.split(",")]
-    tag = {c: "-".join(map(str, c)) for c in configs}
-
-    def group(key: str, targets=("smol", "wide")) -> list[tuple]:
-        g = [(f"smol_{key}_3-1-4", m, drafts[key], (3, 1, 4), 0.1)] if "smol" in targets else []
-        if "wide" in targets and (wide / "config.json").exists():
-            g += [(f"wide_{key}_{tag[c]}", wide, drafts[key], c, 0.3) for c in configs]
+    def group(self, key: str, targets=("smol", "wide")) -> list[tuple]:
+        """A draft's servers: SmolLM2 at 3/1/4, the widened target at every setting."""
+        g = [(f"smol_{key}_3-1-4", self.m, self.drafts[key], (3, 1, 4), 0.1)] if "smol" in targets else []
+        if "wide" in targets and (self.wide / "config.json").exists():
+            g += [(f"wide_{key}_{self.tag[c]}", self.wide, self.drafts[key], c, 0.3) for c in self.configs]
         return g
 
-    waiting: list[threading.Thread] = []
+
+def run(a) -> None:
+    """The run (the module docstring): data, SpecForge, then ours (with the first servers starting beside it), the
+    other servers, the measurements."""
+    r = Run(a)
+    if not r.inputs():
+        return
+    budget = float(a.train_s)
+    steps = a.sf_steps or max(10, int(a.sf_rate * max(30.0, budget - a.sf_startup_s)))
+    sf_run, ours_run = r.d / "run-specforge", r.d / "run-ours"
+
+    @L.stage("train_specforge", 90)
+    def train_sf():
+        res = train(a, "specforge", r.data, r.m, sf_run,
+                    ["--trainer", "specforge", "--epochs", "50", "--max-steps", str(steps), "--extra", sf_extra(a)],
+                    budget)  # fmt: skip
+        res["planned_steps"] = steps
+        res["planned_from"] = {"steps_per_s": a.sf_rate, "startup_s": a.sf_startup_s, "budget_s": budget}
+        return res
+
     if not a.smoke:
-        convert_draft("specforge", sf_run)
-    base_group = [("smol_base", m, None, (3, 1, 4), 0.1)]
-    if (wide / "config.json").exists():
-        base_group.append(("wide_base", wide, None, (3, 1, 4), 0.3))
+        train_sf()
+        r.convert_draft("specforge", sf_run)
+    bases = [("smol_base", r.m, None, (3, 1, 4), 0.1)]
+    if (r.wide / "config.json").exists():
+        bases.append(("wide_base", r.wide, None, (3, 1, 4), 0.3))
     # while our trainer runs: the baselines and SpecForge's servers start (their load is on our trainer)
-    waiting += start_group(base_group + (group("specforge") if "specforge" in drafts else []))
+    waiting = r.start_group(bases + (r.group("specforge") if "specforge" in r.drafts else []))
 
     @L.stage("train_ours", 90)
     def train_ours():
-        return train(a, "ours", data, m, ours_run, ["--epochs", str(a.epochs), *ours_flags(a)], budget)
+        return train(a, "ours", r.data, r.m, ours_run, ["--epochs", str(a.epochs), *ours_flags(a)], budget)
 
     train_ours()
-    L.save("disk_after_training", disk("after training", [*paths, sf_run, ours_run]))
-    convert_draft("ours", ours_run)
-    if a.smoke and "ours" in drafts:  # no SpecForge on a CPU: a copy of ours drives the same code paths
-        shutil.copytree(drafts["ours"], d / "draft-specforge-standin", dirs_exist_ok=True)
-        drafts["specforge"] = d / "draft-specforge-standin"
+    L.save("disk_after_training", disk("after training", [*r.paths, sf_run, ours_run]))
+    r.convert_draft("ours", ours_run)
+    if a.smoke and "ours" in r.drafts:  # no SpecForge on a CPU: a copy of ours drives the same code paths
+        shutil.copytree(r.drafts["ours"], r.d / "draft-specforge-standin", dirs_exist_ok=True)
+        r.drafts["specforge"] = r.d / "draft-specforge-standin"
         L.save(
             "smoke_note", {"specforge": "not trained (CPU); a copy of our draft stands in for the code paths"}
         )
-        waiting += start_group(group("specforge"))
-    if "ours" in drafts:
-        waiting += start_group(group("ours"))
+        waiting += r.start_group(r.group("specforge"))
+    if "ours" in r.drafts:
+        waiting += r.start_group(r.group("ours"))
     if a.wide_late:  # the store is no longer read: the widened target takes its place
-        shutil.rmtree(data / "hidden_states", ignore_errors=True)
-        L.save("disk_store_dropped", disk("store dropped for the widened target", paths))
-        widen()
-        if (wide / "config.json").exists():
-            waiting += start_group([("wide_base", wide, None, (3, 1, 4), 0.3)]
-                                   + [x for k in drafts for x in group(k, ("wide",))])  # fmt: skip
+        shutil.rmtree(r.data / "hidden_states", ignore_errors=True)
+        L.save("disk_store_dropped", disk("store dropped for the widened target", r.paths))
+        r.widen()
+        if (r.wide / "config.json").exists():
+            waiting += r.start_group([("wide_base", r.wide, None, (3, 1, 4), 0.3)]
+                                     + [x for k in r.drafts for x in r.group(k, ("wide",))])  # fmt: skip
     for t in waiting:
         t.join()
-    L.save("servers", {"ready_s": starts, "data_s": data_s})
-    measure_all(a, servers, drafts, configs, tag, qs, heldout, render)
-    for s in servers.values():
+    L.save("servers", {"ready_s": r.starts, "data_s": r.data_s})
+    measure_all(a, r.servers, r.drafts, r.configs, r.tag, r.qs, r.heldout, r.render)
+    for s in r.servers.values():
         s.stop()
-    L.save("time_to_served", {k: {"data_s": data_s, "train_s": (L.SUMMARY.get(f"train_{k}") or {}).get("wall_s"),
+    L.save("time_to_served", {k: {"data_s": r.data_s, "train_s": (L.SUMMARY.get(f"train_{k}") or {}).get("wall_s"),
                                   "convert_s": (L.SUMMARY.get(f"convert_{k}") or {}).get("wall_s"),
-                                  "server_ready_s": starts.get(f"smol_{k}_3-1-4")}
-                              for k in drafts})  # fmt: skip
-
-
-def measure_all(a, servers, drafts, configs, tag, qs, heldout, render) -> None:
-    res: dict = {}
-    base, wide_base = servers.get("smol_base"), servers.get("wide_base")
-    if base and wide_base:
-
-        @L.stage("identity", 20)
-        def ident():
-            return identical(a, base, wide_base, qs[: a.identity_prompts], render)
-
-        ident()
-    for key in drafts:
-        s = servers.get(f"smol_{key}_3-1-4")
-        if s:
-
-            @L.stage(f"smol_{key}_3-1-4", 60)
-            def acc(s=s):
-                return {"batch1": L.measure(s.url, qs, a.tokens, 1, render),
-                        "conc8": L.measure(s.url, qs, a.tokens, 8, render),
-                        "heldout_conc8": L.measure(s.url, heldout, a.tokens, 8, render) if heldout else None}  # fmt: skip
-
-            acc()
-    sub = qs[: a.speed_prompts]
-    for c in configs:
-        for key in drafts:
-            s = servers.get(f"wide_{key}_{tag[c]}")
-            if not (s and wide_base):
-                continue
-
-            @L.stage(f"wide_{key}_{tag[c]}", 60)
-            def speed(s=s):
-                r = rounds(a, s, wide_base, sub, render)
-                r["all_mtbench_conc8"] = L.measure(s.url, qs, a.tokens, 8, render)
-                return r
-
-            res[f"wide_{key}_{tag[c]}"] = speed()
-    L.save("cycle_split", cycle_split(res))
-    L.save("verdict", verdict(a))
-
-
-def verdict(a) -> dict:
-    """The issue's three goals, read from the results (reached or not, with the numbers)."""
-    s = L.SUMMARY
-    acc = {k: ((s.get(f"smol_{k}_3-1-4") or {}).get("batch1") or {}).get("acceptance_length")
-           for k in ("ours", "specforge")}  # fmt: skip
-    speed = {
-        k: v.get("speedup")
-        for k, v in s.items()
-        if k.startswith("wide_") and isinstance(v, dict) and "speedup" in v
-    }
-    best = max(speed.items(), key=lambda kv: kv[1] or 0) if speed else (None, None)
-    ratio = acc["ours"] / acc["specforge"] if acc["ours"] and acc["specforge"] and not a.smoke else None
-    top = max((x for x in acc.values() if x), default=None)
-    return {"acceptance_3-1-4_batch1": acc, "ours_over_specforge": round(ratio, 4) if ratio else None,
-            "goal_ratio_ge_1": ratio >= 1.0 if ratio else None, "best_speedup": {"server": best[0], "x": best[1]},
-            "goal_speedup_ge_1.8": (best[1] or 0) >= 1.8 if best[1] else None,
-            "goal_acceptance_ge_2.5": (top or 0) >= 2.5 if top else None, "smoke": a.smoke}  # fmt: skip
+                                  "server_ready_s": r.starts.get(f"smol_{k}_3-1-4")}
+                              for k in r.drafts})  # fmt: skip
 
 
 def main() -> int:
