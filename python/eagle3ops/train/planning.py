@@ -194,6 +194,29 @@ def render_specforge(values: dict) -> str:
     return head + yaml.safe_dump(cfg, sort_keys=False)
 
 
+def specforge_values(spec: TrainSpec, values: dict, data: Path, device: str, nproc: int) -> dict:
+    """What SpecForge's config needs beyond the speculators values (added to ``values``); GPU hosts only."""
+    from eagle3ops.train import specforge
+
+    if device != "gpu":
+        raise TrainError(
+            "train trainer specforge needs a GPU host: SpecForge 0.2.0 shards the draft with FSDP on an "
+            "accelerator and computes its loss with a Triton kernel (use trainer speculators on CPU)"
+        )
+    values.update(
+        specforge_version=specforge.installed_version() or "missing",
+        specforge_dir=str(Path(spec.run_dir).resolve() / specforge.INPUTS),
+        specforge_lr=values["lr"],
+        specforge_ttt=values["ttt_steps"],
+        lm_head_key=specforge.lm_head_key(Path(spec.verifier_path)),
+        max_length=prepared_max_length(data),
+        nproc=nproc,
+        nnodes=spec.nnodes,
+        rdzv_host=(spec.rdzv_endpoint or "").rpartition(":")[0] or None,
+    )
+    return values
+
+
 def plan(spec: TrainSpec) -> Plan:
     """Read the inputs and render the config; writes nothing."""
     if spec.trainer not in TRAINERS:
@@ -282,28 +305,11 @@ def plan(spec: TrainSpec) -> Plan:
         # FP8Transfer; the default file backend would hand the trainer unscaled e4m3 values
         "hidden_states_backend": "fp8" if meta.get("dtype") == "float8_e4m3fn" else "file",
     }
-    if spec.trainer == "specforge":
-        from eagle3ops.train import specforge
-
-        if device != "gpu":
-            raise TrainError(
-                "train trainer specforge needs a GPU host: SpecForge 0.2.0 shards the draft with FSDP on an "
-                "accelerator and computes its loss with a Triton kernel (use trainer speculators on CPU)"
-            )
-        values.update(
-            specforge_version=specforge.installed_version() or "missing",
-            specforge_dir=str(run_dir / specforge.INPUTS),
-            specforge_lr=values["lr"],
-            specforge_ttt=values["ttt_steps"],
-            lm_head_key=specforge.lm_head_key(Path(spec.verifier_path)),
-            max_length=prepared_max_length(data),
-            nproc=nproc,
-            nnodes=spec.nnodes,
-            rdzv_host=(spec.rdzv_endpoint or "").rpartition(":")[0] or None,
-        )
-        text = render_specforge(values)
-    else:
-        text = render_config(values)
+    text = (
+        render_specforge(specforge_values(spec, values, data, device, nproc))
+        if spec.trainer == "specforge"
+        else (render_config(values))
+    )
     return Plan(
         spec=spec,
         run_dir=run_dir,
