@@ -28,6 +28,11 @@ DECLARED = {
         "eagle3ops.train.run",
         "eagle3ops.gpu_free.check",
     ): "train runs the gpu_free check before it launches on GPUs",
+    (
+        "eagle3ops.serve.convert",
+        "eagle3ops.train.specforge",
+    ): "serve converts a SpecForge run's checkpoint, whose layout (its inputs, checkpoint link, exporter) the train "
+    "phase's SpecForge backend owns",
 }
 # shared-looking modules that are entry points of a phase's module, kept by name for what runs them
 ENTRY_POINTS = {
