@@ -31,9 +31,26 @@ options:
     type: path
     required: true
   url:
-    description: Base URL of the server.
-    type: str
-    default: http://127.0.0.1:30000
+    description:
+      - Base URLs of this host's capture servers - one, or several (data parallel, e.g. two TP-4 servers on an
+        8-GPU node) - the host's rows are split between them, each server with its own
+        C(EAGLE3OPS_SGLANG_MANIFEST_RANK) (docs/sglang.md). A single string is one server.
+    type: list
+    elements: str
+    default: [http://127.0.0.1:30000]
+  world_size:
+    description:
+      - Several hosts share the rows (docs/scale.md) - the number of capture servers over all of them. Needs
+        O(first_rank). Omitted - this host extracts every row (its servers share them).
+      - The extract role computes it from the inventory (C(extract_shard_hosts), one rank per server).
+    type: int
+  first_rank:
+    description:
+      - With O(world_size) - this host's servers take the global ranks O(first_rank) .. O(first_rank) + servers - 1,
+        in O(url) order (rows C(r), C(r + world_size), ... of each rank C(r)), the transformers backend's shares.
+      - The store records them in C(hidden_states/shard.json); a later run with other ranks or another world size
+        fails naming both.
+    type: int
   server_unit:
     description: systemd unit to start before and stop after (role C(sglang) installs C(eagle3ops-sglang-extract)).
     type: str

@@ -180,3 +180,71 @@ def test_other_backend_leaves_the_patch_alone_and_sglang_refuses_an_unpatched_se
         assert "is pristine, not patched" in r.stdout and "--tags sglang,extract" in r.stdout, r.summary()
         assert _calls(url) == 0
     assert not HiddenStateStore(data).meta_path.exists()
+
+
+@pytest.mark.slow
+def test_two_hosts_share_the_rows_through_their_own_capture_servers(env, tmp_path):
+    """Issue #34: ``extract_backend: sglang`` over two hosts of ``extract_shard_hosts`` (the role refused this
+    before). Each host attaches to its own capture server and sends only its strided share; each store holds its
+    share with the bytes of the transformers backend's one-host run; a re-run changes nothing.
+
+    STAND-IN, besides the server: the two hosts are two inventory hosts on this machine (connection local), each with
+    its own data directory and server, sharing one SGLang install (patched once by the sglang phase on the first;
+    the patch is restored once at the end, since both read the same file)."""
+    _, _, model, xv = env
+    a, b = (build_prepared_dataset(tmp_path / h, LENGTHS) for h in ("hostA", "hostB"))
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    for w in ("a", "b"):
+        (tmp_path / w).mkdir()
+    with (
+        standin_server(tmp_path / "a", a, model, LAYERS) as ua,
+        standin_server(tmp_path / "b", b, model, LAYERS) as ub,
+    ):
+        hosts = {
+            "hostA": {
+                **local,
+                "extract_data_dir": str(a),
+                "sglang_dump_data_dir": str(a),
+                "extract_sglang_url": [ua],
+            },
+            "hostB": {
+                **local,
+                "extract_data_dir": str(b),
+                "sglang_dump_data_dir": str(b),
+                "extract_sglang_url": ub,
+            },
+        }
+        inv = tmp_path / "hosts.json"
+        inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": hosts}}}}))
+        common = {k: v for k, v in xv.items() if k not in ("extract_data_dir", "sglang_dump_data_dir")}
+        common["extract_sglang_restore_patch"] = False
+        try:
+            pre = run_playbook(REPO / "site.yml", inv, extravars=common, tags="sglang", limit="hostA")
+            assert pre.rc == 0, pre.summary()
+            first = run_playbook(REPO / "playbooks" / "extract.yml", inv, extravars=common)
+            assert first.rc == 0, first.summary()
+            results = {h: _one_for(first, EXTRACT_TASK, h) for h in ("hostA", "hostB")}
+            second = run_playbook(REPO / "playbooks" / "extract.yml", inv, extravars=common)
+            assert second.rc == 0 and all(second.host(h)["changed"] == 0 for h in hosts), (
+                second.changed_tasks()
+            )
+            calls = (_calls(ua), _calls(ub))
+        finally:  # the other tests of this module start from SGLang as shipped
+            sglang_patch.restore(_target(env), "0.5.23")
+    assert results["hostA"]["ranks"] == [0] and results["hostB"]["ranks"] == [1], results
+    assert results["hostA"]["world_size"] == results["hostB"]["world_size"] == 2
+    assert calls == (4, 4), "each server got its host's share only"
+    rows_a = sorted(HiddenStateStore(a).scan_manifest().entries)
+    rows_b = sorted(HiddenStateStore(b).scan_manifest().entries)
+    assert rows_a == list(range(0, len(LENGTHS), 2)) and rows_b == list(range(1, len(LENGTHS), 2))
+    ref = _reference(env, tmp_path)
+    for i in range(len(LENGTHS)):
+        got = HiddenStateStore(a if i % 2 == 0 else b).path(i)
+        assert got.read_bytes() == ref.path(i).read_bytes(), f"row {i} differs"
+    # each host's capture server appended to its own manifest rank (distinct names when the stores are gathered)
+    assert json.loads((b / "hidden_states" / "shard.json").read_text())["ranks"] == [1]
+
+
+def _one_for(r, task, host):
+    (res,) = [x for x in r.task_results(task, host=host) if x]
+    return res

@@ -157,6 +157,33 @@ def test_layer_ids_starting_at_1_are_refused_before_installing(setup):
     assert failed == 1 and "adds 1 to every id" in r.stdout, r.stdout[-3000:]
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--enable-dp-attention"], "--enable-dp-attention"),
+        (["--dp-size", "2"], "--dp-size > 1"),
+        (["--ep-size=8"], "--ep-size > 1"),
+        (["--pp-size", "4"], "--pp-size > 1"),
+    ],
+)
+def test_parallel_layouts_the_hook_cannot_dump_are_refused_before_installing(setup, args, named):
+    """Issue #34: DP attention, data/expert/pipeline parallel inside one capture server are refused by the role,
+    naming the flag, before SGLang is installed (tensor parallel is the supported layout: docs/sglang.md)."""
+    r, _, failed = _play(setup, sglang_extra_args=args)
+    assert failed == 1 and named in r.stdout and "sglang_extra_args asks for" in r.stdout, r.stdout[-3000:]
+    assert "TASK [sglang : SGLang | Install pinned SGLang" not in r.stdout
+
+
+def test_sizes_of_one_are_not_refused(setup):
+    """The refusal reads sizes: --dp-size 1 and --ep-size 1 are the defaults written out, not a layout; the play goes
+    past the check (and stops at the layer ids refused right after it, before installing anything)."""
+    r, _, failed = _play(
+        setup, sglang_extra_args=["--dp-size", "1", "--ep-size=1"], sglang_layer_ids=[1, 3, 5]
+    )
+    assert "sglang_extra_args asks for" not in r.stdout
+    assert failed == 1 and "adds 1 to every id" in r.stdout, r.stdout[-3000:]
+
+
 @pytest.fixture(scope="module")
 def site_setup(tmp_path_factory, tiny_target):
     """sglang_site_packages: SGLang 0.5.17 as pip --target left it (its real files), no venv, no wheelhouse."""

@@ -178,7 +178,28 @@ SGLANG_EXTRACT = Command(
     options=[
         DATA.but(role="extract_data_dir"),
         MODEL,
-        Option("url", default="http://127.0.0.1:30000", help="the server's base URL"),
+        Option(
+            "url",
+            "list",
+            elements="str",
+            default=["http://127.0.0.1:30000"],
+            help="the capture servers' base URLs: one, or several on this host (data parallel: the host's rows are "
+            "split between them, each server its own manifest rank, docs/sglang.md)",
+        ),
+        Option(
+            "world_size",
+            "int",
+            role=False,  # the role computes it from extract_shard_hosts (each host brings one rank a server)
+            help="several hosts: the number of capture servers over every host (each takes a strided share of the "
+            "rows, as the transformers backend's workers do; docs/scale.md)",
+        ),
+        Option(
+            "first_rank",
+            "int",
+            role=False,
+            help="with --world-size: this host's servers take the global ranks FIRST .. FIRST+servers-1 (recorded "
+            "in hidden_states/shard.json; a later run with other ranks is refused)",
+        ),
         LAYER_IDS.but(role="extract_layer_ids"),
         LAYER_CONVENTION.but(role="extract_layer_convention"),
         DTYPE.but(choices=["bfloat16", "float16", "float32"], role="extract_dtype"),

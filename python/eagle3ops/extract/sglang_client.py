@@ -47,7 +47,14 @@ class SGLangClientError(RuntimeError):
 class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySettings' defaults
     data_dir: str
     model_path: str  # the target the server serves: its config gives layers/H and the store fingerprint
-    url: str = "http://127.0.0.1:30000"
+    # the capture servers of this host: one URL, or several (data parallel: the host's rows split between them)
+    url: str | list[str] = field(default_factory=lambda: ["http://127.0.0.1:30000"])
+    world_size: int | None = (
+        None  # several hosts: capture servers over every host (docs/scale.md); None = one
+    )
+    first_rank: int | None = (
+        None  # with world_size > 1: this host's servers are ranks first_rank..+len(urls)-1
+    )
     layer_ids: list[int] | None = None
     layer_convention: str = "input"
     dtype: str = "bfloat16"
@@ -63,6 +70,38 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
     sglang_version: str = "0.5.23"  # the server's SGLang version (the patch restore_patch checks against)
     progress: bool = True
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)  # retry backoff (tests record it)
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url] if isinstance(self.url, str) else list(self.url)
+
+
+def routing(
+    cfg: SGLangExtractConfig, num_rows: int
+) -> tuple[list[int], list[int] | None, Callable[[int], str]]:
+    """The rows this host extracts, the global ranks it covers (None: one host, every row) and each row's server.
+
+    One host: every row; with several servers, row i goes to server ``i mod servers``. Several hosts
+    (``world_size`` > 1): this host's servers are the global ranks ``first_rank ..``, one each; rank r takes rows
+    r, r+W, r+2W, ... (the transformers backend's strided shares, :mod:`eagle3ops.extract.shards`), so the stores of
+    every host together hold every row once, with the bytes a one-host run writes."""
+    from eagle3ops.extract.shards import rank_indices, shard_indices
+
+    urls = cfg.urls
+    if not urls:
+        raise SGLangClientError("sglang-extract: no server URL (--url)")
+    world = cfg.world_size or 1
+    if world <= 1:
+        return rank_indices(num_rows, 1, 0, cfg.limit), None, lambda i: urls[i % len(urls)]
+    first = cfg.first_rank or 0
+    ranks = list(range(first, first + len(urls)))
+    if first < 0 or ranks[-1] >= world:
+        raise SGLangClientError(
+            f"sglang-extract: this host's {len(urls)} servers would be ranks {ranks[0]}..{ranks[-1]}, outside "
+            f"--world-size {world} (--first-rank {first})"
+        )
+    by_rank = dict(zip(ranks, urls, strict=True))
+    return shard_indices(num_rows, world, ranks, cfg.limit), ranks, lambda i: by_rank[i % world]
 
 
 # -------------------------------------------------------------------------------------------------- HTTP
@@ -164,10 +203,15 @@ class _Outcome:
 
 
 class _Runner:
-    def __init__(self, cfg: SGLangExtractConfig, store: HiddenStateStore, seq_lens, num_states, hidden):
+    """The requests of one capture server (``url``)."""
+
+    def __init__(
+        self, cfg: SGLangExtractConfig, store: HiddenStateStore, seq_lens, num_states, hidden, url: str
+    ):
         self.cfg, self.store, self.seq_lens = cfg, store, seq_lens
         self.num_states, self.hidden = num_states, hidden
-        self.gen_url = cfg.url.rstrip("/") + "/generate"
+        self.url = url
+        self.gen_url = url.rstrip("/") + "/generate"
         self.errors_path = store.dir / sglang_hook.ERRORS_NAME
         self._stop = threading.Event()
         self._health_lock = threading.Lock()
@@ -181,7 +225,7 @@ class _Runner:
         """The server is down (restarting?): one thread polls /health, the others queue behind it."""
         with self._health_lock:
             self.health_waits += 1
-            wait_health(self.cfg.url, self.cfg.health_timeout, poll=0.5, gone=self._gone)
+            wait_health(self.url, self.cfg.health_timeout, poll=0.5, gone=self._gone)
 
     def _gone(self) -> str | None:
         return server_gone(self.cfg.server_pid, self.cfg.server_unit)
@@ -297,7 +341,7 @@ def run_sglang_extraction(
         resolve_layer_ids,
         run_result,
     )
-    from eagle3ops.extract.shards import rank_indices
+    from eagle3ops.extract.shards import check_shard
 
     t_start = time.perf_counter()
     seq_lens = load_seq_lens(cfg.data_dir)
@@ -313,7 +357,9 @@ def run_sglang_extraction(
     )
     meta["backend"] = "sglang"
     store.ensure_meta(meta)
-    indices = rank_indices(len(seq_lens), 1, 0, cfg.limit)
+    indices, ranks, server_for = routing(cfg, len(seq_lens))
+    if ranks is not None:  # several hosts: the store records the ranks it covers (refused if they moved)
+        check_shard(cfg.data_dir, cfg.world_size, ranks, write=True)
     plan = store.plan(seq_lens, num_states=num_states, hidden_size=hidden, dtype=cfg.dtype, indices=indices)
     store.close()
     result = run_result(cfg, indices, plan, layer_ids, facts)
@@ -322,7 +368,10 @@ def run_sglang_extraction(
         requests=0,
         retries=0,
         errors=[],
-        url=cfg.url,
+        url=cfg.urls[0],
+        urls=cfg.urls,
+        world_size=cfg.world_size,
+        ranks=ranks,
         server_env={
             sglang_hook.ENV_DUMP_DIR: str(Path(cfg.data_dir).resolve()),
             sglang_hook.ENV_LAYER_IDS: ",".join(map(str, layer_ids)),
@@ -339,11 +388,14 @@ def run_sglang_extraction(
                 _systemctl("start", cfg.server_unit)
                 started = True
             result["health_wait_seconds"] = round(
-                wait_health(
-                    cfg.url,
-                    cfg.health_timeout,
-                    poll=0.5,
-                    gone=lambda: server_gone(cfg.server_pid, cfg.server_unit),
+                sum(
+                    wait_health(
+                        u,
+                        cfg.health_timeout,
+                        poll=0.5,
+                        gone=lambda: server_gone(cfg.server_pid, cfg.server_unit),
+                    )
+                    for u in cfg.urls
                 ),
                 3,
             )
@@ -354,7 +406,9 @@ def run_sglang_extraction(
             else:
                 close = None
             try:
-                _drive(cfg, store, seq_lens, num_states, hidden, plan.remaining, result, on_progress)
+                _drive(
+                    cfg, store, seq_lens, num_states, hidden, plan.remaining, result, on_progress, server_for
+                )
             finally:
                 if close:
                     close()
@@ -372,14 +426,17 @@ def run_sglang_extraction(
     return result
 
 
-def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progress) -> None:
+def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progress, server_for=None) -> None:
+    """Send the remaining rows, each to its server (``server_for(row)``; default ``cfg.urls[0]``), at most
+    ``concurrency`` requests in flight per server."""
     from datasets import load_from_disk
 
     ds = load_from_disk(str(cfg.data_dir)).with_format(None, columns=["input_ids"])
-    runner = _Runner(cfg, store, seq_lens, num_states, hidden)
+    runners = {u: _Runner(cfg, store, seq_lens, num_states, hidden, u) for u in cfg.urls}
+    server_for = server_for or (lambda i: cfg.urls[0])
     pending = set()
     todo = iter(remaining)
-    conc = runner.concurrency
+    conc = sum(r.concurrency for r in runners.values())
 
     def collect(done):
         for fut in done:
@@ -418,19 +475,20 @@ def _drive(cfg, store, seq_lens, num_states, hidden, remaining, result, on_progr
                 raise SGLangClientError(
                     f"{cfg.data_dir}: row {i} has {len(ids)} input_ids but seq_len {seq_lens[i]}; re-run prepare"
                 )
-            pending.add(pool.submit(runner.one, int(i), ids))
+            pending.add(pool.submit(runners[server_for(int(i))].one, int(i), ids))
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             collect(done)
         _await_manifest(store, confirmed, cfg.confirm_timeout)
     except BaseException:
         aborted = True
-        runner._stop.set()
+        for r in runners.values():
+            r._stop.set()
         raise
     finally:
         # on an abort, do not wait for requests in flight (the server still finishes and writes them)
         pool.shutdown(wait=not aborted, cancel_futures=True)
-        result["health_waits"] = runner.health_waits
+        result["health_waits"] = sum(r.health_waits for r in runners.values())
         result["row_seconds"] = {k: _spread(v) for k, v in timings.items()}
         # the request loop alone (first request to last confirmed file): the rate the capture overhead is judged
         # by, without the run's setup (manifest plan, dataset load, /health)

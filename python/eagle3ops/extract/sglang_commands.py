@@ -63,6 +63,8 @@ def cmd_extract(args) -> int:
             args,
             *_STORE_OPTIONS,
             "url",
+            "world_size",
+            "first_rank",
             "concurrency",
             "request_timeout",
             "retries",
@@ -88,8 +90,16 @@ def cmd_extract(args) -> int:
             running = holder(args.data)  # check mode takes no lock; it reports a run in progress
             if running and args.wait_running > 0:
                 running = wait_free(args.data, args.wait_running)
+            from eagle3ops.extract.sglang_client import routing
+
+            _, ranks, _ = routing(cfg, 0)  # this host's global ranks (several hosts), as the run takes them
             res = plan_extraction(
-                ExtractConfig(**pick(args, *_STORE_OPTIONS, **_STORE_RENAMED), margin_bytes=cfg.margin_bytes)
+                ExtractConfig(
+                    **pick(args, *_STORE_OPTIONS, **_STORE_RENAMED),
+                    margin_bytes=cfg.margin_bytes,
+                    world_size=cfg.world_size or 1,
+                    ranks=ranks,
+                )
             )
             res.update(
                 backend="sglang", check_mode=True, changed=bool(res["to_extract"]), written=0, failed=0

@@ -31,6 +31,8 @@ Configuration comes from the server's environment (the role's systemd unit sets 
   refuses to dump when SGLang captures other layers (e.g. its +1 shift of ids starting at 1).
 - ``EAGLE3OPS_SGLANG_MAX_PENDING`` (default 4), ``EAGLE3OPS_SGLANG_WRITERS`` (writer threads, default 4),
   ``EAGLE3OPS_SGLANG_FSYNC`` (default 1).
+- ``EAGLE3OPS_SGLANG_MANIFEST_RANK`` (default 0): the manifest this server appends to (``manifest-rank<N>.jsonl``);
+  several capture servers writing one store (data parallel on one host) each need their own.
 
 Server flags it needs, and why (docs/sglang.md): ``--disable-radix-cache`` (a cached prefix is never computed,
 so its states would be missing: a first chunk with a prefix is refused), chunked prefill off
@@ -64,6 +66,9 @@ ENV_LAYER_IDS = "EAGLE3OPS_SGLANG_LAYER_IDS"
 ENV_MAX_PENDING = "EAGLE3OPS_SGLANG_MAX_PENDING"
 ENV_FSYNC = "EAGLE3OPS_SGLANG_FSYNC"
 ENV_WRITERS = "EAGLE3OPS_SGLANG_WRITERS"
+# which manifest (manifest-rank<N>.jsonl) this server appends to: one per capture server of a store, so that several
+# servers of one host (data parallel, docs/sglang.md) never append to one file; the client sets it per server
+ENV_MANIFEST_RANK = "EAGLE3OPS_SGLANG_MANIFEST_RANK"
 ERRORS_NAME = SGLANG_ERRORS
 RID_PREFIX = "e3o-"
 _RID_RE = re.compile(r"^e3o-(\d+)-(\d+)(?:-\d+)?$")
@@ -146,8 +151,10 @@ class DumpHook:
         fsync: bool = True,
         writers: int = 4,
         rank_fn=_tp_rank,
+        manifest_rank: int = 0,
     ):
         self.data_dir = Path(data_dir)
+        self.manifest_rank = int(manifest_rank)
         try:  # SGLang packs the aux states in layer order (eagle3ops.layers)
             self.layer_ids = layers.check_ascending(layer_ids)
         except layers.LayerIdError as e:
@@ -196,6 +203,7 @@ class DumpHook:
             max_pending=int(environ.get(ENV_MAX_PENDING, "4")),
             fsync=environ.get(ENV_FSYNC, "1") not in ("0", "false", "no"),
             writers=int(environ.get(ENV_WRITERS, "4")),
+            manifest_rank=int(environ.get(ENV_MANIFEST_RANK, "0")),
         )
 
     def _writes(self) -> bool:
@@ -206,7 +214,7 @@ class DumpHook:
     def _start(self) -> None:
         import torch
 
-        self._store = HiddenStateStore(self.data_dir, rank=0)
+        self._store = HiddenStateStore(self.data_dir, rank=self.manifest_rank)
         meta = self._store.read_meta()
         if meta is None:
             raise HookError(
