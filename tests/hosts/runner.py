@@ -117,8 +117,11 @@ def run_playbook(
     envvars: dict | None = None,
     timeout: int = 900,
     private_data_dir: str | os.PathLike | None = None,
+    on_event=None,
 ) -> PlaybookResult:
-    """Run ``playbook`` (relative to the repository root, or absolute) against ``inventory``."""
+    """Run ``playbook`` (relative to the repository root, or absolute) against ``inventory``. ``on_event``: called
+    with each event while the playbook runs (ansible-runner's event dict), e.g. to act once a task has ended
+    instead of after a fixed sleep."""
     import ansible_runner
 
     pb = Path(playbook)
@@ -156,6 +159,7 @@ def run_playbook(
             envvars=env,
             quiet=True,
             timeout=timeout,
+            **({"event_handler": lambda ev: on_event(ev) or True} if on_event else {}),
         )
     finally:
         for s, h in kept.items():
