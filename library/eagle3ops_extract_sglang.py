@@ -10,7 +10,7 @@ short_description: Extract EAGLE-3 hidden states through a patched SGLang server
 description:
   - Formerly named C(sglang_extract); that old name still runs this module (a symlink to it), with a deprecation
     warning naming C(eagle3ops_extract_sglang).
-  - Runs C(eagle3ops sglang-extract) on the target - the SGLang backend of the extract phase. The server, started
+  - Runs C(eagle3ops extract-sglang) on the target - the SGLang backend of the extract phase. The server, started
     from its systemd unit (I(server_unit)) or already running at I(url), carries the eagle3ops capture patch
     (module C(eagle3ops_sglang_patch), role C(sglang)); it writes C(hidden_states/hs_{i}.safetensors) through the
     same store as the transformers backend, byte-for-byte the same format.

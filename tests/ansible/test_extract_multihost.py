@@ -10,7 +10,7 @@ nspawn hosts over ssh: tests/hosts/test_multihost_nspawn.py.
 
 Proves: disjoint shares (each store holds exactly its ranks' rows), the killed host's rows picked up by it on
 the re-run while the other host does nothing (changed=0), no row extracted twice (each row in exactly one
-manifest line over both stores), the union byte-identical to a one-host run, and `eagle3ops status` over both
+manifest line over both stores), the union byte-identical to a one-host run, and `eagle3ops extract-status` over both
 stores (complete, nothing done twice).
 """
 
@@ -170,7 +170,7 @@ def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path, tmp_pa
 
     # one view over both stores
     st = subprocess.run(
-        [str(BIN / "eagle3ops"), "status", "--data", str(a), "--data", str(b), "--json"],
+        [str(BIN / "eagle3ops"), "extract-status", "--data", str(a), "--data", str(b), "--json"],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert st.returncode == 0, st.stderr

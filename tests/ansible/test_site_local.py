@@ -64,7 +64,7 @@ def test_first_run_builds_everything(pipeline):
     assert res["layer_ids"] == [2, 4, 5]
     st = json.loads(
         subprocess.run(
-            [sys.executable, "-m", "eagle3ops", "status", "--data", str(work / "data"), "--json"],
+            [sys.executable, "-m", "eagle3ops", "extract-status", "--data", str(work / "data"), "--json"],
             capture_output=True,
             text=True,
             check=True,

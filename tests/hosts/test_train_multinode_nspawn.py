@@ -12,7 +12,7 @@ STAND-INS, said here: the trainer is ``eagle3ops.ddp_probe`` (``train_trainer: d
 the same data, checkpoints and records), because speculators 0.9.0 cannot train over several CPU nodes
 (tests/unit/test_train_multinode.py pins why). The two stores are one synthetic store
 (``eagle3ops.train.fixtures.make_data_dir``, random hidden states) split by row parity into the layout a
-two-host extraction writes (``manifest-rank{r}.jsonl``, ``shard.json``) - checked with ``eagle3ops status`` over
+two-host extraction writes (``manifest-rank{r}.jsonl``, ``shard.json``) - checked with ``eagle3ops extract-status`` over
 both - instead of running the extraction (tests/hosts/test_multihost_nspawn.py does that on nspawn hosts). The
 hosts run the controller's venv and this checkout's ``python/`` (tests/hosts/multihost.py); the verifier is its
 ``config.json`` alone (all the phase reads of it), bound read-only into both.

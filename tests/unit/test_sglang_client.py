@@ -67,8 +67,8 @@ def _cfg(data_dir, model, url, **kw):
 
 
 def _cli(data_dir, model, url, *extra) -> list[str]:
-    """``eagle3ops sglang-extract`` as a process (the real CLI), with ``--json``."""
-    return [sys.executable, "-m", "eagle3ops", "sglang-extract", "--data", str(data_dir), "--model", str(model),
+    """``eagle3ops extract-sglang`` as a process (the real CLI), with ``--json``."""
+    return [sys.executable, "-m", "eagle3ops", "extract-sglang", "--data", str(data_dir), "--model", str(model),
             "--url", url, *extra, "--json"]  # fmt: skip
 
 

@@ -138,7 +138,8 @@ EXTRACT = Command(
 )
 
 STATUS = Command(
-    "status",
+    "extract-status",
+    aliases=["status"],
     help="extraction progress from the manifests (no tensors loaded)",
     check=False,
     options=[
@@ -152,14 +153,16 @@ STATUS = Command(
 )
 
 WORKERS = Command(
-    "workers",
+    "extract-workers",
+    aliases=["workers"],
     help="how many extraction workers --workers SPEC means on this host",
     check=False,
     options=[Option("workers", default="auto", help="'auto' (one per visible GPU, 1 on CPU) or a number")],
 )
 
 LENGTHS = Command(
-    "lengths",
+    "extract-lengths",
+    aliases=["lengths"],
     help="index -> seq_len of finished samples, from the manifests",
     check=False,
     options=[
@@ -169,7 +172,8 @@ LENGTHS = Command(
 )
 
 SGLANG_EXTRACT = Command(
-    "sglang-extract",
+    "extract-sglang",
+    aliases=["sglang-extract"],
     help="extract hidden states through a patched SGLang server (resumable)",
     check_help="report what would be sent; contact no server, write nothing",
     module="eagle3ops_extract_sglang",
@@ -181,7 +185,11 @@ SGLANG_EXTRACT = Command(
         Option("url", default="http://127.0.0.1:30000", help="the server's base URL"),
         LAYER_IDS.but(role="extract_layer_ids"),
         LAYER_CONVENTION.but(role="extract_layer_convention"),
-        DTYPE.but(choices=["bfloat16", "float16", "float32"], role="extract_dtype"),
+        DTYPE.but(
+            choices=["bfloat16", "float16", "float32"],
+            role="extract_dtype",
+            help="stored dtype (the server's hook writes only these three; the transformers backend also stores fp8)",
+        ),
         Option("concurrency", "int", default=8, help="requests in flight"),
         Option(
             "request_timeout",
@@ -270,7 +278,8 @@ SGLANG_PATCH = Command(
 )
 
 VERIFY = Command(
-    "verify",
+    "extract-verify",
+    aliases=["verify"],
     help="check every finished hidden-state file against its manifest line (size + header, or checksum)",
     check=False,
     options=[

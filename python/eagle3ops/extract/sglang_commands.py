@@ -1,4 +1,4 @@
-"""``eagle3ops sglang-patch status|apply|restore`` and ``eagle3ops sglang-extract``: the extract phase's SGLang
+"""``eagle3ops sglang-patch status|apply|restore`` and ``eagle3ops extract-sglang``: the extract phase's SGLang
 backend (registered by :mod:`eagle3ops.extract.commands`)."""
 
 from __future__ import annotations
