@@ -101,7 +101,7 @@ def compare(tf_dir: Path, sg_dir: Path, limit: int | None = None) -> dict:
 
 
 PATCH_TASK = "SGLang | Capture patch in deepseek_v2.py"
-EXTRACT_TASK = "Extract | Extract target hidden states through the patched SGLang server"
+EXTRACT_TASK = "Extract | Collect the result of the extraction through SGLang"  # the async job's result
 RESTORE_TASK = "Extract | Restore the capture patch byte-exact (SGLang as shipped; serving needs it)"
 
 

@@ -39,7 +39,7 @@ from tinymodels import build_prepared_dataset
 pytestmark = [pytest.mark.slow]
 
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7, 14, 3, 26, 11]
-WAIT = "Extract | Wait for this host's share of the extraction (a host lost meanwhile drops out; the others go on)"
+WAIT = "Extract | Collect the extraction's result (a host lost meanwhile drops out; the others go on)"
 SUMMARY = "Extract | Sum up the extraction over every host that shares the rows"
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 

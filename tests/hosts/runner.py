@@ -100,6 +100,7 @@ def small_local_default(workdir: str | os.PathLike) -> dict:
         "train_total_seq_len": 512,
         # the detached extraction is polled every extract_poll_interval (30 s by default): up to 30 s idle
         "extract_poll_interval": 2,
+        "train_poll_interval": 2,
     }
 
 
@@ -137,6 +138,9 @@ def run_playbook(
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "HF_HUB_OFFLINE": "1",
+        # ansible-runner puts its own callback directory in this variable, which overrides ansible.cfg's
+        # callback_plugins: name the project's too (callback_plugins/eagle3ops_progress.py)
+        "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "callback_plugins"),
         # The ansible-playbook of the interpreter running the tests (the repo's venv).
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         **(envvars or {}),

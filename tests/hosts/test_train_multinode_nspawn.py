@@ -226,7 +226,7 @@ def test_two_nodes_gather_the_rows_and_restart_together_from_the_newest_checkpoi
         **xv["train_env"],
         "EAGLE3OPS_PROBE_STEP_S": "0",
     }  # the trainer's environment, not its configuration
-    r4 = run_playbook("playbooks/train.yml", inv, extravars={**xv, "train_env": fast, "train_wait": True,
+    r4 = run_playbook("playbooks/train.yml", inv, extravars={**xv, "train_env": fast, "train_wait": True, "train_poll_interval": 1,
                                                             "train_wait_timeout": 300})  # fmt: skip
     assert r4.rc == 0, r4.summary()
     ra, rb = _result(r4, LAUNCH, a), _result(r4, LAUNCH, b)

@@ -54,6 +54,13 @@ WAIT_RUNNING = Option(
 PROGRESS = Option(
     "progress", "bool", default=True, param=False, module_value=False, help="a progress bar on stderr"
 )
+JOB_FILE = Option(
+    "job_file",
+    "path",
+    cli=False,
+    role=False,  # the role passes the results file of the async job it started
+    help="check mode: the Ansible async job's results file; the result says whether that job has finished",
+)
 
 EXTRACT = Command(
     "extract",
@@ -132,6 +139,7 @@ EXTRACT = Command(
             help="compare the target by a hash of every weight byte (slow) instead of sizes, mtimes and headers",
         ),
         WAIT_RUNNING,
+        JOB_FILE,
         PROGRESS,
         EXECUTABLE,
     ],
@@ -236,6 +244,7 @@ SGLANG_EXTRACT = Command(
         MARGIN.but(role="extract_margin"),
         DISK_MARGIN_MIB.but(role="extract_disk_margin_mib"),
         WAIT_RUNNING,
+        JOB_FILE,
         PROGRESS,
         EXECUTABLE.but(role="extract_executable"),
     ],
