@@ -80,6 +80,8 @@ def test_each_poll_of_the_extraction_says_rows_rate_eta_and_log(tmp_path, tmp_pa
     assert r.rc == 0, r.summary()
     (res,) = r.task_results(COLLECT)
     assert res["written"] == len(LENGTHS), res
+    # one change, reported once: by the collected result (starting the job and watching it change nothing)
+    assert r.changed_tasks() == [f"localhost: {COLLECT}"], r.changed_tasks()
 
     # the polls while it ran: each carries the progress (done/total, rate, ETA, log) and says so on one line;
     # Ansible printed that line under the task's retry line (the project's callback)

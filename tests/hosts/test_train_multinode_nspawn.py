@@ -45,7 +45,7 @@ SYNC_TASKS = (
     "Train | Copy every store's rows (each host's share of the hidden states)",
 )
 LAUNCH = "Train | Train the EAGLE-3 draft (idempotent, detached, resumable)"
-WAITED = "Train | Wait until the job ends on this node"
+WAITED = "Train | Read the finished run"  # after the watch of train_wait saw the job end on this node
 GATE = "Train | Check that every node can run the job before any node is touched"
 STOP = "Train | Stop this node's trainer of the old job (every node stops before any node starts)"
 CKPT_COPY = "Train | Copy the newest checkpoint to every node (each rank resumes from its own save path)"
