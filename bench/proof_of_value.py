@@ -167,7 +167,7 @@ def probe(a) -> None:
 
     @L.stage("probe_convert_specforge", 20)
     def conv():
-        r = L.cli("convert", "--checkpoint", str(d / "run-sf"), "--out", str(d / "draft-sf"), "--sglang-version",
+        r = L.cli("serve-convert", "--checkpoint", str(d / "run-sf"), "--out", str(d / "draft-sf"), "--sglang-version",
                   "0.5.17", name="probe_convert")  # fmt: skip
         cfg = d / "draft-sf" / "config.json"
         r["draft_config"] = json.loads(cfg.read_text()) if cfg.exists() else None
@@ -310,7 +310,7 @@ class Run:
             ended = ((L.SUMMARY.get(f"train_{key}") or {}).get("train_status") or {}).get("status")
             if key == "ours" and ended not in ("finished", "done"):
                 ckpt = newest_checkpoint(run_dir) or run_dir
-            r = L.cli("convert", "--checkpoint", str(ckpt), "--out", str(self.d / f"draft-{key}"), "--sglang-version",
+            r = L.cli("serve-convert", "--checkpoint", str(ckpt), "--out", str(self.d / f"draft-{key}"), "--sglang-version",
                       "0.5.17", name=f"convert_{key}")  # fmt: skip
             r["train_ended"] = ended
             return r

@@ -649,7 +649,12 @@ def _smol_measured(a, m, d, base, servers, render, orig, heldout, mt_prompts, qs
             if ended not in ("finished", "done"):
                 ckpt = newest_checkpoint(ckpt) or ckpt
             r = cli(
-                "convert", "--checkpoint", str(ckpt), "--out", str(d / f"draft-{key}"), name=f"convert_{key}"
+                "serve-convert",
+                "--checkpoint",
+                str(ckpt),
+                "--out",
+                str(d / f"draft-{key}"),
+                name=f"convert_{key}",
             )
             r["train_ended"] = ended
             return r

@@ -10,7 +10,7 @@ systemd there for the role's unit), ``playbooks/extract.yml`` (``extract_backend
 ``extract_sglang_server_unit: ""``) attaches to it, sends every row and restores the patch byte-exact; after the
 server stopped both playbooks run once more and must change nothing (``playbook_rerun.changed_zero``); the file's
 sha256 must equal the one before (``restored_byte_exact``). ``--capture-via cli`` does the same through
-``eagle3ops sglang-patch apply/restore`` and ``eagle3ops sglang-extract`` (the runs up to 2026-12-02). Then both
+``eagle3ops sglang-patch apply/restore`` and ``eagle3ops extract-sglang`` (the runs up to 2026-12-02). Then both
 stores are compared file by file (token ids equal; states within the stated bf16 tolerance) and the capture
 overhead is measured on the same server: the same rows once more as plain prefills (request ids the hook ignores,
 ``max_new_tokens=1``) against the captured run's tok/s.
@@ -34,7 +34,7 @@ ShareGPT conversations are prepared for it (rows of real length). Its capture se
 waits for it, then restores the file); it writes its store under ``--mid-dir`` (``/dev/shm`` where it has room: the
 box's disk is the other lane's). When lane smol leaves the GPU to the CPU (its ``prepare``: it touches
 ``--gpu-window``), the same rows go through the server as a warm-up of plain prefills, then captured
-(``eagle3ops sglang-extract``: the request loop's tok/s), then as plain prefills again, all at one concurrency: the
+(``eagle3ops extract-sglang``: the request loop's tok/s), then as plain prefills again, all at one concurrency: the
 ratio captured / plain is the overhead figure. ``--mid-done`` is touched after (lane smol's extraction waits for it,
 bounded).
 
@@ -101,7 +101,7 @@ def compare(tf_dir: Path, sg_dir: Path, limit: int | None = None) -> dict:
 
 
 PATCH_TASK = "SGLang | Capture patch in deepseek_v2.py"
-EXTRACT_TASK = "Extract | Extract target hidden states through the patched SGLang server"
+EXTRACT_TASK = "Extract | Collect the result of the extraction through SGLang"  # the async job's result
 RESTORE_TASK = "Extract | Restore the capture patch byte-exact (SGLang as shipped; serving needs it)"
 
 

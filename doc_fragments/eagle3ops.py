@@ -87,4 +87,11 @@ options:
         this many seconds for it to end (its lock to be free) before planning. 0 does not wait.
     type: float
     default: 0
+  job_file:
+    description:
+      - Check mode only; the C(results_file) of the Ansible async job that runs the extraction (the task started
+        with C(poll=0)). The result's RV(job_finished) says whether that job has ended, and RV(progress) how far
+        the run is (rows done of this host's, rows/s from the manifests' file times, ETA, the run's log), so a
+        task that polls with C(until) shows the progress at each poll.
+    type: path
 """

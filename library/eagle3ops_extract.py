@@ -129,6 +129,18 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+job_finished:
+  description: With O(job_file) (check mode) - whether the async job running the extraction has ended.
+  returned: check mode with job_file
+  type: bool
+progress:
+  description:
+    - "Check mode, while a run holds the data directory - how far it is. V(line) is what a poll prints, e.g.
+      C(extract: 312/867 rows (35%), 4.1 rows/s, ETA 0:02:15; PID 4242 since ...; log: /data/eagle3/data.extract.log);
+      also V(done), V(total), V(rate_per_s) (from the manifests' file times since the run started; null
+      before two rows), V(eta_s), V(log) (the run's log beside the data directory)."
+  returned: check mode, while a run holds the data directory
+  type: dict
 running:
   description: Check mode only; another extraction holds this data directory now (its lock).
   returned: check mode
@@ -208,7 +220,7 @@ layer_ids:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_cli import CliRunner, with_job_progress
 from ansible.module_utils.eagle3ops_extract_options import EXTRACT
 from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
@@ -221,7 +233,7 @@ def main():
     )
     deprecate_old_name(module)
     p = module.params
-    result = CliRunner(module, EXTRACT).run()
+    result = with_job_progress(module, CliRunner(module, EXTRACT).run())
     if module.check_mode:
         result.setdefault("written", 0)
         result.setdefault("failed", 0)

@@ -10,7 +10,7 @@ short_description: Extract EAGLE-3 hidden states through a patched SGLang server
 description:
   - Formerly named C(sglang_extract); that old name still runs this module (a symlink to it), with a deprecation
     warning naming C(eagle3ops_extract_sglang).
-  - Runs C(eagle3ops sglang-extract) on the target - the SGLang backend of the extract phase. The server, started
+  - Runs C(eagle3ops extract-sglang) on the target - the SGLang backend of the extract phase. The server, started
     from its systemd unit (I(server_unit)) or already running at I(url), carries the eagle3ops capture patch
     (module C(eagle3ops_sglang_patch), role C(sglang)); it writes C(hidden_states/hs_{i}.safetensors) through the
     same store as the transformers backend, byte-for-byte the same format.
@@ -110,6 +110,18 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+job_finished:
+  description: With O(job_file) (check mode) - whether the async job running the extraction has ended.
+  returned: check mode with job_file
+  type: bool
+progress:
+  description:
+    - "Check mode, while a run holds the data directory - how far it is. V(line) is what a poll prints, e.g.
+      C(extract: 312/867 rows (35%), 4.1 rows/s, ETA 0:02:15; PID 4242 since ...; log: /data/eagle3/data.extract.log);
+      also V(done), V(total), V(rate_per_s) (from the manifests' file times since the run started; null
+      before two rows), V(eta_s), V(log) (the run's log beside the data directory)."
+  returned: check mode, while a run holds the data directory
+  type: dict
 running:
   description: Check mode only; another extraction holds this data directory now (its lock).
   returned: check mode
@@ -177,7 +189,7 @@ layer_ids:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_cli import CliRunner, with_job_progress
 from ansible.module_utils.eagle3ops_extract_options import SGLANG_EXTRACT
 from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
@@ -186,7 +198,7 @@ def main():
     module = AnsibleModule(argument_spec=SGLANG_EXTRACT.argument_spec(), supports_check_mode=True)
     deprecate_old_name(module)
     p = module.params
-    result = CliRunner(module, SGLANG_EXTRACT).run()
+    result = with_job_progress(module, CliRunner(module, SGLANG_EXTRACT).run())
     if module.check_mode and result.get("to_extract") and not result.get("fits"):
         module.fail_json(
             msg=f"{p['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "

@@ -16,7 +16,7 @@ description:
   - Refuses a draft SGLang cannot serve as trained (C(norm_before_residual), a sliding window the server would
     not match, trained embeddings, a draft decoder other than Llama) with a message naming what to change.
   - Idempotent. An output stamped with the same source checkpoint (sha256) and settings is left alone.
-  - Runs C(eagle3ops convert) (logic in C(eagle3ops.convert)).
+  - Runs C(eagle3ops serve-convert) (logic in C(eagle3ops.convert)).
 version_added: "0.1.0"
 author: eagle3ops developers (@eagle3ops)
 extends_documentation_fragment:

@@ -31,6 +31,42 @@ def find_executable(module, executable=None):
     return found
 
 
+def async_job_finished(path):
+    """Whether the Ansible async job whose results file is ``path`` has ended, read as ansible.builtin.async_status
+    reads it: the wrapper writes ``started`` into the file while the job runs and replaces the file by the
+    module's own result at the end. A file not written yet, or caught mid-write, is a job still running."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(data, dict) and ("started" not in data or data.get("finished")))
+
+
+def with_job_progress(module, result):
+    """For a poll of a running extraction (the module's ``job_file``): add ``job_finished`` and, while the job runs
+    but no extraction holds the data directory (it is starting, or it has released it and its result is being
+    written), a progress line saying so. The line is ``progress.line``; the project's callback
+    (callback_plugins/eagle3ops_progress.py) prints it at every retry of the polling task."""
+    job = module.params.get("job_file")
+    if not job:
+        return result
+    result["job_finished"] = async_job_finished(job)
+    if not result["job_finished"] and not result.get("progress"):
+        total = result.get("total")
+        done = (
+            (total or 0) - result.get("to_extract", 0) if total is not None else result.get("done_before", 0)
+        )
+        what = "every row is done, the job is ending" if total and done >= total else "the run is starting"
+        result["progress"] = {
+            "done": done,
+            "total": total,
+            "line": f"extract: {done}/{total} rows; {what} (no run holds the data directory now)",
+        }
+    result["msg"] = (result.get("progress") or {}).get("line", result.get("msg", ""))
+    return result
+
+
 def run_cli(module, executable, argv, *, env=None, check_rc=True):
     """Run the CLI with --json; return the parsed result dict (fail_json on errors)."""
     exe = find_executable(module, executable)

@@ -1,7 +1,7 @@
 """What tests read back from a data directory's hidden-state store, through the store's own reader.
 
 :func:`manifest_rows` parses the manifests with :meth:`eagle3ops.store.HiddenStateStore.scan_manifest` (the
-parser resume and ``eagle3ops status`` use) but keeps one entry per manifest *line*, so that "every row in
+parser resume and ``eagle3ops extract-status`` use) but keeps one entry per manifest *line*, so that "every row in
 exactly one manifest line" is ``manifest_rows(d) == list(range(n))`` (a row recorded twice shows twice).
 :func:`hs_files` is the samples' bytes by file name, for byte-identity checks between runs.
 """

@@ -300,6 +300,8 @@ class Command:
       the role's name unless given) unless an option names its own.
     check: the command has the check-mode flag (``--check``; ``--plan`` still works).
     renamed: {old flag: new flag}: an old flag fails with one line naming the new one (exit 2).
+    aliases: older names of the sub-command itself that still run it (``status`` for ``extract-status``); left out
+      of ``eagle3ops --help``, which lists the names by phase.
     exclusive: tuples of option names of which exactly one must be given (a required mutually exclusive group on
       the command line; the module's ``required_one_of`` and ``mutually_exclusive``: :meth:`one_of`).
     cli: False for a module that calls the host wing directly and has no sub-command behind it (the storage and
@@ -321,10 +323,12 @@ class Command:
         check=True,
         check_help="write nothing; report what would change",
         renamed=None,
+        aliases=(),
         exclusive=(),
         cli=True,
     ):
         self.name = name
+        self.aliases = tuple(aliases)
         self.group = None  # set by Group
         self.cli = cli
         self.exclusive = [tuple(names) for names in exclusive]
@@ -379,9 +383,9 @@ class Command:
         """The sub-command's parser, every option on it, ``--check`` and ``--json``."""
         if not self.cli:
             raise ValueError(f"{self.name}: a module-only definition has no sub-command")
-        kw = {"help": self.help}
-        if self.description:
-            kw["description"] = self.description
+        kw = {"help": self.help, "description": _description(self.help, self.description)}
+        if self.aliases:
+            kw["aliases"] = list(self.aliases)
         p = subparsers.add_parser(self.name, **kw)
         self.add_arguments(p)
         return p
@@ -456,6 +460,13 @@ class Command:
         return out
 
 
+def _description(help_line: str, more: str | None) -> str:
+    """A command's own ``--help`` starts with its one-line help as a sentence, then what more it says."""
+    first = help_line[:1].upper() + help_line[1:]
+    first = first if first.endswith(".") else first + "."
+    return f"{first} {more}" if more else first
+
+
 class Group:
     """A sub-command whose actions are commands of their own (``eagle3ops storage plan|status``): each
     :class:`Command` gets the group's name in its :attr:`Command.words`; :meth:`add_parser` registers them all
@@ -482,10 +493,9 @@ class Group:
 
     def add_parser(self, subparsers) -> dict:
         """The group's parser and each command's under it: {command name: its parser}."""
-        kw = {"help": self.help}
-        if self.description:
-            kw["description"] = self.description
-        p = subparsers.add_parser(self.name, **kw)
+        p = subparsers.add_parser(
+            self.name, help=self.help, description=_description(self.help, self.description)
+        )
         sub = p.add_subparsers(dest=f"{self.name}_command", metavar="ACTION")
         p.set_defaults(func=lambda args: p.print_help() or 2)
         return {c.name: c.add_parser(sub) for c in self.commands}

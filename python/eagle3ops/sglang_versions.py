@@ -76,8 +76,8 @@ class UnknownVersion(ValueError):
 def unknown_message(version) -> str:
     return (
         f"sglang version {version!r} is not supported by eagle3ops; known versions: {', '.join(KNOWN)}. "
-        "Set sglang_version (or --sglang-version) to one of those, or add an entry (capture patch hunks + "
-        "sha256, layer-id rules) in eagle3ops/sglang_versions.py and eagle3ops/sglang_patch.py."
+        "Set eagle3ops_sglang_version (or --sglang-version) to one of those, or add an entry (capture patch "
+        "hunks + sha256, layer-id rules) in eagle3ops/sglang_versions.py and eagle3ops/extract/sglang_patch.py."
     )
 
 

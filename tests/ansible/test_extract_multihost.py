@@ -10,7 +10,7 @@ nspawn hosts over ssh: tests/hosts/test_multihost_nspawn.py.
 
 Proves: disjoint shares (each store holds exactly its ranks' rows), the killed host's rows picked up by it on
 the re-run while the other host does nothing (changed=0), no row extracted twice (each row in exactly one
-manifest line over both stores), the union byte-identical to a one-host run, and `eagle3ops status` over both
+manifest line over both stores), the union byte-identical to a one-host run, and `eagle3ops extract-status` over both
 stores (complete, nothing done twice).
 """
 
@@ -39,18 +39,21 @@ from tinymodels import build_prepared_dataset
 pytestmark = [pytest.mark.slow]
 
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7, 14, 3, 26, 11]
-WAIT = "Extract | Wait for this host's share of the extraction (a host lost meanwhile drops out; the others go on)"
+WAIT = "Extract | Collect the extraction's result (a host lost meanwhile drops out; the others go on)"
 SUMMARY = "Extract | Sum up the extraction over every host that shares the rows"
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-def _inventory(tmp: Path, stores: dict[str, tuple[Path, int]]) -> Path:
+def _inventory(
+    tmp: Path, stores: dict[str, tuple[Path, int]], executables: dict[str, Path] | None = None
+) -> Path:
     hosts = {
         name: {
             "ansible_connection": "local",
             "ansible_python_interpreter": sys.executable,
             "extract_data_dir": str(data),
             "extract_workers": str(workers),
+            "extract_executable": str((executables or {}).get(name, BIN / "eagle3ops")),
         }
         for name, (data, workers) in stores.items()
     }
@@ -59,13 +62,35 @@ def _inventory(tmp: Path, stores: dict[str, tuple[Path, int]]) -> Path:
     return inv
 
 
-def _kill_when_written(data: Path, rows: int, killed: dict) -> None:
-    """SIGKILL the extraction holding ``data`` once it has recorded ``rows`` rows (its lock's holder PID)."""
+def _paused_eagle3ops(tmp: Path) -> tuple[Path, Path]:
+    """An ``eagle3ops`` for one host of the inventory whose extraction workers each stop before their 3rd file's
+    rename until GO exists (tests/reliability/faulthook, ``pause:replace:3``): that host cannot finish its share
+    before the test kills it, however slow the test's own polling is (a loaded machine let it finish first).
+    Returns the executable and GO (``GO.paused`` appears when a worker waits there)."""
+    go = tmp / "go-paused"
+    exe = tmp / "eagle3ops-paused"
+    faulthook = REPO / "tests" / "reliability" / "faulthook"
+    exe.write_text(
+        "#!/bin/sh\n"
+        f'export PYTHONPATH="{faulthook}${{PYTHONPATH:+:$PYTHONPATH}}" E3_FAULT=pause:replace:3 E3_FAULT_GO="{go}"\n'
+        f'exec "{BIN / "eagle3ops"}" "$@"\n'
+    )
+    exe.chmod(0o755)
+    return exe, go
+
+
+def _kill_when_written(data: Path, rows: int, killed: dict, paused: Path) -> None:
+    """SIGKILL the extraction holding ``data`` once it has recorded ``rows`` rows and a worker waits at its
+    pause (``paused`` exists; its lock's holder PID: the workers die with it)."""
     from eagle3ops.runlock import holder
 
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        if (data / "hidden_states").is_dir() and len(manifest_rows(data, torn_ok=True)) >= rows:
+        if (
+            paused.exists()
+            and (data / "hidden_states").is_dir()
+            and len(manifest_rows(data, torn_ok=True)) >= rows
+        ):
             h = holder(data)
             if h and h.get("pid"):
                 os.kill(int(h["pid"]), signal.SIGKILL)  # the extraction this test's playbook started
@@ -81,24 +106,26 @@ def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path, tmp_pa
     for d in (a, b, ref):
         d.parent.mkdir(parents=True)
         subprocess.run(["cp", "-r", str(prepared), str(d)], check=True)
-    # hostA brings 1 worker (global rank 0), hostB 2 (ranks 1, 2): world 3
-    inv = _inventory(tmp_path, {"hostA": (a, 1), "hostB": (b, 2)})
+    # hostA brings 1 worker (global rank 0), hostB 2 (ranks 1, 2): world 3; hostB's workers pause mid-share
+    paused_exe, go = _paused_eagle3ops(tmp_path)
+    inv = _inventory(tmp_path, {"hostA": (a, 1), "hostB": (b, 2)}, {"hostB": paused_exe})
     xv = {
         "extract_model_path": str(model),
         "extract_device": "cpu",
         "extract_max_batch_tokens": 1,  # one row per batch: byte identity needs the same batch shapes
         "extract_writer_threads": 1,
         "extract_poll_interval": 1,
-        "extract_executable": str(BIN / "eagle3ops"),
     }
     env = {**os.environ, **ENV}
     killed: dict = {}
-    killer = threading.Thread(target=_kill_when_written, args=(b, 2, killed), daemon=True)
+    killer = threading.Thread(
+        target=_kill_when_written, args=(b, 2, killed, Path(f"{go}.paused")), daemon=True
+    )
     killer.start()
     r1 = run_playbook(
         REPO / "playbooks" / "extract.yml", inv, extravars=xv, envvars=ENV, private_data_dir=tmp_path / "r1"
     )
-    killer.join(timeout=5)
+    killer.join(timeout=60)
     assert killed, f"hostB's extraction was never seen writing: {r1.summary()}"
     assert r1.host("hostA")["failed"] == 0 and r1.host("hostB")["failed"] == 1, r1.summary()
     (summary,) = r1.task_results(SUMMARY)
@@ -109,7 +136,8 @@ def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path, tmp_pa
     left = [i for i in range(len(LENGTHS)) if i % 3 and i not in manifest_rows(b, torn_ok=True)]
     assert left, "hostB finished before it was killed: the test proves nothing about the re-run"
 
-    # the re-run: hostA has nothing to do, hostB extracts only what it had left
+    # the re-run: hostA has nothing to do, hostB extracts only what it had left (with the plain eagle3ops)
+    inv = _inventory(tmp_path, {"hostA": (a, 1), "hostB": (b, 2)})
     r2 = run_playbook(
         REPO / "playbooks" / "extract.yml", inv, extravars=xv, envvars=ENV, private_data_dir=tmp_path / "r2"
     )
@@ -142,7 +170,7 @@ def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path, tmp_pa
 
     # one view over both stores
     st = subprocess.run(
-        [str(BIN / "eagle3ops"), "status", "--data", str(a), "--data", str(b), "--json"],
+        [str(BIN / "eagle3ops"), "extract-status", "--data", str(a), "--data", str(b), "--json"],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert st.returncode == 0, st.stderr

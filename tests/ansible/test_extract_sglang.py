@@ -39,7 +39,8 @@ SPEC = sglang_patch.SPECS["0.5.23"]
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7]
 LAYERS = [2, 4, 5]  # [2, N//2, N-3] of the 8-layer tiny target: what both roles resolve by default
 PATCH_TASK = "SGLang | Capture patch in deepseek_v2.py"
-EXTRACT_TASK = "Extract | Extract target hidden states through the patched SGLang server"
+# the run's result (the extraction task starts an async job; this one collects what the job returned)
+EXTRACT_TASK = "Extract | Collect the result of the extraction through SGLang"
 RESTORE_TASK = "Extract | Restore the capture patch byte-exact (SGLang as shipped; serving needs it)"
 
 

@@ -4,7 +4,7 @@ and plans again, instead of starting a second one.
 Real: the phase playbook (playbooks/extract.yml) through ansible-runner on this machine (inventory/local, the
 module, the CLI, the lock); the still-running extraction is a real ``eagle3ops extract`` process (what a Ctrl-C'd
 playbook leaves behind: its async job keeps running). Test-only: faulthook pauses that process at a rename
-(``E3_FAULT=pause:replace:4``) and lets it go on a few seconds after the playbook started, so it is provably
+(``E3_FAULT=pause:replace:4``) and lets it go on once the role's plan task has ended, so it is provably
 running while the role plans. Fails on the main of 2026-12-01: the role started a second extraction that
 wrote every row again (no lock, no wait task).
 """
@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from store_helpers import manifest_rows
 from tinymodels import build_prepared_dataset, build_tiny_target
 
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7]
+PLAN_TASK = "Extract | Work out what is left to extract (reads the manifests only)"
 WAIT_TASK = "Extract | Wait for the extraction already running on this data directory, then plan again"
 EXTRACT_TASK = "Extract | Extract target hidden states for every prepared row"
 
@@ -61,8 +61,14 @@ def test_rerun_waits_for_the_running_extraction_and_does_only_what_is_left(tmp_p
             assert running.poll() is None, running.communicate()
             assert time.monotonic() < deadline, "the running extraction never reached its pause"
             time.sleep(0.05)
-        # let it go on once the playbook is under way (the role's plan sees it running, then waits for it)
-        threading.Timer(15, go.touch).start()
+        # let it go on once the role's plan has seen it running (the role then waits for it); a fixed 15 s timer
+        # released it too early when the playbook started slowly on a loaded machine
+
+        def release_after_the_plan(ev):
+            data = ev.get("event_data") or {}
+            if data.get("task") == PLAN_TASK and ev.get("event") in ("runner_on_ok", "runner_on_failed"):
+                go.touch()
+
         xv = {
             "extract_model_path": str(model),
             "extract_data_dir": str(data),
@@ -76,8 +82,9 @@ def test_rerun_waits_for_the_running_extraction_and_does_only_what_is_left(tmp_p
             REPO / "inventory" / "local",
             extravars=xv,
             private_data_dir=tmp_path / "runner",
+            on_event=release_after_the_plan,
         )
-        out, err = running.communicate(timeout=120)
+        out, err = running.communicate(timeout=300)
     finally:
         go.touch()
         if running.poll() is None:
@@ -86,7 +93,7 @@ def test_rerun_waits_for_the_running_extraction_and_does_only_what_is_left(tmp_p
     assert r.rc == 0, r.summary()
     assert running.returncode == 0, err[-3000:]
     assert json.loads(out.strip().splitlines()[-1])["written"] == len(LENGTHS)
-    (plan,) = r.task_results("Extract | Work out what is left to extract (reads the manifests only)")
+    (plan,) = r.task_results(PLAN_TASK)
     assert plan["running"] is True and plan["holder"]["pid"] == running.pid, plan
     (replan,) = r.task_results(WAIT_TASK)  # waited on the lock (the holder is a zombie until we reap it)
     assert replan["to_extract"] == 0 and replan["running"] is False, replan

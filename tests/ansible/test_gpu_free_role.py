@@ -25,6 +25,14 @@ REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = "playbooks/gpu_free.yml"
 
 
+def _wait_exec(p: subprocess.Popen) -> None:
+    """Until bash has exec'd ``sleep`` (60 s: a guard only, it is at once)."""
+    deadline = time.monotonic() + 60
+    while not Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep"):
+        assert time.monotonic() < deadline, f"bash (PID {p.pid}) never exec'd sleep"
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def inventory(tmp_path):
     """localhost, with the runtime phase's output preset as inventory/local does (runtime_eagle3ops_bin: this
@@ -78,10 +86,7 @@ def standin(tmp_path):
     def holder(env):
         p = subprocess.Popen(["bash", "-c", f"exec sleep 300 3<{dev}/nvidia0"], env={**os.environ, **env})
         procs.append(p)
-        for _ in range(500):
-            if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep"):
-                break
-            time.sleep(0.01)
+        _wait_exec(p)
         return p
 
     yield exe, config, holder
@@ -172,10 +177,7 @@ def test_two_hosts_one_combined_verdict_naming_the_host_and_gpu(run_playbook, tm
     summary = "GPU free | Sum up the GPUs of every host (fails naming each host and GPU that is not free)"
     holder = subprocess.Popen(["bash", "-c", f"exec sleep 300 3<{tmp_path}/hostB/dev/nvidia1"])
     try:
-        for _ in range(500):
-            if Path(f"/proc/{holder.pid}/cmdline").read_bytes().startswith(b"sleep"):
-                break
-            time.sleep(0.01)
+        _wait_exec(holder)
         (tmp_path / "hostB/nvml.json").write_text(json.dumps([{}, {"procs": {str(holder.pid): 1234}}]))
         r = run_playbook(play, inv, extravars=xv)
         assert r.rc != 0, r.summary()

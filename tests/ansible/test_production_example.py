@@ -39,7 +39,7 @@ DECISIONS = {
         "eagle3ops_model_path", "eagle3ops_conversations", "eagle3ops_extract_backend", "eagle3ops_tp_size",
         "prepare_inputs", "prepare_max_length", "prepare_trust_remote_code", "prepare_rows", "extract_layer_ids", "train_epochs",
         "train_total_seq_len",
-        "train_nproc", "serve_tp_size", "serve_state", "benchmark_prompts",
+        "train_nproc", "serve_tp_size", "serve_state", "benchmark_prompts", "eagle3ops_heldout_prompts",
     ],
     "group_vars/proxmox_hosts.yml": [
         "proxmox_container_vmid", "proxmox_container_cores", "proxmox_container_memory_mb",
@@ -84,6 +84,42 @@ def test_gpu_hosts_require_a_gpu_and_the_disk_is_a_documented_decision():
         assert hv[h].get("storage_disk", "") == "", "the shipped example must not name a disk to wipe"
         leaked = sorted(k for k in hv[h] if k.startswith(WORKLOAD_PREFIXES))
         assert not leaked, f"workload variables reach the PVE host {h}: {leaked}"
+
+
+# what only the user can provide (group_vars/gpu_hosts.yml marks each REQUIRED; README.md says how it gets onto
+# /data): the benchmark phase, the last one, needs held-out prompts, and empty they failed a full run at its end
+REQUIRED = ("eagle3ops_model_path", "eagle3ops_conversations", "eagle3ops_heldout_prompts")
+
+
+def test_the_required_inputs_are_set_marked_and_documented():
+    inv = _inventory()
+    hv = inv["_meta"]["hostvars"]
+    text = (INV / "group_vars" / "gpu_hosts.yml").read_text()
+    readme = (INV / "README.md").read_text()
+    for h in sorted(_members(inv, "gpu_hosts")):
+        for name in REQUIRED:
+            value = hv[h].get(name)
+            assert value, f"{h}: {name} is empty: the run would fail at the phase that reads it"
+            assert re.search(rf"^# REQUIRED: [^\n]*\n(#[^\n]*\n)*{name}: ", text, flags=re.M), (
+                f"{name} is not marked REQUIRED right above it"
+            )
+            for path in value if isinstance(value, list) else [value]:
+                assert f"`{path}`" in readme and f"`{name}`" in readme, (
+                    f"README.md does not say {name}: {path}"
+                )
+        # the benchmark reads them unless the inventory names other prompts (benchmark_prompts' default)
+        assert hv[h].get("benchmark_prompts", hv[h]["eagle3ops_heldout_prompts"]), h
+    for how in ("rsync", "huggingface-cli", "--tags storage"):
+        assert how in readme, f"README.md does not say how the inputs get onto /data ({how})"
+
+
+def test_no_internal_notes_in_the_example():
+    """The example is for users: no references to the project's own bookkeeping (issue numbers, session notes,
+    the user-pain list)."""
+    for f in sorted(p for p in INV.rglob("*") if p.is_file()):
+        text = f.read_text()
+        hits = re.findall(r"users?-pain[^\n]*|issue #?\d+[^\n]*|session \d+[^\n]*", text, flags=re.I)
+        assert not hits, f"{f.relative_to(REPO)}: {hits}"
 
 
 def test_every_decision_is_present_set_or_commented():

@@ -100,6 +100,7 @@ def small_local_default(workdir: str | os.PathLike) -> dict:
         "train_total_seq_len": 512,
         # the detached extraction is polled every extract_poll_interval (30 s by default): up to 30 s idle
         "extract_poll_interval": 2,
+        "train_poll_interval": 2,
     }
 
 
@@ -117,8 +118,11 @@ def run_playbook(
     envvars: dict | None = None,
     timeout: int = 900,
     private_data_dir: str | os.PathLike | None = None,
+    on_event=None,
 ) -> PlaybookResult:
-    """Run ``playbook`` (relative to the repository root, or absolute) against ``inventory``."""
+    """Run ``playbook`` (relative to the repository root, or absolute) against ``inventory``. ``on_event``: called
+    with each event while the playbook runs (ansible-runner's event dict), e.g. to act once a task has ended
+    instead of after a fixed sleep."""
     import ansible_runner
 
     pb = Path(playbook)
@@ -134,6 +138,9 @@ def run_playbook(
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "HF_HUB_OFFLINE": "1",
+        # ansible-runner puts its own callback directory in this variable, which overrides ansible.cfg's
+        # callback_plugins: name the project's too (callback_plugins/eagle3ops_progress.py)
+        "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "callback_plugins"),
         # The ansible-playbook of the interpreter running the tests (the repo's venv).
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         **(envvars or {}),
@@ -156,6 +163,7 @@ def run_playbook(
             envvars=env,
             quiet=True,
             timeout=timeout,
+            **({"event_handler": lambda ev: on_event(ev) or True} if on_event else {}),
         )
     finally:
         for s, h in kept.items():

@@ -12,7 +12,7 @@ STAND-INS, said here: the trainer is ``eagle3ops.ddp_probe`` (``train_trainer: d
 the same data, checkpoints and records), because speculators 0.9.0 cannot train over several CPU nodes
 (tests/unit/test_train_multinode.py pins why). The two stores are one synthetic store
 (``eagle3ops.train.fixtures.make_data_dir``, random hidden states) split by row parity into the layout a
-two-host extraction writes (``manifest-rank{r}.jsonl``, ``shard.json``) - checked with ``eagle3ops status`` over
+two-host extraction writes (``manifest-rank{r}.jsonl``, ``shard.json``) - checked with ``eagle3ops extract-status`` over
 both - instead of running the extraction (tests/hosts/test_multihost_nspawn.py does that on nspawn hosts). The
 hosts run the controller's venv and this checkout's ``python/`` (tests/hosts/multihost.py); the verifier is its
 ``config.json`` alone (all the phase reads of it), bound read-only into both.
@@ -45,7 +45,7 @@ SYNC_TASKS = (
     "Train | Copy every store's rows (each host's share of the hidden states)",
 )
 LAUNCH = "Train | Train the EAGLE-3 draft (idempotent, detached, resumable)"
-WAITED = "Train | Wait until the job ends on this node"
+WAITED = "Train | Read the finished run"  # after the watch of train_wait saw the job end on this node
 GATE = "Train | Check that every node can run the job before any node is touched"
 STOP = "Train | Stop this node's trainer of the old job (every node stops before any node starts)"
 CKPT_COPY = "Train | Copy the newest checkpoint to every node (each rank resumes from its own save path)"
@@ -226,7 +226,7 @@ def test_two_nodes_gather_the_rows_and_restart_together_from_the_newest_checkpoi
         **xv["train_env"],
         "EAGLE3OPS_PROBE_STEP_S": "0",
     }  # the trainer's environment, not its configuration
-    r4 = run_playbook("playbooks/train.yml", inv, extravars={**xv, "train_env": fast, "train_wait": True,
+    r4 = run_playbook("playbooks/train.yml", inv, extravars={**xv, "train_env": fast, "train_wait": True, "train_poll_interval": 1,
                                                             "train_wait_timeout": 300})  # fmt: skip
     assert r4.rc == 0, r4.summary()
     ra, rb = _result(r4, LAUNCH, a), _result(r4, LAUNCH, b)

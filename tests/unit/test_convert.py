@@ -298,7 +298,7 @@ def test_idempotent_check_mode_and_cli(base, tmp_path, capsys):
     from eagle3ops.cli import main
 
     out = tmp_path / "draft"
-    argv = ["convert", "--checkpoint", str(base["ckpt1"].parent / "ckpt1"), "--out", str(out), "--json"]
+    argv = ["serve-convert", "--checkpoint", str(base["ckpt1"].parent / "ckpt1"), "--out", str(out), "--json"]
     assert main([*argv, "--check"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["changed"] is True and not out.exists()
@@ -322,6 +322,6 @@ def test_idempotent_check_mode_and_cli(base, tmp_path, capsys):
     ]
     # a refused checkpoint: exit 2, JSON with the message
     bad = edit_config(base["ckpt1"], tmp_path / "bad", norm_before_residual=True)
-    assert main(["convert", "--checkpoint", str(bad), "--out", str(tmp_path / "o"), "--json"]) == 2
+    assert main(["serve-convert", "--checkpoint", str(bad), "--out", str(tmp_path / "o"), "--json"]) == 2
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["failed"] and "norm_before_residual" in res["msg"]

@@ -157,7 +157,7 @@ def test_cli_json_and_two_workers(data_dir, tiny_target):
     assert third["done_before"] == len(LENGTHS)  # as in one process: done before counts the adopted file
     st = json.loads(
         subprocess.run(
-            [sys.executable, "-m", "eagle3ops", "status", "--data", str(data_dir), "--json"],
+            [sys.executable, "-m", "eagle3ops", "extract-status", "--data", str(data_dir), "--json"],
             capture_output=True,
             text=True,
             check=True,

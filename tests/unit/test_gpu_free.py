@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from clock import VirtualClock
 from eagle3ops.gpu_free import check as gpu_check
 from eagle3ops.gpu_free import holders as gpu_holders
 from eagle3ops.gpu_free import nvml as gpu_nvml
@@ -58,13 +59,12 @@ def spawn(dev):
         cmd = f"{trap}exec {argv0}sleep 300{redirect}"
         p = subprocess.Popen(["bash", "-c", cmd], env={**os.environ, **(env or {})})
         procs.append(p)
-        deadline = time.time() + 5
-        while time.time() < deadline:  # wait until bash has exec'd sleep
-            try:
+        deadline = time.monotonic() + 60  # a guard only: bash execs sleep at once
+        while True:  # wait until bash has exec'd sleep
+            with contextlib.suppress(OSError):
                 if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep"):
                     break
-            except OSError:
-                pass
+            assert time.monotonic() < deadline, f"bash (PID {p.pid}) never exec'd sleep"
             time.sleep(0.01)
         return p
 
@@ -83,6 +83,16 @@ def free_pid() -> int:
     return pid
 
 
+@pytest.fixture
+def clock(monkeypatch):
+    """The checkpoint's clock, injected: its time moves only by its own polls' sleeps, so what it reports
+    (``seconds_to_free``, ``seconds_waited``) and when it gives up do not depend on the machine's speed. The
+    stop's grace period (gpu_free/stop.py) keeps the real clock: it waits for real processes."""
+    c = VirtualClock()
+    monkeypatch.setattr(gpu_check, "time", c)
+    return c
+
+
 def run(nvml, dev, **kw):
     kw.setdefault("timeout_s", 2)
     kw.setdefault("poll_s", 0.02)
@@ -93,7 +103,7 @@ def run(nvml, dev, **kw):
 # --------------------------------------------------------------------------- memory rule
 
 
-def test_idle_gpus_are_free_with_v2_reserved_memory_reported_apart(dev):
+def test_idle_gpus_are_free_with_v2_reserved_memory_reported_apart(dev, clock):
     nvml = StandInNVML([{"reserved": 615}, {"reserved": 615}])
     r = run(nvml, dev)
     assert r["free"] is True and r["changed"] is False
@@ -101,7 +111,7 @@ def test_idle_gpus_are_free_with_v2_reserved_memory_reported_apart(dev):
     assert [g["reserved_mib"] for g in r["gpus"]] == [615, 615]
     assert {g["memory_source"] for g in r["gpus"]} == {"v2"}
     assert nvml.calls["v1"] == 0
-    assert r["seconds_to_free"] < 1
+    assert r["seconds_to_free"] == 0 and clock.sleeps == []  # free at the first look: no poll waited
 
 
 def test_old_driver_falls_back_to_v1_minus_allowance(dev):
@@ -143,13 +153,14 @@ def test_gpu_selection_by_index_and_uuid_and_unknown(dev):
 # --------------------------------------------------------------------------- holders
 
 
-def test_foreign_holder_fails_with_pid_user_cmdline_and_mib(dev, spawn):
+def test_foreign_holder_fails_with_pid_user_cmdline_and_mib(dev, spawn, clock):
     p = spawn(0)
     nvml = StandInNVML([{"procs": {p.pid: 40960}}, {}])
-    t0 = time.monotonic()
     with pytest.raises(gpu_nvml.GpuFreeError) as e:
-        run(nvml, dev, timeout_s=0.5)
-    assert 0.5 <= time.monotonic() - t0 < 3  # waited the timeout, not longer
+        run(nvml, dev, timeout_s=0.5, poll_s=0.02)
+    # waited the timeout, not longer: polls of 0.02 s up to the deadline, the last one cut to it
+    assert e.value.details["seconds_waited"] == 0.5 and clock.elapsed == pytest.approx(0.5)
+    assert max(clock.sleeps) <= 0.02 and len(clock.sleeps) >= 25
     assert alive(p.pid), "a holder that is not allow-listed must never be signalled"
     (h,) = e.value.details["holders"]
     assert h["pid"] == p.pid and h["gpus"] == {0: 40960.0}
@@ -160,24 +171,24 @@ def test_foreign_holder_fails_with_pid_user_cmdline_and_mib(dev, spawn):
     assert e.value.details["gpus"][1]["free"] is True
 
 
-def test_holder_exiting_by_itself_within_timeout_passes(dev, spawn):
+def test_holder_exiting_by_itself_within_timeout_passes(dev, spawn, clock):
     p = spawn(0)
     nvml = StandInNVML([{"procs": {p.pid: 1000}}])
-    subprocess.Popen(["bash", "-c", f"sleep 0.3; kill {p.pid}"])
-    r = run(nvml, dev, timeout_s=5)
+    clock.at(0.3, lambda: (os.kill(p.pid, signal.SIGTERM), p.wait()))  # it ends 0.3 s into the wait
+    r = run(nvml, dev, timeout_s=5, poll_s=0.02)
     assert r["free"] and r["changed"] is False and r["stopped"] == []
-    assert 0.3 <= r["seconds_to_free"] < 3
+    assert 0.3 <= r["seconds_to_free"] <= 0.32  # the first look after it left, not the timeout
 
 
-def test_allow_listed_by_run_id_in_environment_is_stopped(dev, spawn):
+def test_allow_listed_by_run_id_in_environment_is_stopped(dev, spawn, clock):
     mine = spawn(0, env={gpu_holders.RUN_ID_VAR: "extract-42"})
     nvml = StandInNVML([{"procs": {mine.pid: 40960}}])
     r = run(nvml, dev, allow=gpu_holders.AllowList(run_ids=["extract-42"]))
     assert r["free"] and r["changed"]
     (s,) = r["stopped"]
     assert s["pid"] == mine.pid and s["allowed_by"] == "run_id:extract-42" and s["action"] == "stopped"
-    assert mine.wait(timeout=5) == -signal.SIGTERM
-    assert r["seconds_from_stop_to_free"] < 1
+    assert mine.wait(timeout=60) == -signal.SIGTERM
+    assert r["seconds_from_stop_to_free"] == 0  # the stop waited for its exit: free at the next look
 
 
 def test_run_id_as_command_line_token_and_other_run_ids_untouched(dev, spawn):
@@ -203,7 +214,7 @@ def test_cmdline_pattern_and_sigkill_after_grace(dev, spawn):
         grace_s=0.5,
     )
     assert r["free"] and r["stopped"][0]["action"] == "killed"
-    assert stubborn.wait(timeout=5) == -signal.SIGKILL
+    assert stubborn.wait(timeout=60) == -signal.SIGKILL
     assert time.monotonic() - t0 >= 0.5  # SIGTERM was given its grace period first
 
 
@@ -273,7 +284,7 @@ def test_inside_a_container_the_allow_listed_local_process_behind_a_host_pid_is_
     assert r["free"] and [w["pid"] for w in r["would_stop"]] == [local.pid] and alive(local.pid)
     r = run(nvml, dev, allow=allow)
     assert r["free"] and [(x["pid"], x["source"]) for x in r["stopped"]] == [(local.pid, "device-file")]
-    assert local.wait(timeout=5) == -signal.SIGTERM and alive(bystander.pid)
+    assert local.wait(timeout=60) == -signal.SIGTERM and alive(bystander.pid)
 
 
 def test_memory_used_by_no_listed_process_names_the_device_users(dev, spawn):
@@ -418,7 +429,7 @@ def test_allow_listed_unit_is_stopped_by_signal_without_systemd(dev, spawn, cgro
     nvml = StandInNVML([{"procs": {p.pid: 1000}}, {}])
     r = run(nvml, dev, allow=gpu_holders.AllowList(units=["sglang-*.service"]), gpus=["0"])
     assert r["free"] and r["stopped"][0]["allowed_by"] == "unit:sglang-*.service"
-    assert p.wait(timeout=5) == -signal.SIGTERM and alive(q.pid)
+    assert p.wait(timeout=60) == -signal.SIGTERM and alive(q.pid)
 
 
 def _systemctl_standin(tmp_path, monkeypatch, then: str = "") -> Path:
@@ -447,7 +458,7 @@ def test_allow_listed_unit_is_stopped_with_systemctl_when_systemd_runs(
     r = run(nvml, dev, allow=gpu_holders.AllowList(units=["vllm.service"]))
     assert r["free"] and r["stopped"][0]["action"] == "systemctl-stopped"
     assert log.read_text().split() == ["stop", "vllm.service"]
-    assert p.wait(timeout=5) == -signal.SIGTERM
+    assert p.wait(timeout=60) == -signal.SIGTERM
 
 
 @needs_cgroup_root
@@ -464,7 +475,7 @@ def test_unit_inside_a_container_is_signalled_not_systemctl_stopped(
     (s,) = r["stopped"]
     assert s["container"] == "lxc:105" and s["unit"] == "vllm.service" and s["action"] == "stopped"
     assert not log.exists()
-    assert p.wait(timeout=5) == -signal.SIGTERM
+    assert p.wait(timeout=60) == -signal.SIGTERM
 
 
 @needs_cgroup_root

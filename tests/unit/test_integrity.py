@@ -2,7 +2,7 @@
 and the target model cannot change under a resumed run.
 
 Real parts: the store, real safetensors files written by the real writer (``HiddenStateStore.write_sample`` over
-:func:`eagle3ops.store.sample_parts`), the real planner, ``status``, the ``eagle3ops verify`` CLI, the train
+:func:`eagle3ops.store.sample_parts`), the real planner, ``status``, the ``eagle3ops extract-verify`` CLI, the train
 phase's completeness check, and a real tiny target directory (``config.json`` + ``model.safetensors``).
 STAND-IN: the hidden states' *values* are random tensors of the right shapes instead of the tiny target's own
 states (the planner and the checks never look at values; the one test that runs the real extraction is

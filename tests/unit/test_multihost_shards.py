@@ -2,7 +2,7 @@
 several stores.
 
 Real: the store and its writer (real safetensors files, manifests), ``extract --plan`` through the CLI with a
-real tiny target directory, ``shard.json``, ``eagle3ops status`` with several ``--data``. STAND-IN: the hidden
+real tiny target directory, ``shard.json``, ``eagle3ops extract-status`` with several ``--data``. STAND-IN: the hidden
 states' values are random tensors of the right shapes (the planner and status never read values; the real
 extraction over hosts is tests/ansible/test_extract_multihost.py).
 """

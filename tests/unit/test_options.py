@@ -93,7 +93,10 @@ def test_every_phase_definition_is_shipped_and_found():
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict:
-    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    """{name: parser} of the sub-commands under ``parser``, by their current names (an older name a command
+    keeps as an alias, ``status`` for ``extract-status``, is the same parser: tests/unit/test_cli_help.py)."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: action.choices[a.dest] for a in action._choices_actions}
 
 
 @functools.cache
@@ -499,7 +502,7 @@ API_DEFAULTS = [
     ),
     (
         "eagle3ops.extract.sglang_client.SGLangExtractConfig",
-        "sglang-extract",
+        "extract-sglang",
         {"data_dir": "data", "model_path": "model", "margin_frac": "margin"},
         {},
     ),
@@ -516,7 +519,7 @@ API_DEFAULTS = [
         {"gpus": "None selects every GPU, the option's ['all'] too"},
     ),
     ("eagle3ops.train.spec.TrainSpec", "train", {"extra": "extra_config"}, {}),
-    ("eagle3ops.serve.convert.convert", "convert", {}, {}),
+    ("eagle3ops.serve.convert.convert", "serve-convert", {}, {}),
     ("eagle3ops.benchmark.acceptance.run", "benchmark-acceptance", {}, {}),
     ("eagle3ops.host.storage.plan", "storage plan", {}, {}),
     ("eagle3ops.demo.build_demo", "demo", {}, {}),

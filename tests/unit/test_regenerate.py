@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -255,7 +256,30 @@ def test_bad_rows_are_named_and_the_accounting_adds_up(server, tmp_path):
     assert [rec["id"] for rec in iter_output(out)] == ["sg0", "sg4", "m1"]
 
 
+def _request_timeout_for(server) -> float:
+    """A request timeout that an ordinary request of ``server`` does not reach on this machine now: 20 times the
+    slowest of five measured ones, at least 2 s. (The hung request waits for exactly this timeout: the stand-in
+    holds it until the client gives up; a fixed 0.5 s timed ordinary requests out on a loaded machine.)"""
+    slowest = 0.0
+    for i in range(5):
+        t0 = time.monotonic()
+        with urllib.request.urlopen(
+            urllib.request.Request(
+                server.url + "/v1/chat/completions",
+                json.dumps({"messages": [{"role": "user", "content": f"calibrate {i}"}]}).encode(),
+                {"Content-Type": "application/json"},
+            ),
+            timeout=60,
+        ) as r:
+            assert r.status == 200
+        slowest = max(slowest, time.monotonic() - t0)
+    server.requests.clear()
+    server.statuses.clear()
+    return max(2.0, 20 * slowest)
+
+
 def test_retries_timeouts_and_failed_conversations(server, tmp_path):
+    timeout = _request_timeout_for(server)
     rows = [_sharegpt(i) for i in range(6)]
     rows[1]["conversations"][2] = {"from": "human", "value": "FAIL this one"}
     rows[2]["conversations"][0] = {"from": "human", "value": "REJECT this one"}
@@ -264,10 +288,17 @@ def test_retries_timeouts_and_failed_conversations(server, tmp_path):
     src = _write(tmp_path / "in.jsonl", rows)
     out = tmp_path / "out.jsonl"
     server.fail_first, server.fail_when, server.reject_when = 2, "FAIL", "REJECT"
-    server.hang_when, server.hang_seconds, server.empty_when = "HANG", 2.0, "EMPTY"
+    server.hang_when, server.empty_when = "HANG", "EMPTY"
     delays: list[float] = []
     cfg = _cfg(
-        server, [src], out, concurrency=2, retries=3, backoff=0.01, request_timeout=0.5, sleep=delays.append
+        server,
+        [src],
+        out,
+        concurrency=2,
+        retries=3,
+        backoff=0.01,
+        request_timeout=timeout,
+        sleep=delays.append,
     )
     with pytest.raises(RegenerateError) as e:
         regenerate(cfg)
@@ -284,14 +315,14 @@ def test_retries_timeouts_and_failed_conversations(server, tmp_path):
     assert "turn 3: the target's answer is empty" in reasons[f"{src}:5"]
     assert "Re-run to retry them" in str(e.value) and not out.exists()  # on_error fail: OUT not assembled
     # 2 x 500 at the start, 3 retries of the FAIL request, 1 timeout of HANG: 6 backoffs; REJECT is never retried
-    assert len(delays) == 6
+    assert len(delays) == 6 and server.hangs_abandoned == 1  # the one timeout was HANG's, no other request's
     assert sorted(delays)[-1] <= 0.04 and min(delays) >= 0.005  # 0.01 * 2**k with jitter in [0.5, 1)
     assert server.statuses.count(400) == 1
     done = read_done(paths_for(out)[4])
     assert sorted(done.entries) == [0, 3, 5]  # the conversation whose first attempt hung was retried and done
 
     # on_error skip writes OUT without them; their reasons are in OUT.failures
-    r = regenerate(_cfg(server, [src], out, on_error="skip", request_timeout=0.5))
+    r = regenerate(_cfg(server, [src], out, on_error="skip", request_timeout=timeout))
     assert (r["num_written"], r["num_failed"], r["num_skipped"]) == (3, 3, 0) and r["generated"] == 0
     assert [x["id"] for x in iter_output(out)] == ["sg0", "sg3", "sg5"]
     assert [json.loads(x)["kind"] for x in Path(r["failures_file"]).read_text().splitlines()] == [

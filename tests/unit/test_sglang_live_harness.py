@@ -84,10 +84,11 @@ def test_a_role_task_is_found_by_its_name_without_the_role_prefix():
 def test_lane_smol_playbook_waits_for_lane_demo_to_restore_the_shared_install(tmp_path, monkeypatch):
     """Both lanes share one SGLang install; lane demo patches it while capturing and the serve phase refuses a
     patched file, so lane smol's playbook waits until lane demo's result.json says the patch was looked at again
-    (after its restore) or lane demo ended; never longer than the timeout."""
+    (after its restore) or lane demo ended; never longer than the timeout. The wait runs on an injected clock
+    (tests/clock.py): its seconds are its own 2-s polls, so the bounds below hold on a loaded machine too."""
     import json
-    import threading
-    import time
+
+    from clock import VirtualClock
 
     monkeypatch.setattr(L, "W", tmp_path)
     (tmp_path / "demo").mkdir()
@@ -95,20 +96,22 @@ def test_lane_smol_playbook_waits_for_lane_demo_to_restore_the_shared_install(tm
     res.write_text(json.dumps({"patch_apply": {"state": "applied"}}))
     L.DEMO_QUIET.clear()
     try:
-        threading.Timer(
-            2.5, lambda: res.write_text(json.dumps({"patch_status_after": {"state": "pristine"}}))
-        ).start()
-        t = time.time()
+        clock = VirtualClock()
+        monkeypatch.setattr(L, "time", clock)
+        clock.at(2.5, lambda: res.write_text(json.dumps({"patch_status_after": {"state": "pristine"}})))
         got = L.demo_capture_over(timeout=60)
-        assert 2.5 <= time.time() - t < 10 and got["demo_ended"] is False and 2 <= got["s"] < 10, got
+        # restored 2.5 s in: seen at the next poll (4 s), long before the timeout
+        assert got == {"s": 4.0, "demo_ended": False} and clock.elapsed == 4.0, got
 
         res.write_text("{}")  # lane demo still capturing: bounded by the timeout
-        t = time.time()
+        clock = VirtualClock()
+        monkeypatch.setattr(L, "time", clock)
         got = L.demo_capture_over(timeout=1)
-        assert 1 <= time.time() - t < 5 and got["demo_ended"] is False
+        assert got == {"s": 2.0, "demo_ended": False}, got  # one poll, then the timeout
 
         L.DEMO_QUIET.set()  # lane demo ended (or is not run): no wait
-        t = time.time()
-        assert L.demo_capture_over(timeout=60)["demo_ended"] is True and time.time() - t < 1
+        clock = VirtualClock()
+        monkeypatch.setattr(L, "time", clock)
+        assert L.demo_capture_over(timeout=60) == {"s": 0.0, "demo_ended": True} and clock.sleeps == []
     finally:
         L.DEMO_QUIET.clear()

@@ -223,7 +223,7 @@ def test_an_unknown_version_is_refused_with_the_known_ones(tmp_path):
         sglang_patch.apply(f, "0.5.99")
     for cmd in (
         ["sglang-patch", "status", "--file", str(f)],
-        ["sglang-extract", "--data", "d", "--model", "m"],
+        ["extract-sglang", "--data", "d", "--model", "m"],
     ):
         r = subprocess.run(
             [sys.executable, "-m", "eagle3ops", *cmd, "--sglang-version", "0.5.99", "--json"],

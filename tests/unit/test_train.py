@@ -308,19 +308,21 @@ def test_liveness_needs_matching_command_line_and_ignores_zombies(tmp_path):
         [
             sys.executable,
             "-c",
-            "import time; time.sleep(3)",
+            "import time; time.sleep(300)",
             "eagle3ops.speculators_shim",
             "--config",
             str(cfg),
         ]
     )
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a guard: its command line is there from the exec
     while not train_launch.is_our_trainer(fake.pid, cfg) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert train_launch.is_our_trainer(fake.pid, cfg)
+    assert train_launch.is_our_trainer(fake.pid, cfg)  # it sleeps 300 s: still there however slow this is
     assert not train_launch.is_our_trainer(fake.pid, tmp_path / "other.yaml")
     fake.kill()
-    time.sleep(0.3)  # not reaped yet: a zombie
+    deadline = time.monotonic() + 60  # not reaped yet: a zombie once the kill has taken effect
+    while train_launch._proc_state(fake.pid) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert train_launch._proc_state(fake.pid) == "Z"
     assert not train_launch.is_our_trainer(fake.pid, cfg)
     fake.wait()
@@ -370,7 +372,7 @@ def test_a_trainer_known_only_from_the_pid_file_is_never_doubled(inputs, tmp_pat
     )
     try:
         (run / train_spec.PIDFILE).write_text(f"{fake.pid}\n")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a guard: its command line is there from the exec
         while (
             not train_launch.is_our_trainer(fake.pid, run / train_spec.CONFIG) and time.monotonic() < deadline
         ):

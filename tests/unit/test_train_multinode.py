@@ -130,10 +130,9 @@ def test_a_stopped_trainer_takes_the_workers_of_its_own_sessions_along(tmp_path)
         state = {"pid": agent.pid, "launcher": "setsid"}
         assert train_launch.is_our_trainer(agent.pid, cfg) and alive(child)
         assert train_launch.stop_run(tmp_path, state, grace_s=1)
-        agent.wait(timeout=10)
-        for _ in range(100):
-            if not alive(child):
-                break
+        agent.wait(timeout=60)
+        deadline = time.monotonic() + 60  # a guard: the stop SIGKILLs it; gone once the kernel has done that
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not alive(child), "the worker in its own session outlived the stop"
     finally:
@@ -212,10 +211,9 @@ def test_a_stop_lets_the_ranks_save_while_their_loader_workers_still_run(tmp_pat
             "loader_alive_at_save": True,
             "loader_exitcode": None,
         }
-        agent.wait(timeout=30)
-        for _ in range(100):
-            if not alive(loader):
-                break
+        agent.wait(timeout=60)
+        deadline = time.monotonic() + 60  # a guard, as above
+        while alive(loader) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not alive(loader) and not alive(ranks[0])
     finally:

@@ -90,6 +90,7 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
         "train_total_seq_len": 384,
         "train_draft_vocab_size": 64,
         "train_wait": False,
+        "train_poll_interval": 1,
     }
     vars_file = base / "vars.json"
     vars_file.write_text(json.dumps(v))
@@ -120,13 +121,28 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
     st = train_run.status(str(run_dir))
     assert st["status"] == "killed" and st["resume_from"]["epoch"] >= 0
 
-    # 3. re-running the phase relaunches and resumes from the checkpoint (wait: true blocks until done)
+    # 3. re-running the phase relaunches and resumes from the checkpoint (wait: true watches it until done, each
+    # poll printing the step, steps/s, ETA and the log: issue #32)
     v["train_wait"] = True
     vars_file.write_text(json.dumps(v))
     rc, out = playbook(vars_file, "--diff")
     assert rc == 0, out[-3000:]
     assert changed_count(out) == 1
-    assert '"status": "killed"' in out and '"status": "finished"' in out  # the diff: killed -> finished
+    # the relaunch's diff: killed -> running
+    assert '"status": "killed"' in out and '"status": "running"' in out
+    assert f"run {run_dir}: finished" in out  # the report, once the watch saw it end
+    polls = re.findall(
+        rf"^  \[localhost\] (train: .*; log: {re.escape(str(run_dir / 'train.log'))})$", out, re.M
+    )
+    # the trainer imports torch for seconds before its first step: it is polled while it runs
+    assert polls, out[-3000:]
+    for line in polls:
+        assert re.fullmatch(
+            r"train: \d+(/\d+ steps \(\d+%\)| steps \(of a total not known yet\)), ([\d.e+-]+ steps/s|steps/s not "
+            r"measured yet), ETA (\d+:\d\d:\d\d|\?); running(; epoch \d+ of 4)?(; total from max_steps|; total ~\d+ steps/epoch x 4 epochs)?; "
+            r"log: .*",
+            line,
+        ), line
     state = json.loads((run_dir / train_spec.STATE).read_text())
     assert state["attempt"] == 2
     resumed = state["resume_from"]

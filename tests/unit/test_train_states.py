@@ -27,7 +27,7 @@ with open(os.environ["EAGLE3OPS_METRICS"], "a") as f:
     f.write(json.dumps({"kind": "train", "time": time.time(), "step": 0,
                         "data": {"train": {"loss": 1.0}, "global_step": 0, "epoch": 0}}) + "\n")
 if mode == "sleep":
-    time.sleep(120)
+    time.sleep(900)  # until the test stops it (the test's own limit)
 elif mode == "finish":
     time.sleep(0.5)
     with open(os.environ["EAGLE3OPS_METRICS"], "a") as f:
@@ -70,7 +70,7 @@ def _behave(run: Path, mode: str) -> None:
     (run / "behaviour").write_text(mode)
 
 
-def _wait_dead(pid: int, run: Path, timeout: float = 20) -> None:
+def _wait_dead(pid: int, run: Path, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while train_launch.is_our_trainer(pid, run / train_spec.CONFIG):
         assert time.monotonic() < deadline, f"PID {pid} still running"

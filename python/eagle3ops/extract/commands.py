@@ -22,7 +22,7 @@ def register(sub) -> None:
     verify.register(sub)
 
 
-def _config(args):
+def _config(args, log=None):
     from eagle3ops.extract.session import ExtractConfig
 
     return ExtractConfig(
@@ -49,6 +49,7 @@ def _config(args):
         world_size=args.world_size or 1,
         rank=args.rank or 0,
         margin_bytes=disk_margin_bytes(args.disk_margin_mib),
+        log_path=str(log) if log else None,
     )
 
 
@@ -87,6 +88,7 @@ def cmd_extract(args) -> int:
     from eagle3ops.extract.errors import ExtractError
     from eagle3ops.extract.session import plan_extraction
     from eagle3ops.extract.shards import check_shard
+    from eagle3ops.extract.status import run_log, run_progress
     from eagle3ops.extract.transformers_backend import run_extraction
     from eagle3ops.extract.workers import host_share, num_workers, spawn_workers, worker_start
     from eagle3ops.runlock import RunLock, holder, wait_free
@@ -117,6 +119,10 @@ def cmd_extract(args) -> int:
                 or res.get("duplicate_manifest_lines", 0) > 0
             )
             res.update(running=running is not None, holder=running)
+            if running:  # what an Ansible poll of the running extraction shows (roles/extract)
+                res["progress"] = run_progress(
+                    args.data, res["total"] - res["to_extract"], res["total"], running
+                )
             emit(
                 args,
                 res,
@@ -133,13 +139,13 @@ def cmd_extract(args) -> int:
             return 0
         ranks = _host_ranks(args)
         n = len(ranks) if ranks else (num_workers(args.workers) if args.rank is None else 1)
-        with RunLock(args.data, what="extract") as lock:
+        with RunLock(args.data, what="extract") as lock, run_log(args.data, "extract") as log:
             if ranks:  # one host's share of a multi-host extraction
                 shard = check_shard(args.data, args.world_size, ranks, write=True)
-                res = host_share(_config(args), sys.argv[1:], ranks, args.world_size, lock)
+                res = host_share(_config(args, log), sys.argv[1:], ranks, args.world_size, lock)
                 res["shard"] = shard
             else:
-                cfg = _config(args)
+                cfg = _config(args, log)
                 res = spawn_workers(cfg, sys.argv[1:], n, lock) if n > 1 else run_extraction(cfg)
             res.update(lock.result_fields())
     except (ExtractError, StoreError, ValueError) as e:

@@ -54,6 +54,13 @@ WAIT_RUNNING = Option(
 PROGRESS = Option(
     "progress", "bool", default=True, param=False, module_value=False, help="a progress bar on stderr"
 )
+JOB_FILE = Option(
+    "job_file",
+    "path",
+    cli=False,
+    role=False,  # the role passes the results file of the async job it started
+    help="check mode: the Ansible async job's results file; the result says whether that job has finished",
+)
 
 EXTRACT = Command(
     "extract",
@@ -132,13 +139,15 @@ EXTRACT = Command(
             help="compare the target by a hash of every weight byte (slow) instead of sizes, mtimes and headers",
         ),
         WAIT_RUNNING,
+        JOB_FILE,
         PROGRESS,
         EXECUTABLE,
     ],
 )
 
 STATUS = Command(
-    "status",
+    "extract-status",
+    aliases=["status"],
     help="extraction progress from the manifests (no tensors loaded)",
     check=False,
     options=[
@@ -152,14 +161,16 @@ STATUS = Command(
 )
 
 WORKERS = Command(
-    "workers",
+    "extract-workers",
+    aliases=["workers"],
     help="how many extraction workers --workers SPEC means on this host",
     check=False,
     options=[Option("workers", default="auto", help="'auto' (one per visible GPU, 1 on CPU) or a number")],
 )
 
 LENGTHS = Command(
-    "lengths",
+    "extract-lengths",
+    aliases=["lengths"],
     help="index -> seq_len of finished samples, from the manifests",
     check=False,
     options=[
@@ -169,7 +180,8 @@ LENGTHS = Command(
 )
 
 SGLANG_EXTRACT = Command(
-    "sglang-extract",
+    "extract-sglang",
+    aliases=["sglang-extract"],
     help="extract hidden states through a patched SGLang server (resumable)",
     check_help="report what would be sent; contact no server, write nothing",
     module="eagle3ops_extract_sglang",
@@ -202,7 +214,11 @@ SGLANG_EXTRACT = Command(
         ),
         LAYER_IDS.but(role="extract_layer_ids"),
         LAYER_CONVENTION.but(role="extract_layer_convention"),
-        DTYPE.but(choices=["bfloat16", "float16", "float32"], role="extract_dtype"),
+        DTYPE.but(
+            choices=["bfloat16", "float16", "float32"],
+            role="extract_dtype",
+            help="stored dtype (the server's hook writes only these three; the transformers backend also stores fp8)",
+        ),
         Option("concurrency", "int", default=8, help="requests in flight"),
         Option(
             "request_timeout",
@@ -249,6 +265,7 @@ SGLANG_EXTRACT = Command(
         MARGIN.but(role="extract_margin"),
         DISK_MARGIN_MIB.but(role="extract_disk_margin_mib"),
         WAIT_RUNNING,
+        JOB_FILE,
         PROGRESS,
         EXECUTABLE.but(role="extract_executable"),
     ],
@@ -291,7 +308,8 @@ SGLANG_PATCH = Command(
 )
 
 VERIFY = Command(
-    "verify",
+    "extract-verify",
+    aliases=["verify"],
     help="check every finished hidden-state file against its manifest line (size + header, or checksum)",
     check=False,
     options=[

@@ -7,6 +7,7 @@ Nothing here loads weights or tensors.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -234,6 +235,8 @@ class ExtractConfig:
     check_finite: bool = True
     limit: int | None = None  # only the first N rows (testing / smoke runs)
     progress: bool = True
+    # the run's log (status.run_log_path): a progress line every 30 s goes there even without --progress
+    log_path: str | None = None
     extra: dict = field(default_factory=dict)
     # several hosts (docs/scale.md): the global ranks this host's store covers, of ``world_size``; None = the
     # one rank ``rank`` (or every row with world_size 1)
@@ -350,9 +353,16 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
     }
 
 
-def progress_reporter(total_samples: int, total_tokens: int, enabled: bool):
-    """A rich progress bar on a terminal, periodic log lines otherwise. Returns (advance, close)."""
-    if not enabled or total_samples == 0:
+def progress_reporter(total_samples: int, total_tokens: int, enabled: bool, log_path: str | None = None):
+    """A rich progress bar on a terminal, periodic log lines otherwise; with ``log_path`` a line every 30 s is
+    appended to the run's log as well (also without the bar: what an Ansible-run extraction's log shows).
+    Returns (advance, close)."""
+    if total_samples == 0:
+        return (lambda n, t: None), (lambda: None)
+    if log_path:
+        shown, close_shown = progress_reporter(total_samples, total_tokens, enabled)
+        return _log_lines(total_samples, total_tokens, log_path, shown), close_shown
+    if not enabled:
         return (lambda n, t: None), (lambda: None)
     if sys.stderr.isatty():
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -395,6 +405,31 @@ def progress_reporter(total_samples: int, total_tokens: int, enabled: bool):
             )
 
     return advance, (lambda: None)
+
+
+def _log_lines(total_samples: int, total_tokens: int, log_path: str, also):
+    """``advance`` that calls ``also`` and appends a progress line to ``log_path`` every 30 s and at the end."""
+    t0 = time.monotonic()
+    state = {"n": 0, "t": 0, "last": t0}
+
+    def advance(n, t):
+        also(n, t)
+        state["n"] += n
+        state["t"] += t
+        now = time.monotonic()
+        if now - state["last"] >= 30 or state["n"] == total_samples:
+            state["last"] = now
+            rate = state["n"] / max(now - t0, 1e-9)
+            eta = (total_samples - state["n"]) / rate if rate else None
+            line = (
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} extract (PID {os.getpid()}): {state['n']}/{total_samples} "
+                f"rows, {rate:.3g} rows/s, {state['t']:,} tokens, ETA {'?' if eta is None else f'{eta:.0f} s'}\n"
+            )
+            # a full disk: the run goes on, its log falls behind
+            with contextlib.suppress(OSError), open(log_path, "a", encoding="utf-8") as f:
+                f.write(line)
+
+    return advance
 
 
 def repair_store(cfg: ExtractConfig) -> dict:

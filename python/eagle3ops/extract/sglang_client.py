@@ -1,4 +1,4 @@
-"""The client of the SGLang extraction backend (``eagle3ops sglang-extract``).
+"""The client of the SGLang extraction backend (``eagle3ops extract-sglang``).
 
 It drives a patched SGLang server (see sglang_patch.py / sglang_hook.py) that writes the hidden states itself:
 

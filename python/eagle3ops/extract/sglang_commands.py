@@ -1,4 +1,4 @@
-"""``eagle3ops sglang-patch status|apply|restore`` and ``eagle3ops sglang-extract``: the extract phase's SGLang
+"""``eagle3ops sglang-patch status|apply|restore`` and ``eagle3ops extract-sglang``: the extract phase's SGLang
 backend (registered by :mod:`eagle3ops.extract.commands`)."""
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def cmd_extract(args) -> int:
     from eagle3ops.extract.errors import ExtractError
     from eagle3ops.extract.sglang_client import SGLangClientError, SGLangExtractConfig, run_sglang_extraction
     from eagle3ops.extract.sglang_patch import PatchError
+    from eagle3ops.extract.status import run_log, run_progress
     from eagle3ops.runlock import RunLock, holder, wait_free
     from eagle3ops.store import StoreError
 
@@ -105,6 +106,10 @@ def cmd_extract(args) -> int:
                 backend="sglang", check_mode=True, changed=bool(res["to_extract"]), written=0, failed=0
             )
             res.update(running=running is not None, holder=running)
+            if running:  # what an Ansible poll of the running extraction shows (roles/extract)
+                res["progress"] = run_progress(
+                    args.data, res["total"] - res["to_extract"], res["total"], running
+                )
             emit(
                 args,
                 res,
@@ -112,7 +117,7 @@ def cmd_extract(args) -> int:
                 f"({res['bytes_needed']} bytes to write, {res['free_bytes']} free)",
             )
             return 0
-        with RunLock(args.data, what="sglang-extract") as lock:
+        with RunLock(args.data, what="sglang-extract") as lock, run_log(args.data, "extract-sglang"):
             res = run_sglang_extraction(cfg)
             res.update(lock.result_fields())
     except (SGLangClientError, ExtractError, StoreError, PatchError) as e:

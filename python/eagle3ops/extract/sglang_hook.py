@@ -219,7 +219,7 @@ class DumpHook:
         if meta is None:
             raise HookError(
                 f"{self._store.meta_path} is missing: the eagle3ops client writes it before it sends "
-                "requests (eagle3ops sglang-extract); do not send e3o-* requests by hand"
+                "requests (eagle3ops extract-sglang); do not send e3o-* requests by hand"
             )
         if list(meta.get("layer_ids", [])) != self.layer_ids:
             raise HookError(

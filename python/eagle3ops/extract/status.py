@@ -3,8 +3,12 @@ extraction seen together (:func:`status_many`). Reads only: manifests, headers, 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.session import (
@@ -121,3 +125,82 @@ def status_many(data_dirs: Sequence[str | os.PathLike]) -> dict:
         "world_sizes": sorted(worlds),
         "complete": len(done) == rows and not twice,
     }
+
+
+def run_log_path(data_dir: str | os.PathLike) -> Path:
+    """Where an extraction of ``data_dir`` keeps its log: ``PARENT/NAME.extract.log``, beside the directory (as
+    its run lock is), not in ``hidden_states/``, which a multi-host training gathers byte for byte."""
+    d = Path(data_dir).resolve()
+    return d.parent / f"{d.name}.extract.log"
+
+
+@contextlib.contextmanager
+def run_log(data_dir: str | os.PathLike, what: str):
+    """Append this run's messages (its stderr: the summary, warnings, errors) to :func:`run_log_path` while it
+    runs, framed by a start and an end line; yields the path (None when the log cannot be written: the run goes
+    on without it)."""
+    path = run_log_path(data_dir)
+    try:
+        f = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed in the finally below
+    except OSError:
+        yield None
+        return
+    stamp = lambda: time.strftime("%Y-%m-%d %H:%M:%S")  # noqa: E731
+    f.write(f"{stamp()} {what} (PID {os.getpid()}) started: {' '.join(sys.argv)}\n")
+    old = sys.stderr
+    sys.stderr = _Tee(old, f)
+    outcome = "ended"
+    try:
+        yield path
+    except BaseException as e:
+        outcome = f"failed: {type(e).__name__}: {e}"
+        raise
+    finally:
+        sys.stderr = old
+        with contextlib.suppress(OSError):
+            f.write(f"{stamp()} {what} (PID {os.getpid()}) {outcome}\n")
+            f.close()
+
+
+class _Tee:
+    """stderr that also goes to the run's log (a failed write to the log never fails the run)."""
+
+    def __init__(self, stream, log):
+        self._stream, self._log = stream, log
+
+    def write(self, text):
+        with contextlib.suppress(OSError, ValueError):
+            self._log.write(text)
+        return self._stream.write(text)
+
+    def flush(self):
+        with contextlib.suppress(OSError, ValueError):
+            self._log.flush()
+        self._stream.flush()
+
+    def __getattr__(self, name):  # isatty, fileno, encoding: the real stream's
+        return getattr(self._stream, name)
+
+
+def run_progress(data_dir: str | os.PathLike, done: int, total: int, holder: dict | None) -> dict:
+    """How far the extraction that holds ``data_dir`` is (:func:`eagle3ops.progress.describe`): ``done`` of this
+    host's ``total`` rows, the rate from the file times the manifests recorded since the run started (the
+    holder's record), the ETA, and its log. Reads the manifests only."""
+    from eagle3ops.progress import describe, rate_per_second
+
+    started = float((holder or {}).get("started") or 0)
+    stamps = []
+    if holder:
+        rows = HiddenStateStore(data_dir).scan_manifest().rows().values()
+        stamps = [d["t"] / 1e9 for d in rows if d.get("t") and d["t"] / 1e9 >= started]
+    extra = f"PID {holder.get('pid')} since {holder.get('started_at')}" if holder else "no run holds it now"
+    log = run_log_path(data_dir)
+    return describe(
+        "extract",
+        done,
+        total,
+        "rows",
+        rate_per_second(stamps),
+        str(log) if log.exists() else None,
+        extra=extra,
+    )

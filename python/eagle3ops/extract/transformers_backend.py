@@ -222,7 +222,9 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     copy_stream = torch.cuda.Stream() if cuda else None
 
     batches = make_batches(plan.remaining, seq_lens, cfg.max_batch_tokens, cfg.max_batch_size)
-    advance, close_progress = progress_reporter(len(plan.remaining), plan.tokens_remaining, cfg.progress)
+    advance, close_progress = progress_reporter(
+        len(plan.remaining), plan.tokens_remaining, cfg.progress, cfg.log_path
+    )
     writer = SampleWriter(
         store, fsync=cfg.fsync, threads=cfg.writer_threads, checksum=cfg.checksum, on_written=advance
     )

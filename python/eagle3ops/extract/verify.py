@@ -1,4 +1,4 @@
-"""``eagle3ops verify``: check a data directory's hidden-state files against their manifests (registered by
+"""``eagle3ops extract-verify``: check a data directory's hidden-state files against their manifests (registered by
 :mod:`eagle3ops.extract.commands`)."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def cmd_verify(args) -> int:
         raise CommandError(
             f"{summary}\n  re-run `eagle3ops extract` (or the extract phase"
             + (", extract_verify: checksum" if args.level == "checksum" else "")
-            + ") to move them to hidden_states/damaged/ and extract them again, or `eagle3ops verify "
+            + ") to move them to hidden_states/damaged/ and extract them again, or `eagle3ops extract-verify "
             "--move-aside` to only move them aside",
             **res,
         )

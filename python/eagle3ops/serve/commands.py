@@ -1,4 +1,4 @@
-"""The serve phase's sub-commands: ``eagle3ops convert`` (a speculators EAGLE-3 checkpoint -> the draft directory
+"""The serve phase's sub-commands: ``eagle3ops serve-convert`` (a speculators EAGLE-3 checkpoint -> the draft directory
 SGLang serves) and ``eagle3ops serve-process start|stop|status`` (a server as a detached process, for hosts without
 systemd)."""
 

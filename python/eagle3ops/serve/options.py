@@ -1,4 +1,4 @@
-"""The serve phase's options, once: ``eagle3ops convert`` and ``eagle3ops serve-process``, the ``eagle3ops_serve_convert``
+"""The serve phase's options, once: ``eagle3ops serve-convert`` and ``eagle3ops serve-process``, the ``eagle3ops_serve_convert``
 and ``eagle3ops_serve_process`` modules and the ``serve`` role's variables come from here (eagle3ops.options says
 how; standard library only, shipped as module_utils/eagle3ops_serve_options.py)."""
 
@@ -15,8 +15,10 @@ Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
 one_of = _o.one_of
 
 CONVERT = Command(
-    "convert",
-    help="convert a speculators eagle3 checkpoint for SGLang (LlamaForCausalLMEagle3)",
+    "serve-convert",
+    aliases=["convert"],
+    help="convert the trained draft (a speculators eagle3 checkpoint) for SGLang's EAGLE3 loader "
+    "(LlamaForCausalLMEagle3)",
     description="Refuses drafts SGLang cannot serve as trained (norm_before_residual, a sliding window "
     "the server would not match, trained embeddings...). Idempotent: an up-to-date output is left alone.",
     check_help="check and predict; write nothing",

@@ -124,7 +124,7 @@ def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
                 f"{len(damaged)} hidden-state files in {store.dir} are damaged or missing ({shown}"
                 + (f"; and {len(damaged) - 10} more" if len(damaged) > 10 else "")
                 + "). Run the extract phase again: it moves them to hidden_states/damaged/ and extracts "
-                "those rows anew (`eagle3ops verify --data DIR` lists them).",
+                "those rows anew (`eagle3ops extract-verify --data DIR` lists them).",
                 inputs_pending=True,
             )
     lengths = {i: r["n"] for i, r in rows.items()}

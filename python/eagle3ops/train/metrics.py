@@ -83,3 +83,50 @@ def read_metrics(run_dir: Path) -> dict:
                 i += 1
             out[f"val_{key}"] = vals
     return out
+
+
+def progress(run_dir: Path, status: str, config_text: str | None) -> dict:
+    """How far a training run is (:func:`eagle3ops.progress.describe`): the optimizer step, steps/s of the
+    current attempt (the trainer's own records), the ETA and the log. The total is ``max_steps`` when the
+    configuration sets it, else epochs x the steps of one epoch once one has ended (approximate: records come
+    every log_freq steps); before that the ETA is unknown."""
+    import re
+
+    from eagle3ops.progress import describe
+    from eagle3ops.train.spec import LOG
+
+    m = read_metrics(run_dir)
+    attempt = (m.get("attempts") or [{}])[-1]
+    step = int(m.get("global_step") or 0)
+    text = config_text or ""
+    max_steps = re.search(r"^\s*max_steps:\s*(\d+)\s*$", text, flags=re.M)
+    epochs = re.search(r"^\s*epochs:\s*(\d+)\s*$", text, flags=re.M)
+    total, how = (int(max_steps.group(1)), "total from max_steps") if max_steps else (None, "")
+    if total is None and epochs:
+        per_epoch = _steps_per_epoch(Path(run_dir) / METRICS)
+        if per_epoch:
+            total, how = (
+                per_epoch * int(epochs.group(1)),
+                f"total ~{per_epoch} steps/epoch x {epochs.group(1)} epochs",
+            )
+    epoch = m.get("epoch")
+    extra = f"epoch {epoch}" + (f" of {epochs.group(1)}" if epochs else "") if epoch is not None else ""
+    extra = "; ".join(x for x in (status, extra, how) if x)
+    return describe(
+        "train", step, total, "steps", attempt.get("steps_per_s"), str(Path(run_dir) / LOG), extra=extra
+    )
+
+
+def _steps_per_epoch(path: Path) -> int | None:
+    """The global step of the first record of epoch 1: the optimizer steps one epoch takes (None before)."""
+    if not path.exists():
+        return None
+    for raw in path.read_text().splitlines():
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        d = rec.get("data") or {}
+        if rec.get("kind") == "train" and d.get("epoch") == 1 and d.get("global_step"):
+            return int(d["global_step"])
+    return None

@@ -52,6 +52,7 @@ from eagle3ops.train.launch import (
     stop_run,
     systemd_is_pid1,
 )
+from eagle3ops.train.metrics import progress as train_progress
 from eagle3ops.train.metrics import read_metrics
 from eagle3ops.train.planning import Plan, plan, rdzv_id_for
 from eagle3ops.train.spec import (
@@ -406,6 +407,7 @@ def status(run_dir: str) -> dict:
     state = read_state(rd) if rd.exists() else None
     st, ex = run_status(rd, state)
     save = Path((state or {}).get("save_path") or rd / "checkpoints")
+    cfg = rd / CONFIG
     return {
         "changed": False,
         "run_dir": str(rd),
@@ -415,6 +417,8 @@ def status(run_dir: str) -> dict:
         "resume_from": resume_point(save),
         "metrics": read_metrics(rd),
         "log_path": str(rd / LOG),
+        # what a poll of the train role prints (callback_plugins/eagle3ops_progress.py)
+        "progress": train_progress(rd, st, cfg.read_text() if cfg.exists() else None),
     }
 
 
