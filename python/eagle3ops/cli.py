@@ -40,8 +40,21 @@ def command_modules() -> list[str]:
     return names
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eagle3ops", description=__doc__.splitlines()[0])
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser; with ``json_errors`` a usage error (a value outside an option's bounds, a missing
+    option) is also the one JSON failure object on stdout that ``--json`` promises, then exit 2 as usual."""
+
+    json_errors = False
+
+    def error(self, message):
+        if self.json_errors:
+            json_line({"failed": True, "msg": f"{self.prog}: {message}"})
+        super().error(message)
+
+
+def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
+    cls = type("Parser", (_Parser,), {"json_errors": json_errors})  # subparsers are made of the same class
+    parser = cls(prog="eagle3ops", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"eagle3ops {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in command_modules():
@@ -50,8 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(json_errors="--json" in words)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a usage error (exit 2, said on stderr) or --help/--version (0): an exit code
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

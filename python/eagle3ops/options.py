@@ -76,6 +76,7 @@ class Option:
       task naming the parameter and its role variable (:meth:`Command.problems`); the role's argument_specs cannot
       say it.
     words: with ``minimum`` on a str option, the words taken beside a number (``("auto",)``).
+    why: why the bounds are what they are, said with a refused value (``the target needs at least 1 step``).
     command: a path option that names a program: a bare name (no ``/``) is looked up on PATH, so only a value
       with a ``/`` in it must be absolute (``executable``).
 
@@ -112,6 +113,7 @@ class Option:
         maximum=None,
         above=None,
         words=(),
+        why=None,
         command=False,
     ):
         if type not in ("str", "path", "int", "float", "bool", "list", "dict", "raw"):
@@ -150,6 +152,7 @@ class Option:
         self.maximum = maximum
         self.above = above
         self.words = tuple(words)
+        self.why = why
         self.command = command
 
     def __repr__(self):
@@ -180,24 +183,28 @@ class Option:
         return self.minimum is not None or self.maximum is not None or self.above is not None
 
     def allowed(self) -> str:
-        """What the option takes, in words (``'auto' or a whole number of at least 1``)."""
-        kind = "a whole number" if self.type in ("int", "str") else "a number"
+        """What the option takes, in words (``'auto' or a whole number, 1 or more``)."""
         parts = []
         if self.above is not None:
-            parts.append(f"above {self.above}")
+            parts.append(f"more than {self.above}")
         if self.minimum is not None:
-            parts.append(f"of at least {self.minimum}")
+            parts.append(f"{self.minimum} or more")
         if self.maximum is not None:
-            parts.append(f"of at most {self.maximum}")
-        text = " and ".join([f"{kind} {parts[0]}", *parts[1:]]) if parts else kind
+            parts.append(f"at most {self.maximum}")
+        text = " and ".join(parts)
+        if self.type in ("int", "str"):
+            text = f"a whole number, {text}"
         if self.words:
             text = " or ".join(repr(w) for w in self.words) + " or " + text
         return text
 
     def problem(self, value) -> str | None:
-        """None when ``value`` (a parsed or module value; None: not given) is allowed, else what is wrong."""
+        """None when ``value`` (a parsed or module value; None: not given) is allowed, else what is wrong with it
+        (``-1.0 must be 0 or more``; with ``why``: ``0: the target needs ... (a whole number, 1 or more)``)."""
         if value is None or not self.bounded:
             return None
+        shown = repr(value) if isinstance(value, str) else str(value)
+        wrong = f"{shown}: {self.why} ({self.allowed()})" if self.why else f"{shown} must be {self.allowed()}"
         if self.type == "str":
             text = str(value).strip()
             if text in self.words:
@@ -205,15 +212,15 @@ class Option:
             try:
                 value = int(text)
             except ValueError:
-                return f"{value!r} is not allowed: {self.allowed()}"
+                return wrong
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"{value!r} is not allowed: {self.allowed()}"
+            return wrong
         if (
             (self.minimum is not None and value < self.minimum)
             or (self.maximum is not None and value > self.maximum)
             or (self.above is not None and value <= self.above)
         ):
-            return f"{value!r} is not allowed: {self.allowed()}"
+            return wrong
         return None
 
     def path_problem(self, value) -> str | None:
@@ -245,10 +252,10 @@ class Option:
             try:
                 value = base(text)
             except ValueError:
-                raise argparse.ArgumentTypeError(f"{text!r} is not allowed: {self.allowed()}") from None
+                value = text
             why = self.problem(value)
             if why:
-                raise argparse.ArgumentTypeError(why)
+                raise argparse.ArgumentTypeError(f"{self.flag} {why}")
             return value
 
         convert.__name__ = self.type

@@ -554,8 +554,8 @@ class _Failing(_Module):
 
 
 def test_the_cli_refuses_the_values_of_issue_32(capsys):
-    """The real ``eagle3ops`` entry point: exit 2, one line naming the flag and what it takes, no traceback, and
-    nothing read or written (the paths do not exist)."""
+    """The real ``eagle3ops`` entry point: exit 2, one line naming the flag and what it takes (with ``--json`` also
+    as the JSON failure object), no traceback, and nothing read or written (the paths do not exist)."""
     cases = [
         (
             ["extract", "--data", "/nonexistent/d", "--model", "/nonexistent/m", "--workers", "banana"],
@@ -572,10 +572,13 @@ def test_the_cli_refuses_the_values_of_issue_32(capsys):
     ]
     for argv, flag in cases:
         for check in ([], ["--check"]):
-            with pytest.raises(SystemExit) as e:
-                cli.main([*argv, *check])
+            assert cli.main([*argv, *check]) == 2
             err = capsys.readouterr().err
-            assert e.value.code == 2 and flag in err and "not allowed" in err and "Traceback" not in err, err
+            assert flag in err and "must be" in err and "Traceback" not in err, err
+        # --json: the failure is also the one JSON object on stdout (what a module or a script reads)
+        assert cli.main([*argv, "--json"]) == 2
+        res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert res["failed"] and flag in res["msg"] and "must be" in res["msg"], res
     assert not Path("/nonexistent").exists() and not Path("/n").exists()
 
 
