@@ -100,6 +100,13 @@ TRAIN = Command(
         one_of("attention", ["full", "sliding"], help="draft attention"),
         Option("sliding_window", "int", default=2048, minimum=1, help="window of sliding attention"),
         one_of(
+            "verify",
+            ["checksum", "size"],
+            help="before a trainer is launched: checksum = every hidden-state file's content against the checksum "
+            "its writer recorded, reading only files not verified since they last changed (hidden_states/"
+            "verified.jsonl; docs/performance.md has the cost); size = only the size + header check every run makes",
+        ),
+        one_of(
             "on_missing",
             ["raise", "skip", "warn"],
             help="a sample without hidden states: raise refuses incomplete extraction",
