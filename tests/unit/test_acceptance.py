@@ -513,7 +513,8 @@ def test_report_without_live_results_says_why_and_judges_the_random_baseline(tmp
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     md = (tmp_path / "r" / "report.md").read_text()
     assert md.strip() == res["markdown"].strip()
-    assert "Live SGLang server benchmark: not run - no live results" in md and "only where SGLang runs" in md
+    assert "SGLang serving benchmark: not run (no SGLang server on this host: no live results" in md, md
+    assert "only where SGLang runs on a GPU" in md and "Nothing is tabled or drawn for it" in md
     assert "| prompt set | concurrency |" not in md  # no table of headers only
     assert "Contamination check: clean (no benchmark prompt among 40 training user turns)" in md
     assert "The trained draft is no better than random tokens (1.000 vs 1.000, 10 verify steps)." in md

@@ -255,8 +255,8 @@ def markdown(rep: dict) -> str:
         out.append("")
     elif not _live_sets(rep.get("live")):
         out += [
-            "Live SGLang server benchmark: not run - no live results (the serve phase starts an SGLang server, "
-            "and benchmark_live measures it, only where SGLang runs on a GPU; none here). Nothing is tabled or "
+            "SGLang serving benchmark: not run (no SGLang server on this host: no live results; the serve phase "
+            "starts one, and benchmark_live measures it, only where SGLang runs on a GPU). Nothing is tabled or "
             "drawn for it.",
             "",
         ]
