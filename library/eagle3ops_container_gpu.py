@@ -194,6 +194,7 @@ snapshots:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_container import ContainerFailed, converge
 from ansible.module_utils.eagle3ops_host_options import CONTAINER_GPU
+from ansible.module_utils.eagle3ops_module import refuse_bad_values
 from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
 
@@ -216,6 +217,7 @@ class ModuleHost:
 def main():
     module = AnsibleModule(argument_spec=CONTAINER_GPU.argument_spec(), supports_check_mode=True)
     deprecate_old_name(module)
+    refuse_bad_values(module, CONTAINER_GPU)
     try:
         result = converge(module.params, ModuleHost(module), check_mode=module.check_mode)
     except ContainerFailed as e:

@@ -107,6 +107,33 @@ rows:
   returned: success
   type: dict
   sample: {layout: conversation, conversations_merged: 7997, conversations_kept_per_turn: 0}
+summary:
+  description:
+    - One line - the rows, their tokens, how many input conversations gave them, and what was left out on the way
+      (assistant turns over O(max_length), rows left without a supervised token, skipped bad rows, rows over
+      O(max_samples)). Also the task's C(msg).
+  returned: success
+  type: str
+  sample: "37 rows (7468 tokens, 3310 supervised) from 40 input conversations (31 gave rows); left out: 110
+    assistant turns whose context exceeds max_length 256, 0 rows with no supervised token left after truncation,
+    0 bad input rows skipped (on_error skip)"
+dropped:
+  description:
+    - What rendering left out - C(turns_context_over_max_length), C(rows_unsupervised_after_truncation).
+  returned: success
+  type: dict
+num_input_rows:
+  description: Input conversations read (bad ones included).
+  returned: success
+  type: int
+num_conversations:
+  description: Input conversations that gave at least one row.
+  returned: success
+  type: int
+rows_cut_by_max_samples:
+  description: Rows left out by O(max_samples).
+  returned: success
+  type: int
 skipped:
   description: Skipped input rows as C(file:line - reason) (C(on_error=skip)).
   returned: success
@@ -135,7 +162,10 @@ from ansible.module_utils.eagle3ops_prepare_options import PREPARE
 def main():
     module = AnsibleModule(argument_spec=PREPARE.argument_spec(), supports_check_mode=True)
     deprecate_old_name(module)
-    module.exit_json(**CliRunner(module, PREPARE).run())
+    result = CliRunner(module, PREPARE).run()
+    if result.get("summary"):
+        result["msg"] = result["summary"]
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

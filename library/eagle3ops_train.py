@@ -101,6 +101,17 @@ options:
     description: Window of C(sliding) attention.
     type: int
     default: 2048
+  verify:
+    description:
+      - Before a trainer is launched, C(checksum) compares every hidden-state file's content with the checksum its
+        writer recorded in the manifest and fails naming damaged files; only files not verified since they last
+        changed are read (a record in C(hidden_states/verified.jsonl) keyed by inode, size, mtime and ctime), so a
+        re-run on an unchanged store reads nothing. Check mode reads nothing and returns what would be read
+        (C(content_check)).
+      - C(size) - only the size + safetensors header check every run makes.
+    type: str
+    choices: [checksum, size]
+    default: checksum
   on_missing:
     description: What the loader does for a sample without hidden states; C(raise) refuses incomplete extraction.
     type: str
@@ -261,6 +272,14 @@ draft_vocab_size:
 resume_from:
   description: The checkpoint a relaunch resumes from (epoch, global_step).
   returned: on relaunch
+  type: dict
+content_check:
+  description:
+    - With O(verify=checksum), what the content check before the launch did - C(verified) (files read and
+      intact now), C(already_verified) (unchanged since verified - not read), C(bytes_read), C(unchecked) (files
+      without a manifest checksum), C(seconds); in check mode C(to_verify) and C(bytes_to_verify), what a launch
+      would read. A damaged file fails the task instead (C(damaged_files)).
+  returned: on launch or relaunch, and in check mode when one is predicted
   type: dict
 quarantined_checkpoints:
   description: Incomplete checkpoints moved aside before a relaunch.

@@ -123,7 +123,17 @@ class CliRunner:
         """The argv for the module's params (``overrides`` replace some of them); check mode by default when
         the module runs in check mode."""
         params = dict(self.module.params, **overrides)
+        self.refuse_bad_values(params)
         return self.command.argv(params, check=self.module.check_mode if check is None else check)
+
+    def refuse_bad_values(self, params=None):
+        """Fail the task, before anything runs (check mode too), on a value the definition does not allow: out of
+        its option's bounds (``workers: banana``, ``epochs: -1``) or a relative path (``Command.problems``)."""
+        problems = self.command.problems(self.module.params if params is None else params)
+        if problems:
+            self.module.fail_json(
+                msg=f"eagle3ops {self.command.name}: " + "; ".join(problems), bad_values=problems
+            )
 
     def run(self, check=None, env=None, check_rc=True, **overrides):
         """Run it; the parsed JSON result (fail_json on a failure, as run_cli)."""

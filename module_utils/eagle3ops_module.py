@@ -14,9 +14,18 @@ def run_host_module(definition, call, errors, context=None, **module_kwargs):
     module = AnsibleModule(
         argument_spec=definition.argument_spec(), supports_check_mode=True, **module_kwargs
     )
+    refuse_bad_values(module, definition)
     try:
         result = call(module)
     except errors as e:
         msg = f"{context(module.params)}: {e}" if context else str(e)
         module.fail_json(msg=msg, **(getattr(e, "details", None) or {}))
     module.exit_json(**result)
+
+
+def refuse_bad_values(module, definition):
+    """Fail before anything runs on a value the definition does not allow (out of bounds, a relative path):
+    ``Command.problems``, as CliRunner does for the modules that run the CLI."""
+    problems = definition.problems(module.params)
+    if problems:
+        module.fail_json(msg=f"{definition.module}: " + "; ".join(problems), bad_values=problems)

@@ -98,7 +98,19 @@ def _entry(name: str, line: str, width: int) -> str:
     return head + textwrap.fill(line, max(columns - 4 - width, 30), subsequent_indent=" " * (4 + width))
 
 
-class _Parser(argparse.ArgumentParser):
+class _JsonErrors(argparse.ArgumentParser):
+    """argparse's parser; with ``json_errors`` a usage error (a value outside an option's bounds, a missing
+    option) is also the one JSON failure object on stdout that ``--json`` promises, then exit 2 as usual."""
+
+    json_errors = False
+
+    def error(self, message):
+        if self.json_errors:
+            json_line({"failed": True, "msg": f"{self.prog}: {message}"})
+        super().error(message)
+
+
+class _Parser(_JsonErrors):
     """The top-level parser: its help lists the commands by phase in pipeline order, each with its one line (the
     older names some commands keep, e.g. ``status`` for ``extract-status``, still run them but are not listed),
     and an unknown command is answered with the current names only."""
@@ -147,18 +159,24 @@ class _Parser(argparse.ArgumentParser):
         return super()._check_value(action, value)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="eagle3ops", description=DESCRIPTION)
+def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
+    top = type("Parser", (_Parser,), {"json_errors": json_errors})
+    parser = top(prog="eagle3ops", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"eagle3ops {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=argparse.ArgumentParser)
+    commands = type("CommandParser", (_JsonErrors,), {"json_errors": json_errors})  # each command's parser
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=commands)
     for name in command_modules():
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(json_errors="--json" in words)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a usage error (exit 2, said on stderr) or --help/--version (0): an exit code
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

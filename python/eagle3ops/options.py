@@ -69,6 +69,20 @@ class Option:
       ``defaults/main.yml`` and ``meta/argument_specs.yml`` against it, else against the module's default).
     no_log: passed to the argument_spec (Ansible asks for it on names that look like secrets: ``*_tokens``).
     as_json: a dict given on the command line as one JSON object (``--extra '{"loss": {...}}'``).
+    minimum, maximum: the smallest / largest value an int or float option takes (``above``: a strict lower bound,
+      ``lr > 0``); on a str option with ``words`` the value is one of the words or a whole number within them
+      (``workers``: ``auto`` or at least 1). Checked before anything runs: the generated parser refuses another
+      value (exit 2, the flag and what is allowed named) and ``module_utils/eagle3ops_cli.CliRunner`` fails the
+      task naming the parameter and its role variable (:meth:`Command.problems`); the role's argument_specs cannot
+      say it.
+    words: with ``minimum`` on a str option, the words taken beside a number (``("auto",)``).
+    why: why the bounds are what they are, said with a refused value (``the target needs at least 1 step``).
+    command: a path option that names a program: a bare name (no ``/``) is looked up on PATH, so only a value
+      with a ``/`` in it must be absolute (``executable``).
+
+    A module parameter of type path (or a list of paths) must be absolute: a module's working directory is not
+    the inventory's nor the playbook's (a relative ``data_dir`` wrote into ``playbooks/``); the CLI resolves a
+    relative path against the shell's directory as usual.
     """
 
     def __init__(
@@ -95,6 +109,12 @@ class Option:
         role_default=_UNSET,
         no_log=None,
         as_json=False,
+        minimum=None,
+        maximum=None,
+        above=None,
+        words=(),
+        why=None,
+        command=False,
     ):
         if type not in ("str", "path", "int", "float", "bool", "list", "dict", "raw"):
             raise ValueError(f"option {name}: unknown type {type!r}")
@@ -102,6 +122,11 @@ class Option:
             raise ValueError(f"option {name}: a list needs elements")
         if as_json and type != "dict":
             raise ValueError(f"option {name}: as_json is for a dict")
+        bounded = minimum is not None or maximum is not None or above is not None
+        if bounded and type not in ("int", "float") and not (type == "str" and words):
+            raise ValueError(f"option {name}: a bound is for an int or float (or a str with words)")
+        if words and (type != "str" or minimum is None):
+            raise ValueError(f"option {name}: words are for a str option with a minimum")
         self.name = name
         self.type = type
         self.default = default
@@ -123,6 +148,12 @@ class Option:
         self.role_default = role_default
         self.no_log = no_log
         self.as_json = as_json
+        self.minimum = minimum
+        self.maximum = maximum
+        self.above = above
+        self.words = tuple(words)
+        self.why = why
+        self.command = command
 
     def __repr__(self):
         return f"Option({self.name!r}, {self.type!r}, default={self.default!r})"
@@ -145,6 +176,90 @@ class Option:
     @property
     def no_flag(self) -> str:
         return "--no-" + self.flag[2:]
+
+    # ---- what values are allowed -----------------------------------------------------------------------
+    @property
+    def bounded(self) -> bool:
+        return self.minimum is not None or self.maximum is not None or self.above is not None
+
+    def allowed(self) -> str:
+        """What the option takes, in words (``'auto' or a whole number, 1 or more``)."""
+        parts = []
+        if self.above is not None:
+            parts.append(f"more than {self.above}")
+        if self.minimum is not None:
+            parts.append(f"{self.minimum} or more")
+        if self.maximum is not None:
+            parts.append(f"at most {self.maximum}")
+        text = " and ".join(parts)
+        if self.type in ("int", "str"):
+            text = f"a whole number, {text}"
+        if self.words:
+            text = " or ".join(repr(w) for w in self.words) + " or " + text
+        return text
+
+    def problem(self, value) -> str | None:
+        """None when ``value`` (a parsed or module value; None: not given) is allowed, else what is wrong with it
+        (``-1.0 must be 0 or more``; with ``why``: ``0: the target needs ... (a whole number, 1 or more)``)."""
+        if value is None or not self.bounded:
+            return None
+        shown = repr(value) if isinstance(value, str) else str(value)
+        wrong = f"{shown}: {self.why} ({self.allowed()})" if self.why else f"{shown} must be {self.allowed()}"
+        if self.type == "str":
+            text = str(value).strip()
+            if text in self.words:
+                return None
+            try:
+                value = int(text)
+            except ValueError:
+                return wrong
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return wrong
+        if (
+            (self.minimum is not None and value < self.minimum)
+            or (self.maximum is not None and value > self.maximum)
+            or (self.above is not None and value <= self.above)
+        ):
+            return wrong
+        return None
+
+    def path_problem(self, value) -> str | None:
+        """For a module parameter of type path (or a list of paths): what is wrong with a relative path in it."""
+        if self.type == "path":
+            values = [value]
+        elif self.type == "list" and self.elements == "path":
+            values = list(value or [])
+        else:
+            return None
+        for v in values:
+            if v is None or v == "" or str(v).startswith("/"):
+                continue
+            if self.command and "/" not in str(v):
+                continue  # a program looked up on PATH
+            return (
+                f"{v!r} is a relative path: give an absolute one (a module does not run in the inventory's "
+                "or the playbook's directory, so a relative path would land somewhere else)"
+            )
+        return None
+
+    def _arg_type(self):
+        """The argparse ``type`` of a scalar: the conversion, and the bounds checked with the flag named."""
+        base = _ARG_TYPES[self.elements if self.type == "list" else self.type]
+        if not self.bounded or self.type == "list":
+            return base
+
+        def convert(text):
+            try:
+                value = base(text)
+            except ValueError:
+                value = text
+            why = self.problem(value)
+            if why:
+                raise argparse.ArgumentTypeError(f"{self.flag} {why}")
+            return value
+
+        convert.__name__ = self.type
+        return convert
 
     # ---- the module side -------------------------------------------------------------------------------
     def spec(self) -> dict:
@@ -208,7 +323,7 @@ class Option:
             kw.update(action=_PairsAction, default=dict(self.default or {}))
             kw.setdefault("metavar", "NAME=VALUE")
         else:
-            kw["type"] = _ARG_TYPES[self.elements if self.type == "list" else self.type]
+            kw["type"] = self._arg_type()
             if self.choices is not None:
                 kw["choices"] = self.choices
             if self.type == "list":
@@ -238,11 +353,13 @@ class Option:
                 " ".join(map(str, self.default)) if isinstance(self.default, (list, tuple)) else self.default
             )
             text += f" (default: {shown})"
+        if self.bounded:
+            text += f" ({self.allowed()})"
         return text.replace("%", "%%")
 
 
 # every module that runs the CLI has it: where the eagle3ops command is on the target (doc fragment eagle3ops)
-EXECUTABLE = Option("executable", "path", cli=False, help="the eagle3ops command on the target")
+EXECUTABLE = Option("executable", "path", cli=False, command=True, help="the eagle3ops command on the target")
 
 
 class _Append(argparse.Action):
@@ -418,6 +535,19 @@ class Command:
     def argument_spec(self) -> dict:
         return {o.param: o.spec() for o in self.module_options()}
 
+    def problems(self, params) -> list:
+        """What is wrong with these module params, one line each (the parameter, its role variable, the value and
+        what is allowed): a value out of its option's bounds, a relative path. Empty when they are all right."""
+        roles = {o.param: var for var, o in self.role_variables().items()}
+        out = []
+        for o in self.module_options():
+            value = params.get(o.param)
+            why = o.problem(value) or o.path_problem(value)
+            if why:
+                var = roles.get(o.param)
+                out.append(f"{o.param}{f' (role variable {var})' if var else ''}: {why}")
+        return out
+
     def cli_options(self) -> list:
         """The options on the command line (none for a module-only definition)."""
         return [o for o in self.options if o.cli] if self.cli else []
@@ -537,6 +667,9 @@ class Module:
                 raise ValueError(
                     f"module {self.name} parameter {o.param}: {first} in one action, {mine.spec()} in another"
                 )
+            bounds = ("minimum", "maximum", "above", "words", "command")
+            if [getattr(mine, b) for b in bounds] != [getattr(out[o.param], b) for b in bounds]:
+                raise ValueError(f"module {self.name} parameter {o.param}: other bounds in one action")
             if mine.module_default != out[o.param].module_default:
                 raise ValueError(
                     f"module {self.name} parameter {o.param}: default {out[o.param].module_default!r} in one "

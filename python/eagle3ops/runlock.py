@@ -17,7 +17,10 @@ would take a lock file inside it along); where the parent is not writable, ``DIR
 file holds the holder's record as JSON: ``pid``, ``cmdline``, ``host``, ``started_at`` (ISO 8601),
 ``what``, ``directory``. A kernel flock dies with its holder (kill -9 included), so a lock whose flock is
 free is never in force: a record left in such a file is a stale holder, taken over with a line on stderr
-and reported as ``stale_lock``. A clean release empties the file.
+and reported as ``stale_lock``. A clean release empties the file; a run that created the lock file and whose
+directory does not exist at its end (a first ``prepare`` into a new directory that failed) leaves nothing: it
+unlinks the lock file while still holding it and removes the folders it made for it (a run that got the flock on an unlinked file takes the one
+at the path instead).
 
 ``LockHeld`` (a ``CommandError``: exit code 2 from the CLI) names the holder: PID, command line, host and
 since when, and says what to do. Child processes of a holder (``extract --workers N``) get
@@ -137,9 +140,26 @@ def _own_record(directory: Path, what: str) -> dict:
     }
 
 
-def _open(path: Path) -> int:
+def _open(path: Path) -> tuple[int, list[Path]]:
+    """The lock file opened (created if needed) and what was made for it: the directories, deepest first, then
+    the file itself when it was not there."""
+    made = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        made.insert(0, path)
+    except FileExistsError:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    return fd, made
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """``path`` is still the file ``fd`` has open (a holder that leaves nothing unlinks it: see release)."""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 class RunLock:
@@ -156,20 +176,28 @@ class RunLock:
         self.record: dict | None = None
         self.stale: dict | None = None
         self.inherited = False
+        self.made: list[Path] = []  # the file, when this run created it, and the directories made for it
 
     # -- acquire / release --
     def acquire(self) -> RunLock:
         if self._inherited():
             self.inherited = True
             return self
-        fd = _open(self.path)
+        fd, self.made = _open(self.path)
         deadline = time.monotonic() + max(self.wait, 1.0)
         said = False
         try:
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
+                    if _same_file(fd, self.path):
+                        break
+                    # the holder before us left nothing (it unlinked the file while holding it): a lock on
+                    # that file keeps no one out; take the one at the path now
+                    os.close(fd)
+                    fd, made = _open(self.path)
+                    self.made = list(dict.fromkeys([*made, *(d for d in self.made if d != self.path)]))
+                    continue
                 except BlockingIOError:
                     rec = _read_record(fd)
                     live = rec is not None and pid_alive(rec.get("pid"))
@@ -222,8 +250,20 @@ class RunLock:
         return bool(path) and path == str(self.path) and pid.isdigit() and int(pid) == os.getppid()
 
     def release(self) -> None:
+        """Empty the record and unlock. When the directory does not exist (a first run that failed before
+        making it), leave nothing: the lock file is unlinked while still held (a run waiting on it sees the
+        file is gone and takes the new one, :func:`_same_file`) and the directories made for it are removed
+        when empty."""
         if self.fd is None:
             return
+        if self.path in self.made and not self.directory.exists() and self.path.parent != self.directory:
+            with contextlib.suppress(OSError):
+                if _same_file(self.fd, self.path):
+                    self.path.unlink()
+            dirs = sorted((d for d in self.made if d != self.path), key=lambda d: -len(d.parts))
+            for d in dirs:  # deepest first
+                with contextlib.suppress(OSError):
+                    d.rmdir()  # only when empty: another run's file, or anything else, keeps it
         with contextlib.suppress(OSError):
             os.ftruncate(self.fd, 0)  # a clean end leaves no record: the next run takes over nothing
         with contextlib.suppress(OSError):

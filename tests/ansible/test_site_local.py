@@ -21,6 +21,7 @@ from runner import run_playbook, small_local_default
 REPO = Path(__file__).resolve().parents[2]
 INVENTORY = REPO / "inventory" / "local"
 TAGS = "runtime,prepare,extract,gpu_free,train"
+NOTHING_TO_EXTRACT = "Extract | Report that every row was already extracted"
 
 
 def _vars(workdir: Path) -> dict:
@@ -64,6 +65,11 @@ def test_first_run_builds_everything(pipeline):
     rows = json.loads((work / "data" / "prepare_meta.json").read_text())["num_rows"]
     assert res["written"] == res["total"] == rows > 0
     assert res["layer_ids"] == [2, 4, 5]
+    # issue 32: the report says what happened (a skipped task registered under the result's name made it say
+    # "nothing to extract: 0 of N rows already in the manifests" after extracting all N)
+    (said,) = [r["msg"] for r in first.task_results("Extract | Report what extraction did") if r.get("msg")]
+    assert f"extracted {rows} of {rows} rows" in said and "0 were already in the manifests" in said, said
+    assert not [r for r in first.task_results(NOTHING_TO_EXTRACT) if r.get("msg")]
     st = json.loads(
         subprocess.run(
             [sys.executable, "-m", "eagle3ops", "extract-status", "--data", str(work / "data"), "--json"],
@@ -94,6 +100,9 @@ def test_second_run_changes_nothing(pipeline):
     assert second.rc == 0 and s["failed"] == 0, second.summary()
     assert s["changed"] == 0, second.changed_tasks()
     assert _files(work) == before  # not a byte rewritten
+    rows = json.loads((work / "data" / "prepare_meta.json").read_text())["num_rows"]
+    (said,) = [r["msg"] for r in second.task_results(NOTHING_TO_EXTRACT) if r.get("msg")]
+    assert f"nothing to extract: {rows} of {rows} rows already in the manifests" in said, said
 
 
 @pytest.mark.slow  # a whole site.yml --check (~65 s alone); the marks also start this module first (tests/conftest.py)
@@ -101,6 +110,9 @@ def test_check_mode_on_a_finished_workdir_predicts_no_change(pipeline):
     work, _ = pipeline
     r = run_playbook(REPO / "site.yml", INVENTORY, extravars=_vars(work), tags=TAGS, check=True)
     assert r.rc == 0 and r.host("localhost")["changed"] == 0, r.changed_tasks()
+    rows = json.loads((work / "data" / "prepare_meta.json").read_text())["num_rows"]
+    (said,) = [x["msg"] for x in r.task_results("Extract | Report what extraction did") if x.get("msg")]
+    assert f"check mode: would extract 0 of {rows} rows" in said and f"{rows} already done" in said, said
 
 
 @pytest.mark.slow

@@ -482,3 +482,51 @@ def test_spec_probe_counts_completion_tokens_over_verify_steps(tmp_path, capsys)
         assert "none of the 1 probe answers reached a verify step" in msg and "did not say" in msg
     finally:
         srv.shutdown()
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk."""
+    import struct
+
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_report_without_live_results_says_why_and_judges_the_random_baseline(tmp_path, capsys):
+    """Issue 32, the report as the benchmark role writes it on a host without a GPU/SGLang: the offline
+    acceptance (the trained draft no better than random, as the SmolLM2 profile at CPU scale: 1.000 vs 1.000)
+    and the contamination check, no live results. It drew an empty "Live server" panel and a table of headers
+    with no reason given; now it says why there is no live measurement, draws one panel, and says that the
+    trained draft is no better than random and whether that is expected at its training scale."""
+    from eagle3ops.cli import main
+
+    acceptance = acceptance_result(1.0, [0.0, 0.0, 0.0], [0.0, None, None])
+    acceptance["random_draft"] = {"acceptance_length": 1.0, "per_position": [0.0, 0.0, 0.0]}
+    acceptance["draft_training"] = {"epoch": 0, "local_step": 10, "global_step": 10}
+    (tmp_path / "acc.json").write_text(json.dumps(acceptance))
+    cont = {"clean": True, "mode": "fail", "training_user_turns": 40, "contaminated": {}}
+    (tmp_path / "cont.json").write_text(json.dumps(cont))
+    argv = ["benchmark-report", "--out-dir", str(tmp_path / "r"), "--acceptance", str(tmp_path / "acc.json")]
+    argv += ["--contamination", str(tmp_path / "cont.json"), "--json"]
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert md.strip() == res["markdown"].strip()
+    assert "SGLang serving benchmark: not run (no SGLang server on this host: no live results" in md, md
+    assert "only where SGLang runs on a GPU" in md and "Nothing is tabled or drawn for it" in md
+    assert "| prompt set | concurrency |" not in md  # no table of headers only
+    assert "Contamination check: clean (no benchmark prompt among 40 training user turns)" in md
+    assert "The trained draft is no better than random tokens (1.000 vs 1.000, 10 verify steps)." in md
+    assert "Expected at this scale: the draft trained 10 optimizer steps, a smoke run" in md
+    # one panel, the offline one: a single 5.5 x 4 inch figure at 100 dpi (three panels were 16.5 inches wide)
+    assert _png_size(tmp_path / "r" / "report.png") == (550, 400)
+    # a draft that trained long and is still no better than random: said to be unexpected, with what to check
+    acceptance["draft_training"]["global_step"] = 20000
+    off = rp.build(acceptance)["offline"]
+    assert "Not expected after 20000 optimizer steps" in rp.versus_random(off)
+    del acceptance["draft_training"]
+    assert "does not say" in rp.versus_random(rp.build(acceptance)["offline"])
+    # better than random: nothing to say
+    acceptance["draft"]["acceptance_length"] = 1.4
+    assert rp.versus_random(rp.build(acceptance)["offline"]) is None

@@ -75,6 +75,46 @@ def test_batched_equals_unbatched(tmp_path, tiny_target):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
 
 
+def _steps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many representable values of their dtype lie between a and b, element by element (same sign)."""
+    as_int = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[a.dtype]
+    return (a.view(as_int).to(torch.int64) - b.view(as_int).to(torch.int64)).abs()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_lost_file_extracted_again_alone_differs_by_rounding_only(tmp_path, tiny_target, dtype):
+    """Issue 32: a file lost after a batched run is extracted again alone, and its bytes differ from the original
+    (CPU GEMMs round differently for another batch shape; the kill -9 proofs pin --max-batch-size 1 for byte
+    identity). The bound docs/reliability.md states, measured here: every element within one step of the stored
+    dtype (bf16: 1 ulp; float32, computed in float32: within 1e-5 of its token and state's largest |value|), far
+    below the stored bf16's own rounding (a relative step of 2^-8)."""
+    data = build_prepared_dataset(tmp_path / "data", LENGTHS)
+    _run(data, tiny_target, dtype=dtype)  # one batch of all 8 rows (the default budget)
+    store = HiddenStateStore(data)
+    lost = [2, 7]
+    before = {i: load_file(str(store.path(i)))["hidden_states"] for i in lost}
+    raw = {i: store.path(i).read_bytes() for i in lost}
+    for i in lost:
+        store.path(i).unlink()
+    again = _run(data, tiny_target, dtype=dtype)
+    assert again["written"] == len(lost)  # the two alone (a batch of 2 instead of 8)
+    worst = 0.0
+    for i in lost:
+        after = load_file(str(store.path(i)))["hidden_states"]
+        assert after.shape == before[i].shape and after.dtype == before[i].dtype
+        scale = before[i].float().abs().amax(dim=-1, keepdim=True)
+        rel = ((after.float() - before[i].float()).abs() / scale).max().item()
+        worst = max(worst, rel)
+        if dtype == "bfloat16":
+            assert _steps_apart(after, before[i]).max().item() <= 1, i
+            assert rel <= 2**-8, (i, rel)
+        else:
+            assert rel <= 1e-5, (i, rel)
+    if dtype == "float32":  # the effect is real (else the bound above would prove nothing)
+        assert any(store.path(i).read_bytes() != raw[i] for i in lost)
+    print(f"{dtype}: worst difference {worst:.3g} of the token and state's largest |value|")
+
+
 def test_resume_after_partial_run_extracts_only_the_rest(data_dir, tiny_target):
     first = _run(data_dir, tiny_target, limit=3)
     assert first["written"] == 3

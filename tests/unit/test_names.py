@@ -69,8 +69,21 @@ def test_every_role_task_is_named_phase_action():
                         assert name.startswith(f"{label} | ") and len(name) > len(label) + 4, (
                             f"{f.relative_to(REPO)}: task {name or t} is not named '{label} | <action>'"
                         )
-    # every role with tasks belongs to a phase playbook
-    assert seen >= {p.parent.parent.name for p in REPO.glob("roles/*/tasks/main.yml")}, seen
+    # the shared role (roles/eagle3ops, every phase role's dependency) runs in every phase's play: its tasks
+    # say so with their own label
+    dependencies = set()
+    for role in seen:
+        meta = yaml.safe_load((REPO / "roles" / role / "meta" / "main.yml").read_text()) or {}
+        dependencies |= {d["role"] if isinstance(d, dict) else d for d in meta.get("dependencies") or []}
+    for role in sorted(dependencies - seen):
+        for f in sorted(REPO.glob(f"roles/{role}/tasks/*.yml")):
+            for t in each_task(yaml.safe_load(f.read_text())):
+                name = t.get("name", "")
+                assert name.startswith("Shared variables | "), (
+                    f"{f.relative_to(REPO)}: task {name or t} is not named 'Shared variables | <action>'"
+                )
+    # every role with tasks belongs to a phase playbook (or is a dependency of the roles of one)
+    assert seen | dependencies >= {p.parent.parent.name for p in REPO.glob("roles/*/tasks/main.yml")}, seen
 
 
 def test_no_role_or_playbook_uses_an_old_name():

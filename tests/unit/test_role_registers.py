@@ -47,3 +47,27 @@ def test_no_register_shadows_a_role_variable():
                     )
     assert registered > 20  # the walk reaches the tasks, blocks included
     assert not clashes, "\n".join(clashes)
+
+
+def test_a_skippable_task_does_not_register_a_name_an_earlier_task_of_its_file_registered():
+    """A skipped task registers too (``{skipped: true}``): a task with a ``when`` that registers the name of an
+    earlier task's result in the same tasks file replaces that result whenever it is skipped. Found by issue 32:
+    the extract role's wait for a sharded run registered ``extract_result`` again, so on one host the report read
+    the skipped wait and said "nothing to extract: 0 of 867 rows already in the manifests" after extracting all
+    867 (and "866 of 867" after re-extracting one lost file). Files included by a ``when`` of their own (the
+    backends' sglang.yml / transformers.yml, runtime's controller / venv branches) are alternatives, not
+    checked against each other."""
+    clashes = []
+    files = 0
+    for path in sorted(ROLES.glob("*/tasks/*.yml")) + sorted(ROLES.glob("*/handlers/*.yml")):
+        files += 1
+        seen: dict[str, str] = {}
+        for task in each_task(yaml.safe_load(path.read_text())):
+            name = task.get("register")
+            if not name:
+                continue
+            if name in seen and task.get("when"):
+                clashes.append(f"{path.relative_to(ROLES)}: {task.get('name')!r} registers {name} again")
+            seen.setdefault(name, task.get("name"))
+    assert files > 30  # the walk reaches every role's tasks
+    assert not clashes, "\n".join(clashes)

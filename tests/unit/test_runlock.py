@@ -6,6 +6,7 @@ tests/reliability/test_run_lock.py; these are the module's own rules, in seconds
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -130,3 +131,54 @@ def test_a_child_works_under_its_parents_lock_and_dies_with_it(tmp_path):
         _end(parent)
         if alive(child):
             os.kill(child, signal.SIGKILL)  # this test's own child, by PID
+
+
+def test_a_run_whose_directory_was_never_made_leaves_nothing(tmp_path):
+    """Issue 32: a first run into a new directory that fails before making it (prepare's bad input) left the new
+    parent folder and the lock file behind. Released, the lock removes the file and the folders it made; the lock
+    of a directory that exists stays, and so does a lock file this run did not create (a killed run's record:
+    test_a_dead_holders_record_is_taken_over_and_reported)."""
+    target = tmp_path / "new" / "parent" / "data"
+    with RunLock(target, what="prepare") as lock:
+        assert lock.made == [lock.path, tmp_path / "new" / "parent", tmp_path / "new"]
+    assert sorted(tmp_path.iterdir()) == []
+    (tmp_path / "kept").mkdir()
+    made = tmp_path / "kept" / "data"
+    with RunLock(made, what="prepare") as lock:
+        made.mkdir()  # the run made its directory: its lock stays for the next run (empty)
+    assert lock.path.exists() and lock.path.read_text() == "" and made.is_dir()
+
+
+def _open_fds(path: Path) -> int:
+    """How many descriptors of this process have ``path`` open."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+    return n
+
+
+def test_a_waiter_on_a_lock_file_removed_under_it_takes_the_new_one(tmp_path):
+    """The holder that leaves nothing unlinks its file while holding it; a run that was waiting on that file
+    gets its flock afterwards and must not hold a lock nobody else can see: it takes the file at the path."""
+    import threading
+
+    target = tmp_path / "new" / "data"
+    first = RunLock(target, what="prepare").acquire()
+    second = RunLock(target, what="prepare", wait=60)
+    waiter = threading.Thread(target=second.acquire)
+    waiter.start()
+    deadline = time.monotonic() + 60
+    while _open_fds(first.path) < 2 and time.monotonic() < deadline:  # the waiter has the same file open
+        time.sleep(0.01)
+    assert _open_fds(first.path) == 2
+    first.release()  # the directory was never made: the file is unlinked while held
+    waiter.join(60)
+    assert not waiter.is_alive() and second.fd is not None
+    try:
+        assert second.path.exists() and runlock._same_file(second.fd, second.path)
+        with pytest.raises(LockHeld):  # a third run sees the second as the holder
+            RunLock(target, what="prepare").acquire()
+    finally:
+        second.release()
+    assert not (tmp_path / "new").exists()

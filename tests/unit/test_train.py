@@ -334,6 +334,19 @@ def test_check_mode_predicts_launch_and_writes_nothing(inputs, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_check_modes_summary_says_what_would_happen_not_pid_none(inputs, tmp_path, capsys):
+    """Issue 32: ``train --check`` printed ``PID None`` (no trainer exists before a launch)."""
+    from eagle3ops.cli import main as cli_main
+
+    verifier, data = inputs
+    argv = ["train", "--data", str(data), "--verifier", str(verifier), "--run-dir", str(tmp_path / "run")]
+    assert cli_main([*argv, "--device", "cpu", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "PID None" not in out and "None" not in out.splitlines()[0], out
+    assert out.startswith("train --check: would launch (now new) (changed=True)"), out
+    assert not (tmp_path / "run").exists()
+
+
 def test_check_mode_before_the_inputs_exist_predicts_a_launch(inputs, tmp_path):
     """`site.yml --check` on a fresh host: prepare/extract wrote nothing, so train cannot read its inputs."""
     verifier, _ = inputs

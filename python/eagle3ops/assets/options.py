@@ -109,6 +109,7 @@ SHAREGPT = Command(
             "limit",
             "int",
             required=True,
+            minimum=1,
             metavar="N",
             role_default=40,  # the demo profile's size
             help="training conversations to keep",
@@ -117,11 +118,12 @@ SHAREGPT = Command(
             "heldout",
             "int",
             default=0,
+            minimum=0,
             metavar="N",
             role_default=8,  # the playbook's benchmark needs some
             help="held-out prompts for the benchmark",
         ),
-        Option("seed", "int", default=0, help="the seed of the subset's random order"),
+        Option("seed", "int", default=0, minimum=0, help="the seed of the subset's random order"),
         Option(
             "exclude_prompts",
             "path",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 from eagle3ops import jsonl
 
@@ -412,6 +413,16 @@ def measure(
     }
 
 
+def _training_state(ckpt) -> dict | None:
+    """The checkpoint's speculators training_state.json (epoch, global_step: how long the draft trained, what the
+    report's verdict against the random baseline needs), or None."""
+    try:
+        state = json.loads((Path(ckpt) / "training_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
 def run(
     checkpoint: str | os.PathLike,
     target_path: str | os.PathLike,
@@ -448,6 +459,7 @@ def run(
         "device": device,
         "dtype": dtype,
         "draft": measure(target, drafter, prompts, k=k, max_new_tokens=max_new_tokens),
+        "draft_training": _training_state(ckpt),
     }
     if baseline:
         rnd = RandomDrafter(target.model.config.vocab_size)

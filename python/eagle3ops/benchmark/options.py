@@ -43,9 +43,11 @@ ACCEPTANCE = Command(
         target_model("target", "transformers", role="benchmark_target_path"),
         Option("prompts", "path", required=True, help="held-out prompts JSONL (not used in training)"),
         Option("out", "path", required=True, role=False, help="result JSON file"),
-        Option("k", "int", default=3, help="draft tokens per verify step (speculative-num-steps)"),
-        Option("max_new_tokens", "int", default=64, no_log=False, help="tokens generated per prompt"),
-        Option("limit", "int", help="use only the first N prompts"),
+        Option("k", "int", default=3, minimum=1, help="draft tokens per verify step (speculative-num-steps)"),
+        Option(
+            "max_new_tokens", "int", default=64, no_log=False, minimum=1, help="tokens generated per prompt"
+        ),
+        Option("limit", "int", minimum=1, help="use only the first N prompts"),
         Option(
             "baseline",
             "bool",
@@ -57,6 +59,7 @@ ACCEPTANCE = Command(
             "threads",
             "int",
             default=1,
+            minimum=1,
             param=False,
             help="torch CPU threads (1 is fastest on a busy machine)",
         ),
@@ -75,6 +78,7 @@ ACCEPTANCE = Command(
         Option(
             "max_target_gb",
             "float",
+            above=0,
             role="benchmark_offline_max_target_gb",
             role_default=16,  # the playbook skips what a CPU host cannot hold; a CLI call measures any size
             help="skip (not fail) when the target's weights exceed this size: the target runs in float32 here",
@@ -127,12 +131,20 @@ SPEC_PROBE = Command(
             "max_new_tokens",
             "int",
             default=128,
+            minimum=1,
             module_default=64,  # one module parameter for every action: the acceptance's; the serve role passes its own
             no_log=False,
             role="serve_probe_max_new_tokens",
             help="tokens generated per probe prompt",
         ),
-        Option("limit", "int", role="serve_probe_count", role_default=4, help="use only the first N prompts"),
+        Option(
+            "limit",
+            "int",
+            role="serve_probe_count",
+            role_default=4,
+            minimum=1,
+            help="use only the first N prompts",
+        ),
         Option(
             "chat_template",
             "path",
@@ -144,6 +156,7 @@ SPEC_PROBE = Command(
         Option(
             "min_accept_length",
             "float",
+            minimum=0,
             module_default=1.3,  # the module's guard action always has a floor; the CLI measures without one
             help="the guard: fail (exit 2, with likely causes) when the acceptance length is below this floor",
         ),
@@ -180,6 +193,7 @@ LIVE = Command(
         Option(
             "num_requests",
             "int",
+            minimum=1,
             role_default=32,  # a bounded run per set in the playbook; a CLI call sends each prompt once
             help="requests per set and concurrency: the first N prompts, repeated when the set is smaller "
             "(default: each once)",
@@ -188,14 +202,19 @@ LIVE = Command(
             "max_new_tokens",
             "int",
             default=256,
+            minimum=1,
             module_default=64,  # the module parameter is shared with acceptance; the benchmark role passes its own
             no_log=False,
             role="benchmark_output_len",
             role_default=256,
             help="tokens generated per request (greedy)",
         ),
-        Option("time_budget", "float", default=600.0, help="seconds per run; no new request after it"),
-        Option("timeout", "float", default=600.0, param="request_timeout", help="seconds per request"),
+        Option(
+            "time_budget", "float", default=600.0, above=0, help="seconds per run; no new request after it"
+        ),
+        Option(
+            "timeout", "float", default=600.0, param="request_timeout", above=0, help="seconds per request"
+        ),
         Option("ignore_eos", "bool", default=False, help="always generate --max-new-tokens tokens"),
         Option(
             "template_model",

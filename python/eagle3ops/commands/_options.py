@@ -17,13 +17,17 @@ DEMO = Command(
     check_help="only report whether a build would happen",
     options=[
         Option("out", "path", required=True, metavar="DIR", help="directory to build the demo in"),
-        Option("num_conversations", "int", default=300, metavar="N", help="conversations to write"),
-        Option("seed", "int", default=0, help="the seed of everything built"),
+        Option(
+            "num_conversations", "int", default=300, metavar="N", minimum=1, help="conversations to write"
+        ),
+        Option("seed", "int", default=0, minimum=0, help="the seed of everything built"),
         Option(
             "train_steps",
             "int",
             default=120,
             metavar="N",
+            minimum=1,
+            why="the target needs at least 1 training step",
             help="optimiser steps of the target's training (fewer: cheaper, less trained)",
         ),
     ],

@@ -38,15 +38,22 @@ DTYPE = one_of(
     ["bfloat16", "float16", "float32", "float8_e4m3fn"],
     help="stored dtype (float8_e4m3fn: e4m3 + a float32 scale per token and state; half the bytes)",
 )
-MARGIN = Option("margin", "float", default=0.05, help="free-space margin over the exact need (fraction)")
-DISK_MARGIN_MIB = Option(
-    "disk_margin_mib", "float", default=64.0, help="free space kept on top of the need and --margin, in MiB"
+MARGIN = Option(
+    "margin", "float", default=0.05, minimum=0, help="free-space margin over the exact need (fraction)"
 )
-LIMIT = Option("limit", "int", help="only the first N rows")
+DISK_MARGIN_MIB = Option(
+    "disk_margin_mib",
+    "float",
+    default=64.0,
+    minimum=0,
+    help="free space kept on top of the need and --margin, in MiB",
+)
+LIMIT = Option("limit", "int", minimum=1, help="only the first N rows")
 WAIT_RUNNING = Option(
     "wait_running",
     "float",
     default=0,
+    minimum=0,
     metavar="SECONDS",
     role=False,  # the role passes extract_async_timeout when its plan found a run in progress
     help="with --check: while another run holds the directory, wait up to this long for it to end first",
@@ -82,25 +89,34 @@ EXTRACT = Command(
         ),
         Option("device", default="auto", help="auto, cpu, cuda, cuda:N"),
         Option(
-            "max_batch_tokens", "int", default=16384, no_log=False, help="padded tokens per forward batch"
+            "max_batch_tokens",
+            "int",
+            default=16384,
+            no_log=False,
+            minimum=1,
+            help="padded tokens per forward batch",
         ),
-        Option("max_batch_size", "int", default=64, param=False, help="rows per forward batch"),
+        Option("max_batch_size", "int", default=64, param=False, minimum=1, help="rows per forward batch"),
         Option(
             "workers",
             default="1",
+            minimum=1,
+            words=("auto",),
             role_default="auto",  # the playbook uses every GPU; a plain CLI call one process
             help="'auto' = one worker per visible GPU (1 on CPU), or a number; each takes a disjoint shard",
         ),
         Option(
             "world_size",
             "int",
+            minimum=1,
             role=False,  # the role computes it from extract_shard_hosts
             help="number of shards over all hosts (several hosts: the sum of their workers; docs/scale.md)",
         ),
-        Option("rank", "int", param=False, help="(internal/advanced) this worker's one shard"),
+        Option("rank", "int", param=False, minimum=0, help="(internal/advanced) this worker's one shard"),
         Option(
             "first_rank",
             "int",
+            minimum=0,
             role=False,
             help="with --world-size: this host's workers take the global ranks FIRST .. FIRST+workers-1 "
             "(recorded in hidden_states/shard.json; a later run with other ranks is refused)",
@@ -115,6 +131,7 @@ EXTRACT = Command(
             "writer_threads",
             "int",
             default=4,
+            minimum=1,
             help="parallel file writers (their fsyncs overlap; docs/performance.md)",
         ),
         MARGIN,
@@ -165,7 +182,15 @@ WORKERS = Command(
     aliases=["workers"],
     help="how many extraction workers --workers SPEC means on this host",
     check=False,
-    options=[Option("workers", default="auto", help="'auto' (one per visible GPU, 1 on CPU) or a number")],
+    options=[
+        Option(
+            "workers",
+            default="auto",
+            minimum=1,
+            words=("auto",),
+            help="'auto' (one per visible GPU, 1 on CPU) or a number",
+        )
+    ],
 )
 
 LENGTHS = Command(
@@ -219,29 +244,51 @@ SGLANG_EXTRACT = Command(
             role="extract_dtype",
             help="stored dtype (the server's hook writes only these three; the transformers backend also stores fp8)",
         ),
-        Option("concurrency", "int", default=8, help="requests in flight"),
+        Option("concurrency", "int", default=8, minimum=1, help="requests in flight"),
         Option(
             "request_timeout",
             "float",
             default=600.0,
+            above=0,
             help="seconds one /generate may take before it is retried",
         ),
         Option(
-            "retries", "int", default=5, help="retries per row (5xx, 408, 429, timeouts, connection errors)"
+            "retries",
+            "int",
+            default=5,
+            minimum=0,
+            help="retries per row (5xx, 408, 429, timeouts, connection errors)",
         ),
         Option(
-            "backoff", "float", default=1.0, param=False, help="first retry delay (s); doubles, with jitter"
+            "backoff",
+            "float",
+            default=1.0,
+            param=False,
+            minimum=0,
+            help="first retry delay (s); doubles, with jitter",
         ),
-        Option("backoff_max", "float", default=60.0, param=False, help="longest retry delay (s)"),
-        Option("health_timeout", "float", default=1800.0, help="seconds to wait for the server's /health"),
+        Option("backoff_max", "float", default=60.0, param=False, minimum=0, help="longest retry delay (s)"),
         Option(
-            "confirm_timeout", "float", default=120.0, param=False, help="wait this long for a row's file"
+            "health_timeout",
+            "float",
+            default=1800.0,
+            minimum=0,
+            help="seconds to wait for the server's /health",
+        ),
+        Option(
+            "confirm_timeout",
+            "float",
+            default=120.0,
+            param=False,
+            minimum=0,
+            help="wait this long for a row's file",
         ),
         LIMIT.but(role="extract_limit"),
         Option("server_unit", help="systemd unit to start and stop (default: attach to --url)"),
         Option(
             "server_pid",
             "int",
+            minimum=1,
             param=False,
             help="the attached server's PID: when it dies, stop waiting for /health at once (exit 2)",
         ),

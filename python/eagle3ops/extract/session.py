@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3ops import layers
+from eagle3ops import layers, target_model
 from eagle3ops.durable import sha256_file
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.shards import check_shard, rank_indices, shard_indices
@@ -100,11 +100,7 @@ def model_facts(model_path: str | os.PathLike, *, content_hash: bool = False) ->
     are read as JSON; anything else goes through ``transformers.AutoConfig`` (importing transformers
     dominated ``extract --plan``: docs/performance.md, "Resume planning")."""
     p = Path(model_path)
-    if not p.exists():
-        raise ExtractError(
-            f"target model path {model_path} does not exist. Set extract_model_path (or --model) to a local "
-            "model directory; hubs are not reachable from here (HF_HUB_OFFLINE=1)."
-        )
+    target_model.require(model_path, "extract_model_path (or --model)", ExtractError)
     facts = _facts_from_config_json(p / "config.json")
     if facts is None:
         from transformers import AutoConfig

@@ -161,8 +161,15 @@ STORAGE_PARTITION = Command(
     role="storage",
     options=[
         Option("disk", "path", required=True, role_default="", help="the whole disk"),
-        Option("number", "int", default=1, role=False, help="the partition number"),
-        Option("timeout", "int", default=10, role=False, help="seconds to wait for the partition to appear"),
+        Option("number", "int", default=1, role=False, minimum=1, help="the partition number"),
+        Option(
+            "timeout",
+            "int",
+            default=10,
+            role=False,
+            minimum=0,
+            help="seconds to wait for the partition to appear",
+        ),
     ],
 )
 
@@ -229,7 +236,7 @@ CONTAINER_GPU = Command(
     module="eagle3ops_container_gpu",
     role="proxmox_container",
     options=[
-        Option("vmid", "int", required=True, role_default=129, help="the container's id"),
+        Option("vmid", "int", required=True, role_default=129, minimum=100, help="the container's id"),
         Option(
             "options",
             "dict",
@@ -278,7 +285,7 @@ CONTAINER_GPU = Command(
             role=False,  # the role's proxmox_container_start (a bool) picks it
             help="started also starts a stopped container; present leaves it",
         ),
-        Option("pct", "path", default="/usr/sbin/pct", help="path of pct"),
+        Option("pct", "path", default="/usr/sbin/pct", command=True, help="path of pct"),
         Option("config_dir", "path", default="/etc/pve/lxc", help="where the container configs live"),
         Option("dev_root", "path", default="/dev", help="where to look for the NVIDIA device nodes (tests)"),
         Option("proc_devices", "path", default="/proc/devices", help="the host's character-device majors"),

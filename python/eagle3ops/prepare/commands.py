@@ -15,10 +15,14 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import contextlib
 
-    from eagle3ops.prepare.dataset import prepare
+    from eagle3ops.prepare.dataset import check_model, prepare
     from eagle3ops.prepare.errors import PrepareError
     from eagle3ops.runlock import RunLock, holder
 
+    try:  # before the lock: a wrong --model leaves nothing behind
+        check_model(args.model)
+    except PrepareError as e:
+        raise CommandError(str(e), out=args.out) from e
     # one run per data directory; check mode takes no lock but says who holds it
     running = holder(args.out) if args.check else None
     lock = contextlib.nullcontext() if args.check else RunLock(args.out, what="prepare", wait=args.lock_wait)
@@ -60,9 +64,6 @@ def _prepare(args, prepare, PrepareError) -> dict:
 def _emit(args, result) -> int:
     human = outcome("prepare", args.out if args.check else result["out"], result["changed"], args.check)
     if not args.check:
-        human += (
-            f": {result['num_rows']} rows, {result['num_tokens']} tokens "
-            f"({result['num_supervised_tokens']} supervised), {len(result['skipped'])} skipped"
-        ) + listing("skipped", result["skipped"])
+        human += f": {result['summary']}" + listing("skipped", result["skipped"])
     emit(args, result, human)
     return 0

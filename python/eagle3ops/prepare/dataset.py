@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from eagle3ops import target_model
 from eagle3ops.conversations import InputError, Source, load_tokenizer, resolve_sources
 from eagle3ops.durable import fsync_dir, fsync_tree, sha256_file, swap_dir_into_place
 from eagle3ops.prepare.errors import PrepareError
@@ -258,6 +259,7 @@ def prepare(
         raise PrepareError(f"rows must be one of {', '.join(ROWS_CHOICES)}, not {rows!r}")
     if workers < 1:
         raise PrepareError(f"workers {workers} must be at least 1 (the rendering processes)")
+    check_model(model)
     data_dir = Path(out).absolute()
     sources = resolve_sources(inputs)
     params = {"max_length": max_length, "max_samples": max_samples, "seed": seed}
@@ -320,7 +322,9 @@ def prepare(
         for ids, mask in groups[g]:
             ids_rows.append(ids)
             mask_rows.append(mask)
+    cut_by_max_samples = 0
     if max_samples is not None:
+        cut_by_max_samples = max(0, len(ids_rows) - max_samples)
         ids_rows, mask_rows = ids_rows[:max_samples], mask_rows[:max_samples]
     if not ids_rows:
         raise PrepareError(
@@ -372,6 +376,7 @@ def prepare(
             **stats,
             "skipped": [str(p) for p in problems],
             "dropped": dropped,
+            "rows_cut_by_max_samples": cut_by_max_samples,
             "rows": {"layout": rows, **(merge_counts if rows == "conversation" else {})},
             "files": files,
             "checksums": checksums,
@@ -397,11 +402,35 @@ def prepare(
     result["removed_hidden_states"] = removed_hs
     result["damaged_files"] = damaged
     result["seconds"] = round(time.monotonic() - t0, 2)
-    log(
-        f"prepare: {result['num_rows']} rows, {result['num_tokens']} tokens "
-        f"({result['num_supervised_tokens']} supervised), {len(problems)} skipped, in {result['seconds']} s"
-    )
+    log(f"prepare: {result['summary']}, in {result['seconds']} s")
     return result
+
+
+def summary(meta: dict) -> str:
+    """One line that says what the rows are and what was left out on the way (issue 32: 37 rows from 40
+    conversations, and the 110 assistant turns that did not fit were only in prepare_meta.json)."""
+    d = meta.get("dropped") or {}
+    max_length = (meta.get("params") or {}).get("max_length")
+    n_in, n_conv = meta.get("num_input_rows"), meta.get("num_conversations")
+    head = (
+        f"{meta['num_rows']} rows ({meta['num_tokens']} tokens, {meta['num_supervised_tokens']} supervised)"
+        + (f" from {n_in} input conversations ({n_conv} gave rows)" if n_in is not None else "")
+    )
+    left_out = [
+        f"{d.get('turns_context_over_max_length', 0)} assistant turns whose context exceeds max_length "
+        f"{max_length}",
+        f"{d.get('rows_unsupervised_after_truncation', 0)} rows with no supervised token left after truncation",
+        f"{len(meta.get('skipped') or [])} bad input rows skipped (on_error skip)",
+    ]
+    if meta.get("rows_cut_by_max_samples"):
+        left_out.append(f"{meta['rows_cut_by_max_samples']} rows over max_samples")
+    return f"{head}; left out: " + ", ".join(left_out)
+
+
+def check_model(model: str | os.PathLike) -> None:
+    """The target's directory exists (extract's check, :mod:`eagle3ops.target_model`): a path that does not
+    reached transformers' hub lookup and failed as ``Repo id must be in the form 'repo_name'...``."""
+    target_model.require(model, "prepare_model_path (or --model)", PrepareError)
 
 
 def _failure(problems: list[str]) -> PrepareError:
@@ -458,6 +487,9 @@ def _result(data_dir: Path, meta: dict, changed: bool) -> dict:
         "num_conversations": meta.get("num_conversations"),
         "skipped": meta.get("skipped", []),
         "dropped": meta.get("dropped", {}),
+        "num_input_rows": meta.get("num_input_rows"),
+        "rows_cut_by_max_samples": meta.get("rows_cut_by_max_samples", 0),
+        "summary": summary(meta),
         "rows": meta.get("rows", {"layout": "turn"}),
         "fingerprint": meta["fingerprint"],
         "token_freq": str(data_dir / TOKEN_FREQ),

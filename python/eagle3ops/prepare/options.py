@@ -34,14 +34,16 @@ PREPARE = Command(
             role="prepare_output_dir",
             help="output data directory",
         ),
-        Option("max_length", "int", default=2048, help="tokens per row (longer rows are truncated)"),
+        Option(
+            "max_length", "int", default=2048, minimum=2, help="tokens per row (longer rows are truncated)"
+        ),
         one_of(
             "on_error",
             ["fail", "skip"],
             help="bad input rows: fail (nothing is written) or skip (listed in the result)",
         ),
-        Option("max_samples", "int", metavar="N", help="keep at most N rows"),
-        Option("seed", "int", default=0, help="shuffle seed"),
+        Option("max_samples", "int", metavar="N", minimum=1, help="keep at most N rows"),
+        Option("seed", "int", default=0, minimum=0, help="shuffle seed"),
         one_of(
             "rows",
             ["turn", "conversation"],
@@ -54,6 +56,7 @@ PREPARE = Command(
             "int",
             default=1,
             metavar="N",
+            minimum=1,
             help="render in N processes (the same rows; the tokenizer and chat template run on N cores)",
         ),
         Option(
@@ -66,6 +69,7 @@ PREPARE = Command(
             "lock_wait",
             "float",
             default=0,
+            minimum=0,
             metavar="SECONDS",
             role_default=3600,  # the playbook waits for an interrupted run still holding the directory
             help="while another run holds DATA_DIR, wait up to this long for it (0: fail at once)",

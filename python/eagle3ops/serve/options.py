@@ -41,6 +41,7 @@ CONVERT = Command(
         Option(
             "serve_window",
             "int",
+            minimum=1,
             role="serve_draft_window_size",
             help="the --speculative-draft-window-size the server will use (needed for a sliding-window draft)",
         ),
@@ -104,10 +105,17 @@ SERVE_PROCESS = Command(
             help="free-form identity beyond argv/env (a changed stamp restarts the server)",
         ),
         Option(
-            "health_timeout", "float", default=600.0, role_default=3600, help="seconds to wait for /health"
+            "health_timeout",
+            "float",
+            default=600.0,
+            role_default=3600,
+            minimum=0,
+            help="seconds to wait for /health",
         ),
-        Option("interval", "float", default=2.0, role=False, help="seconds between /health polls"),
-        Option("stop_grace", "float", default=60.0, role=False, help="seconds from SIGTERM to SIGKILL"),
+        Option("interval", "float", default=2.0, role=False, above=0, help="seconds between /health polls"),
+        Option(
+            "stop_grace", "float", default=60.0, role=False, minimum=0, help="seconds from SIGTERM to SIGKILL"
+        ),
         Option(
             "argv_json",
             param=False,

@@ -7,7 +7,9 @@ or writes one (prepare, extract and its SGLang hook, train, the train fixtures).
 - :mod:`.checksum`: content checksums (xxh3-64, crc32);
 - :mod:`.manifest`: the append-only manifests;
 - :mod:`.meta`: ``extract_meta.json`` and whether a run may resume into a store;
-- :mod:`.hidden_states`: :class:`HiddenStateStore`, the resume plan, the disk checks and the disk preflight.
+- :mod:`.hidden_states`: :class:`HiddenStateStore`, the resume plan, the disk checks and the disk preflight;
+- :mod:`.verified`: content verification against the manifests' checksums, once per file (a record by inode,
+  size, mtime, ctime).
 
 The names below are the package's API (``from eagle3ops.store import HiddenStateStore``); the modules' other
 names are theirs.
@@ -40,6 +42,7 @@ from eagle3ops.store.sample import (
     sample_parts,
     serialize_sample,
 )
+from eagle3ops.store.verified import verify_content
 from eagle3ops.store.write import atomic_write_bytes, atomic_write_many
 
 __all__ = [
@@ -77,6 +80,7 @@ __all__ = [
     "sample_nbytes",
     "sample_parts",
     "serialize_sample",
+    "verify_content",
     "weight_changes",
     "xxh3",
 ]

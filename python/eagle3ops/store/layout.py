@@ -13,6 +13,8 @@ Layout (the speculators 0.9.0 offline contract, plus eagle3ops' bookkeeping)::
     DATA/hidden_states/shard.json              the global ranks this host's store covers (several hosts)
     DATA/hidden_states/damaged/                files the checks found damaged, moved aside (never deleted)
     DATA/hidden_states/sglang_hook_errors.jsonl  rows the SGLang server's writer failed
+    DATA/hidden_states/verified.jsonl          files whose content matched their checksum, by inode, size,
+                                               mtime, ctime (eagle3ops.store.verified: train's check)
     PARENT/.DATA.lock                          one run per data directory (eagle3ops.runlock)
 
 Standard library only.
@@ -36,6 +38,7 @@ META_NAME = "extract_meta.json"
 SHARD_FILE = "shard.json"
 DAMAGED_DIR = "damaged"  # files the checks found damaged, moved aside (never deleted)
 SGLANG_ERRORS = "sglang_hook_errors.jsonl"
+VERIFIED_NAME = "verified.jsonl"  # the verified-once record (eagle3ops.store.verified)
 MANIFEST_PREFIX, MANIFEST_SUFFIX = "manifest-rank", ".jsonl"
 # temp files of the atomic writes in hidden_states/: ".{final name}.{pid}.{thread}.tmp"
 TEMP_RE = re.compile(

@@ -38,7 +38,7 @@ def cmd_train(args) -> int:
         raise CommandError(str(e), **e.details) from e
     m = result.get("metrics", {})
     human = (
-        f"train {result['status']} (changed={result['changed']}) run {result['run_dir']} PID {result.get('pid')}"
+        f"train {_what(result, args.check)} (changed={result['changed']}) run {result['run_dir']}"
         # check mode before extraction has run knows no layer ids/device yet: .get, not [...]
         f"\n  layer ids {result.get('layer_ids')}, draft vocab {result.get('draft_vocab_size')}, "
         f"device {result.get('device')} x{result.get('nproc')}"
@@ -48,6 +48,17 @@ def cmd_train(args) -> int:
         print(f"warning: {w}", file=sys.stderr)
     emit(args, result, human)
     return 0
+
+
+def _what(result: dict, check: bool) -> str:
+    """What happened to the run (check mode: what would), and its trainer's PID where there is one: check mode
+    before a launch has none (issue 32: it printed "PID None")."""
+    pid = f", PID {result['pid']}" if result.get("pid") else ""
+    if check and result.get("would"):
+        return f"--check: would {result['would']} (now {result.get('previous_status', 'new')}{pid})"
+    if check:
+        return f"--check: would leave it {result['status']}{pid}"
+    return f"{result['status']}{pid}"
 
 
 def cmd_status(args) -> int:

@@ -113,6 +113,7 @@ def make_data_dir(
         {
             "layer_ids": list(layer_ids),
             "num_layers": n_layers,
+            "num_states": len(layer_ids) + 1,  # as extract records it: the aux layers + the pre-norm last
             "hidden_size": hidden,
             "dtype": dtype,
             "model_path": str(Path(verifier_dir).resolve()),

@@ -1,16 +1,18 @@
 """The train phase's inputs, read and checked, never re-typed: the extraction's meta (the aux layer ids), the
-verifier's config, the finished samples (manifests and the cheap file check), the token frequencies and the
-draft vocabulary built from them."""
+verifier's config, the finished samples (manifests and the cheap file check; their content against the
+manifests' checksums, once per file: :func:`check_content`), the token frequencies and the draft vocabulary
+built from them."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from eagle3ops import layers
 from eagle3ops.durable import atomic_write_bytes
-from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore
+from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore, human_bytes, verify_content
 from eagle3ops.store.layout import DATASET_FILES
 from eagle3ops.train.spec import (
     DEFAULT_DRAFT_VOCAB,
@@ -137,6 +139,61 @@ def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
             inputs_pending=True,
         )
     return {"rows": num_rows, "samples_with_states": done, "tokens": sum(lengths.values())}
+
+
+def check_content(data_dir: str | os.PathLike, *, check: bool, log) -> dict:
+    """Every hidden-state file's content against the checksum its writer recorded, reading only the files not
+    verified since they last changed (:mod:`eagle3ops.store.verified`; an unchanged store costs a stat a file).
+    Refuses damaged files by name (issue 32: a 16-byte flip passed the size + header check and reached
+    training). ``check``: read nothing; say how much a real run would read."""
+    store = HiddenStateStore(data_dir)
+    rows = store.scan_manifest().rows()
+    t0 = time.monotonic()
+    if not check:
+        pending = verify_content(store.dir, rows.values(), check=True)
+        if pending["to_verify"]:
+            log(
+                f"checking the content of {pending['to_verify']} hidden-state files "
+                f"({human_bytes(pending['bytes_to_verify'])}) against their manifest checksums (once per file; "
+                f"{pending['already_verified']} verified before and unchanged)"
+            )
+    res = verify_content(store.dir, rows.values(), check=check, on_bytes=_every_10s(log))
+    res["seconds"] = round(time.monotonic() - t0, 2)
+    damaged = res.pop("damaged")
+    if damaged:
+        shown = "; ".join(f"row {i}: {store.path(i)}: {r}" for i, r in sorted(damaged.items())[:10])
+        raise TrainError(
+            f"{len(damaged)} hidden-state files in {store.dir} do not hold the bytes their writer recorded ({shown}"
+            + (f"; and {len(damaged) - 10} more" if len(damaged) > 10 else "")
+            + "). Nothing was trained on them. Move them aside and extract those rows again: `eagle3ops verify "
+            f"--data {data_dir} --level checksum --move-aside`, then the extract phase (or the extract phase "
+            "with extract_verify: checksum, which does both).",
+            damaged_files={
+                str(i): {"file": str(store.path(i)), "reason": r} for i, r in sorted(damaged.items())
+            },
+        )
+    if res["bytes_read"]:
+        rate = res["bytes_read"] / max(res["seconds"], 1e-6)
+        log(
+            f"content check: {res['verified']} files ({human_bytes(res['bytes_read'])}) match their checksums, "
+            f"{human_bytes(rate)}/s; recorded in {store.dir}/verified.jsonl"
+        )
+    return res
+
+
+def _every_10s(log):
+    """An ``on_bytes`` that logs the bytes read so far every 10 seconds (a long first verification says where it
+    is)."""
+    state = {"n": 0, "last": time.monotonic()}
+
+    def on_bytes(n: int) -> None:
+        state["n"] += n
+        now = time.monotonic()
+        if now - state["last"] >= 10:
+            state["last"] = now
+            log(f"content check: {human_bytes(state['n'])} read")
+
+    return on_bytes
 
 
 def read_token_freq(path: Path) -> dict[int, int]:

@@ -54,6 +54,7 @@ TRAIN = Command(
         Option(
             "draft_vocab_size",
             "int",
+            minimum=1,
             role_default=DEFAULT_DRAFT_VOCAB,  # the playbook says what the CLI leaves implicit
             help=f"default {DEFAULT_DRAFT_VOCAB}, capped at the distinct tokens seen",
         ),
@@ -64,25 +65,37 @@ TRAIN = Command(
             role_default="",
             help="token frequencies (default DATA/token_freq.pt)",
         ),
-        Option("epochs", "int", default=3, help="training epochs"),
+        Option("epochs", "int", default=3, minimum=1, help="training epochs"),
         Option(
             "lr",
             "float",
+            above=0,
             help="learning rate (default: the trainer's own: speculators 0.001, specforge 0.0001)",
         ),
         Option(
             "ttt_steps",
             "int",
+            minimum=1,
             help="test-time-training steps, the draft positions trained (default: the trainer's own: speculators 3, "
             "specforge 7)",
         ),
-        Option("num_layers", "int", default=1, help="draft decoder layers"),
-        Option("total_seq_len", "int", default=8192, help="tokens per packed batch (per process)"),
-        Option("train_data_ratio", "float", default=0.9, param=False, help="share of the rows trained on"),
-        Option("max_steps", "int", help="stop after this many optimizer steps (smoke runs)"),
-        Option("checkpoint_freq", "float", default=1.0, help="epochs between checkpoints (<1: within)"),
-        Option("log_freq", "int", default=1, param=False, help="steps between metric records"),
-        Option("seed", "int", default=42, param=False, help="the training seed"),
+        Option("num_layers", "int", default=1, minimum=1, help="draft decoder layers"),
+        Option("total_seq_len", "int", default=8192, minimum=1, help="tokens per packed batch (per process)"),
+        Option(
+            "train_data_ratio",
+            "float",
+            default=0.9,
+            param=False,
+            above=0,
+            maximum=1,
+            help="share of the rows trained on",
+        ),
+        Option("max_steps", "int", minimum=1, help="stop after this many optimizer steps (smoke runs)"),
+        Option(
+            "checkpoint_freq", "float", default=1.0, above=0, help="epochs between checkpoints (<1: within)"
+        ),
+        Option("log_freq", "int", default=1, param=False, minimum=1, help="steps between metric records"),
+        Option("seed", "int", default=42, param=False, minimum=0, help="the training seed"),
         Option(
             "norm_before_residual",
             "bool",
@@ -90,25 +103,46 @@ TRAIN = Command(
             help="speculators' default; SGLang 0.5.23 cannot serve it, so off unless asked",
         ),
         one_of("attention", ["full", "sliding"], help="draft attention"),
-        Option("sliding_window", "int", default=2048, help="window of sliding attention"),
+        Option("sliding_window", "int", default=2048, minimum=1, help="window of sliding attention"),
+        one_of(
+            "verify",
+            ["checksum", "size"],
+            help="before a trainer is launched: checksum = every hidden-state file's content against the checksum "
+            "its writer recorded, reading only files not verified since they last changed (hidden_states/"
+            "verified.jsonl; docs/performance.md has the cost); size = only the size + header check every run makes",
+        ),
         one_of(
             "on_missing",
             ["raise", "skip", "warn"],
             help="a sample without hidden states: raise refuses incomplete extraction",
         ),
         Option(
-            "mask_token_id", "int", param=False, help="speculators' mask token (default from the verifier)"
+            "mask_token_id",
+            "int",
+            param=False,
+            minimum=0,
+            help="speculators' mask token (default from the verifier)",
         ),
         one_of("device", ["auto", "cpu", "gpu"], help="auto: GPUs when visible"),
-        Option("nproc", "int", help="trainer processes on GPUs (default: every visible GPU)"),
+        Option("nproc", "int", minimum=1, help="trainer processes on GPUs (default: every visible GPU)"),
         # the role passes null as omitted (0 workers is a value): not a plain pass-through
-        Option("num_workers", "int", role=False, help="loader workers per process (default 0 on CPU)"),
+        Option(
+            "num_workers", "int", role=False, minimum=0, help="loader workers per process (default 0 on CPU)"
+        ),
         # several hosts (docs/scale.md): the role computes these from train_hosts and the job it decides on
-        Option("nnodes", "int", default=1, role=False, help="hosts training together (torchrun --nnodes)"),
+        Option(
+            "nnodes",
+            "int",
+            default=1,
+            role=False,
+            minimum=1,
+            help="hosts training together (torchrun --nnodes)",
+        ),
         Option(
             "node_rank",
             "int",
             default=0,
+            minimum=0,
             role=False,
             help="this host's index among them (0 = rendezvous host)",
         ),
@@ -167,7 +201,14 @@ TRAIN = Command(
         ),
         Option("python", param=False, help="interpreter for the trainer (default: this one)"),
         Option("gpu_free_check", "bool", default=True, help="assert free VRAM before launching on GPUs"),
-        Option("gpu_free_timeout", "float", default=60, param=False, help="seconds the VRAM check waits"),
+        Option(
+            "gpu_free_timeout",
+            "float",
+            default=60,
+            param=False,
+            minimum=0,
+            help="seconds the VRAM check waits",
+        ),
         # the role waits only once every node started (several hosts): computed, not a pass-through
         Option(
             "wait", "bool", default=False, role=False, help="block until the run ends; return its metrics"
@@ -176,6 +217,7 @@ TRAIN = Command(
             "timeout",
             "float",
             default=3600,
+            minimum=0,
             role="train_wait_timeout",
             role_default=86400,  # a playbook waiting for a training run waits a day; a CLI call an hour
             help="seconds --wait waits",
@@ -196,6 +238,6 @@ TRAIN_STOP = Command(
     help="stop a running training run (SIGTERM: speculators saves 'interrupted')",
     options=[
         Option("run_dir", "path", required=True, help="the run directory"),
-        Option("grace", "float", default=60, help="seconds between SIGTERM and SIGKILL"),
+        Option("grace", "float", default=60, minimum=0, help="seconds between SIGTERM and SIGKILL"),
     ],
 )

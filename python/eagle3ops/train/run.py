@@ -44,6 +44,7 @@ from pathlib import Path
 from eagle3ops.checkpoints import checkpoint_problem, epoch_dirs, final_checkpoint
 from eagle3ops.durable import atomic_write_bytes
 from eagle3ops.train.inputs import (
+    check_content,
     write_vocab_maps,
 )
 from eagle3ops.train.launch import (
@@ -318,6 +319,8 @@ def ensure_run(
                     after={"status": "running"},
                     resume_from=resume_point(p.save_path) if status != "new" else None,
                 )
+                if spec.verify == "checksum":  # what the launch would read first (nothing is read now)
+                    result["content_check"] = check_content(spec.data_dir, check=True, log=log)
                 held = other_job and other_job["previous_status"] == "running"
                 # its own trainer holds this node's GPUs until the stop: nothing to predict from them now
                 result["gpu_free"] = (
@@ -328,6 +331,8 @@ def ensure_run(
                     else gpu_free(p, True, log)
                 )
                 return result
+            if spec.verify == "checksum":  # damaged states are refused before a trainer reads them
+                result["content_check"] = check_content(spec.data_dir, check=False, log=log)
             result["gpu_free"] = gpu_free(p, False, log)
             scheduler = (spec.extra.get("scheduler") or {}).get("scheduler_type", "linear") != "none"
             result["quarantined_checkpoints"] = quarantine_incomplete(p.save_path, scheduler)

@@ -108,6 +108,9 @@ class TrainSpec:
     attention: str = "full"  # full | sliding
     sliding_window: int = 2048
     on_missing: str = "raise"
+    # checksum: every hidden-state file's content against its manifest checksum before a launch, once per file
+    # (eagle3ops.store.verified); size: the size + header check only
+    verify: str = "checksum"
     mask_token_id: int | None = None
     device: str = "auto"  # auto | cpu | gpu
     nproc: int | None = None

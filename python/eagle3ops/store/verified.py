@@ -1,0 +1,126 @@
+"""Content verification with a verified-once record: every hidden-state file's bytes are compared, once, with the
+content checksum its writer recorded in the manifest (``h`` xxh3-64, ``c`` crc32), and the file is then
+remembered in ``hidden_states/verified.jsonl`` by what any change to it would change: inode, size, mtime and
+ctime (nanoseconds). A later check re-reads only the files whose record is missing or differs, so an unchanged
+store costs one ``stat`` a file.
+
+Why: the cheap check every phase runs (size and safetensors header: :meth:`HiddenStateStore.check_files`) cannot
+see bytes changed inside the tensor data; a 16-byte flip in a file passed ``status`` and a re-run, and only
+``eagle3ops verify --level checksum`` found it (issue 32). The train phase runs this before it launches a
+trainer, so damaged states are refused, naming the file, before anything trains on them.
+
+What the record trusts: a write, a truncate, a rename over the file, a copy (storage migration, backup restore)
+all change the inode or ctime, and no system call sets ctime back; a file whose key is unchanged has the bytes
+that were verified. Corruption below the file system (a disk returning other bytes for an unchanged inode) is
+found by the first verification of each file, not by later ones: ``eagle3ops verify --level checksum`` re-reads
+everything whatever the record says.
+
+The record is append-only JSON lines ``{"i": index, "k": [ino, size, mtime_ns, ctime_ns]}`` (the last line of
+an index wins; a torn last line is ignored); it is rewritten compactly when it holds more than twice as many
+lines as indices. Cost: docs/performance.md, "Content verification before training".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from eagle3ops.durable import atomic_write_text
+from eagle3ops.store.checksum import file_hashes
+from eagle3ops.store.layout import VERIFIED_NAME
+
+CHANGED = "content checksum differs from the manifest's (bytes changed on disk since they were written)"
+
+
+def _key(st: os.stat_result) -> list[int]:
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def read_record(hs_dir: str | os.PathLike) -> tuple[dict[int, list[int]], int]:
+    """({index: key} of the files verified, lines read) from ``hs_dir/verified.jsonl`` (empty when absent)."""
+    record: dict[int, list[int]] = {}
+    lines = 0
+    try:
+        text = Path(hs_dir, VERIFIED_NAME).read_text()
+    except OSError:
+        return record, 0
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+            record[int(d["i"])] = [int(x) for x in d["k"]]
+            lines += 1
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line (killed mid-append)
+    return record, lines
+
+
+def verify_content(
+    hs_dir: str | os.PathLike,
+    rows: Iterable[dict],
+    *,
+    check: bool = False,
+    on_bytes: Callable[[int], None] | None = None,
+) -> dict:
+    """Compare every listed file (``rows``: manifest lines as dicts, :meth:`ManifestScan.rows`) not verified since
+    its last change with its manifest checksum, and record the ones that match.
+
+    Returns ``damaged`` (index -> reason), ``verified`` (files read and found intact now), ``already_verified``
+    (files the record vouches for: not read), ``bytes_read``, ``unchecked`` (files without a manifest checksum,
+    e.g. adopted ones: nothing to compare with; their header was checked by the cheap check) and ``missing``
+    (listed, not on disk: the cheap check reports those). ``check``: read nothing, write nothing; ``to_verify``
+    and ``bytes_to_verify`` say what a real run would read."""
+    d = Path(hs_dir)
+    record, lines = read_record(d)
+    damaged: dict[int, str] = {}
+    out = {"verified": 0, "already_verified": 0, "bytes_read": 0, "unchecked": 0, "missing": 0}
+    todo = []
+    for r in rows:
+        i = r["i"]
+        try:
+            st = os.stat(d / f"hs_{i}.safetensors")
+        except FileNotFoundError:
+            out["missing"] += 1
+            continue
+        key = _key(st)
+        if record.get(i) == key:
+            out["already_verified"] += 1
+            continue
+        want = {k: r[k] for k in ("h", "c") if r.get(k) is not None}
+        if not want:
+            out["unchecked"] += 1
+            continue
+        todo.append((i, key, want))
+    out["to_verify"] = len(todo)
+    out["bytes_to_verify"] = sum(key[1] for _, key, _ in todo)
+    if check or not todo:
+        return {**out, "damaged": damaged}
+    fresh: dict[int, list[int]] = {}
+    with open(d / VERIFIED_NAME, "a") as fh:
+        for i, key, want in todo:
+            path = d / f"hs_{i}.safetensors"
+            try:
+                got = file_hashes(path, set(want), on_bytes=on_bytes)
+                st = os.stat(path)
+            except OSError as err:
+                damaged[i] = f"cannot be read ({err.strerror})"
+                continue
+            out["bytes_read"] += key[1]
+            if got != want:
+                damaged[i] = CHANGED
+                continue
+            if _key(st) != key:  # changed while it was read: verified next time
+                continue
+            fresh[i] = key
+            out["verified"] += 1
+            fh.write(json.dumps({"i": i, "k": key}, separators=(",", ":")) + "\n")
+    record.update(fresh)
+    if lines + len(fresh) > 2 * max(len(record), 1):
+        atomic_write_text(
+            d / VERIFIED_NAME,
+            "".join(
+                json.dumps({"i": i, "k": k}, separators=(",", ":")) + "\n" for i, k in sorted(record.items())
+            ),
+        )
+    return {**out, "damaged": damaged}
