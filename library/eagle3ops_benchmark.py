@@ -8,8 +8,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_benchmark
 short_description: Offline acceptance length of an EAGLE-3 draft, and the benchmark report
 description:
-  - Formerly named C(eagle3_benchmark); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_benchmark).
   - C(action=acceptance) runs C(eagle3ops benchmark-acceptance) - greedy chain drafting of I(k) tokens by the
     trained draft from the target's own hidden states, verified by the target (transformers), on held-out
     prompts - and writes the result JSON to I(out). Runs again only when the checkpoint, target, prompts or
@@ -238,7 +236,6 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_benchmark_options import BENCHMARK
 from ansible.module_utils.eagle3ops_cli import CliRunner
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
 REPORT_INPUTS = ("acceptance", "sglang_with", "sglang_without", "live_with", "live_without")
 
@@ -255,7 +252,6 @@ def main():
         ],
         supports_check_mode=True,
     )
-    deprecate_old_name(module)
     p = module.params
     runner = CliRunner(module, BENCHMARK.actions[p["action"]])
     if p["action"] == "live":

@@ -12,8 +12,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_container_gpu
 short_description: Pass every NVIDIA device of a Proxmox VE host into an LXC container, and set its options
 description:
-  - Formerly named C(proxmox_lxc_gpu); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_container_gpu).
   - Runs on the PVE host (as root, or with become). Reads C(/etc/pve/lxc/<vmid>.conf), the host's
     C(/dev/nvidia*) nodes and their majors (C(stat) and C(/proc/devices); they change across kernels), and
     computes what must change.
@@ -195,7 +193,6 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_container import ContainerFailed, converge
 from ansible.module_utils.eagle3ops_host_options import CONTAINER_GPU
 from ansible.module_utils.eagle3ops_module import refuse_bad_values
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
 
 class ModuleHost:
@@ -216,7 +213,6 @@ class ModuleHost:
 
 def main():
     module = AnsibleModule(argument_spec=CONTAINER_GPU.argument_spec(), supports_check_mode=True)
-    deprecate_old_name(module)
     refuse_bad_values(module, CONTAINER_GPU)
     try:
         result = converge(module.params, ModuleHost(module), check_mode=module.check_mode)

@@ -8,8 +8,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_extract
 short_description: Extract an EAGLE-3 target's hidden states for every prepared row (resumable, crash-safe)
 description:
-  - Formerly named C(hidden_states_extract); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_extract).
   - Runs C(eagle3ops extract) on the target host. For every row of the prepared Arrow dataset in O(data_dir)
     it writes C(hidden_states/hs_{i}.safetensors) (C(token_ids) [T] and C(hidden_states) [T, K+1, H] - the K aux
     layers, input-of-layer convention, then the pre-norm last layer), the speculators 0.9.0 offline format.
@@ -222,7 +220,6 @@ layer_ids:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_cli import CliRunner, with_job_progress
 from ansible.module_utils.eagle3ops_extract_options import EXTRACT
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
 
 def main():
@@ -231,7 +228,6 @@ def main():
         supports_check_mode=True,
         required_together=[("world_size", "first_rank")],
     )
-    deprecate_old_name(module)
     p = module.params
     result = with_job_progress(module, CliRunner(module, EXTRACT).run())
     if module.check_mode:

@@ -8,8 +8,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_extract_sglang
 short_description: Extract EAGLE-3 hidden states through a patched SGLang server (resumable, crash-safe)
 description:
-  - Formerly named C(sglang_extract); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_extract_sglang).
   - Runs C(eagle3ops extract-sglang) on the target - the SGLang backend of the extract phase. The server, started
     from its systemd unit (I(server_unit)) or already running at I(url), carries the eagle3ops capture patch
     (module C(eagle3ops_sglang_patch), role C(sglang)); it writes C(hidden_states/hs_{i}.safetensors) through the
@@ -191,12 +189,10 @@ layer_ids:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_cli import CliRunner, with_job_progress
 from ansible.module_utils.eagle3ops_extract_options import SGLANG_EXTRACT
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
 
 def main():
     module = AnsibleModule(argument_spec=SGLANG_EXTRACT.argument_spec(), supports_check_mode=True)
-    deprecate_old_name(module)
     p = module.params
     result = with_job_progress(module, CliRunner(module, SGLANG_EXTRACT).run())
     if module.check_mode and result.get("to_extract") and not result.get("fits"):

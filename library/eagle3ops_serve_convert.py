@@ -8,8 +8,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_serve_convert
 short_description: Convert a speculators EAGLE-3 draft checkpoint into the layout SGLang serves (0.5.17, 0.5.23)
 description:
-  - Formerly named C(eagle3_convert); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_serve_convert).
   - Writes C(config.json) (C(LlamaForCausalLMEagle3), C(draft_vocab_size), C(eagle_config.eagle_aux_hidden_state_layer_ids)
     in SGLang's convention for the target) and C(model.safetensors) (names SGLang's C(llama_eagle3.py) loads, C(d2t)
     as hot tokens) into I(out).
@@ -88,13 +86,11 @@ config:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_cli import CliRunner
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 from ansible.module_utils.eagle3ops_serve_options import CONVERT
 
 
 def main():
     module = AnsibleModule(argument_spec=CONVERT.argument_spec(), supports_check_mode=True)
-    deprecate_old_name(module)
     result = CliRunner(module, CONVERT).run()
     result.pop("stamp", None)
     module.exit_json(**result)

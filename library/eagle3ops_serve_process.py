@@ -8,8 +8,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_serve_process
 short_description: Run a server (SGLang) as a detached process where PID 1 is not systemd
 description:
-  - Formerly named C(eagle3_serve_process); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_serve_process).
   - Wraps C(eagle3ops serve-process) (logic in C(python/eagle3ops/serve_process.py)). The server runs in its own
     session (setsid), with a PID file and a log file C(run_dir/name.{pid,log}) and its spec in
     C(run_dir/name.json).
@@ -112,7 +110,6 @@ import json
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_cli import CliRunner
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 from ansible.module_utils.eagle3ops_serve_options import SERVE_PROCESS
 
 
@@ -123,7 +120,6 @@ def main():
         required_if=[("state", "started", ("argv", "spec_file"), True)],
         supports_check_mode=True,
     )
-    deprecate_old_name(module)
     p = module.params
     runner = CliRunner(module, SERVE_PROCESS)
     action = {"started": "start", "stopped": "stop", "status": "status"}[p["state"]]

@@ -10,8 +10,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_services_backup
 short_description: Record a systemd unit's state, move its unit file out of /etc/systemd/system, put it back
 description:
-  - Formerly named C(eagle3ops_unit_backup); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_services_backup).
   - The part of masking a unit that M(ansible.builtin.systemd_service) cannot do.
     C(systemctl mask) writes a symlink to /dev/null at C(/etc/systemd/system/<unit>) and fails when a
     hand-installed unit file (or a C(systemctl link) symlink) is there.
@@ -70,7 +68,6 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_host_options import SERVICES_BACKUP
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 from ansible.module_utils.eagle3ops_services import (
     ServicesError,
     backup_path,
@@ -88,7 +85,6 @@ def main():
         argument_spec=SERVICES_BACKUP.argument_spec(),
         supports_check_mode=True,
     )
-    deprecate_old_name(module)
     p = module.params
     unit, bdir, check = p["unit"], p["backup_dir"], module.check_mode
     if "/" in unit or unit in (".", ".."):

@@ -8,8 +8,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_sglang_patch
 short_description: Apply or restore (byte-exact) the eagle3ops hidden-state capture patch in SGLang
 description:
-  - Formerly named C(sglang_capture_patch); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_sglang_patch).
   - Manages the few lines eagle3ops adds to SGLang's C(sglang/srt/models/deepseek_v2.py) so that a server started
     with C(EAGLE3OPS_SGLANG_DUMP_DIR) writes EAGLE-3 training hidden states (all logic lives in
     C(eagle3ops.sglang_hook)); the same model class serves DeepSeek-V3/R1 and Kimi-K2/K2.5.
@@ -117,7 +115,6 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_cli import CliRunner
 from ansible.module_utils.eagle3ops_extract_options import SGLANG_PATCH
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 
 
 def main():
@@ -127,7 +124,6 @@ def main():
         mutually_exclusive=SGLANG_PATCH.one_of(),
         supports_check_mode=True,
     )
-    deprecate_old_name(module)
     p = module.params
     action = {"present": "apply", "absent": "restore", "query": "status"}[p["state"]]
     # status writes nothing: no --check, no diff

@@ -8,8 +8,6 @@ DOCUMENTATION = r"""
 module: eagle3ops_train
 short_description: Train an EAGLE-3 draft with speculators 0.9.0 as an idempotent, detached, resumable run
 description:
-  - Formerly named C(eagle3_train); that old name still runs this module (a symlink to it), with a deprecation
-    warning naming C(eagle3ops_train).
   - Runs C(eagle3ops train) on the target host. It renders the speculators config (a jinja2 template) into
     O(run_dir)/config.yaml from the options and from the data itself, then starts the trainer detached
     (C(systemd-run --unit=...) where systemd is PID 1, else a C(setsid) process with a PID file), logging to
@@ -306,13 +304,11 @@ import json
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_cli import CliRunner
-from ansible.module_utils.eagle3ops_names import deprecate_old_name
 from ansible.module_utils.eagle3ops_train_options import TRAIN
 
 
 def main():
     module = AnsibleModule(argument_spec=TRAIN.argument_spec(), supports_check_mode=True)
-    deprecate_old_name(module)
     p = module.params
     # check mode predicts and returns at once: it never waits for a run
     result = CliRunner(module, TRAIN).run(wait=p["wait"] and not module.check_mode)

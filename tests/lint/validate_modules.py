@@ -9,8 +9,6 @@ and the doc fragments' names rewritten to the collection's, a ``galaxy.yml``) an
 
 Ignored, with the reason (the same thing a collection's ``tests/sanity/ignore-2.19.txt`` would say):
 ``missing-gplv3-license`` — eagle3ops is Apache-2.0 (pyproject.toml); the GPLv3 header is ansible-core's own rule.
-The old module names (symlinks in ``library/``, module_utils/eagle3ops_names.py) are left out: each is the module
-it points at, which is validated under its own name (a collection would route them in ``meta/runtime.yml``).
 """
 
 from __future__ import annotations
@@ -46,8 +44,6 @@ def layout(base: Path) -> Path:
         (ROOT / "doc_fragments", "doc_fragments"),
     ):
         for f in sorted(src.glob("*.py")):
-            if sub == "modules" and f.is_symlink():
-                continue  # an old module name (module_utils/eagle3ops_names.py): the module it points at is checked
             text = _IMPORT.sub(rf"ansible_collections.{NS}.{NAME}.plugins.module_utils.\1", f.read_text())
             text = _FRAGMENTS.sub(lambda m: _FRAGMENT.sub(rf"\1{NS}.{NAME}.\2", m[0]), text)
             (coll / "plugins" / sub / f.name).write_text(text)

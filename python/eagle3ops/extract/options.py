@@ -226,6 +226,7 @@ SGLANG_EXTRACT = Command(
         Option(
             "world_size",
             "int",
+            minimum=1,
             role=False,  # the role computes it from extract_shard_hosts (each host brings one rank a server)
             help="several hosts: the number of capture servers over every host (each takes a strided share of the "
             "rows, as the transformers backend's workers do; docs/scale.md)",
@@ -233,6 +234,7 @@ SGLANG_EXTRACT = Command(
         Option(
             "first_rank",
             "int",
+            minimum=0,
             role=False,
             help="with --world-size: this host's servers take the global ranks FIRST .. FIRST+servers-1 (recorded "
             "in hidden_states/shard.json; a later run with other ranks is refused)",

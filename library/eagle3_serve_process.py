@@ -1,1 +1,0 @@
-eagle3ops_serve_process.py

@@ -1,1 +1,0 @@
-eagle3ops_train.py
