@@ -146,7 +146,13 @@ def run_log(data_dir: str | os.PathLike, what: str):
         yield None
         return
     stamp = lambda: time.strftime("%Y-%m-%d %H:%M:%S")  # noqa: E731
-    f.write(f"{stamp()} {what} (PID {os.getpid()}) started: {' '.join(sys.argv)}\n")
+    try:  # a full disk fails here first: the run goes on (and fails, if it must, naming its own file)
+        f.write(f"{stamp()} {what} (PID {os.getpid()}) started: {' '.join(sys.argv)}\n")
+    except OSError:
+        with contextlib.suppress(OSError):
+            f.close()
+        yield None
+        return
     old = sys.stderr
     sys.stderr = _Tee(old, f)
     outcome = "ended"
