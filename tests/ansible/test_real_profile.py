@@ -122,6 +122,21 @@ def test_profile_runs_end_to_end_on_the_real_model(profile, cache):
     work, first = profile
     assert first.rc == 0 and first.host("localhost")["failed"] == 0, first.summary()
 
+    # the fetch printed one line per asset as it landed (a loop item each), and the report repeats them
+    items = [
+        ev["event_data"]
+        for ev in first.events
+        if ev.get("event") == "runner_item_on_ok"
+        and ev["event_data"].get("task", "").startswith("Runtime | Fetch each")
+    ]
+    assert sorted(d["res"]["item"] for d in items) == sorted(assets_fetch.ASSETS), [
+        d.get("task") for d in items
+    ]
+    for d in items:
+        assert d["res"]["assets"][d["res"]["item"]]["line"].startswith(d["res"]["item"] + ": "), d["res"]
+    (report,) = first.task_results("Runtime | Report the assets")
+    assert all(d["res"]["assets"][d["res"]["item"]]["line"] in report["msg"] for d in items), report["msg"]
+
     subset = json.loads((work / "sharegpt" / "subset.json").read_text())
     assert (subset["num_train"], subset["num_heldout"]) == (4, 2)
     assert subset["read"] == subset["num_train"] + subset["num_heldout"] + subset["num_skipped"]

