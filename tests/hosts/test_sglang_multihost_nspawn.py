@@ -1,0 +1,202 @@
+"""Issue #34 on real hosts: two systemd-nspawn hosts extract through the SGLang capture path together, one is
+powered off mid-run and comes back, the re-run completes; the union of the stores is one host's run byte for
+byte; a third run is ``changed=0``; SGLang's ``deepseek_v2.py`` is as shipped on both hosts at the end.
+
+Real: two booted Debian hosts (systemd PID 1, sshd), Ansible over ssh with ``site.yml --tags sglang,extract``
+and ``eagle3ops_extract_backend: sglang``: on each host the sglang phase (the real SGLang 0.5.23 wheel's files
+as ``pip install --target`` leaves them, on the host's own disk, ``sglang_site_packages``; the capture patch
+applied there while rows are left; the systemd unit rendered by the role and daemon-reloaded), the extract phase
+(the share maths over both hosts' capture servers, the client started detached and watched, the unit started and
+stopped by the client through systemd, the patch restored on each host once its share is done), the in-server
+capture hook writing each host's own store, a real tiny DeepseekV3 target on CPU. hostB is powered off (SIGKILL
+to its PID 1: every process of it dies at once) while its server is held at its 5th ``os.replace`` by the
+test-only fault hook (tests/reliability/faulthook, in the unit's environment), so the loss lands mid-run on any
+box; it boots again with its disk.
+
+STAND-INS, said here: each capture server is the test's stand-in of SGLang's server
+(tests/fixtures/sglang_standin_server.py in capture mode: ``/health``, ``/generate``, a batching scheduler, the
+REAL hook over the tiny target computed with transformers), started by the role's unit as ``python -m
+sglang.launch_server ...`` through a small ``sglang/launch_server.py`` the test puts beside the real wheel's
+files (SGLang's runtime needs CUDA). That shim refuses to start when the real patch check says the file is not
+patched (SGLang imports the hook only through the patch). The hosts run the controller's venv (torch,
+transformers) and this checkout's ``python/`` and ``tests/fixtures/`` bound read-only (the runtime phase would
+install eagle3ops: tests/hosts/test_runtime_remote.py), the model bound read-only into both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from store_helpers import hs_files, manifest_rows
+
+from hosts import multihost, nspawn
+
+pytestmark = [pytest.mark.root, pytest.mark.nspawn, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+LENGTHS = [5, 17, 33, 9, 12, 2, 21, 7, 14, 3, 26, 11, 8, 19, 4, 15]
+SUMMARY = "Extract | Sum up the extraction over every host that shares the rows"
+SITE = "/opt/sglang-site"
+UNIT = "eagle3ops-sglang-extract"
+LAUNCH_SERVER = '''"""STAND-IN for SGLang's launch_server on an eagle3ops test host (tests/hosts/test_sglang_multihost_nspawn.py):
+SGLang's runtime needs CUDA. Takes the flags the sglang role's unit renders, refuses to start on an unpatched
+deepseek_v2.py (SGLang would dump nothing), then runs tests/fixtures/sglang_standin_server.py in capture mode."""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, "/opt/e3/fixtures")
+from eagle3ops.extract import sglang_patch  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--model-path", required=True)
+ap.add_argument("--port", type=int, required=True)
+args, _rest = ap.parse_known_args()
+here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+target = os.path.join(here, sglang_patch.TARGET_RELPATH)
+if not sglang_patch.status(target, "0.5.23")["applied"]:
+    sys.exit(f"{target} is not patched: this server would dump nothing")
+sys.argv = [sys.argv[0], "--model", args.model_path, "--port", str(args.port), "--port-file", "/run/e3o-port"]
+import sglang_standin_server  # noqa: E402
+
+sglang_standin_server.main()
+'''
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_two_hosts_extract_through_sglang_survive_a_power_off_and_end_pristine(
+    make_host, run_playbook, tmp_path
+):
+    from eagle3ops.extract import sglang_patch
+    from sglang_standin import pristine_deepseek_v2, site_packages
+    from tinymodels import build_prepared_dataset, build_tiny_target
+
+    model = build_tiny_target(tmp_path / "model")
+    prepared = build_prepared_dataset(tmp_path / "prepared", LENGTHS)
+    site = site_packages(tmp_path / "sglang-site", "0.5.23")  # the real wheel's files, copied onto each host
+    ro = multihost.ro_binds({model: "/srv/model", REPO / "tests" / "fixtures": "/opt/e3/fixtures"})
+    path = f"{SITE}:/opt/e3/python:/opt/e3/fixtures"
+    env = {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # hostB's server stops at its 5th os.replace (its port file, then rows renamed and in its manifest) and waits
+    fault = {
+        "PYTHONPATH": f"{path}:/opt/e3/faulthook",
+        "E3_FAULT": "pause:replace:5",
+        "E3_FAULT_GO": "/opt/e3/go",
+    }
+    a = make_host(ro_binds=ro, groups=("gpu_hosts",),
+                  host_vars={**multihost.HOST_VARS, "sglang_environment": env})  # fmt: skip
+    b = make_host(ro_binds=ro, groups=("gpu_hosts",),
+                  host_vars={**multihost.HOST_VARS, "sglang_environment": {**env, **fault}})  # fmt: skip
+    hosts = [a, b]
+    multihost.link(hosts)
+    multihost.install_cli(hosts)
+    for name in ("sitecustomize.py", "faults.py"):
+        b.put(f"/opt/e3/faulthook/{name}", (REPO / "tests/reliability/faulthook" / name).read_text())
+    for h in hosts:
+        shutil.copytree(prepared, h.merged / "srv/e3/data")  # each host's own disk
+        shutil.copytree(site, h.merged / SITE.lstrip("/"))
+        h.put(f"{SITE}/sglang/launch_server.py", LAUNCH_SERVER)
+    inv = tmp_path / "inventory.ini"
+    inv.write_text(nspawn.inventory_ini(hosts))
+    xv = {
+        "eagle3ops_extract_backend": "sglang",  # both phases read it
+        "eagle3ops_model_path": "/srv/model",
+        "eagle3ops_data_dir": "/srv/e3/data",
+        "eagle3ops_sglang_site_packages": SITE,
+        "eagle3ops_sglang_version": "0.5.23",
+        "eagle3ops_bin": multihost.EXE,
+        "runtime_eagle3ops_bin": multihost.EXE,
+        "sglang_enabled": True,  # no GPU on the hosts: the stand-in needs none
+        "sglang_python": f"{multihost.VENV}/bin/python",
+        "sglang_tp_size": 1,
+        "extract_sglang_python": f"{multihost.VENV}/bin/python",
+        "extract_sglang_concurrency": 2,
+        "extract_sglang_health_timeout": 600,
+        "extract_poll_interval": 1,
+    }
+    store_a, store_b = a.merged / "srv/e3/data", b.merged / "srv/e3/data"
+    pristine = pristine_deepseek_v2("0.5.23").read_bytes()
+    target = Path(SITE.lstrip("/")) / sglang_patch.TARGET_RELPATH
+
+    def power_off_b_mid_run():
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            if (b.merged / "opt/e3/go.paused").exists() and len(manifest_rows(store_b, torn_ok=True)) >= 1:
+                # the host's PID 1 (nspawn's child): the kernel kills every process of its PID namespace at once
+                init = int(Path(f"/proc/{b.pid}/task/{b.pid}/children").read_text().split()[0])
+                os.kill(init, signal.SIGKILL)
+                b._proc.wait(timeout=60)
+                b.stop()  # the harness's cleanup of what is left on this side (veth, overlay mount)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=power_off_b_mid_run, daemon=True)
+    killer.start()
+    r1 = run_playbook("site.yml", inv, extravars=xv, tags="sglang,extract")
+    killer.join(timeout=60)
+    assert b.pid == 0, f"{b.name} was never seen extracting: {r1.summary()}"
+    assert r1.host(a.name)["failed"] == 0 and r1.host(a.name)["unreachable"] == 0, r1.summary()
+    assert r1.host(b.name)["failed"] + r1.host(b.name)["unreachable"] >= 1, r1.summary()
+    summaries = r1.task_results(SUMMARY)
+    assert len(summaries) == 1, r1.summary()
+    (summary,) = summaries
+    assert f"missing on {b.name}" in json.dumps(summary["msg"]), summary
+    assert (
+        a.merged / target
+    ).read_bytes() == pristine  # hostA's share is done: its SGLang is as shipped again
+    assert "--disable-radix-cache" in (a.merged / f"etc/systemd/system/{UNIT}.service").read_text()
+    assert a.ssh(f"systemctl is-active {UNIT}", check=False).stdout.strip() == "inactive"  # stopped after it
+
+    b.start()  # the host comes back with its disk; the re-run goes on with its rows
+    multihost.link(hosts)
+    b.host_vars["sglang_environment"] = env  # without the pause
+    inv.write_text(nspawn.inventory_ini(hosts))
+    died_with = manifest_rows(store_b, torn_ok=True)
+    assert 0 < len(died_with) < 8 and all(i % 2 == 1 for i in died_with), died_with  # it died with rows left
+    assert _sha(b.merged / target) == sglang_patch.SPECS["0.5.23"].patched_sha256  # its rows were left
+    r2 = run_playbook("site.yml", inv, extravars=xv, tags="sglang,extract")
+    assert r2.rc == 0, r2.summary()
+    assert r2.host(a.name)["changed"] == 0, r2.changed_tasks(a.name)
+    (summary,) = r2.task_results(SUMMARY)
+    assert f"all hosts: {len(LENGTHS)}/{len(LENGTHS)} rows done" in json.dumps(summary["msg"]), summary
+
+    rows_a, rows_b = manifest_rows(store_a), manifest_rows(store_b, torn_ok=True)  # b lost mid-append
+    assert sorted(rows_a + rows_b) == list(range(len(LENGTHS))), (rows_a, rows_b)  # each row once
+    assert all(i % 2 == 0 for i in rows_a) and all(i % 2 == 1 for i in rows_b)
+    # one host's run of the transformers backend, one row a batch and one thread as on the hosts (another thread
+    # count sums in another order: other low bits)
+    ref = shutil.copytree(prepared, tmp_path / "ref")
+    one = subprocess.run(
+        [sys.executable, "-m", "eagle3ops", "extract", "--data", str(ref), "--model", str(model), "--device",
+         "cpu", "--max-batch-tokens", "1", "--writer-threads", "1", "--json", "--no-progress"],
+        env={**os.environ, "PYTHONPATH": str(REPO / "python"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    union, reference = {**hs_files(store_a), **hs_files(store_b)}, hs_files(ref)
+    assert sorted(union) == sorted(reference)
+    assert [n for n in reference if union[n] != reference[n]] == [], "differs from one host's run"
+    for h in hosts:  # SGLang as shipped on every host, byte for byte
+        assert (h.merged / target).read_bytes() == pristine, h.name
+
+    r3 = run_playbook("site.yml", inv, extravars=xv, tags="sglang,extract")
+    assert r3.rc == 0, r3.summary()
+    assert r3.host(a.name)["changed"] == 0 and r3.host(b.name)["changed"] == 0, r3.changed_tasks()
+    for h in hosts:
+        assert (h.merged / target).read_bytes() == pristine, h.name
