@@ -45,6 +45,10 @@ import uuid as uuidlib
 try:
     from eagle3ops.host import _fs
     from eagle3ops.host import storage_probe as _probe
+except ImportError:  # on a target, as module_utils/eagle3ops_storage.py: eagle3ops is not installed there
+    from ansible.module_utils import eagle3ops_fs as _fs
+    from ansible.module_utils import eagle3ops_storage_probe as _probe
+try:
     from eagle3ops.host.storage_rsync import (
         ITEMIZE_FORMAT,
         MARKER_NAME,
@@ -55,9 +59,7 @@ try:
         run_rsync,
         tree_size,
     )
-except ImportError:  # on a target, as module_utils/eagle3ops_storage.py: eagle3ops is not installed there
-    from ansible.module_utils import eagle3ops_fs as _fs
-    from ansible.module_utils import eagle3ops_storage_probe as _probe
+except ImportError:  # on a target (or beside an installed eagle3ops older than this file): the shipped copy
     from ansible.module_utils.eagle3ops_storage_rsync import (  # noqa: F401 - re-exported
         ITEMIZE_FORMAT,
         MARKER_NAME,
