@@ -7,6 +7,9 @@ import os
 import pytest
 import run_cache
 
+# the gpu_free tests' fixtures (tests/unit/test_gpu_free*.py): a stand-in /dev, real holders, the injected clock
+from gpu_free_fixtures import clock, dev, spawn  # noqa: F401
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 

@@ -330,13 +330,20 @@ def test_the_import_check_catches_a_third_party_and_an_unshipped_import(tmp_path
         src + "\n\ndef _later():\n    import yaml\n    from eagle3ops import store\n"
         "    from eagle3ops.host import _fs\n    return yaml, store, _fs\n"
     )
-    for rel in ("durable.py", "host/_fs.py", "host/storage_probe.py", "host/__init__.py"):
+    for rel in (
+        "durable.py",
+        "host/_fs.py",
+        "host/storage_probe.py",
+        "host/storage_rsync.py",
+        "host/__init__.py",
+    ):
         shutil.copy(PKG / rel, fake / rel)
     (tmp_path / "module_utils").mkdir()
     for name, rel in (
         ("durable", "durable.py"),
         ("fs", "host/_fs.py"),
         ("storage_probe", "host/storage_probe.py"),
+        ("storage_rsync", "host/storage_rsync.py"),
     ):
         (tmp_path / "module_utils" / f"eagle3ops_{name}.py").symlink_to(fake / rel)
     monkeypatch.setattr(sys.modules[__name__], "PKG", fake)
@@ -411,7 +418,7 @@ def test_storage_state_file_written_through_the_shipped_copy(tmp_path):
     (tmp_path / "ansible" / "__init__.py").write_text("")
     (mu / "__init__.py").write_text("")
     for n, rel in (("storage", "host/storage.py"), ("storage_probe", "host/storage_probe.py"), ("fs", "host/_fs.py"),
-                   ("durable", "durable.py")):  # fmt: skip
+                   ("storage_rsync", "host/storage_rsync.py"), ("durable", "durable.py")):  # fmt: skip
         shutil.copy(PKG / rel, mu / f"eagle3ops_{n}.py")
     out = tmp_path / "state" / "s.json"
     code = (

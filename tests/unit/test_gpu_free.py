@@ -8,11 +8,14 @@ environments and users are read from the real ``/proc``, the cgroup attribution 
 into real cgroups (``/sys/fs/cgroup``, root only), they are stopped with real signals and the
 stand-in GPU's memory is released only when the real process has exited. The "device file" a real
 holder keeps open (``/dev/nvidia0``) is a plain file in the test's temp dir, passed as ``dev_dir``.
+
+The cgroup attribution: tests/unit/test_gpu_free_cgroups.py; the CLI, the testinfra check, the proof script
+and the module's documentation: tests/unit/test_gpu_free_cli.py; the shared fixtures:
+tests/unit/gpu_free_fixtures.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -20,85 +23,17 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from clock import VirtualClock
 from eagle3ops.gpu_free import check as gpu_check
 from eagle3ops.gpu_free import holders as gpu_holders
 from eagle3ops.gpu_free import nvml as gpu_nvml
-from eagle3ops.gpu_free import stop as gpu_stop
 from nvml_standin import StandInNVML, alive
-from proc_helpers import run_infra
 
 REPO = Path(__file__).resolve().parents[2]
-MIB = 1024 * 1024
 
-
-@pytest.fixture
-def dev(tmp_path):
-    """A directory standing in for /dev, with the files nvidia0, nvidia1 and nvidiactl."""
-    d = tmp_path / "dev"
-    d.mkdir()
-    for n in ("nvidia0", "nvidia1", "nvidiactl"):
-        (d / n).write_text("")
-    return d
-
-
-@pytest.fixture
-def spawn(dev):
-    """Start real `sleep` processes that hold dev/nvidiaN open (fd 3); all are reaped afterwards."""
-    procs = []
-
-    def _spawn(minor=0, env=None, ignore_term=False, argv0_marker="", hold=True):
-        trap = "trap '' TERM; " if ignore_term else ""
-        redirect = f" 3<{dev}/nvidia{minor}" if hold else ""
-        # a marker goes into argv[0] (exec -a), so the command line reads "sleep MARKER 300"
-        argv0 = f"-a 'sleep {argv0_marker}' " if argv0_marker else ""
-        cmd = f"{trap}exec {argv0}sleep 300{redirect}"
-        p = subprocess.Popen(["bash", "-c", cmd], env={**os.environ, **(env or {})})
-        procs.append(p)
-        deadline = time.monotonic() + 60  # a guard only: bash execs sleep at once
-        while True:  # wait until bash has exec'd sleep
-            with contextlib.suppress(OSError):
-                if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep"):
-                    break
-            assert time.monotonic() < deadline, f"bash (PID {p.pid}) never exec'd sleep"
-            time.sleep(0.01)
-        return p
-
-    yield _spawn
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-
-
-def free_pid() -> int:
-    """A PID no process of this namespace has: stands for a process of another PID namespace."""
-    pid = 4_000_000
-    while Path(f"/proc/{pid}").exists():
-        pid += 1
-    return pid
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """The checkpoint's clock, injected: its time moves only by its own polls' sleeps, so what it reports
-    (``seconds_to_free``, ``seconds_waited``) and when it gives up do not depend on the machine's speed. The
-    stop's grace period (gpu_free/stop.py) keeps the real clock: it waits for real processes."""
-    c = VirtualClock()
-    monkeypatch.setattr(gpu_check, "time", c)
-    return c
-
-
-def run(nvml, dev, **kw):
-    kw.setdefault("timeout_s", 2)
-    kw.setdefault("poll_s", 0.02)
-    kw.setdefault("grace_s", 2)
-    return gpu_check.ensure_free(nvml=nvml, dev_dir=str(dev), **kw)
-
+from gpu_free_fixtures import free_pid, run
 
 # --------------------------------------------------------------------------- memory rule
 
@@ -327,268 +262,6 @@ def test_no_usable_nvml_on_a_host_with_nvidia_devices_is_never_skipped(dev):
         pytest.skip("this host has an NVIDIA driver")
     with pytest.raises(gpu_nvml.NoDriver, match="this host has NVIDIA GPUs: not skipping"):
         gpu_check.ensure_free(gpu_required=False, dev_dir=str(dev))
-
-
-# --------------------------------------------------------------------------- cgroup attribution
-
-
-@pytest.mark.parametrize(
-    ("text", "unit", "container"),
-    [
-        ("0::/system.slice/vllm.service\n", "vllm.service", None),
-        ("12:name=systemd:/system.slice/sglang.service\n0::/\n", "sglang.service", None),
-        (
-            "0::/system.slice/docker-" + "ab" * 32 + ".scope\n",
-            "docker-" + "ab" * 32 + ".scope",
-            "docker:abababababab",
-        ),
-        ("0::/lxc.payload.105/system.slice/vllm.service\n", "vllm.service", "lxc:105"),
-        (
-            "0::/machine.slice/systemd-nspawn@gpu1.service/payload\n",
-            "systemd-nspawn@gpu1.service",
-            "nspawn:gpu1",
-        ),
-        ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/jup.service\n", "jup.service", None),
-        ("0::/\n", None, None),
-    ],
-)
-def test_parse_cgroup(text, unit, container):
-    info = gpu_holders.parse_cgroup(text)
-    assert info["unit"] == unit and info["container"] == container
-
-
-def test_user_manager_units_are_flagged_and_not_matched_by_unit_allow_list():
-    info = gpu_holders.parse_cgroup(
-        "0::/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service\n"
-    )
-    assert info["user_unit"] is True
-    h = gpu_holders.Holder(pid=1, visible=True, verified=True, unit=info["unit"], user_unit=True)
-    assert gpu_holders.AllowList(units=["vllm.service"]).match(h) is None
-
-
-needs_cgroup_root = pytest.mark.skipif(
-    os.geteuid() != 0 or not os.access("/sys/fs/cgroup", os.W_OK),
-    reason="moving processes into test cgroups needs root and a writable /sys/fs/cgroup",
-)
-
-
-@pytest.fixture
-def cgroups():
-    """Make real cgroups under a test-owned slice; move processes in; remove them afterwards."""
-    tops: list[Path] = []
-    slice_name = f"eagle3ops-test-{uuid.uuid4().hex[:8]}.slice"
-
-    def _put(pid: int, unit: str) -> Path:
-        roots = [Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup")]
-        for root in roots:
-            if (root / "cgroup.procs").exists():
-                d = root / slice_name / unit
-                d.mkdir(parents=True, exist_ok=True)
-                if root / slice_name not in tops:
-                    tops.append(root / slice_name)
-                (d / "cgroup.procs").write_text(str(pid))
-                return d
-        pytest.skip("no writable cgroup hierarchy with cgroup.procs")
-
-    yield _put
-    for top in tops:  # processes may still be running: move them back to the root, then remove deepest first
-        dirs = [*sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)), top]
-        for d in dirs:
-            for pid in (d / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (top.parent / "cgroup.procs").write_text(pid)
-        for d in dirs:
-            for _ in range(100):
-                try:
-                    d.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.05)
-
-
-@needs_cgroup_root
-def test_holder_in_a_systemd_unit_names_the_unit_and_the_services_phase(dev, spawn, cgroups):
-    p = spawn(0)
-    cgroups(p.pid, "vllm.service")
-    nvml = StandInNVML([{"procs": {p.pid: 70000}}])
-    with pytest.raises(gpu_nvml.GpuFreeError) as e:
-        run(nvml, dev, timeout_s=0.3)
-    (h,) = e.value.details["holders"]
-    assert h["unit"] == "vllm.service" and h["cgroup"].endswith(".slice/vllm.service")
-    assert "held by vllm.service: add it to the services phase" in str(e.value)
-    assert alive(p.pid)
-
-
-@needs_cgroup_root
-def test_allow_listed_unit_is_stopped_by_signal_without_systemd(dev, spawn, cgroups, monkeypatch):
-    monkeypatch.setattr(gpu_stop, "systemd_running", lambda: False)
-    p = spawn(0)
-    q = spawn(1)  # same GPU box, another unit: must stay
-    cgroups(p.pid, "sglang-extract.service")
-    cgroups(q.pid, "vllm.service")
-    nvml = StandInNVML([{"procs": {p.pid: 1000}}, {}])
-    r = run(nvml, dev, allow=gpu_holders.AllowList(units=["sglang-*.service"]), gpus=["0"])
-    assert r["free"] and r["stopped"][0]["allowed_by"] == "unit:sglang-*.service"
-    assert p.wait(timeout=60) == -signal.SIGTERM and alive(q.pid)
-
-
-def _systemctl_standin(tmp_path, monkeypatch, then: str = "") -> Path:
-    """A STAND-IN ``systemctl`` first on PATH (systemd is not PID 1 here) that appends its arguments to the
-    returned log and then runs the shell line ``then``; and ``eagle3ops.gpu_free`` told that systemd runs."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    log = tmp_path / "systemctl.log"
-    (bindir / "systemctl").write_text(f'#!/bin/bash\necho "$@" >> {log}\n{then}\n')
-    (bindir / "systemctl").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    monkeypatch.setattr(gpu_stop, "systemd_running", lambda: True)
-    return log
-
-
-@needs_cgroup_root
-def test_allow_listed_unit_is_stopped_with_systemctl_when_systemd_runs(
-    dev, spawn, cgroups, monkeypatch, tmp_path
-):
-    """``systemctl`` here is a STAND-IN script (systemd is not PID 1 on this host): it records its
-    arguments and kills the processes of the unit's real cgroup, as ``systemctl stop`` would."""
-    p = spawn(0)
-    cg = cgroups(p.pid, "vllm.service")
-    log = _systemctl_standin(tmp_path, monkeypatch, f"kill $(cat {cg}/cgroup.procs)")
-    nvml = StandInNVML([{"procs": {p.pid: 1000}}])
-    r = run(nvml, dev, allow=gpu_holders.AllowList(units=["vllm.service"]))
-    assert r["free"] and r["stopped"][0]["action"] == "systemctl-stopped"
-    assert log.read_text().split() == ["stop", "vllm.service"]
-    assert p.wait(timeout=60) == -signal.SIGTERM
-
-
-@needs_cgroup_root
-def test_unit_inside_a_container_is_signalled_not_systemctl_stopped(
-    dev, spawn, cgroups, monkeypatch, tmp_path
-):
-    """Seen from the host, a container's vllm.service is not the host's unit: no host ``systemctl stop``
-    (``systemctl`` here is a STAND-IN that records calls; systemd is not PID 1 on this machine)."""
-    p = spawn(0)
-    cgroups(p.pid, "lxc.payload.105/system.slice/vllm.service")
-    log = _systemctl_standin(tmp_path, monkeypatch)
-    nvml = StandInNVML([{"procs": {p.pid: 1000}}])
-    r = run(nvml, dev, allow=gpu_holders.AllowList(units=["vllm.service"]))
-    (s,) = r["stopped"]
-    assert s["container"] == "lxc:105" and s["unit"] == "vllm.service" and s["action"] == "stopped"
-    assert not log.exists()
-    assert p.wait(timeout=60) == -signal.SIGTERM
-
-
-@needs_cgroup_root
-def test_holder_in_a_container_scope_names_the_container(dev, spawn, cgroups):
-    p = spawn(0)
-    cid = "c0ffee" * 10 + "abcd"
-    cgroups(p.pid, f"docker-{cid}.scope")
-    nvml = StandInNVML([{"procs": {p.pid: 1000}}])
-    with pytest.raises(gpu_nvml.GpuFreeError) as e:
-        run(nvml, dev, timeout_s=0.2)
-    (h,) = e.value.details["holders"]
-    assert h["container"] == f"docker:{cid[:12]}"
-    assert f"held by container docker:{cid[:12]}" in str(e.value)
-
-
-# --------------------------------------------------------------------------- the CLI
-
-
-def _cli(*args):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
-    r = subprocess.run(
-        [sys.executable, "-m", "eagle3ops", "gpu-free", *args, "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    return r.returncode, json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
-
-
-@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="this host has an NVIDIA driver")
-def test_cli_without_driver_fails_with_what_to_do_or_skips_when_optional():
-    rc, out, err = _cli("--timeout", "1")
-    assert rc == 2 and out["failed"] and "gpu_free_gpu_required: false" in out["msg"]
-    assert "NVML could not initialise" in err
-    rc, out, _ = _cli("--gpu-optional", "--check")
-    assert rc == 0 and out["skipped"] is True and out["changed"] is False
-
-
-# --------------------------------------------------------------------------- the testinfra check can fail
-
-NVIDIA_SMI = """#!/bin/bash
-# STAND-IN nvidia-smi (no GPU here): answers the two CSV queries tests/infra/test_gpu_free.py makes.
-case "$*" in
-  *--query-gpu=*) printf '0, GPU-a, %s, 143771\\n1, GPU-b, 0, 143771\\n' "$USED0" ;;
-  *--query-compute-apps=*) [ "$USED0" != 0 ] && echo "GPU-a, 4242, $USED0, python3" ;;
-esac
-exit 0
-"""
-
-
-def test_infra_check_fails_on_held_gpu_and_passes_on_free(tmp_path):
-    """Runs tests/infra/test_gpu_free.py on this machine (local://) with a STAND-IN nvidia-smi on PATH."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "nvidia-smi").write_text(NVIDIA_SMI)
-    (bindir / "nvidia-smi").chmod(0o755)
-    outcomes = {}
-    for used in ("40960", "0"):
-        env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "USED0": used}
-        env.pop("EAGLE3OPS_GPU_FREE_THRESHOLD_MIB", None)
-        r = run_infra(
-            "--hosts=local://",
-            str(REPO / "tests/infra/test_gpu_free.py::test_every_gpu_has_free_memory_and_no_process"),
-            env=env,
-        )
-        outcomes[used] = (r.returncode, r.stdout)
-    rc, out = outcomes["40960"]
-    assert rc == 1 and "GPU 0: 40960 / 143771 MiB used" in out and "PID 4242 python3" in out, out
-    rc, out = outcomes["0"]
-    assert rc == 0 and "1 passed" in out, out
-
-
-def test_gpu_proof_script_runs_end_to_end_on_the_standins(tmp_path):
-    """bench/gpu_free_release.py --standin: the GPU proof's own flow (CLI failure naming the holder, check
-    mode, allow-listed stop, latency loop) on StandInNVML and a holder that only keeps the stand-in device
-    file open: a smoke test of the script, not a measurement."""
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench/gpu_free_release.py"),
-            "--standin",
-            "--reps",
-            "1",
-            "--polls",
-            "0.05",
-            "--exit-after",
-            "0.3",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    res = json.loads((tmp_path / "gpu_free_release.json").read_text())
-    assert res["ok"] and res["checks"]["failure_names_pid"] and res["checks"]["holder_got_sigterm"]
-    assert (
-        res["fail_cli"]["rc"] == 2 and res["stop_cli"]["result"]["stopped"][0]["pid"] == res["holder"]["pid"]
-    )
-    assert res["latency_summary"]["0.05"]["max_s"] <= 0.5
-    assert not list(Path("/sys/fs/cgroup").glob("*/eagle3ops-bench.slice")), "bench left a cgroup behind"
-
-
-def test_module_documentation_parses_and_matches_its_options():
-    import yaml
-    from test_module_docs import module_docs
-
-    docs, spec = module_docs(REPO / "library/eagle3ops_gpu_free.py")
-    assert spec and set(docs["DOCUMENTATION"]["options"]) == set(spec)
-    role_defaults = yaml.safe_load((REPO / "roles/gpu_free/defaults/main.yml").read_text())
-    assert all(k.startswith("gpu_free_") for k in role_defaults)
-    assert role_defaults["gpu_free_gpu_required"] is False  # the local CPU default skips
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")

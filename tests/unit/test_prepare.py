@@ -1,6 +1,9 @@
 """``prepare`` against real parts: the demo's tokenizer, speculators 0.9.0's own preprocessing and its
 ``ArrowDataset`` loader, real files on disk. The demo is built once per run (test_demo.build_session_demo,
 shared by the xdist workers, so whichever runs second gets the idempotent no-op).
+
+Rendering rows per conversation and the render workers: tests/unit/test_prepare_rows.py; the command line and
+the speculators pin: tests/unit/test_prepare_cli.py; the shared inputs: tests/unit/prepare_inputs.py.
 """
 
 from __future__ import annotations
@@ -17,16 +20,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from eagle3ops import demo as demo_mod
-from eagle3ops import speculators_pin
-from eagle3ops.cli import main as cli_main
 from eagle3ops.prepare import dataset as prep_dataset
-from eagle3ops.prepare import render as prep_render
 from eagle3ops.prepare.dataset import load_rows_lengths, prepare
 from eagle3ops.prepare.errors import PrepareError
-
-
-def quiet(msg: str) -> None:
-    pass
+from prepare_inputs import (
+    ADD,
+    PREFILL_THINK,
+    THREE_TURNS,
+    _tokenizer_variant,
+    quiet,
+    rows_of,
+    sharegpt,
+    write_jsonl,
+)
 
 
 @pytest.fixture(scope="session")
@@ -53,34 +59,6 @@ def prepared(demo, tmp_path_factory):
     out = tmp_path_factory.mktemp("prepared") / "data"
     result = prepare(demo["model_path"], [demo["conversations_path"]], out, max_length=512, log=quiet)
     return out, result
-
-
-def rows_of(data_dir) -> list[dict]:
-    from datasets import load_from_disk
-
-    return list(load_from_disk(str(data_dir)).with_format(None))
-
-
-def write_jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
-    return path
-
-
-def sharegpt(*pairs: tuple[str, str], system: str | None = None) -> dict:
-    """A ShareGPT record: a system turn if given, then a human and a gpt turn per (question, answer) pair."""
-    turns = [{"from": "system", "value": system}] if system else []
-    for question, answer in pairs:
-        turns += [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
-    return {"conversations": turns}
-
-
-ADD = ("What is 2 + 3?", "2 + 3 = 5.")
-# three assistant turns; the last pair in the OpenAI schema (one record may mix both)
-THREE_TURNS = sharegpt(ADD, ("Now add 4 to that.", "5 + 4 = 9."), system="You are a helpful assistant.")
-THREE_TURNS["conversations"] += [
-    {"role": "user", "content": "Spell the word cat."},
-    {"role": "assistant", "content": "c-a-t"},
-]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,31 +166,6 @@ def test_think_blocks_are_supervised_with_the_answer(tmp_path, model, tokenizer)
     (row,) = rows_of(tmp_path / "out")
     first = row["loss_mask"].index(1)
     assert tokenizer.decode(row["input_ids"][first:]) == "<think>six sevens</think>6 * 7 = 42.<|end|>"
-
-
-def _tokenizer_variant(src_model: str, dst: Path, template: str) -> Path:
-    dst.mkdir()
-    for f in Path(src_model).iterdir():
-        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
-            shutil.copy(f, dst / f.name)
-    (dst / "chat_template.jinja").write_text(template)
-    cfg = json.loads((dst / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = template
-    (dst / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return dst
-
-
-# A Qwen3-like template: the generation prompt pre-fills "<think>", history reasoning is dropped.
-PREFILL_THINK = (
-    "{{ bos_token }}{% set ns = namespace(last_user=-1) %}"
-    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}"
-    "{% endfor %}"
-    "{% for m in messages %}{{ '<|' ~ m['role'] ~ '|>' }}"
-    "{% if m['role'] == 'assistant' and loop.index0 > ns.last_user and m.get('reasoning_content') %}"
-    "{{ '<think>' ~ m['reasoning_content'] ~ '</think>' }}{% endif %}"
-    "{{ m['content'] }}{{ eos_token }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|><think>' }}{% endif %}"
-)
 
 
 def test_prefilled_think_uses_the_common_prefix_boundary(tmp_path, model, tokenizer):
@@ -368,130 +321,6 @@ def test_workers_render_the_same_rows_in_the_same_order(prepared, tmp_path, mode
     assert one == two and any(name.endswith(".arrow") for name in one)
 
 
-_INHERITED_HANDLER = """
-import signal
-from speculators.data_generation import preprocessing  # imported before the fork, as prepare() has it
-from eagle3ops.conversations import Problem
-from eagle3ops.prepare import render
-
-seen = []
-signal.signal(signal.SIGTERM, lambda *a: seen.append(a[0]))  # records the signal and goes on
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
-def records(n):
-    return ((f"c.jsonl:{i}", Problem(f"c.jsonl:{i}", "not a conversation")) for i in range(n))
-with render._results(None, records(300), 64, False, 2) as results:
-    assert sum(1 for _ in results) == 300
-try:
-    with render._results(None, records(300), 64, False, 2) as results:
-        next(results)
-        raise RuntimeError("the consumer failed")
-except RuntimeError:
-    pass
-print("ended", seen)
-"""
-
-
-def test_render_workers_end_under_a_parent_that_keeps_sigterm(tmp_path):
-    """Rendering processes end, on completion and on an error, in a parent whose SIGTERM handler only records
-    the signal and whose mask blocks it: the forked children do not inherit either (CI hung 900 s in pool.join
-    of the test above, in a test worker where such a handler was left). Real: the pool, fork, signals; the
-    records are Problems, which render without a tokenizer. Run in a child process: a regression hangs there,
-    to the timeout."""
-    import signal
-    import subprocess
-    import sys
-
-    child = subprocess.Popen(
-        [sys.executable, "-c", _INHERITED_HANDLER],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        start_new_session=True,
-    )
-    try:
-        out, err = child.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # it keeps SIGTERM, and so would the workers of a regression
-        child.communicate()
-        pytest.fail("the rendering pool did not end within 120 s")
-    assert child.returncode == 0, err[-2000:]
-    assert out.strip() == "ended []"
-
-
-def _supervised(row) -> list[int]:
-    return [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
-
-
-def test_conversation_rows_supervise_every_turn_once(tmp_path, model, tokenizer):
-    """rows=conversation: one row per conversation; its tokens are the longest turn row's, its supervised tokens
-    every turn's supervised tokens; fewer tokens in all, the same supervised ones."""
-    src = write_jsonl(tmp_path / "c.jsonl", [THREE_TURNS, sharegpt(ADD)])
-    per_turn = prepare(model, [src], tmp_path / "turn", log=quiet)
-    merged = prepare(model, [src], tmp_path / "conv", rows="conversation", log=quiet)
-    turn_rows, conv_rows = rows_of(tmp_path / "turn"), rows_of(tmp_path / "conv")
-    assert per_turn["num_rows"] == len(turn_rows) == 4 and merged["num_rows"] == len(conv_rows) == 2
-    assert merged["rows"] == {
-        "layout": "conversation",
-        "conversations_merged": 1,
-        "conversations_kept_per_turn": 0,
-    }
-    assert per_turn["rows"] == {"layout": "turn"}
-    assert merged["num_supervised_tokens"] == per_turn["num_supervised_tokens"]
-    assert merged["num_tokens"] < per_turn["num_tokens"]
-    assert merged["fingerprint"] != per_turn["fingerprint"]
-    longest = max(turn_rows, key=lambda r: len(r["input_ids"]))
-    three = max(conv_rows, key=lambda r: len(r["input_ids"]))
-    assert three["input_ids"] == longest["input_ids"]
-    # the three turns of THREE_TURNS, in order, and nothing else (the user turns and the system prompt are not)
-    spans = sorted((r for r in turn_rows if r["input_ids"] == longest["input_ids"][: len(r["input_ids"])]),
-                   key=lambda r: len(r["input_ids"]))  # fmt: skip
-    assert len(spans) == 3
-    assert _supervised(three) == [t for r in spans for t in _supervised(r)]
-    text = tokenizer.decode(_supervised(three))
-    assert all(a in text for a in ("2 + 3 = 5.", "5 + 4 = 9.", "c-a-t")) and "Spell" not in text
-    # the single-turn conversation is the same row either way
-    (single,) = [r for r in conv_rows if r is not three]
-    assert single in turn_rows
-
-
-def test_a_template_that_rewrites_history_keeps_per_turn_rows(tmp_path, model, tokenizer):
-    """A Qwen3-like template drops the first answer's reasoning once a later user turn follows: the second turn's
-    row does not extend the first's, so merging would train on a history the target never sees; that
-    conversation keeps its two rows and is counted."""
-    variant = _tokenizer_variant(model, tmp_path / "tok", PREFILL_THINK)
-    rec = {
-        "conversations": [
-            {"role": "user", "content": "What is 6 * 7?"},
-            {"role": "assistant", "content": "6 * 7 = 42.", "reasoning_content": "six sevens"},
-            {"role": "user", "content": "And 6 * 8?"},
-            {"role": "assistant", "content": "48."},
-        ]
-    }
-    src = write_jsonl(tmp_path / "t.jsonl", [rec, THREE_TURNS])
-    result = prepare(variant, [src], tmp_path / "out", rows="conversation", log=quiet)
-    assert result["rows"] == {
-        "layout": "conversation",
-        "conversations_merged": 1,
-        "conversations_kept_per_turn": 1,
-    }
-    rows = rows_of(tmp_path / "out")
-    assert len(rows) == 3
-    texts = sorted(tokenizer.decode(_supervised(r)) for r in rows)
-    # (the generation prompt pre-fills <think>: the first answer is supervised from the reasoning on)
-    assert "six sevens</think>6 * 7 = 42.<|end|>" in texts and "48.<|end|>" in texts
-
-
-def test_rows_and_workers_are_checked(tmp_path, model, demo):
-    for kw, what in (
-        ({"rows": "session"}, "rows must be one of turn, conversation"),
-        ({"workers": 0}, "workers 0"),
-    ):
-        with pytest.raises(PrepareError, match=what):
-            prepare(model, [demo["conversations_path"]], tmp_path / "x", log=quiet, **kw)
-    assert not (tmp_path / "x").exists()
-
-
 def _with_extracted_state(src: Path, out: Path) -> Path:
     """A copy of the prepared data directory ``src`` at ``out`` whose ``hidden_states/`` holds one file (STAND-IN
     bytes, not a real sample: prepare only counts and keeps or removes it)."""
@@ -567,97 +396,3 @@ def test_stale_temp_dirs_of_a_killed_run_are_cleaned(tmp_path, model):
     prepare(model, [src], tmp_path / "data", log=quiet)
     assert not dead.exists()
     assert len(rows_of(tmp_path / "data")) == 3
-
-
-def test_pinned_to_speculators_0_9_0(monkeypatch):
-    """The installed version is read through importlib.metadata (eagle3ops.speculators_pin); patched here to play
-    a newer release."""
-    real = speculators_pin.importlib.metadata.version
-    monkeypatch.setattr(
-        speculators_pin.importlib.metadata, "version", lambda n: "0.10.0" if n == "speculators" else real(n)
-    )
-    with pytest.raises(
-        PrepareError, match=r"speculators 0\.10\.0 is installed.*pinned to speculators 0\.9\.0"
-    ):
-        prep_render.speculators_preprocessing()
-
-
-def test_cli_json_result_and_error(tmp_path, model, capsys):
-    src = write_jsonl(tmp_path / "c.jsonl", [THREE_TURNS])
-    argv = ["prepare", "--model", model, "--input", str(src), "--out", str(tmp_path / "d"), "--json"]
-    assert cli_main(argv) == 0
-    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert {"changed", "out", "num_rows", "num_tokens", "num_supervised_tokens", "skipped", "seconds"} <= set(
-        res
-    )
-    assert res["changed"] is True and res["num_rows"] == 3 and res["skipped"] == []
-    bad = write_jsonl(tmp_path / "bad.jsonl", ["{oops"])
-    assert cli_main([*argv[:4], str(bad), "--out", str(tmp_path / "e"), "--json"]) == 2
-    err = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert err["failed"] is True and len(err["problems"]) == 1
-    assert err["problems"][0].startswith(f"{bad}:1: not valid JSON (Expecting property name")
-
-
-def test_a_missing_model_is_named_as_extract_names_it(tmp_path, capsys):
-    """Issue 32: ``prepare --model /nonexistent/model`` said ``Repo id must be in the form 'repo_name'...``
-    (transformers' hub lookup); now the words of extract's check (one function, eagle3ops.target_model), before
-    the lock: nothing is made."""
-    from eagle3ops.extract.errors import ExtractError
-    from eagle3ops.extract.session import model_facts
-
-    src = write_jsonl(tmp_path / "c.jsonl", [THREE_TURNS])
-    out = tmp_path / "new" / "data"
-    argv = ["prepare", "--model", "/nonexistent/model", "--input", str(src), "--out", str(out), "--json"]
-    for check in ([], ["--check"]):
-        assert cli_main([*argv, *check]) == 2
-        msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
-        assert msg.startswith("target model path /nonexistent/model does not exist") and "Repo id" not in msg
-        assert "prepare_model_path (or --model)" in msg, msg
-    assert sorted(tmp_path.iterdir()) == [src]
-    with pytest.raises(ExtractError) as e:
-        model_facts("/nonexistent/model")
-    assert str(e.value).replace("extract_model_path", "prepare_model_path") == msg
-
-
-def test_a_failed_first_prepare_into_a_new_directory_leaves_nothing(tmp_path, model, capsys):
-    """Issue 32: a first prepare into a new directory that failed (a bad row) left the new parent folder and the
-    lock file behind (the lock is taken before the rows are read). Now nothing is left."""
-    bad = write_jsonl(tmp_path / "bad.jsonl", ["{oops"])
-    out = tmp_path / "new" / "parent" / "data"
-    argv = ["prepare", "--model", model, "--input", str(bad), "--out", str(out), "--json"]
-    assert cli_main(argv) == 2
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["failed"] is True
-    assert sorted(tmp_path.iterdir()) == [bad]
-    # a parent that existed stays, with its lock left as a successful run leaves it (empty)
-    good = write_jsonl(tmp_path / "c.jsonl", [THREE_TURNS])
-    assert cli_main([*argv[:4], str(good), "--out", str(tmp_path / "data"), "--json"]) == 0
-    assert (tmp_path / ".data.lock").read_text() == "" and (tmp_path / "data").is_dir()
-
-
-def test_the_summary_says_what_was_left_out(tmp_path, model, demo, capsys):
-    """Issue 32: the summary said "37 rows" where 40 conversations went in; the 110 assistant turns over
-    max_length were only in prepare_meta.json. The CLI's line, the result's ``summary`` (the module's msg) and
-    the meta say the same counts."""
-    out = tmp_path / "d"
-    argv = ["prepare", "--model", model, "--input", demo["conversations_path"], "--out", str(out)]
-    assert cli_main([*argv, "--max-length", "48", "--max-samples", "5"]) == 0
-    human = capsys.readouterr().out
-    meta = json.loads((out / prep_dataset.META_NAME).read_text())
-    over = meta["dropped"]["turns_context_over_max_length"]
-    assert over > 0 and meta["rows_cut_by_max_samples"] > 0 and meta["num_rows"] == 5
-    for said in (
-        f"5 rows ({meta['num_tokens']} tokens",
-        f"from {meta['num_input_rows']} input conversations ({meta['num_conversations']} gave rows)",
-        f"{over} assistant turns whose context exceeds max_length 48",
-        f"{meta['dropped']['rows_unsupervised_after_truncation']} rows with no supervised token",
-        "0 bad input rows skipped",
-        f"{meta['rows_cut_by_max_samples']} rows over max_samples",
-    ):
-        assert said in human, (said, human)
-    assert cli_main([*argv, "--max-length", "48", "--max-samples", "5", "--json"]) == 0
-    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert (
-        res["changed"] is False
-        and res["summary"] in human
-        and res["num_input_rows"] == meta["num_input_rows"]
-    )

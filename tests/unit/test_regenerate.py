@@ -5,15 +5,14 @@ real tiny demo target (transformers backend, built once per session at the path 
 use) and the real ``prepare`` reading the output. STAND-IN: the OpenAI-compatible server
 (``tests/fixtures/openai_standin.py``): SGLang cannot run on these CPU-only machines; its answers are a
 deterministic function of the messages, so every turn can be recomputed here.
+
+The output read back and the CLI: tests/unit/test_regenerate_output.py; the transformers backend:
+tests/unit/test_regenerate_transformers.py; the shared inputs: tests/unit/regenerate_inputs.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -23,14 +22,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
-from eagle3ops import jsonl
-from eagle3ops.cli import main as cli_main
-from eagle3ops.conversations import Problem, iter_records, resolve_sources
 from eagle3ops.regenerate.config import RegenerateConfig, RegenerateError
 from eagle3ops.regenerate.run import iter_output, regenerate
 from eagle3ops.regenerate.turns import strip_think
 from eagle3ops.regenerate.workdir import paths_for, read_done
-from openai_standin import StandinServer, answer_for
+from openai_standin import StandinServer
+from regenerate_inputs import _cfg, _expected, _messages, _norm, _sharegpt, _write
 
 
 @pytest.fixture
@@ -38,79 +35,6 @@ def server():
     s = StandinServer()
     yield s
     s.close()
-
-
-# the two schemas of the inputs: the role key, the text key, the system/user/assistant role names, and how a
-# question and an old answer start
-_SCHEMAS = {
-    "sharegpt": ("from", "value", ("system", "human", "gpt"), "question", "old answer"),
-    "messages": ("role", "content", ("system", "user", "assistant"), "ask", "old"),
-}
-
-
-def _turns(schema: str, i: int, turns: int, system: bool) -> list[dict]:
-    """Conversation ``i``'s turns in ``schema``: a system prompt if asked, then ``turns`` question/answer pairs."""
-    role, text, (system_role, user, assistant), ask, old = _SCHEMAS[schema]
-    out = [{role: system_role, text: f"system prompt {i}"}] if system else []
-    for t in range(turns):
-        out += [{role: user, text: f"{ask} {i}.{t}"}, {role: assistant, text: f"{old} {i}.{t}"}]
-    return out
-
-
-def _sharegpt(i: int, turns: int = 2, system: bool = False) -> dict:
-    return {"id": f"sg{i}", "conversations": _turns("sharegpt", i, turns, system)}
-
-
-def _messages(i: int, turns: int = 2, system: bool = False) -> dict:
-    return {"id": f"m{i}", "messages": _turns("messages", i, turns, system), "meta": {"keep": i}}
-
-
-def _write(path: Path, rows) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return path
-
-
-def _cfg(server, inputs, out, **kw) -> RegenerateConfig:
-    kw.setdefault("backoff", 0.001)
-    kw.setdefault("log", lambda m: None)
-    return RegenerateConfig(
-        model="standin-model",
-        inputs=[str(p) for p in inputs],
-        out=str(out),
-        backend="openai",
-        urls=[server.url],
-        **kw,
-    )
-
-
-def _norm(t: dict) -> str:
-    r = t.get("from", t.get("role"))
-    return {"human": "user", "gpt": "assistant"}.get(r, r)
-
-
-def _expected(
-    rec: dict,
-    key: str,
-    *,
-    think: bool = False,
-    strip: bool = False,
-    drop_system: bool = False,
-    suffix: str = "",
-) -> dict:
-    """What the stand-in's target makes of ``rec``: every assistant turn answered from the regenerated history."""
-    out, history = [], []
-    for t in rec[key]:
-        role = _norm(t)
-        text = t.get("value", t.get("content"))
-        if role == "system" and drop_system:
-            continue
-        if role == "assistant":
-            ans = answer_for(history, think) + suffix
-            text = strip_think(ans) if strip else ans
-            t = {**t, ("value" if "value" in t else "content"): text}
-        out.append(t)
-        history.append({"role": role, "content": text})
-    return {**rec, key: out}
 
 
 def test_openai_backend_turn_by_turn_in_both_formats(server, tmp_path):
@@ -453,249 +377,3 @@ def test_a_torn_done_log_line_is_cut_and_redone_never_doubled(server, tmp_path):
     assert list(iter_output(out)) == [_expected(_sharegpt(i), "conversations") for i in range(4)]
     again = regenerate(_cfg(server, [src], out))
     assert not again["changed"] and again["unreadable_done_lines"] == 0 and len(server.requests) == n + 2
-
-
-# ---------------------------------------------------------------------------------------------------
-# every record written is read back as exactly one record (the live run's 4 lost conversations)
-# ---------------------------------------------------------------------------------------------------
-# ShareGPT V3's human turns hold U+2028 (37 times in 12 conversations, as \u2028 escapes in its JSON:
-# "Daily Success RITUAL \u2028 That Shuts ..."); a 135M model's answers hold any Unicode, a server's JSON
-# even half a surrogate pair. json.dumps(ensure_ascii=False) wrote U+0085/U+2028/U+2029 raw and prepare's
-# str.splitlines() broke the record there ("Unterminated string", then "Expecting value at column 2").
-ODD_ANSWER = " \u2029\u2029 Next\x85 and\u2028 end"
-
-
-def _odd(i: int) -> dict:
-    rec = _sharegpt(i, 2)
-    rec["conversations"][0]["value"] = f"Daily Success RITUAL {i} \u2028 That Shuts\u2028\u2028 down"
-    return rec
-
-
-def _read_like_prepare(out: Path) -> list:
-    (source,) = resolve_sources([str(out)])
-    return [rec for _, rec in iter_records(source)]
-
-
-def test_line_separators_in_turns_and_answers_stay_inside_their_record(server, tmp_path):
-    rows = [_odd(i) if i % 3 == 0 else _sharegpt(i) for i in range(24)]
-    src = _write(tmp_path / "in.jsonl", rows)  # ASCII escapes, like the live run's original.jsonl
-    server.append_text = ODD_ANSWER + "\ud83d"
-    out = tmp_path / "regenerated.jsonl"
-    r = regenerate(_cfg(server, [src], out, concurrency=16))
-    assert r["num_written"] == 24 and r["num_readable"] == 24 and r["num_failed"] == 0
-    # half a surrogate pair cannot be tokenized (prepare would drop the conversation): U+FFFD, as a detokenizer
-    want = [_expected(row, "conversations", suffix=ODD_ANSWER + "\ufffd") for row in rows]
-    got = _read_like_prepare(out)
-    assert not [g for g in got if isinstance(g, Problem)] and got == want
-    assert list(iter_output(out)) == want
-    text = out.read_text(encoding="utf-8")
-    assert len(text.splitlines()) == 24 and "\\u2028" in text and "\u2028" not in text  # any line reader
-    assert jsonl.check_file(out).records == 24 and not jsonl.check_file(out).bad
-
-
-def test_an_output_with_unreadable_lines_is_found_and_rewritten(server, tmp_path):
-    """An OUT from before the fix (raw separators, its meta matching those bytes) is not trusted: the plan
-    predicts the rewrite, the run rewrites it from done.log (no request) and says how many lines it fixed."""
-    import hashlib
-
-    rows = [_odd(i) for i in range(5)] + [_sharegpt(5)]
-    src = _write(tmp_path / "in.jsonl", rows)
-    server.append_text = ODD_ANSWER
-    out = tmp_path / "regenerated.jsonl"
-    regenerate(_cfg(server, [src], out))
-    good = out.read_bytes()
-    old = b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in iter_output(out))
-    assert len(old.decode().splitlines()) > 6  # what prepare used to read: more lines than records
-    out.write_bytes(old)
-    meta_path = paths_for(out)[3]
-    meta = json.loads(meta_path.read_text())
-    keep = ("indices", "skipped", "conversations")  # what the older version's meta held
-    meta["assembled"] = {k: meta["assembled"][k] for k in keep}
-    meta["assembled"].update(sha256=hashlib.sha256(old).hexdigest(), size=len(old))
-    meta_path.write_text(json.dumps(meta))
-    n = len(server.requests)
-    plan = regenerate(_cfg(server, [src], out, plan=True))
-    assert plan["changed"] and not plan["up_to_date"] and plan["unreadable_out_lines"] == 6
-    r = regenerate(_cfg(server, [src], out))
-    assert r["changed"] and r["generated"] == 0 and r["unreadable_out_lines"] == 6 and r["num_readable"] == 6
-    assert any("6 unreadable line" in w for w in r["warnings"]) and len(server.requests) == n
-    assert out.read_bytes() == good
-    again = regenerate(_cfg(server, [src], out))
-    assert not again["changed"] and again["unreadable_out_lines"] == 0 and len(server.requests) == n
-
-
-def test_an_output_that_does_not_read_back_is_never_put_in_place(server, tmp_path, monkeypatch):
-    """The check after writing can fail: with the old writer put back, the run refuses to rename its OUT."""
-    src = _write(tmp_path / "in.jsonl", [_odd(0), _sharegpt(1)])
-    out = tmp_path / "regenerated.jsonl"
-    monkeypatch.setattr(
-        jsonl, "line", lambda obj, **kw: (json.dumps(obj, ensure_ascii=False) + "\n").encode()
-    )
-    with pytest.raises(RegenerateError, match=r"regenerated\.jsonl:1: a raw U\+2028 .* kept in .*done\.log"):
-        regenerate(_cfg(server, [src], out))
-    assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
-    assert len(read_done(paths_for(out)[4]).entries) == 2  # nothing generated is lost
-    monkeypatch.undo()
-    r = regenerate(_cfg(server, [src], out))
-    assert r["changed"] and r["generated"] == 0 and r["num_readable"] == 2
-
-
-def test_cli_json_and_exit_code(server, tmp_path, capsys):
-    src = _write(tmp_path / "in.jsonl", [_sharegpt(0), "{bad"])
-    out = tmp_path / "out.jsonl"
-    base = ["regenerate", "--model", "m", "--input", str(src), "--out", str(out), "--backend", "openai"]
-    base += ["--url", server.url, "--json"]
-    assert cli_main(base) == 2
-    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert res["failed"] is True and f"{src}:2: not valid JSON" in res["msg"] and res["num_skipped"] == 1
-    assert cli_main([*base, "--on-error", "skip", "--plan"]) == 0
-    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert res["plan"] and res["left"] == 1 and not out.exists()
-    assert cli_main([*base, "--on-error", "skip"]) == 0
-    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert res["num_written"] == 1 and res["num_skipped"] == 1 and res["changed"]
-
-
-def _run_cli(server, src, out, extra=()):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "eagle3ops",
-        "regenerate",
-        "--model",
-        "m",
-        "--input",
-        str(src),
-        "--out",
-        str(out),
-    ]
-    cmd += ["--backend", "openai", "--url", server.url, "--concurrency", "4", "--json", *extra]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def test_kill9_anywhere_then_resume_gives_the_uninterrupted_output(server, tmp_path):
-    """The real CLI as a subprocess, SIGKILLed at seeded random moments while it writes, resumed each time."""
-    rows = [
-        _sharegpt(i, 1 + i % 3, system=i % 4 == 0) if i % 2 else _messages(i, 1 + i % 2) for i in range(40)
-    ]
-    src = _write(tmp_path / "in.jsonl", rows)
-    ref = tmp_path / "ref" / "out.jsonl"
-    regenerate(_cfg(server, [src], ref, concurrency=4))
-    server.delay = 0.1  # ~80 requests, 4 in flight: a whole run takes about 2 s of requests
-    out = tmp_path / "run" / "out.jsonl"
-    done_path = paths_for(out)[4]
-    rng = random.Random(18)
-    kills = 0
-    progress: list[int] = []  # conversations done after each killed run
-    for k in range(6):
-        before = len(read_done(done_path).entries) if done_path.exists() else 0
-        p = _run_cli(server, src, out)
-        t0 = time.monotonic()
-        if k == 0:  # anywhere in the first second: start-up, the meta write, the first requests
-            time.sleep(rng.uniform(0, 1.0))
-        else:  # once this run has appended its first conversation, after a seeded delay
-            while time.monotonic() - t0 < 30 and p.poll() is None:
-                if (len(read_done(done_path).entries) if done_path.exists() else 0) > before:
-                    break
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0, 0.3))
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-            kills += 1
-        p.wait()
-        p.stdout.close()
-        p.stderr.close()
-        done = read_done(done_path) if done_path.exists() else None
-        if done is not None:
-            assert done.duplicates == 0
-        progress.append(len(done.entries) if done else 0)
-    assert kills >= 4, progress
-    assert len(set(progress[1:])) >= 3 and progress[-1] < 40, progress  # killed at different points, mid-run
-    p = _run_cli(server, src, out)
-    stdout, stderr = p.communicate(timeout=120)
-    assert p.returncode == 0, stderr.decode()[-2000:]
-    res = json.loads(stdout.decode().strip().splitlines()[-1])
-    assert res["num_written"] == 40 and res["num_failed"] == 0
-    assert out.read_bytes() == ref.read_bytes()  # byte-identical to the uninterrupted run
-    done = read_done(done_path)
-    assert sorted(done.entries) == list(range(40)) and done.duplicates == 0 and not done.torn
-    assert len(done_path.read_bytes().splitlines()) == 40  # one line per conversation: none doubled
-    assert not list(out.parent.glob(".*.tmp"))
-
-
-# ---------------------------------------------------------------------------------------------------
-# the transformers backend on the real tiny demo target
-# ---------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory):
-    from test_demo import build_session_demo
-
-    return build_session_demo(tmp_path_factory)
-
-
-def test_transformers_backend_on_the_demo_target(demo, tmp_path):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    convs = [json.loads(line) for line in Path(demo["conversations_path"]).read_text().splitlines()[:2]]
-    src = _write(tmp_path / "demo.jsonl", convs)
-    out = tmp_path / "regen.jsonl"
-    cfg = RegenerateConfig(
-        model=demo["model_path"],
-        inputs=[str(src)],
-        out=str(out),
-        max_new_tokens=12,
-        concurrency=2,
-        threads=1,  # 2 threads on a loaded 2-core box are 10x slower for this tiny model
-        log=lambda m: None,
-    )
-    r = regenerate(cfg)
-    assert r["changed"] and r["num_written"] == 2 and r["output_tokens"] > 0 and r["tok_per_s"] > 0
-    got = list(iter_output(out))
-    # every generated token is a greedy choice of an independent forward (one conversation at a time, no padding),
-    # up to ties: the batched, padded forward of the run rounds differently, and the random demo model has near-ties
-    # that the two break differently on some CPUs (CI of 2026-12-04: '9 + 12' vs '2 + 12', logits 1e-6 apart).
-    # Checked along the run's own tokens (teacher-forced), so one tie cannot hide what follows it.
-    tie = 1e-3
-    tok = AutoTokenizer.from_pretrained(demo["model_path"])
-    model = AutoModelForCausalLM.from_pretrained(demo["model_path"]).eval()
-    eos = tok.eos_token_id
-    n_turns = 0
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the run above (threads=1); restored below
-    for before, after in zip(convs, got, strict=True):
-        key = "conversations" if "conversations" in before else "messages"
-        assert len(before[key]) == len(after[key])
-        history = []
-        for t_old, t_new in zip(before[key], after[key], strict=True):
-            role = _norm(t_old)
-            if role == "assistant":
-                ids = tok.encode(
-                    tok.apply_chat_template(history, add_generation_prompt=True, tokenize=False),
-                    add_special_tokens=False,
-                )
-                text = t_new.get("value", t_new.get("content"))
-                new = tok.encode(text, add_special_tokens=False)
-                assert tok.decode(new, skip_special_tokens=False) == text
-                assert len(new) <= 12
-                with torch.no_grad():
-                    logits = model(torch.tensor([ids + new])).logits[0, len(ids) - 1 :]
-                for k, chosen in enumerate(new):
-                    top = float(logits[k].max())
-                    assert float(logits[k, chosen]) >= top - tie, (
-                        f"token {k} of turn {n_turns}: {chosen} is {top - float(logits[k, chosen]):.2e} below "
-                        "the greedy choice"
-                    )
-                if len(new) < 12:  # it stopped: end of sequence was the greedy choice there
-                    assert float(logits[len(new), eos]) >= float(logits[len(new)].max()) - tie
-                n_turns += 1
-            else:
-                assert t_new == t_old
-                text = t_new.get("value", t_new.get("content"))
-            history.append({"role": role, "content": text})
-    torch.set_num_threads(threads)
-    assert r["turns_generated"] == n_turns
-    again = regenerate(cfg)  # second run: unchanged, no model loaded
-    assert not again["changed"] and again["fingerprint"] == r["fingerprint"] and again["num_written"] == 2
-    # prepare reading the output unchanged: tests/ansible/test_regenerate_role.py (site.yml regenerate,prepare)
