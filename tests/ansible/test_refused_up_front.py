@@ -90,3 +90,23 @@ def test_both_missing_inputs_are_named_at_once(tmp_path):
     rc, out = _site(tmp_path, "-e", "eagle3ops_heldout_prompts=", "-e", "benchmark_target_path=")
     msg = next(res["msg"] for _, n, res in _tasks(out) if res.get("failed"))
     assert rc == 2 and "benchmark_prompts" in msg and "benchmark_target_path" in msg, msg
+
+
+def test_a_phase_playbook_run_alone_is_not_asked_for_the_benchmarks_inputs(tmp_path):
+    """playbooks/prepare.yml run by itself (no tags: Ansible's run tags are 'all') has no benchmark play: the
+    check is skipped there, as in every phase play but the benchmark's."""
+    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(REPO / "inventory/local"),
+           str(REPO / "playbooks/prepare.yml"), "--check", "-e", f"eagle3ops_workdir={tmp_path / 'work'}",
+           "-e", "eagle3ops_heldout_prompts="]  # fmt: skip
+    env = {
+        **os.environ,
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+    }
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, check=False)
+    tasks = _tasks(json.loads(r.stdout))
+    checks = [res for _, n, res in tasks if CHECK in n]
+    assert checks and all(res.get("skipped") for res in checks), [
+        (n, res) for _, n, res in tasks if CHECK in n
+    ]
+    assert not any(res.get("failed") for _, n, res in tasks if "Shared variables" in n)
