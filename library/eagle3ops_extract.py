@@ -218,7 +218,7 @@ layer_ids:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import CliRunner, with_job_progress
+from ansible.module_utils.eagle3ops_cli import CliRunner, fail_unless_it_fits, with_job_progress
 from ansible.module_utils.eagle3ops_extract_options import EXTRACT
 
 
@@ -228,18 +228,12 @@ def main():
         supports_check_mode=True,
         required_together=[("world_size", "first_rank")],
     )
-    p = module.params
     result = with_job_progress(module, CliRunner(module, EXTRACT).run())
     if module.check_mode:
         result.setdefault("written", 0)
         result.setdefault("failed", 0)
         result.setdefault("damaged", 0)
-        if result.get("to_extract") and not result.get("fits"):
-            module.fail_json(
-                msg=f"{p['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "
-                f"{result['free_bytes']:,} free; free space or move the data directory",
-                **result,
-            )
+        fail_unless_it_fits(module, result)
     module.exit_json(**result)
 
 

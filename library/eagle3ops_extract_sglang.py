@@ -187,20 +187,15 @@ layer_ids:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_cli import CliRunner, with_job_progress
+from ansible.module_utils.eagle3ops_cli import CliRunner, fail_unless_it_fits, with_job_progress
 from ansible.module_utils.eagle3ops_extract_options import SGLANG_EXTRACT
 
 
 def main():
     module = AnsibleModule(argument_spec=SGLANG_EXTRACT.argument_spec(), supports_check_mode=True)
-    p = module.params
     result = with_job_progress(module, CliRunner(module, SGLANG_EXTRACT).run())
-    if module.check_mode and result.get("to_extract") and not result.get("fits"):
-        module.fail_json(
-            msg=f"{p['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "
-            f"{result['free_bytes']:,} free; free space or move the data directory",
-            **result,
-        )
+    if module.check_mode:
+        fail_unless_it_fits(module, result)
     result["changed"] = bool(result.get("changed"))
     module.exit_json(**result)
 

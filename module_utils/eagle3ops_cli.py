@@ -67,6 +67,17 @@ def with_job_progress(module, result):
     return result
 
 
+def fail_unless_it_fits(module, result):
+    """Check mode of an extraction (eagle3ops_extract, eagle3ops_extract_sglang): fail the task, with the plan,
+    when the rows still to extract would not fit in the data directory's free space."""
+    if result.get("to_extract") and not result.get("fits"):
+        module.fail_json(
+            msg=f"{module.params['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "
+            f"{result['free_bytes']:,} free; free space or move the data directory",
+            **result,
+        )
+
+
 def run_cli(module, executable, argv, *, env=None, check_rc=True):
     """Run the CLI with --json; return the parsed result dict (fail_json on errors)."""
     exe = find_executable(module, executable)

@@ -41,7 +41,10 @@ __all__ = [
     "Module",
     "Option",
     "conversation_inputs",
+    "count",
     "one_of",
+    "seconds",
+    "seed",
     "target_model",
 ]
 
@@ -336,6 +339,22 @@ class Module:
 def one_of(name, choices, **kw) -> Option:
     """A str option that takes one of ``choices``, the first of them by default (``on_error``: fail or skip)."""
     return Option(name, choices=choices, default=choices[0], **kw)
+
+
+def count(name, **kw) -> Option:
+    """An int option that counts something (rows, steps, workers, requests in flight): a whole number, 1 or more;
+    no default unless given."""
+    return Option(name, "int", minimum=1, **kw)
+
+
+def seconds(name, **kw) -> Option:
+    """A float option that is a time in seconds (a timeout, a wait, a retry delay): 0 or more."""
+    return Option(name, "float", minimum=0, **kw)
+
+
+def seed(**kw) -> Option:
+    """The int ``seed`` option (of whatever the command draws at random): 0 or more."""
+    return Option("seed", "int", minimum=0, **kw)
 
 
 def target_model(name: str, use: str, **kw) -> Option:

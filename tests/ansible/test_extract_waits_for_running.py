@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
-from runner import run_playbook
+from extract_local import extract_vars, run_extract_local
 from store_helpers import manifest_rows
 from tinymodels import build_prepared_dataset, build_tiny_target
 
@@ -69,21 +69,8 @@ def test_rerun_waits_for_the_running_extraction_and_does_only_what_is_left(tmp_p
             if data.get("task") == PLAN_TASK and ev.get("event") in ("runner_on_ok", "runner_on_failed"):
                 go.touch()
 
-        xv = {
-            "extract_model_path": str(model),
-            "extract_data_dir": str(data),
-            "extract_device": "cpu",
-            "extract_workers": "1",
-            "extract_poll_interval": 1,
-            "extract_executable": str(BIN / "eagle3ops"),
-        }
-        r = run_playbook(
-            REPO / "playbooks" / "extract.yml",
-            REPO / "inventory" / "local",
-            extravars=xv,
-            private_data_dir=tmp_path / "runner",
-            on_event=release_after_the_plan,
-        )
+        xv = extract_vars(model, data, extract_executable=str(BIN / "eagle3ops"))
+        r = run_extract_local(xv, tmp_path / "runner", on_event=release_after_the_plan)
         out, err = running.communicate(timeout=300)
     finally:
         go.touch()

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
-from runner import run_playbook
+from extract_local import extract_vars, run_extract_local
 from tinymodels import build_prepared_dataset
 
 pytestmark = [pytest.mark.slow]
@@ -56,25 +56,16 @@ def test_each_poll_of_the_extraction_says_rows_rate_eta_and_log(tmp_path, tmp_pa
             if (seen[-1].get("progress") or {}).get("done", 0) >= 2 or len(seen) > 300:
                 go.touch()
 
-    xv = {
-        "extract_model_path": str(model),
-        "extract_data_dir": str(data),
-        "extract_device": "cpu",
-        "extract_workers": "1",
-        "extract_writer_threads": 1,
-        "extract_max_batch_tokens": 1,  # one row per batch: the pause comes after exactly 2 rows
-        "extract_poll_interval": 1,
-        "extract_async_timeout": 900,  # the watch's retries: a guard only
-        "extract_executable": str(exe),
-    }
+    xv = extract_vars(
+        model,
+        data,
+        extract_writer_threads=1,
+        extract_max_batch_tokens=1,  # one row per batch: the pause comes after exactly 2 rows
+        extract_async_timeout=900,  # the watch's retries: a guard only
+        extract_executable=str(exe),
+    )
     try:
-        r = run_playbook(
-            REPO / "playbooks" / "extract.yml",
-            REPO / "inventory" / "local",
-            extravars=xv,
-            private_data_dir=tmp_path / "runner",
-            on_event=release_once_a_poll_saw_it_running,
-        )
+        r = run_extract_local(xv, tmp_path / "runner", on_event=release_once_a_poll_saw_it_running)
     finally:
         go.touch()  # never leave the paused run waiting
     assert r.rc == 0, r.summary()
@@ -124,12 +115,7 @@ def test_each_poll_of_the_extraction_says_rows_rate_eta_and_log(tmp_path, tmp_pa
     assert not (data / "hidden_states" / "data.extract.log").exists()  # beside the store, not in it
 
     # the second run has nothing to do: no watch at all
-    again = run_playbook(
-        REPO / "playbooks" / "extract.yml",
-        REPO / "inventory" / "local",
-        extravars={**xv, "extract_executable": str(BIN / "eagle3ops")},
-        private_data_dir=tmp_path / "runner2",
-    )
+    again = run_extract_local({**xv, "extract_executable": str(BIN / "eagle3ops")}, tmp_path / "runner2")
     assert again.rc == 0 and again.host("localhost")["changed"] == 0, again.summary()
     assert not [e for e in again.events if (e.get("event_data") or {}).get("task") == WATCH
                 and e.get("event") == "runner_on_ok"]  # fmt: skip

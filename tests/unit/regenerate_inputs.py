@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from eagle3ops.regenerate.config import RegenerateConfig
 from eagle3ops.regenerate.turns import strip_think
-from openai_standin import answer_for
+from openai_standin import StandinServer, answer_for  # noqa: F401 - StandinServer: the server fixture (conftest.py)
 
 # the two schemas of the inputs: the role key, the text key, the system/user/assistant role names, and how a
 # question and an old answer start

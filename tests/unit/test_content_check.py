@@ -23,6 +23,7 @@ from eagle3ops.train import inputs as train_inputs
 from eagle3ops.train import run as train_run
 from eagle3ops.train import spec as train_spec
 from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
+from train_cli import train_argv
 
 ROWS = 8
 
@@ -83,17 +84,7 @@ def test_a_16_byte_flip_passes_the_cheap_check_and_is_refused_before_training(st
     assert list(e.value.details["damaged_files"]) == ["3"]
     assert not (run / train_spec.STATE).exists() and not (run / train_spec.PIDFILE).exists()
     # through the CLI: exit 2, one line, the file named
-    argv = [
-        "train",
-        "--data",
-        str(data),
-        "--verifier",
-        str(verifier),
-        "--run-dir",
-        str(run),
-        "--device",
-        "cpu",
-    ]
+    argv = train_argv(data, verifier, run, "--device", "cpu")
     assert cli_main([*argv, "--json"]) == 2
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["failed"] and str(damaged) in res["msg"], res

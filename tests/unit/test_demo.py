@@ -1,8 +1,9 @@
 """The embedded demo: a real tiny DeepSeek-V3 target, a real locally trained tokenizer, real files.
 
-The demo is built once per run under pytest's base temp dir, shared by the xdist workers (``demo`` fixture,
-tests/run_cache.py); test_prepare.py, test_regenerate.py, tests/ansible/test_regenerate_role.py and
-tests/reliability build at the same path, so every later build is the idempotent no-op.
+The demo is built once per run under pytest's base temp dir, shared by the xdist workers (the ``demo`` fixture
+of tests/unit/conftest.py, tests/run_cache.py); test_prepare.py, test_regenerate.py,
+tests/ansible/test_regenerate_role.py and tests/reliability build at the same path, so every later build is the
+idempotent no-op.
 """
 
 from __future__ import annotations
@@ -34,18 +35,6 @@ def build_session_demo(tmp_path_factory) -> dict:
         res = demo_mod.build_demo(run_cache.demo_dir(tmp_path_factory), log=lambda m: None)
         run_cache.keep_demo(tmp_path_factory)
         return res
-
-
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory):
-    return build_session_demo(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def tokenizer(demo):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(demo["model_path"])
 
 
 @pytest.fixture(scope="session")

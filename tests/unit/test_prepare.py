@@ -3,7 +3,8 @@
 shared by the xdist workers, so whichever runs second gets the idempotent no-op).
 
 Rendering rows per conversation and the render workers: tests/unit/test_prepare_rows.py; the command line and
-the speculators pin: tests/unit/test_prepare_cli.py; the shared inputs: tests/unit/prepare_inputs.py.
+the speculators pin: tests/unit/test_prepare_cli.py; the shared inputs: tests/unit/prepare_inputs.py; the
+``demo``, ``model`` and ``tokenizer`` fixtures: tests/unit/conftest.py.
 """
 
 from __future__ import annotations
@@ -33,25 +34,6 @@ from prepare_inputs import (
     sharegpt,
     write_jsonl,
 )
-
-
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory):
-    from test_demo import build_session_demo
-
-    return build_session_demo(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def model(demo):
-    return demo["model_path"]
-
-
-@pytest.fixture(scope="session")
-def tokenizer(model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model)
 
 
 @pytest.fixture(scope="session")

@@ -22,18 +22,6 @@ from eagle3ops.prepare.errors import PrepareError
 from prepare_inputs import THREE_TURNS, write_jsonl
 
 
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory):
-    from test_demo import build_session_demo
-
-    return build_session_demo(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def model(demo):
-    return demo["model_path"]
-
-
 def test_pinned_to_speculators_0_9_0(monkeypatch):
     """The installed version is read through importlib.metadata (eagle3ops.speculators_pin); patched here to play
     a newer release."""

@@ -26,26 +26,6 @@ from prepare_inputs import (
     write_jsonl,
 )
 
-
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory):
-    from test_demo import build_session_demo
-
-    return build_session_demo(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def model(demo):
-    return demo["model_path"]
-
-
-@pytest.fixture(scope="session")
-def tokenizer(model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model)
-
-
 _INHERITED_HANDLER = """
 import signal
 from speculators.data_generation import preprocessing  # imported before the fork, as prepare() has it

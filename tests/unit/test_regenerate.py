@@ -13,28 +13,16 @@ tests/unit/test_regenerate_transformers.py; the shared inputs: tests/unit/regene
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from eagle3ops.regenerate.config import RegenerateConfig, RegenerateError
 from eagle3ops.regenerate.run import iter_output, regenerate
 from eagle3ops.regenerate.turns import strip_think
 from eagle3ops.regenerate.workdir import paths_for, read_done
-from openai_standin import StandinServer
 from regenerate_inputs import _cfg, _expected, _messages, _norm, _sharegpt, _write
-
-
-@pytest.fixture
-def server():
-    s = StandinServer()
-    yield s
-    s.close()
 
 
 def test_openai_backend_turn_by_turn_in_both_formats(server, tmp_path):

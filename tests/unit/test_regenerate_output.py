@@ -26,16 +26,7 @@ from eagle3ops.conversations import Problem, iter_records, resolve_sources
 from eagle3ops.regenerate.config import RegenerateError
 from eagle3ops.regenerate.run import iter_output, regenerate
 from eagle3ops.regenerate.workdir import paths_for, read_done
-from openai_standin import StandinServer
 from regenerate_inputs import _cfg, _expected, _messages, _sharegpt, _write
-
-
-@pytest.fixture
-def server():
-    s = StandinServer()
-    yield s
-    s.close()
-
 
 # ---------------------------------------------------------------------------------------------------
 # every record written is read back as exactly one record (the live run's 4 lost conversations)

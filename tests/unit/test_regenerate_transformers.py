@@ -7,8 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from eagle3ops.regenerate.config import RegenerateConfig
@@ -19,13 +17,6 @@ from regenerate_inputs import _norm, _write
 # ---------------------------------------------------------------------------------------------------
 # the transformers backend on the real tiny demo target
 # ---------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory):
-    from test_demo import build_session_demo
-
-    return build_session_demo(tmp_path_factory)
-
-
 def test_transformers_backend_on_the_demo_target(demo, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -20,15 +20,13 @@ from pathlib import Path
 
 import pytest
 from eagle3ops.extract import sglang_patch
-from eagle3ops.extract.session import ExtractConfig
 from eagle3ops.extract.sglang_client import (
     SGLangClientError,
-    SGLangExtractConfig,
     _request,
     run_sglang_extraction,
 )
-from eagle3ops.extract.transformers_backend import run_extraction
 from eagle3ops.store import HiddenStateStore
+from sglang_inputs import sglang_cfg, transformers_reference
 from tinymodels import build_prepared_dataset
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -42,11 +40,7 @@ LAYERS = [2, 4, 5]
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_target):
-    d = build_prepared_dataset(tmp_path_factory.mktemp("ref") / "data", LENGTHS)
-    run_extraction(
-        ExtractConfig(data_dir=str(d), model_path=str(tiny_target), progress=False, max_batch_size=1)
-    )
-    return d
+    return transformers_reference(tmp_path_factory, tiny_target, LENGTHS)
 
 
 @pytest.fixture
@@ -59,11 +53,7 @@ def standin_server(tmp_path, data_dir, model, *args):
 
 
 def _cfg(data_dir, model, url, **kw):
-    kw.setdefault("concurrency", 3)
-    kw.setdefault("health_timeout", 180)
-    kw.setdefault("confirm_timeout", 30)
-    kw.setdefault("backoff", 0.05)
-    return SGLangExtractConfig(data_dir=str(data_dir), model_path=str(model), url=url, progress=False, **kw)
+    return sglang_cfg(data_dir, model, url, **{"concurrency": 3, "confirm_timeout": 30, **kw})
 
 
 def _cli(data_dir, model, url, *extra) -> list[str]:

@@ -20,15 +20,14 @@ from pathlib import Path
 
 import pytest
 from eagle3ops.extract import sglang_hook
-from eagle3ops.extract.session import ExtractConfig
 from eagle3ops.extract.sglang_client import (
     SGLangClientError,
     SGLangExtractConfig,
     routing,
     run_sglang_extraction,
 )
-from eagle3ops.extract.transformers_backend import run_extraction
 from eagle3ops.store import HiddenStateStore
+from sglang_inputs import sglang_cfg, transformers_reference
 from tinymodels import build_prepared_dataset
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -42,11 +41,7 @@ LAYERS = [2, 4, 5]
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_target):
     """The transformers backend's store of every row, on one host: the bytes every other layout must give."""
-    d = build_prepared_dataset(tmp_path_factory.mktemp("ref") / "data", LENGTHS)
-    run_extraction(
-        ExtractConfig(data_dir=str(d), model_path=str(tiny_target), progress=False, max_batch_size=1)
-    )
-    return d
+    return transformers_reference(tmp_path_factory, tiny_target, LENGTHS)
 
 
 def _server(tmp_path: Path, name: str, data_dir: Path, model, rank: int, *args):
@@ -58,11 +53,7 @@ def _server(tmp_path: Path, name: str, data_dir: Path, model, rank: int, *args):
 
 
 def _cfg(data_dir, model, urls, **kw):
-    kw.setdefault("concurrency", 2)
-    kw.setdefault("health_timeout", 180)
-    kw.setdefault("confirm_timeout", 60)
-    kw.setdefault("backoff", 0.05)
-    return SGLangExtractConfig(data_dir=str(data_dir), model_path=str(model), url=urls, progress=False, **kw)
+    return sglang_cfg(data_dir, model, urls, **{"concurrency": 2, "confirm_timeout": 60, **kw})
 
 
 def _stats(url) -> dict:

@@ -25,6 +25,7 @@ from eagle3ops.train import metrics as train_metrics
 from eagle3ops.train import run as train_run
 from eagle3ops.train import spec as train_spec
 from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
+from train_cli import train_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -167,13 +168,7 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
 
     # 5. a changed configuration fails clearly (with the diff), and nothing is started
     rc, res = cli(
-        "train",
-        "--data",
-        str(data),
-        "--verifier",
-        str(verifier),
-        "--run-dir",
-        str(run_dir),
+        *train_argv(data, verifier, run_dir),
         "--epochs",
         "5",
         "--total-seq-len",

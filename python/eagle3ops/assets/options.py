@@ -10,6 +10,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, Group, Module, EXECUTABLE = _o.Option, _o.Command, _o.Group, _o.Module, _o.EXECUTABLE
+count, seed = _o.count, _o.seed
 
 MODULE = "eagle3ops_runtime_assets"
 ROLE = dict(module=MODULE, role="runtime", role_prefix="runtime_assets")
@@ -105,11 +106,9 @@ SHAREGPT = Command(
     options=[
         SOURCE.but(metavar="JSON", help="ShareGPT_V3_unfiltered_cleaned_split.json"),
         OUT.but(role="runtime_assets_sharegpt_dir", help="the subset directory"),
-        Option(
+        count(
             "limit",
-            "int",
             required=True,
-            minimum=1,
             metavar="N",
             role_default=40,  # the demo profile's size
             help="training conversations to keep",
@@ -123,7 +122,7 @@ SHAREGPT = Command(
             role_default=8,  # the playbook's benchmark needs some
             help="held-out prompts for the benchmark",
         ),
-        Option("seed", "int", default=0, minimum=0, help="the seed of the subset's random order"),
+        seed(default=0, help="the seed of the subset's random order"),
         Option(
             "exclude_prompts",
             "path",

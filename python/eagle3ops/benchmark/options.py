@@ -12,6 +12,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
 
 Option, Command, Module, EXECUTABLE = _o.Option, _o.Command, _o.Module, _o.EXECUTABLE
 one_of, target_model = _o.one_of, _o.target_model
+count = _o.count
 
 MODULE = "eagle3ops_benchmark"
 _EXE = EXECUTABLE.but(role="benchmark_eagle3ops_bin")
@@ -43,11 +44,9 @@ ACCEPTANCE = Command(
         target_model("target", "transformers", role="benchmark_target_path"),
         Option("prompts", "path", required=True, help="held-out prompts JSONL (not used in training)"),
         Option("out", "path", required=True, role=False, help="result JSON file"),
-        Option("k", "int", default=3, minimum=1, help="draft tokens per verify step (speculative-num-steps)"),
-        Option(
-            "max_new_tokens", "int", default=64, no_log=False, minimum=1, help="tokens generated per prompt"
-        ),
-        Option("limit", "int", minimum=1, help="use only the first N prompts"),
+        count("k", default=3, help="draft tokens per verify step (speculative-num-steps)"),
+        count("max_new_tokens", default=64, no_log=False, help="tokens generated per prompt"),
+        count("limit", help="use only the first N prompts"),
         Option(
             "baseline",
             "bool",
@@ -55,14 +54,7 @@ ACCEPTANCE = Command(
             role="benchmark_random_baseline",
             help="also measure a random-token draft (the floor, about 1)",
         ),
-        Option(
-            "threads",
-            "int",
-            default=1,
-            minimum=1,
-            param=False,
-            help="torch CPU threads (1 is fastest on a busy machine)",
-        ),
+        count("threads", default=1, param=False, help="torch CPU threads (1 is fastest on a busy machine)"),
         one_of(
             "device",
             ["cpu", "cuda"],
@@ -127,24 +119,15 @@ SPEC_PROBE = Command(
             help="held-out prompts JSONL (default: eagle3ops' built-in probe prompts)",
         ),
         Option("out", "path", param=False, help="result JSON (default: none written)"),
-        Option(
+        count(
             "max_new_tokens",
-            "int",
             default=128,
-            minimum=1,
             module_default=64,  # one module parameter for every action: the acceptance's; the serve role passes its own
             no_log=False,
             role="serve_probe_max_new_tokens",
             help="tokens generated per probe prompt",
         ),
-        Option(
-            "limit",
-            "int",
-            role="serve_probe_count",
-            role_default=4,
-            minimum=1,
-            help="use only the first N prompts",
-        ),
+        count("limit", role="serve_probe_count", role_default=4, help="use only the first N prompts"),
         Option(
             "chat_template",
             "path",
@@ -190,19 +173,15 @@ LIVE = Command(
             default=[1, 8],
             help="requests in flight, one run per value",
         ),
-        Option(
+        count(
             "num_requests",
-            "int",
-            minimum=1,
             role_default=32,  # a bounded run per set in the playbook; a CLI call sends each prompt once
             help="requests per set and concurrency: the first N prompts, repeated when the set is smaller "
             "(default: each once)",
         ),
-        Option(
+        count(
             "max_new_tokens",
-            "int",
             default=256,
-            minimum=1,
             module_default=64,  # the module parameter is shared with acceptance; the benchmark role passes its own
             no_log=False,
             role="benchmark_output_len",

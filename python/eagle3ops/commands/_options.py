@@ -4,7 +4,7 @@ leading underscore keeps eagle3ops.cli from taking this file for a command modul
 
 from __future__ import annotations
 
-from eagle3ops.options import Command, Group, Option
+from eagle3ops.options import Command, Group, Option, count, seed
 
 DEMO = Command(
     "demo",
@@ -17,16 +17,12 @@ DEMO = Command(
     check_help="only report whether a build would happen",
     options=[
         Option("out", "path", required=True, metavar="DIR", help="directory to build the demo in"),
-        Option(
-            "num_conversations", "int", default=300, metavar="N", minimum=1, help="conversations to write"
-        ),
-        Option("seed", "int", default=0, minimum=0, help="the seed of everything built"),
-        Option(
+        count("num_conversations", default=300, metavar="N", help="conversations to write"),
+        seed(default=0, help="the seed of everything built"),
+        count(
             "train_steps",
-            "int",
             default=120,
             metavar="N",
-            minimum=1,
             why="the target needs at least 1 training step",
             help="optimiser steps of the target's training (fewer: cheaper, less trained)",
         ),

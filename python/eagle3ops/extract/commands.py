@@ -88,7 +88,7 @@ def cmd_extract(args) -> int:
     from eagle3ops.extract.errors import ExtractError
     from eagle3ops.extract.session import plan_extraction
     from eagle3ops.extract.shards import check_shard
-    from eagle3ops.extract.status import run_log, run_progress
+    from eagle3ops.extract.status import note_running, run_log
     from eagle3ops.extract.transformers_backend import run_extraction
     from eagle3ops.extract.workers import host_share, num_workers, spawn_workers, worker_start
     from eagle3ops.runlock import RunLock, holder, wait_free
@@ -118,11 +118,7 @@ def cmd_extract(args) -> int:
                 or res.get("damaged", 0) > 0
                 or res.get("duplicate_manifest_lines", 0) > 0
             )
-            res.update(running=running is not None, holder=running)
-            if running:  # what an Ansible poll of the running extraction shows (roles/extract)
-                res["progress"] = run_progress(
-                    args.data, res["total"] - res["to_extract"], res["total"], running
-                )
+            note_running(res, args.data, running)
             emit(
                 args,
                 res,

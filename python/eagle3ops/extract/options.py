@@ -13,6 +13,13 @@ except ImportError:  # on a target without eagle3ops: the copies Ansible ships
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
 one_of, target_model = _o.one_of, _o.target_model
+count, seconds = _o.count, _o.seconds
+
+
+def _report(name: str, help: str, options: list) -> Command:
+    """The read-only ``extract-<name>`` command (also ``eagle3ops <name>``): no module, no check mode."""
+    return Command(f"extract-{name}", aliases=[name], help=help, check=False, options=options)
+
 
 # ---- shared by both backends -------------------------------------------------------------------------
 DATA = Option(
@@ -48,12 +55,10 @@ DISK_MARGIN_MIB = Option(
     minimum=0,
     help="free space kept on top of the need and --margin, in MiB",
 )
-LIMIT = Option("limit", "int", minimum=1, help="only the first N rows")
-WAIT_RUNNING = Option(
+LIMIT = count("limit", help="only the first N rows")
+WAIT_RUNNING = seconds(
     "wait_running",
-    "float",
     default=0,
-    minimum=0,
     metavar="SECONDS",
     role=False,  # the role passes extract_async_timeout when its plan found a run in progress
     help="with --check: while another run holds the directory, wait up to this long for it to end first",
@@ -88,15 +93,8 @@ EXTRACT = Command(
             help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)",
         ),
         Option("device", default="auto", help="auto, cpu, cuda, cuda:N"),
-        Option(
-            "max_batch_tokens",
-            "int",
-            default=16384,
-            no_log=False,
-            minimum=1,
-            help="padded tokens per forward batch",
-        ),
-        Option("max_batch_size", "int", default=64, param=False, minimum=1, help="rows per forward batch"),
+        count("max_batch_tokens", default=16384, no_log=False, help="padded tokens per forward batch"),
+        count("max_batch_size", default=64, param=False, help="rows per forward batch"),
         Option(
             "workers",
             default="1",
@@ -105,10 +103,8 @@ EXTRACT = Command(
             role_default="auto",  # the playbook uses every GPU; a plain CLI call one process
             help="'auto' = one worker per visible GPU (1 on CPU), or a number; each takes a disjoint shard",
         ),
-        Option(
+        count(
             "world_size",
-            "int",
-            minimum=1,
             role=False,  # the role computes it from extract_shard_hosts
             help="number of shards over all hosts (several hosts: the sum of their workers; docs/scale.md)",
         ),
@@ -127,11 +123,9 @@ EXTRACT = Command(
             default=True,
             help="fsync each file before its rename (--no-fsync: crash-safe, not power-safe)",
         ),
-        Option(
+        count(
             "writer_threads",
-            "int",
             default=4,
-            minimum=1,
             help="parallel file writers (their fsyncs overlap; docs/performance.md)",
         ),
         MARGIN,
@@ -162,12 +156,10 @@ EXTRACT = Command(
     ],
 )
 
-STATUS = Command(
-    "extract-status",
-    aliases=["status"],
-    help="extraction progress from the manifests (no tensors loaded)",
-    check=False,
-    options=[
+STATUS = _report(
+    "status",
+    "extraction progress from the manifests (no tensors loaded)",
+    [
         DATA.but(
             type="list",
             elements="path",
@@ -177,12 +169,10 @@ STATUS = Command(
     ],
 )
 
-WORKERS = Command(
-    "extract-workers",
-    aliases=["workers"],
-    help="how many extraction workers --workers SPEC means on this host",
-    check=False,
-    options=[
+WORKERS = _report(
+    "workers",
+    "how many extraction workers --workers SPEC means on this host",
+    [
         Option(
             "workers",
             default="auto",
@@ -193,12 +183,10 @@ WORKERS = Command(
     ],
 )
 
-LENGTHS = Command(
-    "extract-lengths",
-    aliases=["lengths"],
-    help="index -> seq_len of finished samples, from the manifests",
-    check=False,
-    options=[
+LENGTHS = _report(
+    "lengths",
+    "index -> seq_len of finished samples, from the manifests",
+    [
         DATA,
         Option("out", "path", help="also write them as JSON here (the seed's sample_lengths.json)"),
     ],
@@ -223,10 +211,8 @@ SGLANG_EXTRACT = Command(
             help="the capture servers' base URLs: one, or several on this host (data parallel: the host's rows are "
             "split between them, each server its own manifest rank, docs/sglang.md)",
         ),
-        Option(
+        count(
             "world_size",
-            "int",
-            minimum=1,
             role=False,  # the role computes it from extract_shard_hosts (each host brings one rank a server)
             help="several hosts: the number of capture servers over every host (each takes a strided share of the "
             "rows, as the transformers backend's workers do; docs/scale.md)",
@@ -246,7 +232,7 @@ SGLANG_EXTRACT = Command(
             role="extract_dtype",
             help="stored dtype (the server's hook writes only these three; the transformers backend also stores fp8)",
         ),
-        Option("concurrency", "int", default=8, minimum=1, help="requests in flight"),
+        count("concurrency", default=8, help="requests in flight"),
         Option(
             "request_timeout",
             "float",
@@ -261,36 +247,14 @@ SGLANG_EXTRACT = Command(
             minimum=0,
             help="retries per row (5xx, 408, 429, timeouts, connection errors)",
         ),
-        Option(
-            "backoff",
-            "float",
-            default=1.0,
-            param=False,
-            minimum=0,
-            help="first retry delay (s); doubles, with jitter",
-        ),
-        Option("backoff_max", "float", default=60.0, param=False, minimum=0, help="longest retry delay (s)"),
-        Option(
-            "health_timeout",
-            "float",
-            default=1800.0,
-            minimum=0,
-            help="seconds to wait for the server's /health",
-        ),
-        Option(
-            "confirm_timeout",
-            "float",
-            default=120.0,
-            param=False,
-            minimum=0,
-            help="wait this long for a row's file",
-        ),
+        seconds("backoff", default=1.0, param=False, help="first retry delay (s); doubles, with jitter"),
+        seconds("backoff_max", default=60.0, param=False, help="longest retry delay (s)"),
+        seconds("health_timeout", default=1800.0, help="seconds to wait for the server's /health"),
+        seconds("confirm_timeout", default=120.0, param=False, help="wait this long for a row's file"),
         LIMIT.but(role="extract_limit"),
         Option("server_unit", help="systemd unit to start and stop (default: attach to --url)"),
-        Option(
+        count(
             "server_pid",
-            "int",
-            minimum=1,
             param=False,
             help="the attached server's PID: when it dies, stop waiting for /health at once (exit 2)",
         ),
@@ -356,12 +320,10 @@ SGLANG_PATCH = Command(
     ],
 )
 
-VERIFY = Command(
-    "extract-verify",
-    aliases=["verify"],
-    help="check every finished hidden-state file against its manifest line (size + header, or checksum)",
-    check=False,
-    options=[
+VERIFY = _report(
+    "verify",
+    "check every finished hidden-state file against its manifest line (size + header, or checksum)",
+    [
         Option("data", "path", required=True, help="data directory (the one `eagle3ops extract` wrote into)"),
         Option(
             "level",

@@ -383,6 +383,22 @@ def progress_reporter(total_samples: int, total_tokens: int, enabled: bool, log_
             prog.update(task, advance=n, rate=f"{rate:,.0f} tok/s")
 
         return advance, prog.stop
+
+    def print_line(n, t, elapsed):
+        rate = t / max(elapsed, 1e-9)
+        eta = (total_tokens - t) / rate if rate else float("inf")
+        print(
+            f"extract: {n}/{total_samples} samples, {rate:,.0f} tok/s, ETA {eta:,.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return _every(10, total_samples, print_line), (lambda: None)
+
+
+def _every(seconds: float, total_samples: int, report):
+    """``advance(n, t)`` that counts the rows and tokens done and calls ``report(rows, tokens, elapsed_s)`` when
+    ``seconds`` have passed since it last did, and once all ``total_samples`` rows are done."""
     t0 = time.monotonic()
     state = {"n": 0, "t": 0, "last": t0}
 
@@ -390,40 +406,32 @@ def progress_reporter(total_samples: int, total_tokens: int, enabled: bool, log_
         state["n"] += n
         state["t"] += t
         now = time.monotonic()
-        if now - state["last"] >= 10 or state["n"] == total_samples:
+        if now - state["last"] >= seconds or state["n"] == total_samples:
             state["last"] = now
-            rate = state["t"] / max(now - t0, 1e-9)
-            eta = (total_tokens - state["t"]) / rate if rate else float("inf")
-            print(
-                f"extract: {state['n']}/{total_samples} samples, {rate:,.0f} tok/s, ETA {eta:,.0f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+            report(state["n"], state["t"], now - t0)
 
-    return advance, (lambda: None)
+    return advance
 
 
 def _log_lines(total_samples: int, total_tokens: int, log_path: str, also):
     """``advance`` that calls ``also`` and appends a progress line to ``log_path`` every 30 s and at the end."""
-    t0 = time.monotonic()
-    state = {"n": 0, "t": 0, "last": t0}
+
+    def write_line(n, t, elapsed):
+        rate = n / max(elapsed, 1e-9)
+        eta = (total_samples - n) / rate if rate else None
+        line = (
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} extract (PID {os.getpid()}): {n}/{total_samples} "
+            f"rows, {rate:.3g} rows/s, {t:,} tokens, ETA {'?' if eta is None else f'{eta:.0f} s'}\n"
+        )
+        # a full disk: the run goes on, its log falls behind
+        with contextlib.suppress(OSError), open(log_path, "a", encoding="utf-8") as f:
+            f.write(line)
+
+    counted = _every(30, total_samples, write_line)
 
     def advance(n, t):
         also(n, t)
-        state["n"] += n
-        state["t"] += t
-        now = time.monotonic()
-        if now - state["last"] >= 30 or state["n"] == total_samples:
-            state["last"] = now
-            rate = state["n"] / max(now - t0, 1e-9)
-            eta = (total_samples - state["n"]) / rate if rate else None
-            line = (
-                f"{time.strftime('%Y-%m-%d %H:%M:%S')} extract (PID {os.getpid()}): {state['n']}/{total_samples} "
-                f"rows, {rate:.3g} rows/s, {state['t']:,} tokens, ETA {'?' if eta is None else f'{eta:.0f} s'}\n"
-            )
-            # a full disk: the run goes on, its log falls behind
-            with contextlib.suppress(OSError), open(log_path, "a", encoding="utf-8") as f:
-                f.write(line)
+        counted(n, t)
 
     return advance
 

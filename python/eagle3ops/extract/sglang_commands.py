@@ -54,7 +54,7 @@ def cmd_extract(args) -> int:
     from eagle3ops.extract.errors import ExtractError
     from eagle3ops.extract.sglang_client import SGLangClientError, SGLangExtractConfig, run_sglang_extraction
     from eagle3ops.extract.sglang_patch import PatchError
-    from eagle3ops.extract.status import run_log, run_progress
+    from eagle3ops.extract.status import note_running, run_log
     from eagle3ops.runlock import RunLock, holder, wait_free
     from eagle3ops.store import StoreError
 
@@ -105,11 +105,7 @@ def cmd_extract(args) -> int:
             res.update(
                 backend="sglang", check_mode=True, changed=bool(res["to_extract"]), written=0, failed=0
             )
-            res.update(running=running is not None, holder=running)
-            if running:  # what an Ansible poll of the running extraction shows (roles/extract)
-                res["progress"] = run_progress(
-                    args.data, res["total"] - res["to_extract"], res["total"], running
-                )
+            note_running(res, args.data, running)
             emit(
                 args,
                 res,

@@ -188,6 +188,15 @@ class _Tee:
         return getattr(self._stream, name)
 
 
+def note_running(res: dict, data_dir: str | os.PathLike, running: dict | None) -> None:
+    """Add to a check-mode plan ``res`` (its ``total`` and ``to_extract``) the run that holds ``data_dir``
+    (``running``: its holder record, or None): ``running``, ``holder`` and, while one runs, its ``progress``
+    (:func:`run_progress`: what an Ansible poll of the running extraction shows, roles/extract)."""
+    res.update(running=running is not None, holder=running)
+    if running:
+        res["progress"] = run_progress(data_dir, res["total"] - res["to_extract"], res["total"], running)
+
+
 def run_progress(data_dir: str | os.PathLike, done: int, total: int, holder: dict | None) -> dict:
     """How far the extraction that holds ``data_dir`` is (:func:`eagle3ops.progress.describe`): ``done`` of this
     host's ``total`` rows, the rate from the file times the manifests recorded since the run started (the

@@ -14,6 +14,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+seconds = _o.seconds
 
 
 def _allow_list(name, flag, old, metavar, what):
@@ -51,16 +52,9 @@ GPU_FREE = Command(
             help="'all', or NVML indices and/or GPU UUIDs (also comma-separated)",
         ),
         Option("threshold_mib", "float", default=0, minimum=0, help="used MiB still counted as free"),
-        Option("timeout", "float", default=60, minimum=0, help="seconds to wait for free memory"),
+        seconds("timeout", default=60, help="seconds to wait for free memory"),
         Option("poll_interval", "float", default=0.1, above=0, help="seconds between NVML reads"),
-        Option(
-            "stop_grace",
-            "float",
-            default=15,
-            minimum=0,
-            aliases=("--grace",),
-            help="seconds between SIGTERM and SIGKILL",
-        ),
+        seconds("stop_grace", default=15, aliases=("--grace",), help="seconds between SIGTERM and SIGKILL"),
         _allow_list("stop_units", "--stop-unit", "--allow-unit", "UNIT", "systemd unit (glob)"),
         _allow_list(
             "stop_cmdline_patterns", "--stop-cmdline", "--allow-cmdline", "REGEX", "command-line regex"

@@ -18,6 +18,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, Group = _o.Option, _o.Command, _o.Group
+count = _o.count
 
 # ---- storage: the /data migration -----------------------------------------------------------------------
 STATE_FILE = Option(
@@ -161,7 +162,7 @@ STORAGE_PARTITION = Command(
     role="storage",
     options=[
         Option("disk", "path", required=True, role_default="", help="the whole disk"),
-        Option("number", "int", default=1, role=False, minimum=1, help="the partition number"),
+        count("number", default=1, role=False, help="the partition number"),
         Option(
             "timeout",
             "int",

@@ -11,6 +11,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
 conversation_inputs, one_of, target_model = _o.conversation_inputs, _o.one_of, _o.target_model
+count, seconds, seed = _o.count, _o.seconds, _o.seed
 
 PREPARE = Command(
     "prepare",
@@ -42,8 +43,8 @@ PREPARE = Command(
             ["fail", "skip"],
             help="bad input rows: fail (nothing is written) or skip (listed in the result)",
         ),
-        Option("max_samples", "int", metavar="N", minimum=1, help="keep at most N rows"),
-        Option("seed", "int", default=0, minimum=0, help="shuffle seed"),
+        count("max_samples", metavar="N", help="keep at most N rows"),
+        seed(default=0, help="shuffle seed"),
         one_of(
             "rows",
             ["turn", "conversation"],
@@ -51,12 +52,10 @@ PREPARE = Command(
             "one row per conversation with every assistant turn supervised (less to extract, store and train "
             "on; a conversation whose template re-renders its history keeps per-turn rows)",
         ),
-        Option(
+        count(
             "workers",
-            "int",
             default=1,
             metavar="N",
-            minimum=1,
             help="render in N processes (the same rows; the tokenizer and chat template run on N cores)",
         ),
         Option(
@@ -65,11 +64,9 @@ PREPARE = Command(
             default=False,
             help="replace a dataset whose hidden states were already extracted",
         ),
-        Option(
+        seconds(
             "lock_wait",
-            "float",
             default=0,
-            minimum=0,
             metavar="SECONDS",
             role_default=3600,  # the playbook waits for an interrupted run still holding the directory
             help="while another run holds DATA_DIR, wait up to this long for it (0: fail at once)",

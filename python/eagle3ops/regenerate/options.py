@@ -10,6 +10,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+count, seconds, seed = _o.count, _o.seconds, _o.seed
 conversation_inputs, one_of = _o.conversation_inputs, _o.one_of
 
 REGENERATE = Command(
@@ -58,33 +59,23 @@ REGENERATE = Command(
             role_default="",  # empty: the request's model is --model
             help="openai backend: the request's model (default --model)",
         ),
-        Option(
-            "max_new_tokens", "int", default=512, no_log=False, minimum=1, help="tokens per answer at most"
-        ),
+        count("max_new_tokens", default=512, no_log=False, help="tokens per answer at most"),
         Option("temperature", "float", default=0.0, minimum=0, help="0 = greedy"),
         Option("top_p", "float", default=1.0, above=0, maximum=1, help="nucleus sampling (temperature > 0)"),
-        Option("seed", "int", default=0, minimum=0, help="sampling seed (temperature > 0)"),
+        seed(default=0, help="sampling seed (temperature > 0)"),
         one_of("system", ["keep", "drop"], help="the system turns"),
         one_of("think", ["keep", "strip"], help="<think> blocks of the answers"),
-        Option(
+        count(
             "concurrency",
-            "int",
             default=8,
-            minimum=1,
             help="conversations in flight: requests (openai) or the batch (transformers)",
         ),
         Option("retries", "int", default=3, minimum=0, help="openai: retries of a failed request"),
-        Option(
-            "backoff",
-            "float",
-            default=1.0,
-            minimum=0,
-            help="openai: first retry delay in s, doubled each time",
-        ),
-        Option("backoff_max", "float", default=30.0, minimum=0, help="openai: the longest retry delay in s"),
+        seconds("backoff", default=1.0, help="openai: first retry delay in s, doubled each time"),
+        seconds("backoff_max", default=30.0, help="openai: the longest retry delay in s"),
         Option("request_timeout", "float", default=600.0, above=0, help="openai: seconds per request"),
-        Option("health_timeout", "float", default=60.0, minimum=0, help="openai: wait for /v1/models (s)"),
-        Option("limit", "int", metavar="N", minimum=1, help="the first N usable conversations"),
+        seconds("health_timeout", default=60.0, help="openai: wait for /v1/models (s)"),
+        count("limit", metavar="N", help="the first N usable conversations"),
         one_of(
             "on_error",
             ["fail", "skip"],

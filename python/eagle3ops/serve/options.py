@@ -13,6 +13,7 @@ except ImportError:  # on a target without eagle3ops: the copies Ansible ships
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
 one_of = _o.one_of
+count, seconds = _o.count, _o.seconds
 
 CONVERT = Command(
     "serve-convert",
@@ -38,10 +39,8 @@ CONVERT = Command(
             role="serve_draft_dir",
             help="output directory (--speculative-draft-model-path)",
         ),
-        Option(
+        count(
             "serve_window",
-            "int",
-            minimum=1,
             role="serve_draft_window_size",
             help="the --speculative-draft-window-size the server will use (needed for a sliding-window draft)",
         ),
@@ -104,18 +103,9 @@ SERVE_PROCESS = Command(
             role=False,
             help="free-form identity beyond argv/env (a changed stamp restarts the server)",
         ),
-        Option(
-            "health_timeout",
-            "float",
-            default=600.0,
-            role_default=3600,
-            minimum=0,
-            help="seconds to wait for /health",
-        ),
+        seconds("health_timeout", default=600.0, role_default=3600, help="seconds to wait for /health"),
         Option("interval", "float", default=2.0, role=False, above=0, help="seconds between /health polls"),
-        Option(
-            "stop_grace", "float", default=60.0, role=False, minimum=0, help="seconds from SIGTERM to SIGKILL"
-        ),
+        seconds("stop_grace", default=60.0, role=False, help="seconds from SIGTERM to SIGKILL"),
         Option(
             "argv_json",
             param=False,

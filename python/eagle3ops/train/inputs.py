@@ -121,10 +121,9 @@ def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
             dtype=meta["dtype"],
         )
         if damaged:
-            shown = "; ".join(f"row {i}: {store.path(i)}: {r}" for i, r in sorted(damaged.items())[:10])
             raise TrainError(
-                f"{len(damaged)} hidden-state files in {store.dir} are damaged or missing ({shown}"
-                + (f"; and {len(damaged) - 10} more" if len(damaged) > 10 else "")
+                f"{len(damaged)} hidden-state files in {store.dir} are damaged or missing ("
+                + _first_ten(store, damaged)
                 + "). Run the extract phase again: it moves them to hidden_states/damaged/ and extracts "
                 "those rows anew (`eagle3ops extract-verify --data DIR` lists them).",
                 inputs_pending=True,
@@ -139,6 +138,12 @@ def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
             inputs_pending=True,
         )
     return {"rows": num_rows, "samples_with_states": done, "tokens": sum(lengths.values())}
+
+
+def _first_ten(store: HiddenStateStore, damaged: dict) -> str:
+    """The first ten of ``damaged`` (row -> what is wrong), ``row I: FILE: reason``, and how many more."""
+    shown = "; ".join(f"row {i}: {store.path(i)}: {r}" for i, r in sorted(damaged.items())[:10])
+    return shown + (f"; and {len(damaged) - 10} more" if len(damaged) > 10 else "")
 
 
 def check_content(data_dir: str | os.PathLike, *, check: bool, log) -> dict:
@@ -161,10 +166,9 @@ def check_content(data_dir: str | os.PathLike, *, check: bool, log) -> dict:
     res["seconds"] = round(time.monotonic() - t0, 2)
     damaged = res.pop("damaged")
     if damaged:
-        shown = "; ".join(f"row {i}: {store.path(i)}: {r}" for i, r in sorted(damaged.items())[:10])
         raise TrainError(
-            f"{len(damaged)} hidden-state files in {store.dir} do not hold the bytes their writer recorded ({shown}"
-            + (f"; and {len(damaged) - 10} more" if len(damaged) > 10 else "")
+            f"{len(damaged)} hidden-state files in {store.dir} do not hold the bytes their writer recorded ("
+            + _first_ten(store, damaged)
             + "). Nothing was trained on them. Move them aside and extract those rows again: `eagle3ops verify "
             f"--data {data_dir} --level checksum --move-aside`, then the extract phase (or the extract phase "
             "with extract_verify: checksum, which does both).",

@@ -17,6 +17,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
 one_of, target_model = _o.one_of, _o.target_model
+count, seconds, seed = _o.count, _o.seconds, _o.seed
 
 DEFAULT_DRAFT_VOCAB = (
     32000  # the draft vocabulary asked for when none is given (capped at the distinct tokens)
@@ -51,10 +52,8 @@ TRAIN = Command(
             role_default=[],
             help="only to assert: must equal extract_meta.json's",
         ),
-        Option(
+        count(
             "draft_vocab_size",
-            "int",
-            minimum=1,
             role_default=DEFAULT_DRAFT_VOCAB,  # the playbook says what the CLI leaves implicit
             help=f"default {DEFAULT_DRAFT_VOCAB}, capped at the distinct tokens seen",
         ),
@@ -65,22 +64,20 @@ TRAIN = Command(
             role_default="",
             help="token frequencies (default DATA/token_freq.pt)",
         ),
-        Option("epochs", "int", default=3, minimum=1, help="training epochs"),
+        count("epochs", default=3, help="training epochs"),
         Option(
             "lr",
             "float",
             above=0,
             help="learning rate (default: the trainer's own: speculators 0.001, specforge 0.0001)",
         ),
-        Option(
+        count(
             "ttt_steps",
-            "int",
-            minimum=1,
             help="test-time-training steps, the draft positions trained (default: the trainer's own: speculators 3, "
             "specforge 7)",
         ),
-        Option("num_layers", "int", default=1, minimum=1, help="draft decoder layers"),
-        Option("total_seq_len", "int", default=8192, minimum=1, help="tokens per packed batch (per process)"),
+        count("num_layers", default=1, help="draft decoder layers"),
+        count("total_seq_len", default=8192, help="tokens per packed batch (per process)"),
         Option(
             "train_data_ratio",
             "float",
@@ -90,12 +87,12 @@ TRAIN = Command(
             maximum=1,
             help="share of the rows trained on",
         ),
-        Option("max_steps", "int", minimum=1, help="stop after this many optimizer steps (smoke runs)"),
+        count("max_steps", help="stop after this many optimizer steps (smoke runs)"),
         Option(
             "checkpoint_freq", "float", default=1.0, above=0, help="epochs between checkpoints (<1: within)"
         ),
-        Option("log_freq", "int", default=1, param=False, minimum=1, help="steps between metric records"),
-        Option("seed", "int", default=42, param=False, minimum=0, help="the training seed"),
+        count("log_freq", default=1, param=False, help="steps between metric records"),
+        seed(default=42, param=False, help="the training seed"),
         Option(
             "norm_before_residual",
             "bool",
@@ -103,7 +100,7 @@ TRAIN = Command(
             help="speculators' default; SGLang 0.5.23 cannot serve it, so off unless asked",
         ),
         one_of("attention", ["full", "sliding"], help="draft attention"),
-        Option("sliding_window", "int", default=2048, minimum=1, help="window of sliding attention"),
+        count("sliding_window", default=2048, help="window of sliding attention"),
         one_of(
             "verify",
             ["checksum", "size"],
@@ -124,20 +121,13 @@ TRAIN = Command(
             help="speculators' mask token (default from the verifier)",
         ),
         one_of("device", ["auto", "cpu", "gpu"], help="auto: GPUs when visible"),
-        Option("nproc", "int", minimum=1, help="trainer processes on GPUs (default: every visible GPU)"),
+        count("nproc", help="trainer processes on GPUs (default: every visible GPU)"),
         # the role passes null as omitted (0 workers is a value): not a plain pass-through
         Option(
             "num_workers", "int", role=False, minimum=0, help="loader workers per process (default 0 on CPU)"
         ),
         # several hosts (docs/scale.md): the role computes these from train_hosts and the job it decides on
-        Option(
-            "nnodes",
-            "int",
-            default=1,
-            role=False,
-            minimum=1,
-            help="hosts training together (torchrun --nnodes)",
-        ),
+        count("nnodes", default=1, role=False, help="hosts training together (torchrun --nnodes)"),
         Option(
             "node_rank",
             "int",
@@ -201,23 +191,14 @@ TRAIN = Command(
         ),
         Option("python", param=False, help="interpreter for the trainer (default: this one)"),
         Option("gpu_free_check", "bool", default=True, help="assert free VRAM before launching on GPUs"),
-        Option(
-            "gpu_free_timeout",
-            "float",
-            default=60,
-            param=False,
-            minimum=0,
-            help="seconds the VRAM check waits",
-        ),
+        seconds("gpu_free_timeout", default=60, param=False, help="seconds the VRAM check waits"),
         # the role waits only once every node started (several hosts): computed, not a pass-through
         Option(
             "wait", "bool", default=False, role=False, help="block until the run ends; return its metrics"
         ),
-        Option(
+        seconds(
             "timeout",
-            "float",
             default=3600,
-            minimum=0,
             role="train_wait_timeout",
             role_default=86400,  # a playbook waiting for a training run waits a day; a CLI call an hour
             help="seconds --wait waits",
@@ -238,6 +219,6 @@ TRAIN_STOP = Command(
     help="stop a running training run (SIGTERM: speculators saves 'interrupted')",
     options=[
         Option("run_dir", "path", required=True, help="the run directory"),
-        Option("grace", "float", default=60, minimum=0, help="seconds between SIGTERM and SIGKILL"),
+        seconds("grace", default=60, help="seconds between SIGTERM and SIGKILL"),
     ],
 )
