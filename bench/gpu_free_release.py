@@ -277,37 +277,54 @@ class Bench:
             "run_id": self.run_id,
             "checks": {},
         }
-        checks = res["checks"]
         if not a.standin:
-            h = self.nvml.nvmlDeviceGetHandleByIndex(a.gpu)
-            res["driver"] = gpu_nvml._text(self.nvml.nvmlSystemGetDriverVersion())
-            res["gpu_name"] = gpu_nvml._text(self.nvml.nvmlDeviceGetName(h))
-            try:
-                import torch
-
-                res["torch"] = torch.__version__
-            except ImportError:
-                pass
-            t0 = time.perf_counter()
-            for _ in range(1000):
-                self.nvml.nvmlDeviceGetMemoryInfo(h, version=self.nvml.nvmlMemory_v2)
-                self.nvml.nvmlDeviceGetComputeRunningProcesses(h)
-            res["nvml_reading_us"] = round((time.perf_counter() - t0) * 1000, 2)  # us per (memory+procs)
+            self.record_driver(res)
         res["idle_memory"] = self.memory()
         log(f"idle: {res['idle_memory']}")
 
-        idle = self.cli("--timeout", "5")
-        res["idle_cli"] = idle
-        checks["idle_gpu_passes"] = idle["rc"] == 0 and idle["result"].get("free") is True
-        log(f"idle CLI rc={idle['rc']} ({idle['wall_s']} s): {idle['result'].get('msg')}")
-        if not checks["idle_gpu_passes"]:
+        if not self.idle_step(res):
             # a GPU that is not free to begin with (or reads used > --threshold when idle) makes every
             # later step meaningless: record what it saw and stop here
             res["ok"] = False
             res["stopped_early"] = "the idle GPU did not pass; see idle_cli and idle_memory"
             res["latency_summary"] = {}
             return res
+        self.holder_steps(res)
+        self.latency_steps(res)
+        res["goal_s"] = a.goal
+        res["ok"] = all(res["checks"].values())
+        return res
 
+    def record_driver(self, res: dict) -> None:
+        """The driver, GPU name, torch version and the cost of one NVML reading (memory + processes)."""
+        a = self.args
+        h = self.nvml.nvmlDeviceGetHandleByIndex(a.gpu)
+        res["driver"] = gpu_nvml._text(self.nvml.nvmlSystemGetDriverVersion())
+        res["gpu_name"] = gpu_nvml._text(self.nvml.nvmlDeviceGetName(h))
+        try:
+            import torch
+
+            res["torch"] = torch.__version__
+        except ImportError:
+            pass
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            self.nvml.nvmlDeviceGetMemoryInfo(h, version=self.nvml.nvmlMemory_v2)
+            self.nvml.nvmlDeviceGetComputeRunningProcesses(h)
+        res["nvml_reading_us"] = round((time.perf_counter() - t0) * 1000, 2)  # us per (memory+procs)
+
+    def idle_step(self, res: dict) -> bool:
+        """Step 1: the CLI on the idle GPU must pass. Returns whether it did."""
+        checks = res["checks"]
+        idle = self.cli("--timeout", "5")
+        res["idle_cli"] = idle
+        checks["idle_gpu_passes"] = idle["rc"] == 0 and idle["result"].get("free") is True
+        log(f"idle CLI rc={idle['rc']} ({idle['wall_s']} s): {idle['result'].get('msg')}")
+        return checks["idle_gpu_passes"]
+
+    def holder_steps(self, res: dict) -> None:
+        """Steps 2-5: a holder; the CLI failing on it, predicting its stop in check mode, stopping it."""
+        a, checks = self.args, res["checks"]
         holder = self.spawn_holder()
         try:
             cgroup_dir = None if a.no_cgroup else self.move_to_cgroup(holder.pid)
@@ -359,6 +376,9 @@ class Bench:
                 holder.wait()
             self.cleanup_cgroups()
 
+    def latency_steps(self, res: dict) -> None:
+        """Step 6: the verdict latency, ``--reps`` holders per poll interval, and its summary."""
+        a, checks = self.args, res["checks"]
         reps = []
         for poll_s in a.polls:
             for i in range(a.reps):
@@ -388,9 +408,6 @@ class Bench:
                 }
         checks["latency_measured"] = len(lat) == len(reps) and bool(reps)
         checks["verdict_within_goal"] = bool(lat) and max(lat) <= a.goal
-        res["goal_s"] = a.goal
-        res["ok"] = all(checks.values())
-        return res
 
 
 def main(argv=None) -> int:

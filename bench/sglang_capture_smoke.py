@@ -37,7 +37,7 @@ def _post(url, body, timeout=300):
     return json.loads(urllib.request.urlopen(r, timeout=timeout).read())
 
 
-def main() -> int:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--site", required=True)
     ap.add_argument("--model", required=True)
@@ -47,14 +47,62 @@ def main() -> int:
     ap.add_argument("--sglang-version", default="0.5.17")
     ap.add_argument("--port", type=int, default=30123)
     ap.add_argument("--log", default="/tmp/sglang-capture-smoke.log")
-    args = ap.parse_args()
-    sys.path[:0] = [args.site, str(REPO / "python")]
+    return ap.parse_args()
+
+
+def _wait_healthy(proc: subprocess.Popen, base: str) -> None:
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode}")
+        try:
+            urllib.request.urlopen(base + "/health", timeout=2)
+            break
+        except Exception:
+            time.sleep(1)
+    else:
+        raise RuntimeError("no /health after 300 s")
+
+
+def _compare(rows: dict, store, ref_dir: str) -> list[dict]:
+    """Each row's file from the server hook against the transformers backend's (``ref_dir``)."""
     import torch
+    from safetensors.torch import load_file
+
+    cmp = []
+    for i, ids in rows.items():
+        p = store.path(i)
+        if not p.exists():
+            cmp.append({"row": i, "missing": True})
+            continue
+        got, ref = load_file(str(p)), load_file(str(Path(ref_dir) / p.name))
+        g, r = got["hidden_states"].float(), ref["hidden_states"].float()
+        err = (g - r).abs()
+        cmp.append(
+            {
+                "row": i,
+                "tokens": len(ids),
+                "token_ids_equal": bool(torch.equal(got["token_ids"], ref["token_ids"])),
+                "shape": list(g.shape),
+                "max_abs_err": float(err.max()),
+                "max_rel_err_per_slot": [
+                    float(err[:, s].max() / r[:, s].abs().max()) for s in range(g.shape[1])
+                ],
+            }
+        )
+    return cmp
+
+
+def main() -> int:
+    args = _parse_args()
+    sys.path[:0] = [args.site, str(REPO / "python")]
+    # torch and safetensors (used by _compare) are imported here, before the patch is applied: one missing
+    # fails the run before anything is changed
+    import torch  # noqa: F401
     from eagle3ops.extract import sglang_patch
     from eagle3ops.extract.sglang_client import server_args
     from eagle3ops.extract.sglang_hook import make_rid
     from eagle3ops.store import HiddenStateStore
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # noqa: F401
 
     res: dict = {"sglang_version": args.sglang_version}
     spec = json.loads(Path(args.rows).read_text())
@@ -96,16 +144,7 @@ def main() -> int:
     )
     base = f"http://127.0.0.1:{args.port}"
     try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited {proc.returncode}")
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except Exception:
-                time.sleep(1)
-        else:
-            raise RuntimeError("no /health after 300 s")
+        _wait_healthy(proc, base)
         res["healthy_after_s"] = round(time.time() - t0, 1)
         rows = {int(k): v for k, v in spec["rows"].items()}
         t1 = time.time()
@@ -123,28 +162,7 @@ def main() -> int:
         deadline = time.time() + 60
         while time.time() < deadline and not all(store.path(i).exists() for i in rows):
             time.sleep(0.5)
-        cmp = []
-        for i, ids in rows.items():
-            p = store.path(i)
-            if not p.exists():
-                cmp.append({"row": i, "missing": True})
-                continue
-            got, ref = load_file(str(p)), load_file(str(Path(args.ref) / p.name))
-            g, r = got["hidden_states"].float(), ref["hidden_states"].float()
-            err = (g - r).abs()
-            cmp.append(
-                {
-                    "row": i,
-                    "tokens": len(ids),
-                    "token_ids_equal": bool(torch.equal(got["token_ids"], ref["token_ids"])),
-                    "shape": list(g.shape),
-                    "max_abs_err": float(err.max()),
-                    "max_rel_err_per_slot": [
-                        float(err[:, s].max() / r[:, s].abs().max()) for s in range(g.shape[1])
-                    ],
-                }
-            )
-        res["rows"] = cmp
+        res["rows"] = _compare(rows, store, args.ref)
         errs = dump / "hidden_states" / "sglang_hook_errors.jsonl"
         res["hook_errors"] = errs.read_text().splitlines()[-5:] if errs.exists() else []
     except Exception as e:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 
-def main() -> int:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--batches", type=int, default=24)
@@ -42,12 +42,90 @@ def main() -> int:
         "--writers", type=int, default=4, help="the hook's writer threads (EAGLE3OPS_SGLANG_WRITERS)"
     )
     ap.add_argument("--tiny", action="store_true")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def _request_plans(args, g) -> list[list[tuple[int, int]]]:
+    """Request lengths per batch: several requests of different lengths summing to tokens_per_batch."""
     import torch
-    from eagle3ops.extract.sglang_hook import DumpHook, make_rid
-    from eagle3ops.store import HiddenStateStore
+
+    plans, index = [], 0
+    for _ in range(args.batches):
+        lens, left = [], args.tokens_per_batch
+        while left > 0:
+            n = min(left, int(torch.randint(64, max(65, args.tokens_per_batch // 3), (1,), generator=g)))
+            lens.append(n)
+            left -= n
+        plans.append([(index + j, n) for j, n in enumerate(lens)])
+        index += len(lens)
+    return plans
+
+
+def _one_batch(hook, model, plan, bufs, expected: dict, device: str, k: int, h: int) -> tuple[float, float]:
+    """Fill the buffers, take the reference synchronously, run the hook, clobber the buffers.
+    Returns (seconds of the synchronous .cpu() copy, seconds inside the hook calls)."""
+    import torch
+    from eagle3ops.extract.sglang_hook import make_rid
+    from sglang_standin import StandInForwardBatch
+
+    aux_buf, last_buf, ids_buf = bufs
+    n = sum(x for _, x in plan)
+    aux_buf[:n].normal_()
+    last_buf[:n].normal_()
+    ids_buf[:n].random_(0, 160000)
+    # the reference, taken synchronously (also the "synchronous .cpu()" cost to compare with)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    ref_aux, ref_last, ref_ids = aux_buf[:n].cpu(), last_buf[:n].cpu(), ids_buf[:n].cpu()
+    sync_s = time.perf_counter() - t0
+    off = 0
+    for idx, ln in plan:
+        hs = torch.cat([ref_aux[off : off + ln].view(ln, k, h), ref_last[off : off + ln].view(ln, 1, h)], 1)
+        expected[idx] = (ref_ids[off : off + ln].to(torch.int64), hs)
+        off += ln
+    fb = StandInForwardBatch(
+        rids=[make_rid(i, ln) for i, ln in plan],
+        extend_seq_lens_cpu=[ln for _, ln in plan],
+        extend_prefix_lens_cpu=[0] * len(plan),
+        input_ids=ids_buf[:n],
+    )
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    cap = hook.capture_last(fb)
+    cap(last_buf[:n])
+    hook.on_forward(model, fb, aux_buf[:n])
+    hook_s = time.perf_counter() - t0
+    # SGLang reuses its buffers: clobber them right away (on the compute stream)
+    aux_buf[:n].fill_(float("nan"))
+    last_buf[:n].fill_(float("nan"))
+    ids_buf[:n].fill_(-1)
+    return sync_s, hook_s
+
+
+def _verify(store, expected: dict) -> tuple[list[int], int]:
+    """The samples whose file differs from what was handed in, and the bytes of all files."""
+    import torch
     from safetensors.torch import load_file
-    from sglang_standin import StandInForwardBatch, StandInModel
+
+    bad = []
+    total_bytes = 0
+    for idx, (tok, hs) in expected.items():
+        f = load_file(str(store.path(idx)))
+        total_bytes += store.path(idx).stat().st_size
+        if not (torch.equal(f["token_ids"], tok) and torch.equal(f["hidden_states"], hs)):
+            bad.append(idx)
+    return bad, total_bytes
+
+
+def main() -> int:
+    args = _parse_args()
+    import torch
+    from eagle3ops.extract.sglang_hook import DumpHook
+    from eagle3ops.store import HiddenStateStore
+    from safetensors.torch import load_file  # noqa: F401 - _verify's; a missing one fails before the run
+    from sglang_standin import StandInModel
 
     if args.tiny:
         args.hidden, args.tokens_per_batch, args.batches = 256, 512, 4
@@ -71,16 +149,7 @@ def main() -> int:
     model = StandInModel(layers)
     g = torch.Generator(device="cpu").manual_seed(0)
 
-    # request lengths per batch: several requests of different lengths summing to tokens_per_batch
-    plans, index = [], 0
-    for _ in range(args.batches):
-        lens, left = [], args.tokens_per_batch
-        while left > 0:
-            n = min(left, int(torch.randint(64, max(65, args.tokens_per_batch // 3), (1,), generator=g)))
-            lens.append(n)
-            left -= n
-        plans.append([(index + j, n) for j, n in enumerate(lens)])
-        index += len(lens)
+    plans = _request_plans(args, g)
 
     # reusable "SGLang buffers" on the device, overwritten after each forward
     n_max = args.tokens_per_batch
@@ -91,51 +160,14 @@ def main() -> int:
     hook_seconds, sync_seconds = [], []
     t_all = time.perf_counter()
     for plan in plans:
-        n = sum(x for _, x in plan)
-        aux_buf[:n].normal_()
-        last_buf[:n].normal_()
-        ids_buf[:n].random_(0, 160000)
-        # the reference, taken synchronously (also the "synchronous .cpu()" cost to compare with)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        ref_aux, ref_last, ref_ids = aux_buf[:n].cpu(), last_buf[:n].cpu(), ids_buf[:n].cpu()
-        sync_seconds.append(time.perf_counter() - t0)
-        off = 0
-        for idx, ln in plan:
-            hs = torch.cat(
-                [ref_aux[off : off + ln].view(ln, k, h), ref_last[off : off + ln].view(ln, 1, h)], 1
-            )
-            expected[idx] = (ref_ids[off : off + ln].to(torch.int64), hs)
-            off += ln
-        fb = StandInForwardBatch(
-            rids=[make_rid(i, ln) for i, ln in plan],
-            extend_seq_lens_cpu=[ln for _, ln in plan],
-            extend_prefix_lens_cpu=[0] * len(plan),
-            input_ids=ids_buf[:n],
-        )
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        cap = hook.capture_last(fb)
-        cap(last_buf[:n])
-        hook.on_forward(model, fb, aux_buf[:n])
-        hook_seconds.append(time.perf_counter() - t0)
-        # SGLang reuses its buffers: clobber them right away (on the compute stream)
-        aux_buf[:n].fill_(float("nan"))
-        last_buf[:n].fill_(float("nan"))
-        ids_buf[:n].fill_(-1)
+        sync_s, hook_s = _one_batch(hook, model, plan, (aux_buf, last_buf, ids_buf), expected, device, k, h)
+        sync_seconds.append(sync_s)
+        hook_seconds.append(hook_s)
     hook.flush(timeout=3600)
     wall = time.perf_counter() - t_all
     hook.close()
 
-    bad = []
-    total_bytes = 0
-    for idx, (tok, hs) in expected.items():
-        f = load_file(str(store.path(idx)))
-        total_bytes += store.path(idx).stat().st_size
-        if not (torch.equal(f["token_ids"], tok) and torch.equal(f["hidden_states"], hs)):
-            bad.append(idx)
+    bad, total_bytes = _verify(store, expected)
     tokens = sum(ln for plan in plans for _, ln in plan)
     res = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",

@@ -331,7 +331,7 @@ def mid_dir(a) -> Path:
     return L.W / "mid"
 
 
-def main() -> int:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", default="/tmp/live/demo")
     ap.add_argument("--budget-s", type=float, default=900)
@@ -369,11 +369,11 @@ def main() -> int:
     ap.add_argument("--gpu-window", default="", help="a file lane smol touches when it leaves the GPU idle")
     ap.add_argument("--gpu-window-wait-s", type=float, default=420)
     ap.add_argument("--mid-done", default="", help="a file touched when the measurement is over")
-    a = ap.parse_args()
-    w = Path(a.work)
-    w.mkdir(parents=True, exist_ok=True)
-    L.W = w
-    L.DEADLINE[0] = time.time() + a.budget_s
+    return ap.parse_args()
+
+
+def _recorder(w: Path):
+    """``done(key, value)``: records into the result dict (returned too), rewrites WORK/result.json."""
     res: dict = {}
     lock = threading.Lock()
 
@@ -387,6 +387,17 @@ def main() -> int:
             atomic_write_text(w / "result.json", json.dumps(res, indent=1, default=str), fsync=False)
         return v
 
+    return done, res
+
+
+def main() -> int:
+    a = _parse_args()
+    w = Path(a.work)
+    w.mkdir(parents=True, exist_ok=True)
+    L.W = w
+    L.DEADLINE[0] = time.time() + a.budget_s
+    done, res = _recorder(w)
+
     demo, tf, sg = w / "demo", w / "data-tf", w / "data-sgl"
     model = demo / "model"
     done("demo", L.cli("demo", "--out", str(demo), name="demo"))
@@ -398,6 +409,27 @@ def main() -> int:
     shutil.copytree(tf, sg)
     done("extract_transformers", L.cli("extract", "--data", str(tf), "--model", str(model), "--device", a.device,
                                        "--workers", "1", "--no-progress", name="extract_tf"))  # fmt: skip
+    mid, mid_threads = _capture(a, done, res, model, tf, sg)
+    if mid is not None:
+        for t in mid_threads:
+            t.join(timeout=max(0.0, L.left() - 300))
+        measuring = threading.Thread(target=mid.measure, name="mid-measure")
+        measuring.start()
+        mid_threads.append(measuring)
+    elif a.mid_done:
+        Path(a.mid_done).touch()
+    try:
+        done("compare", compare(tf, sg, a.rows))
+    except Exception as e:
+        done("compare", {"error": f"{type(e).__name__}: {e}"})
+    return _train_serve_benchmark(a, done, res, w, demo, model, tf, mid_threads)
+
+
+def _capture(a, done, res: dict, model: Path, tf: Path, sg: Path):
+    """The SGLang store: the capture patch, the server, the extraction through it (playbooks or CLI), the
+    capture overhead, then the server stopped and the patch restored whatever happened. With ``--mid`` the
+    realistic-width target is prepared meanwhile and its server started while the patch is in place.
+    Returns (the Mid or None, its threads)."""
     meta = json.loads((tf / "hidden_states" / "extract_meta.json").read_text())
     ids = [int(i) for i in meta["layer_ids"]]
     site = ["--site-packages", a.site, "--sglang-version", SGLANG_VERSION]
@@ -438,41 +470,40 @@ def main() -> int:
         done("server_error", f"{type(e).__name__}: {e}")
     finally:
         srv.stop()
-        if a.capture_via == "cli":
-            done("patch_restore", L.cli("sglang-patch", "restore", *site, name="patch_restore"))
-        elif sha256(target) != res["deepseek_v2_sha256_before"]:
-            # the extract role restores only after a run without a failed row: the sglang role's own restore
-            done("patch_restore_fallback", L.run_playbooks(
-                "demo-restore", {**ev, "sglang_capture_patch_state": "absent"}, timeout=max(60, L.left() - 60),
-                playbooks=("sglang.yml",), keep=(PATCH_TASK,)))  # fmt: skip
-        if a.capture_via == "playbooks" and res.get("extract_playbook", {}).get("rc") == 0:
-            # both phases once more, the server stopped: every row is extracted, so nothing may change (after a
-            # failed extraction rows are left and sglang.yml would rightly patch again: not run then)
-            rerun = L.run_playbooks("demo-rerun", ev, timeout=max(60, L.left() - 60),
-                                    playbooks=("sglang.yml", "extract.yml"), keep=(PATCH_TASK, RESTORE_TASK))  # fmt: skip
-            rerun["changed_zero"] = (
-                rerun.get("rc") == 0
-                and all(h.get("changed") == 0 for h in rerun.get("stats", {}).values())
-                and bool(rerun.get("stats"))
-            )
-            done("playbook_rerun", rerun)
-        done("patch_status_after", L.cli("sglang-patch", "status", *site, name="patch_status1"))
-        done("deepseek_v2_exists", target.exists())
-        done("restored_byte_exact", sha256(target) == res["deepseek_v2_sha256_before"])
-    if mid is not None:
-        for t in mid_threads:
-            t.join(timeout=max(0.0, L.left() - 300))
-        measuring = threading.Thread(target=mid.measure, name="mid-measure")
-        measuring.start()
-        mid_threads.append(measuring)
-    elif a.mid_done:
-        Path(a.mid_done).touch()
-    try:
-        done("compare", compare(tf, sg, a.rows))
-    except Exception as e:
-        done("compare", {"error": f"{type(e).__name__}: {e}"})
+        _restore_and_rerun(a, done, res, site, target, ev)
+    return mid, mid_threads
 
-    # a demo draft, then the serve + benchmark phases (the roles) against the real server
+
+def _restore_and_rerun(a, done, res: dict, site: list[str], target: Path, ev: dict) -> None:
+    """After the server stopped: the patch restored (CLI, or the sglang role's own restore where the extract
+    role did not), both playbooks once more (nothing may change), the file byte-exact as before."""
+    if a.capture_via == "cli":
+        done("patch_restore", L.cli("sglang-patch", "restore", *site, name="patch_restore"))
+    elif sha256(target) != res["deepseek_v2_sha256_before"]:
+        # the extract role restores only after a run without a failed row: the sglang role's own restore
+        done("patch_restore_fallback", L.run_playbooks(
+            "demo-restore", {**ev, "sglang_capture_patch_state": "absent"}, timeout=max(60, L.left() - 60),
+            playbooks=("sglang.yml",), keep=(PATCH_TASK,)))  # fmt: skip
+    if a.capture_via == "playbooks" and res.get("extract_playbook", {}).get("rc") == 0:
+        # both phases once more, the server stopped: every row is extracted, so nothing may change (after a
+        # failed extraction rows are left and sglang.yml would rightly patch again: not run then)
+        rerun = L.run_playbooks("demo-rerun", ev, timeout=max(60, L.left() - 60),
+                                playbooks=("sglang.yml", "extract.yml"), keep=(PATCH_TASK, RESTORE_TASK))  # fmt: skip
+        rerun["changed_zero"] = (
+            rerun.get("rc") == 0
+            and all(h.get("changed") == 0 for h in rerun.get("stats", {}).values())
+            and bool(rerun.get("stats"))
+        )
+        done("playbook_rerun", rerun)
+    done("patch_status_after", L.cli("sglang-patch", "status", *site, name="patch_status1"))
+    done("deepseek_v2_exists", target.exists())
+    done("restored_byte_exact", sha256(target) == res["deepseek_v2_sha256_before"])
+
+
+def _train_serve_benchmark(
+    a, done, res: dict, w: Path, demo: Path, model: Path, tf: Path, mid_threads: list
+) -> int:
+    """A demo draft, then the serve + benchmark phases (the roles) against the real server."""
     run = w / "run"
     done("train", L.cli("train", "--data", str(tf), "--verifier", str(model), "--run-dir", str(run), "--device",
                         "gpu" if a.device == "cuda" else "cpu", "--epochs", "2", "--total-seq-len", "2048",

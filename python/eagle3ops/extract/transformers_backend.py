@@ -19,6 +19,7 @@ import functools
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.session import (
@@ -143,6 +144,24 @@ def resolve_device(device: str) -> str:
     return device
 
 
+@dataclass
+class _Loop:
+    """What the batch loop of :func:`run_extraction` works with."""
+
+    cfg: ExtractConfig
+    ds: object
+    seq_lens: Sequence[int]
+    limits: dict
+    capture: StateCapture
+    device: str
+    fp8: bool
+    store_dtype: object
+    cuda: bool
+    copy_stream: object
+    pool: PinnedPool | None
+    writer: SampleWriter
+
+
 def run_extraction(cfg: ExtractConfig) -> dict:
     """Extract every remaining row of this rank; resumable; returns counts."""
     t_start = time.perf_counter()
@@ -155,37 +174,7 @@ def run_extraction(cfg: ExtractConfig) -> dict:
             f"store dtype {cfg.dtype!r} is not supported here; use bfloat16, float16, float32 or {FP8_DTYPE}"
         )
     fp8 = cfg.dtype == FP8_DTYPE
-
-    store = HiddenStateStore(cfg.data_dir, rank=cfg.rank)
-    discarded = store.ensure_meta(
-        build_meta(cfg, facts, layer_ids, len(seq_lens)), on_model_change=cfg.on_model_change
-    )
-    removed_tmp = store.clean_temp_files()
-    indices = rank_indices(len(seq_lens), cfg.world_size, cfg.rank, cfg.limit)
-    # damaged files are moved aside and their entries dropped by the one process that owns the directory: a
-    # single run, or the parent of --workers N before it starts them (repair_store); a worker only reports
-    plan = store.plan(
-        seq_lens,
-        num_states=num_states,
-        hidden_size=hidden,
-        dtype=cfg.dtype,
-        indices=indices,
-        verify=cfg.verify,
-        repair=cfg.world_size == 1,
-    )
-    result = run_result(cfg, indices, plan, layer_ids, facts)
-    result.update(
-        rank=cfg.rank,
-        world_size=cfg.world_size,
-        removed_temp_files=len(removed_tmp),
-        damaged=len(plan.damaged),
-        damaged_files=damaged_report(store, plan.damaged),
-        moved_aside=plan.moved_aside,
-        duplicate_manifest_lines=plan.duplicates,
-        unchecked_files=plan.unchecked,
-        verify=cfg.verify,
-        discarded_store=discarded,
-    )
+    store, plan, result = _plan_store(cfg, seq_lens, facts, layer_ids, num_states, hidden)
     if not plan.remaining:
         result["seconds"] = round(time.perf_counter() - t_start, 3)
         return result
@@ -206,16 +195,7 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     )
     model = load_model(cfg.model_path, device, compute_dtype)
     limits = target_limits(model)
-    too_long = [
-        i for i in plan.remaining if limits["max_positions"] and seq_lens[i] > limits["max_positions"]
-    ]
-    if too_long:
-        raise ExtractError(
-            f"{cfg.data_dir}: {len(too_long)} rows are longer than the target's max_position_embeddings "
-            f"{limits['max_positions']} (rows {too_long[:20]}, up to {max(seq_lens[i] for i in too_long)} "
-            f"tokens): past its context length the target gives states it was never trained for. Re-run prepare with --max-length "
-            f"{limits['max_positions']} or less (prepare_max_length). Nothing was extracted for them."
-        )
+    _check_lengths(cfg, plan.remaining, seq_lens, limits)
     capture = StateCapture(model, layer_ids)
     store_dtype = getattr(torch, cfg.dtype)
     cuda = device.startswith("cuda")
@@ -228,15 +208,10 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     writer = SampleWriter(
         store, fsync=cfg.fsync, threads=cfg.writer_threads, checksum=cfg.checksum, on_written=advance
     )
-    depth = 3
-    pool = None
-    if cuda:  # one buffer per batch that can be in flight (queued, being written, being filled), up front
-        in_flight = depth + cfg.writer_threads + 1
-        max_block = max(len(b) * max(seq_lens[i] for i in b) for b in batches) * num_states * hidden
-        pool = PinnedPool(pin=True, keep=2 * in_flight)
-        pool.reserve(in_flight, max_block * store_dtype.itemsize)
-        if fp8:
-            pool.reserve(in_flight, max_block // hidden * 4)  # the float32 scales, one per row
+    pool = _pinned_pool(cfg, batches, seq_lens, num_states, hidden, store_dtype, fp8) if cuda else None
+    loop = _Loop(
+        cfg, ds, seq_lens, limits, capture, device, fp8, store_dtype, cuda, copy_stream, pool, writer
+    )
     writer.start()
     ok = False  # the manifest is closed in `finally`; its error must not hide the one that got us there
     t_compute = 0.0
@@ -245,94 +220,12 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     try:
         with torch.inference_mode():
             for batch in batches:
-                rows = ds[batch]["input_ids"]
-                lens = [seq_lens[i] for i in batch]
-                for i, r, n in zip(batch, rows, lens, strict=True):
-                    if len(r) != n:
-                        raise ExtractError(
-                            f"{cfg.data_dir}: row {i} has {len(r)} input_ids but seq_len {n}; re-run prepare"
-                        )
-                oov = [
-                    (i, int(r.max())) for i, r in zip(batch, rows, strict=True) if r.max() >= limits["vocab"]
-                ]
-                if oov:
-                    raise ExtractError(
-                        f"{cfg.data_dir}: rows {[i for i, _ in oov][:20]} hold token ids up to {max(t for _, t in oov)}"
-                        f" but the target {cfg.model_path} has a vocabulary of {limits['vocab']}: the data was "
-                        "prepared with another tokenizer. Re-run prepare with this model (prepare_model_path = "
-                        "extract_model_path). Rows finished before are kept."
-                    )
-                longest = max(lens)
-                ids = torch.zeros((len(batch), longest), dtype=torch.long)
-                mask = torch.zeros((len(batch), longest), dtype=torch.long)
-                for b, r in enumerate(rows):
-                    ids[b, : len(r)] = torch.as_tensor(r, dtype=torch.long)
-                    mask[b, : len(r)] = 1
-                t0 = time.perf_counter()
-                capture.base(
-                    input_ids=ids.to(device, non_blocking=True),
-                    attention_mask=mask.to(device, non_blocking=True),
-                    use_cache=False,
-                )
-                scales = None
-                if fp8:  # [B, L, K+1, H] e4m3 + [B, L, K+1, 1] float32, on device
-                    block, scales = quantize_fp8(capture.stacked())
-                else:
-                    block = capture.stacked().to(store_dtype)  # [B, L, K+1, H] on device
-                if cfg.check_finite:
-                    probe = scales if fp8 else block  # a row's scale is finite iff the row is
-                    finite = (
-                        torch.isfinite(probe).flatten(1).all(dim=1)
-                        if len(batch) > 1
-                        else torch.isfinite(probe).all().reshape(1)
-                    )
-                    # padding positions are finite too (masked attention still yields numbers)
-                    if not bool(finite.all()):
-                        bad = [batch[b] for b in range(len(batch)) if not bool(finite[b])]
-                        raise ExtractError(
-                            f"non-finite hidden states for rows {bad[:20]} (model {cfg.model_path}); "
-                            "nothing was written for them. Check the model dtype/weights."
-                        )
-                event = release = None
-                host_scales = scales
-                if cuda:
-                    buf, host = pool.take(tuple(block.shape), store_dtype)
-                    sbuf = None
-                    if fp8:
-                        sbuf, host_scales = pool.take(tuple(scales.shape), torch.float32)
-                    copy_stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(copy_stream):
-                        host.copy_(block, non_blocking=True)
-                        if fp8:
-                            host_scales.copy_(scales, non_blocking=True)
-                        event = torch.cuda.Event()
-                        event.record(copy_stream)
-                    block.record_stream(copy_stream)
-                    if fp8:
-                        scales.record_stream(copy_stream)
-                    release = functools.partial(release_all, pool, buf, sbuf)
-                else:
-                    host = block
-                t_compute += time.perf_counter() - t0
-                states = [host[b, :n] for b, n in enumerate(lens)]
-                toks = [ids[b, :n] for b, n in enumerate(lens)]
-                sc = [host_scales[b, :n] for b, n in enumerate(lens)] if fp8 else None
-                writer.submit(WriterJob(list(batch), toks, states, event, release, sc))
+                t_compute += _extract_batch(loop, batch)
         writer.finish()
         ok = True
     except BaseException:
         # stop the writer after what it already has; finished samples stay valid and recorded
-        try:
-            writer.finish()
-        except BaseException as werr:  # the writer's own error is the more useful one
-            if isinstance(werr, DiskSpaceError):  # say how much the rest of the run still needs
-                left = max(0, plan.bytes_needed - writer.stats.bytes)
-                free = shutil.disk_usage(store.dir).free
-                werr = DiskSpaceError(
-                    f"{werr} {human_bytes(left)} of hidden states still to write in {store.dir}, "
-                    f"{human_bytes(free)} free there now."
-                )
-            raise werr from None
+        _finish_writer_after_error(writer, store, plan.bytes_needed)
         raise
     finally:
         capture.remove()
@@ -363,3 +256,181 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         batches=len(batches),
     )
     return result
+
+
+def _pinned_pool(cfg: ExtractConfig, batches, seq_lens, num_states: int, hidden: int, store_dtype, fp8: bool):
+    """One pinned buffer per batch that can be in flight (queued, being written, being filled), up front."""
+    depth = 3
+    in_flight = depth + cfg.writer_threads + 1
+    max_block = max(len(b) * max(seq_lens[i] for i in b) for b in batches) * num_states * hidden
+    pool = PinnedPool(pin=True, keep=2 * in_flight)
+    pool.reserve(in_flight, max_block * store_dtype.itemsize)
+    if fp8:
+        pool.reserve(in_flight, max_block // hidden * 4)  # the float32 scales, one per row
+    return pool
+
+
+def _plan_store(cfg: ExtractConfig, seq_lens, facts: dict, layer_ids, num_states: int, hidden: int):
+    """The store opened (meta checked, temp files removed, damage repaired or reported) and what is left
+    to do. Returns (store, plan, result so far)."""
+    store = HiddenStateStore(cfg.data_dir, rank=cfg.rank)
+    discarded = store.ensure_meta(
+        build_meta(cfg, facts, layer_ids, len(seq_lens)), on_model_change=cfg.on_model_change
+    )
+    removed_tmp = store.clean_temp_files()
+    indices = rank_indices(len(seq_lens), cfg.world_size, cfg.rank, cfg.limit)
+    # damaged files are moved aside and their entries dropped by the one process that owns the directory: a
+    # single run, or the parent of --workers N before it starts them (repair_store); a worker only reports
+    plan = store.plan(
+        seq_lens,
+        num_states=num_states,
+        hidden_size=hidden,
+        dtype=cfg.dtype,
+        indices=indices,
+        verify=cfg.verify,
+        repair=cfg.world_size == 1,
+    )
+    result = run_result(cfg, indices, plan, layer_ids, facts)
+    result.update(
+        rank=cfg.rank,
+        world_size=cfg.world_size,
+        removed_temp_files=len(removed_tmp),
+        damaged=len(plan.damaged),
+        damaged_files=damaged_report(store, plan.damaged),
+        moved_aside=plan.moved_aside,
+        duplicate_manifest_lines=plan.duplicates,
+        unchecked_files=plan.unchecked,
+        verify=cfg.verify,
+        discarded_store=discarded,
+    )
+    return store, plan, result
+
+
+def _check_lengths(cfg: ExtractConfig, remaining, seq_lens, limits: dict) -> None:
+    """Rows longer than the target's context length are refused before any is extracted."""
+    too_long = [i for i in remaining if limits["max_positions"] and seq_lens[i] > limits["max_positions"]]
+    if too_long:
+        raise ExtractError(
+            f"{cfg.data_dir}: {len(too_long)} rows are longer than the target's max_position_embeddings "
+            f"{limits['max_positions']} (rows {too_long[:20]}, up to {max(seq_lens[i] for i in too_long)} "
+            f"tokens): past its context length the target gives states it was never trained for. Re-run prepare with --max-length "
+            f"{limits['max_positions']} or less (prepare_max_length). Nothing was extracted for them."
+        )
+
+
+def _check_rows(cfg: ExtractConfig, batch, rows, lens, limits: dict) -> None:
+    """A batch's rows must have their recorded length and token ids inside the target's vocabulary."""
+    for i, r, n in zip(batch, rows, lens, strict=True):
+        if len(r) != n:
+            raise ExtractError(
+                f"{cfg.data_dir}: row {i} has {len(r)} input_ids but seq_len {n}; re-run prepare"
+            )
+    oov = [(i, int(r.max())) for i, r in zip(batch, rows, strict=True) if r.max() >= limits["vocab"]]
+    if oov:
+        raise ExtractError(
+            f"{cfg.data_dir}: rows {[i for i, _ in oov][:20]} hold token ids up to {max(t for _, t in oov)}"
+            f" but the target {cfg.model_path} has a vocabulary of {limits['vocab']}: the data was "
+            "prepared with another tokenizer. Re-run prepare with this model (prepare_model_path = "
+            "extract_model_path). Rows finished before are kept."
+        )
+
+
+def _extract_batch(loop: _Loop, batch: list[int]) -> float:
+    """One batch: checked, padded, forwarded, its states handed to the writer. Returns the compute seconds."""
+    import torch
+
+    rows = loop.ds[batch]["input_ids"]
+    lens = [loop.seq_lens[i] for i in batch]
+    _check_rows(loop.cfg, batch, rows, lens, loop.limits)
+    longest = max(lens)
+    ids = torch.zeros((len(batch), longest), dtype=torch.long)
+    mask = torch.zeros((len(batch), longest), dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+        mask[b, : len(r)] = 1
+    t0 = time.perf_counter()
+    loop.capture.base(
+        input_ids=ids.to(loop.device, non_blocking=True),
+        attention_mask=mask.to(loop.device, non_blocking=True),
+        use_cache=False,
+    )
+    block, scales = _captured_states(loop, batch)
+    host, host_scales, event, release = _to_host(loop, block, scales)
+    t_compute = time.perf_counter() - t0
+    states = [host[b, :n] for b, n in enumerate(lens)]
+    toks = [ids[b, :n] for b, n in enumerate(lens)]
+    sc = [host_scales[b, :n] for b, n in enumerate(lens)] if loop.fp8 else None
+    loop.writer.submit(WriterJob(list(batch), toks, states, event, release, sc))
+    return t_compute
+
+
+def _captured_states(loop: _Loop, batch: list[int]):
+    """The captured [B, L, K+1, H] block in the store dtype (fp8: with its scales), checked finite if
+    asked."""
+    import torch
+
+    scales = None
+    if loop.fp8:  # [B, L, K+1, H] e4m3 + [B, L, K+1, 1] float32, on device
+        block, scales = quantize_fp8(loop.capture.stacked())
+    else:
+        block = loop.capture.stacked().to(loop.store_dtype)  # [B, L, K+1, H] on device
+    if loop.cfg.check_finite:
+        probe = scales if loop.fp8 else block  # a row's scale is finite iff the row is
+        finite = (
+            torch.isfinite(probe).flatten(1).all(dim=1)
+            if len(batch) > 1
+            else torch.isfinite(probe).all().reshape(1)
+        )
+        # padding positions are finite too (masked attention still yields numbers)
+        if not bool(finite.all()):
+            bad = [batch[b] for b in range(len(batch)) if not bool(finite[b])]
+            raise ExtractError(
+                f"non-finite hidden states for rows {bad[:20]} (model {loop.cfg.model_path}); "
+                "nothing was written for them. Check the model dtype/weights."
+            )
+    return block, scales
+
+
+def _to_host(loop: _Loop, block, scales):
+    """CUDA: an async copy into pinned buffers of the pool (event, release); CPU: the block itself.
+    Returns (host, host_scales, event, release)."""
+    import torch
+
+    event = release = None
+    host_scales = scales
+    if loop.cuda:
+        pool, copy_stream = loop.pool, loop.copy_stream
+        buf, host = pool.take(tuple(block.shape), loop.store_dtype)
+        sbuf = None
+        if loop.fp8:
+            sbuf, host_scales = pool.take(tuple(scales.shape), torch.float32)
+        copy_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(copy_stream):
+            host.copy_(block, non_blocking=True)
+            if loop.fp8:
+                host_scales.copy_(scales, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(copy_stream)
+        block.record_stream(copy_stream)
+        if loop.fp8:
+            scales.record_stream(copy_stream)
+        release = functools.partial(release_all, pool, buf, sbuf)
+    else:
+        host = block
+    return host, host_scales, event, release
+
+
+def _finish_writer_after_error(writer: SampleWriter, store: HiddenStateStore, bytes_needed: int) -> None:
+    """After an error in the loop: the writer finishes what it has; its own error, if any, replaces the one in
+    flight (a DiskSpaceError saying how much the rest of the run still needs)."""
+    try:
+        writer.finish()
+    except BaseException as werr:  # the writer's own error is the more useful one
+        if isinstance(werr, DiskSpaceError):  # say how much the rest of the run still needs
+            left = max(0, bytes_needed - writer.stats.bytes)
+            free = shutil.disk_usage(store.dir).free
+            werr = DiskSpaceError(
+                f"{werr} {human_bytes(left)} of hidden states still to write in {store.dir}, "
+                f"{human_bytes(free)} free there now."
+            )
+        raise werr from None

@@ -308,41 +308,14 @@ def plan(
             f"use one of: {hint}; or set storage_disk_require_stable_name: false (tests only)"
         )
 
-    if state is not None and not same_disk(state, info):
-        raise StorageError(
-            f"state file {state_file} records a migration to {state['disk']} ({state['disk_realpath']}, "
-            f"{state.get('disk_fingerprint')}), not {disk} ({info['realpath']}, {info['fingerprint']}). "
-            f"Finish or roll back that migration first, or move the state file away if it is stale"
-        )
-    if state is not None and (state["data_path"], state["old_path"]) != (data_path, old_path):
-        raise StorageError(
-            f"state file {state_file} records data_path={state['data_path']} old_path={state['old_path']}, "
-            f"this run asks for {data_path} / {old_path}; keep the variables of the migration in progress"
+    if state is not None:
+        _check_same_migration(
+            state, info, disk=disk, state_file=state_file, data_path=data_path, old_path=old_path
         )
 
     soft, hard = _probe.blank_problems(info)
     if state is None:
-        if hard:
-            raise StorageError(
-                f"refusing disk {disk} ({info['realpath']}): "
-                + "; ".join(hard)
-                + ". Pick another disk (storage_disk). "
-                f"lsblk:\n{_probe.lsblk_text(info['realpath'])}",
-                found=hard,
-            )
-        if soft and not force:
-            raise StorageError(
-                f"refusing disk {disk} ({info['realpath']}): it is not blank: "
-                + "; ".join(soft)
-                + ". Everything on it would be lost: if that is intended set storage_force: true, else pick "
-                f"another disk (storage_disk). lsblk:\n{_probe.lsblk_text(info['realpath'])}",
-                found=soft,
-            )
-        if os.path.exists(old_path):
-            raise StorageError(
-                f"{old_path} (the rollback location, storage_old_path) already exists; move it away or choose "
-                "another storage_old_path"
-            )
+        _refuse_new_disk(info, soft, hard, disk=disk, force=force, old_path=old_path)
         source = source_identity(data_path, mounts=mounts, fstab=fstab)
         check_source(source, None, allow_empty=allow_empty_source)
         result["source"] = source
@@ -365,15 +338,7 @@ def plan(
         return result
 
     # from here on the disk carries our filesystem: check that it is still the one in the state file
-    part = _probe.partition_path(disk, 1, create=False, timeout=2)
-    probe = _probe.probe_devnum(_probe.majmin(part["devnum"]), part["path"])
-    if probe.get("UUID") != state.get("fs_uuid"):
-        raise StorageError(
-            f"{disk} partition 1 has filesystem UUID={probe.get('UUID')} but the state file {state_file} "
-            f"recorded UUID={state.get('fs_uuid')}: the disk was changed behind our back; inspect it and move "
-            "the state file away to start over"
-        )
-    result["partition"] = part["path"]
+    result["partition"] = _our_partition(disk, state, state_file)
 
     if step_index(step) < step_index("cutover_started"):
         source = source_identity(data_path, mounts=mounts, fstab=fstab)
@@ -394,6 +359,68 @@ def plan(
         return result
 
     # cut over (or in the middle of it): never copy again
+    return _plan_cut_over(result, state, step, data_path=data_path, mounts=mounts, cleanup_old=cleanup_old)
+
+
+def _check_same_migration(
+    state: dict, info: dict, *, disk: str, state_file: str, data_path: str, old_path: str
+) -> None:
+    """The migration in the state file is the one this run asks for: same disk, same data and old paths."""
+    if not same_disk(state, info):
+        raise StorageError(
+            f"state file {state_file} records a migration to {state['disk']} ({state['disk_realpath']}, "
+            f"{state.get('disk_fingerprint')}), not {disk} ({info['realpath']}, {info['fingerprint']}). "
+            f"Finish or roll back that migration first, or move the state file away if it is stale"
+        )
+    if (state["data_path"], state["old_path"]) != (data_path, old_path):
+        raise StorageError(
+            f"state file {state_file} records data_path={state['data_path']} old_path={state['old_path']}, "
+            f"this run asks for {data_path} / {old_path}; keep the variables of the migration in progress"
+        )
+
+
+def _refuse_new_disk(info: dict, soft: list, hard: list, *, disk: str, force: bool, old_path: str) -> None:
+    """No migration yet: refuse a disk that is not blank (unless ``force``), or an existing ``old_path``."""
+    if hard:
+        raise StorageError(
+            f"refusing disk {disk} ({info['realpath']}): "
+            + "; ".join(hard)
+            + ". Pick another disk (storage_disk). "
+            f"lsblk:\n{_probe.lsblk_text(info['realpath'])}",
+            found=hard,
+        )
+    if soft and not force:
+        raise StorageError(
+            f"refusing disk {disk} ({info['realpath']}): it is not blank: "
+            + "; ".join(soft)
+            + ". Everything on it would be lost: if that is intended set storage_force: true, else pick "
+            f"another disk (storage_disk). lsblk:\n{_probe.lsblk_text(info['realpath'])}",
+            found=soft,
+        )
+    if os.path.exists(old_path):
+        raise StorageError(
+            f"{old_path} (the rollback location, storage_old_path) already exists; move it away or choose "
+            "another storage_old_path"
+        )
+
+
+def _our_partition(disk: str, state: dict, state_file: str) -> str:
+    """Partition 1 of ``disk``, checked to carry the filesystem the state file recorded; its path."""
+    part = _probe.partition_path(disk, 1, create=False, timeout=2)
+    probe = _probe.probe_devnum(_probe.majmin(part["devnum"]), part["path"])
+    if probe.get("UUID") != state.get("fs_uuid"):
+        raise StorageError(
+            f"{disk} partition 1 has filesystem UUID={probe.get('UUID')} but the state file {state_file} "
+            f"recorded UUID={state.get('fs_uuid')}: the disk was changed behind our back; inspect it and move "
+            "the state file away to start over"
+        )
+    return part["path"]
+
+
+def _plan_cut_over(
+    result: dict, state: dict, step: str, *, data_path: str, mounts, cleanup_old: bool
+) -> dict:
+    """The steps left once the cutover started: finish it, mount /data, clean up; never copy again."""
     cur = _probe.mount_at(data_path, mounts)
     mounted_new = bool(cur) and _probe.fs_uuid_of(cur["devnum"], cur["source"]) == state.get("fs_uuid")
     result["data_mounted_from_new"] = mounted_new

@@ -43,6 +43,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3ops import target_model
@@ -249,16 +250,7 @@ def prepare(
     """
     t0 = time.monotonic()
     log = log or _log_default
-    if on_error not in ("fail", "skip"):
-        raise PrepareError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
-    if max_length < 2:
-        raise PrepareError(f"max_length {max_length} is too small")
-    if max_samples is not None and max_samples < 1:
-        raise PrepareError(f"max_samples {max_samples} must be at least 1")
-    if rows not in ROWS_CHOICES:
-        raise PrepareError(f"rows must be one of {', '.join(ROWS_CHOICES)}, not {rows!r}")
-    if workers < 1:
-        raise PrepareError(f"workers {workers} must be at least 1 (the rendering processes)")
+    _check_args(on_error, max_length, max_samples, rows, workers)
     check_model(model)
     data_dir = Path(out).absolute()
     sources = resolve_sources(inputs)
@@ -269,24 +261,20 @@ def prepare(
     # 0. already done? (cheap: no tokenizer, no speculators import)
     meta = read_meta(data_dir)
     fast_fp = _fast_tokenizer_fingerprint(model) if meta else None
-    if (
-        fast_fp
-        and meta.get("fingerprint") == _fingerprint(sources, fast_fp, params)
-        and _is_complete(data_dir, meta)
-    ):
-        if meta.get("skipped") and on_error == "fail":
-            raise _failure(meta["skipped"])
-        return {**_result(data_dir, meta, changed=False), "seconds": round(time.monotonic() - t0, 2)}
+    done = _done_result(
+        data_dir, meta, _fingerprint(sources, fast_fp, params) if fast_fp else None, on_error, t0
+    )
+    if done is not None:
+        return done
     pp = speculators_preprocessing()
     tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code)
     fingerprint = _fingerprint(sources, tokenizer_fingerprint(model, tokenizer), params)
 
     # 1. already done?
     meta = read_meta(data_dir)
-    if meta and meta.get("fingerprint") == fingerprint and _is_complete(data_dir, meta):
-        if meta.get("skipped") and on_error == "fail":
-            raise _failure(meta["skipped"])
-        return {**_result(data_dir, meta, changed=False), "seconds": round(time.monotonic() - t0, 2)}
+    done = _done_result(data_dir, meta, fingerprint, on_error, t0)
+    if done is not None:
+        return done
     # same fingerprint but files missing or damaged: the rebuilt rows are byte-identical, so extracted
     # hidden states stay valid and the files are repaired in place
     repair = bool(meta) and meta.get("fingerprint") == fingerprint and data_dir.is_dir()
@@ -294,25 +282,119 @@ def prepare(
     if data_dir.exists():
         _check_replaceable(data_dir, force or repair)
     if check:
-        return {
-            "changed": True,
-            "out": str(data_dir),
-            "fingerprint": fingerprint,
-            "removes_hidden_states": 0
-            if repair
-            else (_hidden_state_files(data_dir) if data_dir.exists() else 0),
-            "damaged_files": damaged,
-            "seconds": round(time.monotonic() - t0, 2),
-        }
+        return _check_result(data_dir, fingerprint, repair, damaged, t0)
 
+    # 2.-4. read, check, render, shuffle; speculators' dataset builder
+    built = _build_rows(
+        pp,
+        tokenizer,
+        sources,
+        max_length,
+        log,
+        progress,
+        rows=rows,
+        workers=workers,
+        on_error=on_error,
+        seed=seed,
+        max_samples=max_samples,
+    )
+    new_meta = functools.partial(
+        _new_meta,
+        built,
+        fingerprint=fingerprint,
+        model=model,
+        tokenizer=tokenizer,
+        sources=sources,
+        params=params,
+        rows=rows,
+    )
+    meta, removed_hs = _write_dataset(data_dir, built.ds, new_meta, repair, damaged, log)
+    if removed_hs:
+        log(f"prepare: removed {removed_hs} files of stale hidden states from {data_dir / HS_DIR} (--force)")
+    result = _result(data_dir, meta, changed=True)
+    result["removed_hidden_states"] = removed_hs
+    result["damaged_files"] = damaged
+    result["seconds"] = round(time.monotonic() - t0, 2)
+    log(f"prepare: {result['summary']}, in {result['seconds']} s")
+    return result
+
+
+def _check_args(on_error: str, max_length: int, max_samples: int | None, rows: str, workers: int) -> None:
+    if on_error not in ("fail", "skip"):
+        raise PrepareError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
+    if max_length < 2:
+        raise PrepareError(f"max_length {max_length} is too small")
+    if max_samples is not None and max_samples < 1:
+        raise PrepareError(f"max_samples {max_samples} must be at least 1")
+    if rows not in ROWS_CHOICES:
+        raise PrepareError(f"rows must be one of {', '.join(ROWS_CHOICES)}, not {rows!r}")
+    if workers < 1:
+        raise PrepareError(f"workers {workers} must be at least 1 (the rendering processes)")
+
+
+def _done_result(
+    data_dir: Path, meta: dict | None, fingerprint: str | None, on_error: str, t0: float
+) -> dict | None:
+    """The result of a run with nothing to do (the dataset at ``data_dir`` is complete with ``fingerprint``),
+    or None. Its skipped rows still fail an ``on_error: fail`` run."""
+    if fingerprint is None:
+        return None
+    if meta and meta.get("fingerprint") == fingerprint and _is_complete(data_dir, meta):
+        if meta.get("skipped") and on_error == "fail":
+            raise _failure(meta["skipped"])
+        return {**_result(data_dir, meta, changed=False), "seconds": round(time.monotonic() - t0, 2)}
+    return None
+
+
+def _check_result(data_dir: Path, fingerprint: str, repair: bool, damaged: list[str], t0: float) -> dict:
+    """``check``: what a run would change, nothing written."""
+    return {
+        "changed": True,
+        "out": str(data_dir),
+        "fingerprint": fingerprint,
+        "removes_hidden_states": 0 if repair else (_hidden_state_files(data_dir) if data_dir.exists() else 0),
+        "damaged_files": damaged,
+        "seconds": round(time.monotonic() - t0, 2),
+    }
+
+
+@dataclass
+class _Built:
+    """The rows as speculators' builder made them, and what was read to make them."""
+
+    ds: object
+    n_records: int
+    num_conversations: int
+    problems: list
+    dropped: dict
+    merge_counts: dict
+    cut_by_max_samples: int
+
+
+def _build_rows(
+    pp, tokenizer, sources, max_length, log, progress, *, rows, workers, on_error, seed, max_samples
+) -> _Built:
+    """Read, check and render every conversation; shuffle; speculators' builder (pass-through path)."""
     # 2. read, check and render every conversation
     groups, problems, dropped, n_records, merge_counts = collect(
         pp, tokenizer, sources, max_length, log, progress, rows=rows, workers=workers
     )
     if problems and on_error == "fail":
         raise _failure([str(p) for p in problems])
+    raw, cut_by_max_samples = _shuffled_rows(groups, problems, n_records, max_length, seed, max_samples)
+    # 4. speculators' dataset builder (pass-through path)
+    ds = pp.build_speculator_training_dataset(raw, tokenizer, max_length=max_length, num_proc=1)
+    if len(ds) != len(raw):
+        raise RuntimeError(
+            f"speculators dropped {len(raw) - len(ds)} rows that eagle3ops checked as supervised; "
+            "its pass-through semantics changed (see speculators_preprocessing)"
+        )
+    return _Built(ds, n_records, len(groups), problems, dropped, merge_counts, cut_by_max_samples)
 
-    # 3. shuffle conversations with the seed, keep the rows of one conversation together
+
+def _shuffled_rows(groups, problems, n_records: int, max_length: int, seed: int, max_samples: int | None):
+    """3. the conversations shuffled with the seed (the rows of one kept together), cut to ``max_samples``.
+    Returns (the raw datasets.Dataset of input_ids/loss_mask, rows cut by max_samples)."""
     import numpy as np
 
     order = np.random.default_rng(seed).permutation(len(groups)) if groups else []
@@ -337,18 +419,41 @@ def prepare(
             ),
             problems=[str(p) for p in problems],
         )
-
-    # 4. speculators' dataset builder (pass-through path) and token counts, in a temp dir
     from datasets import Dataset
 
-    raw = Dataset.from_dict({"input_ids": ids_rows, "loss_mask": mask_rows})
-    del ids_rows, mask_rows
-    ds = pp.build_speculator_training_dataset(raw, tokenizer, max_length=max_length, num_proc=1)
-    if len(ds) != len(raw):
-        raise RuntimeError(
-            f"speculators dropped {len(raw) - len(ds)} rows that eagle3ops checked as supervised; "
-            "its pass-through semantics changed (see speculators_preprocessing)"
-        )
+    return Dataset.from_dict({"input_ids": ids_rows, "loss_mask": mask_rows}), cut_by_max_samples
+
+
+def _new_meta(built: _Built, tmp: Path, *, fingerprint, model, tokenizer, sources, params, rows) -> dict:
+    """The meta of the dataset written in ``tmp`` (its files' sizes and checksums)."""
+    stats = _stats(built.ds)
+    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    checksums = {name: _file_checksum(tmp / name) for name in files}
+    return {
+        "fingerprint": fingerprint,
+        "format": PREPARE_FORMAT,
+        "speculators_version": SPECULATORS_VERSION,
+        "model": str(model),
+        "tokenizer_fingerprint": tokenizer_fingerprint(model, tokenizer),
+        "inputs": [{"path": str(s.path), "sha256": s.sha256} for s in sources],
+        "params": params,
+        "num_input_rows": built.n_records,
+        "num_conversations": built.num_conversations,
+        **stats,
+        "skipped": [str(p) for p in built.problems],
+        "dropped": built.dropped,
+        "rows_cut_by_max_samples": built.cut_by_max_samples,
+        "rows": {"layout": rows, **(built.merge_counts if rows == "conversation" else {})},
+        "files": files,
+        "checksums": checksums,
+    }
+
+
+def _write_dataset(
+    data_dir: Path, ds, new_meta: Callable[[Path], dict], repair: bool, damaged: list[str], log
+) -> tuple[dict, int]:
+    """The dataset, token counts and meta written in a temp dir beside ``data_dir``, fsynced, then repaired in
+    place or swapped in. Returns (meta, hidden-state files removed with the old dataset)."""
     from speculators.train.vocab_mapping import save_token_frequency_distribution
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -360,27 +465,7 @@ def prepare(
         log(f"prepare: writing {len(ds)} rows to {data_dir}")
         ds.save_to_disk(str(tmp))
         save_token_frequency_distribution(ds, tmp / TOKEN_FREQ)
-        stats = _stats(ds)
-        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        checksums = {name: _file_checksum(tmp / name) for name in files}
-        meta = {
-            "fingerprint": fingerprint,
-            "format": PREPARE_FORMAT,
-            "speculators_version": SPECULATORS_VERSION,
-            "model": str(model),
-            "tokenizer_fingerprint": tokenizer_fingerprint(model, tokenizer),
-            "inputs": [{"path": str(s.path), "sha256": s.sha256} for s in sources],
-            "params": params,
-            "num_input_rows": n_records,
-            "num_conversations": len(groups),
-            **stats,
-            "skipped": [str(p) for p in problems],
-            "dropped": dropped,
-            "rows_cut_by_max_samples": cut_by_max_samples,
-            "rows": {"layout": rows, **(merge_counts if rows == "conversation" else {})},
-            "files": files,
-            "checksums": checksums,
-        }
+        meta = new_meta(tmp)
         (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         fsync_tree(tmp)
         if repair:
@@ -396,14 +481,7 @@ def prepare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if removed_hs:
-        log(f"prepare: removed {removed_hs} files of stale hidden states from {data_dir / HS_DIR} (--force)")
-    result = _result(data_dir, meta, changed=True)
-    result["removed_hidden_states"] = removed_hs
-    result["damaged_files"] = damaged
-    result["seconds"] = round(time.monotonic() - t0, 2)
-    log(f"prepare: {result['summary']}, in {result['seconds']} s")
-    return result
+    return meta, removed_hs
 
 
 def summary(meta: dict) -> str:

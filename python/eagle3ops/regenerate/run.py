@@ -59,11 +59,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3ops import jsonl
 from eagle3ops.conversations import (
     InputError,
+    Source,
     resolve_sources,
 )
 from eagle3ops.durable import sha256_file
@@ -76,7 +78,7 @@ from eagle3ops.regenerate.config import (
     RegenerateError,
     validate,
 )
-from eagle3ops.regenerate.turns import Item, scan_inputs
+from eagle3ops.regenerate.turns import Item, Scan, scan_inputs
 from eagle3ops.regenerate.workdir import (
     DoneLog,
     atomic_write,
@@ -142,8 +144,107 @@ class _Progress:
             self._bar.stop()
 
 
+@dataclass
+class _Start:
+    """What :func:`regenerate` knows before it takes the lock: the inputs, the paths, the meta, what is left."""
+
+    t0: float
+    log: Callable[[str], None]
+    sources: list[Source]
+    out: Path
+    failures_path: Path
+    work: Path
+    meta_path: Path
+    done_path: Path
+    ident: dict
+    settings: dict
+    fingerprint: str
+    scan: Scan
+    skipped: list[dict]
+    meta: dict | None
+    discard: bool
+    done: DoneLog
+    selected: set[int]
+    left: list[Item]
+    base: dict
+
+
 def regenerate(cfg: RegenerateConfig) -> dict:
     """Regenerate (or confirm) ``cfg.out``; see the module docstring. Raises RegenerateError."""
+    st = _preflight(cfg)
+    out_check = {"readable": None, "unreadable": 0, "first": ""}
+    if cfg.plan:
+        return _plan_result(st, out_check)
+    if (
+        not st.left
+        and not st.discard
+        and not st.done.unreadable
+        and _assembled_ok(st, st.done, st.meta, out_check)
+    ):
+        return {
+            **st.base,
+            **_accounting(len(st.scan.items), 0, st.skipped, []),
+            "num_readable": out_check["readable"],
+            "unreadable_done_lines": 0,
+            "unreadable_out_lines": 0,
+            "warnings": [],
+            "changed": False,
+            "output_tokens": 0,
+            "wall_seconds": round(time.monotonic() - st.t0, 3),
+            "tok_per_s": 0.0,
+        }
+
+    with RunLock(st.work, what="regenerate"):  # one run per OUT
+        done, warnings, unreadable_done = _prepare_work(st)
+        left = [it for it in st.scan.items if it.index not in done.entries]
+        resumed = len(st.scan.items) - len(left)
+        if resumed:
+            st.log(
+                f"regenerate: {resumed} of {len(st.scan.items)} conversations already done, {len(left)} left"
+            )
+        run = _execute(cfg, left, st.done_path, done, st.log)
+        failed = [
+            {"index": d.item.index, "loc": d.item.loc, "kind": "failed", "reason": d.error}
+            for d in sorted(run["failed"], key=lambda d: d.item.index)
+        ]
+        written_idx = sorted(st.selected & set(done.entries))
+        failures = sorted(st.skipped + failed, key=lambda f: f["index"])
+        atomic_write(st.failures_path, jsonl.lines(failures, default=str))
+        acct = _accounting(len(written_idx), len(failed), st.skipped, failed)
+        stats = {
+            "changed": run["new"] > 0 or unreadable_done > 0,
+            "generated": run["new"],
+            "resumed": resumed,
+            "turns_generated": run["turns"],
+            "truncated_turns": run["truncated"],
+            "output_tokens": run["tokens"],
+            "wall_seconds": run["seconds"],
+            "tok_per_s": round(run["tokens"] / run["seconds"], 1) if run["seconds"] > 0 else 0.0,
+            **({"servers": run["servers"]} if run.get("servers") else {}),
+        }
+        _raise_if_run_failed(cfg, st, run, left, failed, written_idx, acct, stats)
+        out_check.update(readable=None, unreadable=0, first="")
+        if stats["changed"] or not _assembled_ok(st, done, st.meta, out_check):
+            _assemble(st, done, written_idx, out_check, warnings)
+            stats["changed"] = True
+        st.log(
+            f"regenerate: {st.out}: {acct['num_written']} written ({out_check['readable']} read back), "
+            f"{acct['num_failed']} failed, {acct['num_skipped']} skipped of {st.scan.n_input}; {run['tokens']} "
+            f"tokens in {run['seconds']} s ({stats['tok_per_s']} tok/s)"
+        )
+        return {
+            **st.base,
+            **acct,
+            **stats,
+            "num_readable": out_check["readable"],
+            "unreadable_done_lines": unreadable_done,
+            "unreadable_out_lines": out_check["unreadable"],
+            "warnings": warnings,
+        }
+
+
+def _preflight(cfg: RegenerateConfig) -> _Start:
+    """Validate, read the inputs and the meta, refuse changed settings without force; nothing is written."""
     t0 = time.monotonic()
     log = cfg.log or (lambda m: print(m, file=sys.stderr, flush=True))
     validate(cfg)
@@ -193,188 +294,184 @@ def regenerate(cfg: RegenerateConfig) -> dict:
     }
     if skipped and cfg.on_error == "fail":
         raise _bad_rows(skipped, base)
+    return _Start(
+        t0=t0,
+        log=log,
+        sources=sources,
+        out=out,
+        failures_path=failures_path,
+        work=work,
+        meta_path=meta_path,
+        done_path=done_path,
+        ident=ident,
+        settings=settings,
+        fingerprint=fingerprint,
+        scan=scan,
+        skipped=skipped,
+        meta=meta,
+        discard=discard,
+        done=done,
+        selected=selected,
+        left=left,
+        base=base,
+    )
 
-    out_check = {"readable": None, "unreadable": 0, "first": ""}
 
-    def assembled_ok(m) -> bool:
-        a = (m or {}).get("assembled") or {}
-        if a.get("indices") != indices_sha(sorted(selected & set(done.entries))) or a.get("skipped") != len(
-            skipped
-        ):
+def _assembled_ok(st: _Start, done: DoneLog, m: dict | None, out_check: dict) -> bool:
+    """Whether OUT holds exactly the done conversations ``m`` says were assembled (``out_check`` gets what was read)."""
+    a = (m or {}).get("assembled") or {}
+    if a.get("indices") != indices_sha(sorted(st.selected & set(done.entries))) or a.get("skipped") != len(
+        st.skipped
+    ):
+        return False
+    try:
+        if st.out.stat().st_size != a.get("size") or sha256_file(st.out) != a.get("sha256"):
             return False
-        try:
-            if out.stat().st_size != a.get("size") or sha256_file(out) != a.get("sha256"):
-                return False
-        except OSError:
-            return False
-        if a.get("writer") == jsonl.WRITER_VERSION and isinstance(a.get("readable"), int):
-            out_check["readable"] = a["readable"]  # these very bytes were read back when they were written
-            return a["readable"] == a.get("conversations")
-        # written by an older eagle3ops (raw U+2028 and the like, which str.splitlines() breaks at): not
-        # trusted blindly, read back; a file with unreadable lines is rewritten from done.log
-        try:
-            c = jsonl.check_file(out)
-        except OSError:
-            return False
-        out_check.update(readable=c.records, unreadable=len(c.bad), first=c.first(out))
-        return not c.bad and c.records == a.get("conversations")
+    except OSError:
+        return False
+    if a.get("writer") == jsonl.WRITER_VERSION and isinstance(a.get("readable"), int):
+        out_check["readable"] = a["readable"]  # these very bytes were read back when they were written
+        return a["readable"] == a.get("conversations")
+    # written by an older eagle3ops (raw U+2028 and the like, which str.splitlines() breaks at): not
+    # trusted blindly, read back; a file with unreadable lines is rewritten from done.log
+    try:
+        c = jsonl.check_file(st.out)
+    except OSError:
+        return False
+    out_check.update(readable=c.records, unreadable=len(c.bad), first=c.first(st.out))
+    return not c.bad and c.records == a.get("conversations")
 
-    if cfg.plan:
-        up_to_date = not discard and not left and not done.unreadable and assembled_ok(meta)
-        return {
-            **base,
-            "changed": not up_to_date,
-            "up_to_date": up_to_date,
-            "plan": True,
-            "selected": len(scan.items),
-            "done": len(scan.items) - len(left),
-            "left": len(left),
-            "turns_left": sum(it.turns for it in left),
-            "num_skipped": len(skipped),
-            "discards": len(done.entries) if discard else 0,
-            "unreadable_done_lines": 0 if discard else len(done.unreadable),
-            "unreadable_out_lines": out_check["unreadable"],
-            "failures": skipped,
-        }
-    if not left and not discard and not done.unreadable and assembled_ok(meta):
-        return {
-            **base,
-            **_accounting(len(scan.items), 0, skipped, []),
-            "num_readable": out_check["readable"],
-            "unreadable_done_lines": 0,
-            "unreadable_out_lines": 0,
-            "warnings": [],
-            "changed": False,
-            "output_tokens": 0,
-            "wall_seconds": round(time.monotonic() - t0, 3),
-            "tok_per_s": 0.0,
-        }
 
-    with RunLock(work, what="regenerate"):  # one run per OUT
-        work.mkdir(parents=True, exist_ok=True)
-        clean_temps((work, META_NAME), (out.parent, out.name), (out.parent, failures_path.name))
-        if discard:
-            log(
-                f"regenerate: --force: discarding {len(read_done(done_path).entries)} conversations in {done_path}"
-            )
-            done_path.unlink(missing_ok=True)
-            done = DoneLog({}, 0, 0, False)
-        if meta is None or discard:
-            meta = {
-                "format": REGENERATE_FORMAT,
-                "fingerprint": fingerprint,
-                "inputs": [{"path": str(s.path), "sha256": s.sha256} for s in sources],
-                "model": ident,
-                "settings": settings,
-            }
-            atomic_write(meta_path, [(json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()])
-        # re-read under the lock (another run may have added lines), set aside unreadable lines, cut a torn tail
-        warnings: list[str] = []
-        done = read_done(done_path)
-        unreadable_done = len(done.unreadable)
-        if done.unreadable:
-            shown = ", ".join(map(str, done.unreadable[:MAX_ERRORS_SHOWN]))
-            aside = set_aside(done_path, done)
-            warnings.append(
-                f"{done_path}: {unreadable_done} unreadable line(s) (line {shown}: CRC or JSON wrong, not a "
-                f"kill's torn tail) moved to {aside}; their conversations are regenerated"
-            )
-            log(f"regenerate: {warnings[-1]}")
-            done = read_done(done_path)
-        if done.torn:
-            with open(done_path, "r+b") as f:
-                f.truncate(done.good_end)
-                os.fsync(f.fileno())
-            log(f"regenerate: {done_path}: cut a torn last line (a killed run's); its conversation is redone")
-        left = [it for it in scan.items if it.index not in done.entries]
-        resumed = len(scan.items) - len(left)
-        if resumed:
-            log(f"regenerate: {resumed} of {len(scan.items)} conversations already done, {len(left)} left")
-        run = _execute(cfg, left, done_path, done, log)
-        failed = [
-            {"index": d.item.index, "loc": d.item.loc, "kind": "failed", "reason": d.error}
-            for d in sorted(run["failed"], key=lambda d: d.item.index)
-        ]
-        written_idx = sorted(selected & set(done.entries))
-        failures = sorted(skipped + failed, key=lambda f: f["index"])
-        atomic_write(failures_path, jsonl.lines(failures, default=str))
-        acct = _accounting(len(written_idx), len(failed), skipped, failed)
-        stats = {
-            "changed": run["new"] > 0 or unreadable_done > 0,
-            "generated": run["new"],
-            "resumed": resumed,
-            "turns_generated": run["turns"],
-            "truncated_turns": run["truncated"],
-            "output_tokens": run["tokens"],
-            "wall_seconds": run["seconds"],
-            "tok_per_s": round(run["tokens"] / run["seconds"], 1) if run["seconds"] > 0 else 0.0,
-            **({"servers": run["servers"]} if run.get("servers") else {}),
-        }
-        if run["aborted"]:
-            raise RegenerateError(
-                run["aborted"], **base, **acct, **stats, left=len(left) - run["new"] - len(failed)
-            )
-        if failed and cfg.on_error == "fail":
-            shown = "\n  ".join(f"{f['loc']}: {f['reason']}" for f in failed[:MAX_ERRORS_SHOWN])
-            more = (
-                f"\n  ... and {len(failed) - MAX_ERRORS_SHOWN} more" if len(failed) > MAX_ERRORS_SHOWN else ""
-            )
-            raise RegenerateError(
-                f"{len(failed)} conversation(s) could not be regenerated ({len(written_idx)} done are kept in "
-                f"{done_path}; {out} was not written; the list is in {failures_path}). Re-run to retry them, or "
-                f"pass --on-error skip to write {out} without them:\n  {shown}{more}",
-                **base,
-                **acct,
-                **stats,
-            )
-        out_check.update(readable=None, unreadable=0, first="")
-        if stats["changed"] or not assembled_ok(meta):
-            if out_check["unreadable"]:
-                warnings.append(
-                    f"{out}: {out_check['unreadable']} unreadable line(s) (written by an older eagle3ops or "
-                    f"damaged; {out_check['first']}); rewritten from {done_path}"
-                )
-                log(f"regenerate: {warnings[-1]}")
-            by_index = {i: done.entries[i]["record"] for i in written_idx}
-            readable = [0]
+def _plan_result(st: _Start, out_check: dict) -> dict:
+    """``plan``: what a run would do, nothing written."""
+    up_to_date = (
+        not st.discard
+        and not st.left
+        and not st.done.unreadable
+        and _assembled_ok(st, st.done, st.meta, out_check)
+    )
+    return {
+        **st.base,
+        "changed": not up_to_date,
+        "up_to_date": up_to_date,
+        "plan": True,
+        "selected": len(st.scan.items),
+        "done": len(st.scan.items) - len(st.left),
+        "left": len(st.left),
+        "turns_left": sum(it.turns for it in st.left),
+        "num_skipped": len(st.skipped),
+        "discards": len(st.done.entries) if st.discard else 0,
+        "unreadable_done_lines": 0 if st.discard else len(st.done.unreadable),
+        "unreadable_out_lines": out_check["unreadable"],
+        "failures": st.skipped,
+    }
 
-            def read_back(tmp: Path) -> None:  # every record written must read back as exactly one record
-                c = jsonl.check_file(tmp)
-                if c.bad or c.records != len(written_idx):
-                    raise RegenerateError(
-                        f"{out}: the file written does not read back as {len(written_idx)} records "
-                        f"({c.records} do; {c.first(out)}), so it was not put in place. The conversations are "
-                        f"kept in {done_path}. This is a bug in eagle3ops: report it with that line."
-                    )
-                readable[0] = c.records
 
-            sha = atomic_write(out, (jsonl.line(by_index[i], default=str) for i in written_idx), read_back)
-            meta["assembled"] = {
-                "sha256": sha,
-                "size": out.stat().st_size,
-                "indices": indices_sha(written_idx),
-                "skipped": len(skipped),
-                "conversations": len(written_idx),
-                "readable": readable[0],
-                "writer": jsonl.WRITER_VERSION,
-            }
-            atomic_write(meta_path, [(json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()])
-            stats["changed"] = True
-            out_check["readable"] = readable[0]
-        log(
-            f"regenerate: {out}: {acct['num_written']} written ({out_check['readable']} read back), "
-            f"{acct['num_failed']} failed, {acct['num_skipped']} skipped of {scan.n_input}; {run['tokens']} tokens "
-            f"in {run['seconds']} s ({stats['tok_per_s']} tok/s)"
+def _prepare_work(st: _Start) -> tuple[DoneLog, list[str], int]:
+    """Under the lock: the work dir, a forced discard, the meta, done.log re-read with bad lines set aside and a
+    torn tail cut. Returns (done, warnings, unreadable done lines); ``st.meta`` is the meta written."""
+    st.work.mkdir(parents=True, exist_ok=True)
+    clean_temps((st.work, META_NAME), (st.out.parent, st.out.name), (st.out.parent, st.failures_path.name))
+    done_path = st.done_path
+    if st.discard:
+        st.log(
+            f"regenerate: --force: discarding {len(read_done(done_path).entries)} conversations in {done_path}"
         )
-        return {
-            **base,
+        done_path.unlink(missing_ok=True)
+    if st.meta is None or st.discard:
+        st.meta = {
+            "format": REGENERATE_FORMAT,
+            "fingerprint": st.fingerprint,
+            "inputs": [{"path": str(s.path), "sha256": s.sha256} for s in st.sources],
+            "model": st.ident,
+            "settings": st.settings,
+        }
+        atomic_write(st.meta_path, [(json.dumps(st.meta, indent=2, sort_keys=True) + "\n").encode()])
+    # re-read under the lock (another run may have added lines), set aside unreadable lines, cut a torn tail
+    warnings: list[str] = []
+    done = read_done(done_path)
+    unreadable_done = len(done.unreadable)
+    if done.unreadable:
+        shown = ", ".join(map(str, done.unreadable[:MAX_ERRORS_SHOWN]))
+        aside = set_aside(done_path, done)
+        warnings.append(
+            f"{done_path}: {unreadable_done} unreadable line(s) (line {shown}: CRC or JSON wrong, not a "
+            f"kill's torn tail) moved to {aside}; their conversations are regenerated"
+        )
+        st.log(f"regenerate: {warnings[-1]}")
+        done = read_done(done_path)
+    if done.torn:
+        with open(done_path, "r+b") as f:
+            f.truncate(done.good_end)
+            os.fsync(f.fileno())
+        st.log(f"regenerate: {done_path}: cut a torn last line (a killed run's); its conversation is redone")
+    return done, warnings, unreadable_done
+
+
+def _raise_if_run_failed(
+    cfg: RegenerateConfig,
+    st: _Start,
+    run: dict,
+    left: list,
+    failed: list,
+    written_idx: list,
+    acct: dict,
+    stats: dict,
+) -> None:
+    """An aborted run, or failed conversations under ``on_error: fail``: RegenerateError (OUT not assembled)."""
+    if run["aborted"]:
+        raise RegenerateError(
+            run["aborted"], **st.base, **acct, **stats, left=len(left) - run["new"] - len(failed)
+        )
+    if failed and cfg.on_error == "fail":
+        shown = "\n  ".join(f"{f['loc']}: {f['reason']}" for f in failed[:MAX_ERRORS_SHOWN])
+        more = f"\n  ... and {len(failed) - MAX_ERRORS_SHOWN} more" if len(failed) > MAX_ERRORS_SHOWN else ""
+        raise RegenerateError(
+            f"{len(failed)} conversation(s) could not be regenerated ({len(written_idx)} done are kept in "
+            f"{st.done_path}; {st.out} was not written; the list is in {st.failures_path}). Re-run to retry them, or "
+            f"pass --on-error skip to write {st.out} without them:\n  {shown}{more}",
+            **st.base,
             **acct,
             **stats,
-            "num_readable": out_check["readable"],
-            "unreadable_done_lines": unreadable_done,
-            "unreadable_out_lines": out_check["unreadable"],
-            "warnings": warnings,
-        }
+        )
+
+
+def _assemble(
+    st: _Start, done: DoneLog, written_idx: list[int], out_check: dict, warnings: list[str]
+) -> None:
+    """Write OUT from done.log (read back before the rename), then the meta saying what it holds."""
+    out, done_path = st.out, st.done_path
+    if out_check["unreadable"]:
+        warnings.append(
+            f"{out}: {out_check['unreadable']} unreadable line(s) (written by an older eagle3ops or "
+            f"damaged; {out_check['first']}); rewritten from {done_path}"
+        )
+        st.log(f"regenerate: {warnings[-1]}")
+    by_index = {i: done.entries[i]["record"] for i in written_idx}
+    readable = [0]
+
+    def read_back(tmp: Path) -> None:  # every record written must read back as exactly one record
+        c = jsonl.check_file(tmp)
+        if c.bad or c.records != len(written_idx):
+            raise RegenerateError(
+                f"{out}: the file written does not read back as {len(written_idx)} records "
+                f"({c.records} do; {c.first(out)}), so it was not put in place. The conversations are "
+                f"kept in {done_path}. This is a bug in eagle3ops: report it with that line."
+            )
+        readable[0] = c.records
+
+    sha = atomic_write(out, (jsonl.line(by_index[i], default=str) for i in written_idx), read_back)
+    st.meta["assembled"] = {
+        "sha256": sha,
+        "size": out.stat().st_size,
+        "indices": indices_sha(written_idx),
+        "skipped": len(st.skipped),
+        "conversations": len(written_idx),
+        "readable": readable[0],
+        "writer": jsonl.WRITER_VERSION,
+    }
+    atomic_write(st.meta_path, [(json.dumps(st.meta, indent=2, sort_keys=True) + "\n").encode()])
+    out_check["readable"] = readable[0]
 
 
 def _execute(cfg: RegenerateConfig, left: list[Item], done_path: Path, done: DoneLog, log) -> dict:

@@ -236,23 +236,7 @@ def ensure_run(
         run_dir.mkdir(parents=True, exist_ok=True)
     if check:
         _refuse_while_written(spec.data_dir, check, p.warnings)
-    base = {
-        "run_dir": str(run_dir),
-        "config_path": str(cfg_path),
-        "log_path": str(run_dir / LOG),
-        "save_path": str(p.save_path),
-        "layer_ids": p.values["layer_ids"],
-        "draft_vocab_size": p.values["draft_vocab_size"],
-        "draft_vocab_capped": p.values["draft_vocab_capped"],
-        "device": p.device,
-        "nproc": p.nproc,
-        "nnodes": p.spec.nnodes,
-        "node_rank": p.spec.node_rank,
-        "config_sha256": p.config_sha256,
-        "warnings": p.warnings,
-        "samples": p.samples,
-        "serve_window_size": p.spec.sliding_window if p.spec.attention == "sliding" else None,
-    }
+    base = _base_result(p, cfg_path)
     lock = run_lock(run_dir) if not check else contextlib.nullcontext()
     with lock:
         state = read_state(run_dir) if run_dir.exists() else None
@@ -264,38 +248,9 @@ def ensure_run(
             "attempt": (state or {}).get("attempt", 0),
             "job": (state or {}).get("rdzv_id"),
         }
-        old_text = cfg_path.read_text() if cfg_path.exists() else None
-        restarted = None
-        if state is not None and old_text is not None and old_text != p.config_text:
-            if not spec.restart_on_change:
-                raise TrainError(
-                    f"the training configuration changed while run {run_dir} exists (status {status}). Set "
-                    "train_restart_on_change: true to stop it and start over (its checkpoints are moved aside), "
-                    "or use another train_run_dir. Changes:\n" + _config_diff(old_text, p.config_text)[:4000],
-                    status=status,
-                    config_diff=_config_diff(old_text, p.config_text)[:8000],
-                )
-            restarted = {"previous_status": status}
-            if not check:
-                if status == "running":
-                    stop_run(run_dir, state, log=log)
-                old_save = Path(state.get("save_path") or p.save_path)
-                if old_save.exists():
-                    dest = old_save.with_name(f"{old_save.name}.superseded-{int(time.time())}")
-                    os.replace(old_save, dest)
-                    restarted["old_checkpoints"] = str(dest)
-                (run_dir / METRICS).unlink(missing_ok=True)
-            status = "new"
+        status, restarted = _restart_if_changed(spec, p, cfg_path, state, status, check, log)
         job = rdzv_id_for(spec) if spec.nnodes > 1 else None
-        other_job = None
-        if job and state is not None and status in ("running", "finished") and state.get("rdzv_id") != job:
-            # several hosts: this node runs (or finished) another job than the one every node is asked to join
-            # now - a node that died meanwhile is being restarted. Stop it (the role stops every node first) and
-            # join the new job, resuming from the newest checkpoint, never leaving half a job running.
-            other_job = {"previous_status": status, "previous_job": state.get("rdzv_id"), "job": job}
-            if status == "running" and not check:
-                stop_run(run_dir, state, log=log)
-            status = "other-job"
+        status, other_job = _leave_other_job(run_dir, state, status, job, check, log)
         result = dict(base, before=before, restarted=restarted, job=job, other_job=other_job)
         if status in ("running", "finished"):
             result.update(
@@ -314,53 +269,9 @@ def ensure_run(
             if status != "new":
                 result["previous_status"] = status
             if check:
-                result.update(
-                    would=action,
-                    after={"status": "running"},
-                    resume_from=resume_point(p.save_path) if status != "new" else None,
-                )
-                if spec.verify == "checksum":  # what the launch would read first (nothing is read now)
-                    result["content_check"] = check_content(spec.data_dir, check=True, log=log)
-                held = other_job and other_job["previous_status"] == "running"
-                # its own trainer holds this node's GPUs until the stop: nothing to predict from them now
-                result["gpu_free"] = (
-                    {
-                        "skipped": "this node's GPUs are held by its own trainer of the previous job until it stops"
-                    }
-                    if held
-                    else gpu_free(p, True, log)
-                )
+                _predict_launch(spec, p, result, action, status, other_job, log)
                 return result
-            if spec.verify == "checksum":  # damaged states are refused before a trainer reads them
-                result["content_check"] = check_content(spec.data_dir, check=False, log=log)
-            result["gpu_free"] = gpu_free(p, False, log)
-            scheduler = (spec.extra.get("scheduler") or {}).get("scheduler_type", "linear") != "none"
-            result["quarantined_checkpoints"] = quarantine_incomplete(p.save_path, scheduler)
-            result["resume_from"] = resume_point(p.save_path)
-            write_vocab_maps(
-                p.token_freq, p.values["draft_vocab_size"], p.target_vocab, Path(p.values["d2t_path"]).parent
-            )
-            if (
-                spec.trainer == "specforge"
-            ):  # its inputs beside the config: target view, draft config, pointers
-                from eagle3ops.train import specforge
-
-                result["specforge_inputs"] = specforge.prepare_inputs(
-                    p.values, Path(p.values["data_path"]), Path(p.values["verifier_path"]), p.samples["rows"]
-                )
-            atomic_write_bytes(cfg_path, p.config_text.encode())
-            launcher = spec.launcher
-            if launcher == "auto":
-                launcher = "systemd" if systemd_is_pid1() else "setsid"
-            state = launch(
-                p,
-                int((state or {}).get("attempt", 0)) + 1,
-                launcher,
-                log,
-                result["resume_from"],
-                previous_unit=(state or {}).get("unit"),
-            )
-            result.update(pid=state["pid"], attempt=state["attempt"], launcher=launcher, unit=state["unit"])
+            state = _launch(spec, p, cfg_path, state, result, log)
         result["after"] = {
             "status": "running" if result["status"] != "finished" else "finished",
             "attempt": result.get("attempt"),
@@ -378,6 +289,130 @@ def ensure_run(
             result["checkpoint"] = final_checkpoint(p.save_path)
     result["metrics"] = read_metrics(run_dir)
     return result
+
+
+def _base_result(p: Plan, cfg_path: Path) -> dict:
+    """What every result of :func:`ensure_run` reports about the plan."""
+    run_dir = p.run_dir
+    return {
+        "run_dir": str(run_dir),
+        "config_path": str(cfg_path),
+        "log_path": str(run_dir / LOG),
+        "save_path": str(p.save_path),
+        "layer_ids": p.values["layer_ids"],
+        "draft_vocab_size": p.values["draft_vocab_size"],
+        "draft_vocab_capped": p.values["draft_vocab_capped"],
+        "device": p.device,
+        "nproc": p.nproc,
+        "nnodes": p.spec.nnodes,
+        "node_rank": p.spec.node_rank,
+        "config_sha256": p.config_sha256,
+        "warnings": p.warnings,
+        "samples": p.samples,
+        "serve_window_size": p.spec.sliding_window if p.spec.attention == "sliding" else None,
+    }
+
+
+def _restart_if_changed(
+    spec: TrainSpec, p: Plan, cfg_path: Path, state: dict | None, status: str, check: bool, log
+) -> tuple[str, dict | None]:
+    """A run whose config changed: refused, or (restart_on_change) stopped, its checkpoints moved aside and
+    its metrics removed. Returns (status, restarted)."""
+    run_dir = p.run_dir
+    old_text = cfg_path.read_text() if cfg_path.exists() else None
+    restarted = None
+    if state is not None and old_text is not None and old_text != p.config_text:
+        if not spec.restart_on_change:
+            raise TrainError(
+                f"the training configuration changed while run {run_dir} exists (status {status}). Set "
+                "train_restart_on_change: true to stop it and start over (its checkpoints are moved aside), "
+                "or use another train_run_dir. Changes:\n" + _config_diff(old_text, p.config_text)[:4000],
+                status=status,
+                config_diff=_config_diff(old_text, p.config_text)[:8000],
+            )
+        restarted = {"previous_status": status}
+        if not check:
+            if status == "running":
+                stop_run(run_dir, state, log=log)
+            old_save = Path(state.get("save_path") or p.save_path)
+            if old_save.exists():
+                dest = old_save.with_name(f"{old_save.name}.superseded-{int(time.time())}")
+                os.replace(old_save, dest)
+                restarted["old_checkpoints"] = str(dest)
+            (run_dir / METRICS).unlink(missing_ok=True)
+        status = "new"
+    return status, restarted
+
+
+def _leave_other_job(
+    run_dir: Path, state: dict | None, status: str, job: str | None, check: bool, log
+) -> tuple[str, dict | None]:
+    """Several hosts: a node running (or done with) another job than ``job`` stops it. Returns (status,
+    other_job)."""
+    other_job = None
+    if job and state is not None and status in ("running", "finished") and state.get("rdzv_id") != job:
+        # several hosts: this node runs (or finished) another job than the one every node is asked to join
+        # now - a node that died meanwhile is being restarted. Stop it (the role stops every node first) and
+        # join the new job, resuming from the newest checkpoint, never leaving half a job running.
+        other_job = {"previous_status": status, "previous_job": state.get("rdzv_id"), "job": job}
+        if status == "running" and not check:
+            stop_run(run_dir, state, log=log)
+        status = "other-job"
+    return status, other_job
+
+
+def _predict_launch(
+    spec: TrainSpec, p: Plan, result: dict, action: str, status: str, other_job: dict | None, log
+) -> None:
+    """Check mode: what a launch would do, into ``result``; nothing is written or started."""
+    result.update(
+        would=action,
+        after={"status": "running"},
+        resume_from=resume_point(p.save_path) if status != "new" else None,
+    )
+    if spec.verify == "checksum":  # what the launch would read first (nothing is read now)
+        result["content_check"] = check_content(spec.data_dir, check=True, log=log)
+    held = other_job and other_job["previous_status"] == "running"
+    # its own trainer holds this node's GPUs until the stop: nothing to predict from them now
+    result["gpu_free"] = (
+        {"skipped": "this node's GPUs are held by its own trainer of the previous job until it stops"}
+        if held
+        else gpu_free(p, True, log)
+    )
+
+
+def _launch(spec: TrainSpec, p: Plan, cfg_path: Path, state: dict | None, result: dict, log) -> dict:
+    """Checks, incomplete checkpoints set aside, vocab maps and config written, the trainer launched; what was
+    done goes into ``result``. Returns the new state."""
+    if spec.verify == "checksum":  # damaged states are refused before a trainer reads them
+        result["content_check"] = check_content(spec.data_dir, check=False, log=log)
+    result["gpu_free"] = gpu_free(p, False, log)
+    scheduler = (spec.extra.get("scheduler") or {}).get("scheduler_type", "linear") != "none"
+    result["quarantined_checkpoints"] = quarantine_incomplete(p.save_path, scheduler)
+    result["resume_from"] = resume_point(p.save_path)
+    write_vocab_maps(
+        p.token_freq, p.values["draft_vocab_size"], p.target_vocab, Path(p.values["d2t_path"]).parent
+    )
+    if spec.trainer == "specforge":  # its inputs beside the config: target view, draft config, pointers
+        from eagle3ops.train import specforge
+
+        result["specforge_inputs"] = specforge.prepare_inputs(
+            p.values, Path(p.values["data_path"]), Path(p.values["verifier_path"]), p.samples["rows"]
+        )
+    atomic_write_bytes(cfg_path, p.config_text.encode())
+    launcher = spec.launcher
+    if launcher == "auto":
+        launcher = "systemd" if systemd_is_pid1() else "setsid"
+    state = launch(
+        p,
+        int((state or {}).get("attempt", 0)) + 1,
+        launcher,
+        log,
+        result["resume_from"],
+        previous_unit=(state or {}).get("unit"),
+    )
+    result.update(pid=state["pid"], attempt=state["attempt"], launcher=launcher, unit=state["unit"])
+    return state
 
 
 def wait_for(run_dir: Path, state: dict, *, timeout: float, poll_s: float, log) -> dict:
