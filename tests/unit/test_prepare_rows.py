@@ -77,6 +77,61 @@ def test_render_workers_end_under_a_parent_that_keeps_sigterm(tmp_path):
     assert out.strip() == "ended []"
 
 
+_STUCK_WORKER = """
+import multiprocessing, signal, sys, time
+from eagle3ops.conversations import Problem
+from eagle3ops.prepare import render
+
+seen = []
+signal.signal(signal.SIGTERM, lambda *a: seen.append(a[0]))  # records the signal and goes on
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+render.STRAGGLER_GRACE_S = 1.0
+init = render._worker_init
+def stuck_init():  # the second worker never gets going: as a forked child stuck on a lock held at the fork
+    if multiprocessing.current_process()._identity[0] == 2:
+        time.sleep(3600)
+    init()
+render._worker_init = stuck_init
+def records(n):
+    return ((f"c.jsonl:{i}", Problem(f"c.jsonl:{i}", "not a conversation")) for i in range(n))
+if sys.argv[1] == "completed":
+    with render._results(None, records(300), 64, False, 2) as results:
+        assert sum(1 for _ in results) == 300
+else:
+    try:
+        with render._results(None, records(300), 64, False, 2) as results:
+            next(results)
+            raise RuntimeError("the consumer failed")
+    except RuntimeError:
+        pass
+print("ended", seen)
+"""
+
+
+@pytest.mark.parametrize("how", ["completed", "failed"])
+def test_a_worker_stuck_before_its_start_does_not_hold_the_pool(tmp_path, how):
+    """One rendering worker never starts (stuck before _worker_init, with SIGTERM blocked and a recording handler
+    inherited: what a forked child stuck on a lock held at the fork looks like; the suite's run of 01ccc7b hung
+    120 s in the test above, under load); the other renders every row. The pool must end all the same, when every
+    row was read (the worker never takes the sentinel: before, ``pool.join`` waited for ever) and when the consumer
+    failed (``terminate``'s SIGTERM stays blocked in it: before, the same). The stuck worker is killed after
+    ``STRAGGLER_GRACE_S`` (1 s here)."""
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", _STUCK_WORKER, how], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True)  # fmt: skip
+    try:
+        out, err = child.communicate(timeout=90)  # the stuck worker would sleep an hour
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        pytest.fail(f"the pool did not end ({how}): a worker stuck before its start held it")
+    assert child.returncode == 0, err[-2000:]
+    assert out.strip() == "ended []"
+
+
 def _supervised(row) -> list[int]:
     return [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
 

@@ -5,6 +5,7 @@ and the read-check-render loop over every source."""
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from unittest import mock
 
@@ -148,10 +149,14 @@ def _worker_init() -> None:
     """
     import signal
 
-    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    # the dispositions first, the mask after: a SIGTERM sent (pool.terminate) before this ran waits blocked (the
+    # parent blocks it around the fork, :func:`_results`) and, unblocked here, meets the default action; unblocked
+    # first, it went to the inherited handler, which only recorded it, and the pool's join waited for ever (seen
+    # under load: a consumer that failed at once terminated workers that had not reached this line yet)
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
 def _render_chunk(chunk):
@@ -223,22 +228,60 @@ def _results(pp, records, max_length: int, merge: bool, workers: int):
     # the parent's tokenizer (inside local_render) goes to the children by fork; they must not start the
     # Rust tokenizer's own thread pool on top of the processes (nor warn that it was forked)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    import signal
+
     _WORKER.update(pp=pp, max_length=max_length, merge=merge)
-    pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+    # the workers are forked with SIGTERM/SIGHUP blocked, so none can reach a handler inherited from this process
+    # before _worker_init has put the default one in place
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+    try:
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    procs = list(getattr(pool, "_pool", ()))  # the worker processes (multiprocessing keeps them there)
     done = False
     try:
         results = pool.imap(_render_chunk, _chunks(records, 64))
         yield (out for chunk in results for out in chunk)
         done = True
     finally:
-        # all read: the workers end on the pool's sentinel; otherwise (an error, Ctrl-C) they are ended by SIGTERM,
-        # which _worker_init left at its default
+        # all read: the workers end on the pool's sentinel; otherwise (an error, Ctrl-C) pool.terminate ends them
+        # with SIGTERM, which _worker_init left at its default. Either way a worker still there after
+        # STRAGGLER_GRACE_S is killed (it holds nothing to clean up): one stuck before it took any work (a forked
+        # child can be, on a lock another thread held at the fork; SIGTERM then stays blocked in it) made the
+        # join wait for ever. Not killed before terminate: a worker waiting for work holds the task queue's read
+        # lock, which terminate takes first.
         if done:
             pool.close()
+            _end_stragglers(procs, STRAGGLER_GRACE_S)
         else:
-            pool.terminate()
+            import threading
+
+            watchdog = threading.Timer(STRAGGLER_GRACE_S, _end_stragglers, (procs, 0.0))
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                pool.terminate()
+            finally:
+                watchdog.cancel()
         pool.join()
         _WORKER.clear()
+
+
+# how long a rendering worker may take to leave after the pool's sentinel before it is killed
+STRAGGLER_GRACE_S = 10.0
+
+
+def _end_stragglers(procs, grace_s: float) -> None:
+    """SIGKILL each of ``procs`` still running ``grace_s`` seconds from now (0: at once)."""
+    import signal
+
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)
 
 
 def _compact(ids: list[int], mask: list[int]):
