@@ -26,78 +26,30 @@ from prepare_inputs import (
     write_jsonl,
 )
 
-_INHERITED_HANDLER = """
-import signal
+_POOL_RUN = """
+import multiprocessing, signal, sys, time
 from speculators.data_generation import preprocessing  # imported before the fork, as prepare() has it
 from eagle3ops.conversations import Problem
 from eagle3ops.prepare import render
 
+how, stuck = sys.argv[1], sys.argv[2] == "stuck"
 seen = []
 signal.signal(signal.SIGTERM, lambda *a: seen.append(a[0]))  # records the signal and goes on
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+if stuck:  # the second worker never gets going: as a forked child stuck on a lock held at the fork
+    render.STRAGGLER_GRACE_S = 1.0
+    init = render._worker_init
+    def stuck_init():
+        if multiprocessing.current_process()._identity[0] == 2:
+            time.sleep(3600)
+        init()
+    render._worker_init = stuck_init
 def records(n):
     return ((f"c.jsonl:{i}", Problem(f"c.jsonl:{i}", "not a conversation")) for i in range(n))
-with render._results(None, records(300), 64, False, 2) as results:
-    assert sum(1 for _ in results) == 300
-try:
-    with render._results(None, records(300), 64, False, 2) as results:
-        next(results)
-        raise RuntimeError("the consumer failed")
-except RuntimeError:
-    pass
-print("ended", seen)
-"""
-
-
-def test_render_workers_end_under_a_parent_that_keeps_sigterm(tmp_path):
-    """Rendering processes end, on completion and on an error, in a parent whose SIGTERM handler only records
-    the signal and whose mask blocks it: the forked children do not inherit either (CI hung 900 s in pool.join
-    of the test above, in a test worker where such a handler was left). Real: the pool, fork, signals; the
-    records are Problems, which render without a tokenizer. Run in a child process: a regression hangs there,
-    to the timeout."""
-    import signal
-    import subprocess
-    import sys
-
-    child = subprocess.Popen(
-        [sys.executable, "-c", _INHERITED_HANDLER],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        start_new_session=True,
-    )
-    try:
-        out, err = child.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # it keeps SIGTERM, and so would the workers of a regression
-        child.communicate()
-        pytest.fail("the rendering pool did not end within 120 s")
-    assert child.returncode == 0, err[-2000:]
-    assert out.strip() == "ended []"
-
-
-_STUCK_WORKER = """
-import multiprocessing, signal, sys, time
-from eagle3ops.conversations import Problem
-from eagle3ops.prepare import render
-
-seen = []
-signal.signal(signal.SIGTERM, lambda *a: seen.append(a[0]))  # records the signal and goes on
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
-render.STRAGGLER_GRACE_S = 1.0
-init = render._worker_init
-def stuck_init():  # the second worker never gets going: as a forked child stuck on a lock held at the fork
-    if multiprocessing.current_process()._identity[0] == 2:
-        time.sleep(3600)
-    init()
-render._worker_init = stuck_init
-def records(n):
-    return ((f"c.jsonl:{i}", Problem(f"c.jsonl:{i}", "not a conversation")) for i in range(n))
-if sys.argv[1] == "completed":
+if how in ("both", "completed"):
     with render._results(None, records(300), 64, False, 2) as results:
         assert sum(1 for _ in results) == 300
-else:
+if how in ("both", "failed"):
     try:
         with render._results(None, records(300), 64, False, 2) as results:
             next(results)
@@ -108,6 +60,35 @@ print("ended", seen)
 """
 
 
+def test_render_workers_end_under_a_parent_that_keeps_sigterm(tmp_path):
+    """Rendering processes end, on completion and on an error, in a parent whose SIGTERM handler only records
+    the signal and whose mask blocks it: the forked children do not inherit either (CI hung 900 s in pool.join
+    of the test above, in a test worker where such a handler was left). Real: the pool, fork, signals; the
+    records are Problems, which render without a tokenizer. Run in a child process: a regression hangs there,
+    to the timeout."""
+    _ends(tmp_path, [_POOL_RUN, "both", "-"], 120, "the rendering pool did not end within 120 s")
+
+
+def _ends(tmp_path, argv, timeout, why):
+    """Run ``python -c argv...`` in its own session; it must print ``ended []`` (no SIGTERM recorded) and exit 0
+    within ``timeout`` s, else the test fails with ``why`` (the child and its workers are SIGKILLed: they keep
+    SIGTERM, as would the workers of a regression)."""
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=tmp_path, start_new_session=True)  # fmt: skip
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        pytest.fail(why)
+    assert child.returncode == 0, err[-2000:]
+    assert out.strip() == "ended []"
+
+
 @pytest.mark.parametrize("how", ["completed", "failed"])
 def test_a_worker_stuck_before_its_start_does_not_hold_the_pool(tmp_path, how):
     """One rendering worker never starts (stuck before _worker_init, with SIGTERM blocked and a recording handler
@@ -116,20 +97,8 @@ def test_a_worker_stuck_before_its_start_does_not_hold_the_pool(tmp_path, how):
     row was read (the worker never takes the sentinel: before, ``pool.join`` waited for ever) and when the consumer
     failed (``terminate``'s SIGTERM stays blocked in it: before, the same). The stuck worker is killed after
     ``STRAGGLER_GRACE_S`` (1 s here)."""
-    import signal
-    import subprocess
-    import sys
-
-    child = subprocess.Popen([sys.executable, "-c", _STUCK_WORKER, how], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True)  # fmt: skip
-    try:
-        out, err = child.communicate(timeout=90)  # the stuck worker would sleep an hour
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.communicate()
-        pytest.fail(f"the pool did not end ({how}): a worker stuck before its start held it")
-    assert child.returncode == 0, err[-2000:]
-    assert out.strip() == "ended []"
+    why = f"the pool did not end ({how}): a worker stuck before its start held it"
+    _ends(tmp_path, [_POOL_RUN, how, "stuck"], 90, why)  # the stuck worker would sleep an hour
 
 
 def _supervised(row) -> list[int]:
