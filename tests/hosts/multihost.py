@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 from hosts import nspawn
@@ -77,3 +80,25 @@ def trust(hosts) -> None:
     for h in hosts:
         h.put("/root/.ssh/id_ed25519", key, mode="0600")
         h.put("/root/.ssh/known_hosts", known, mode="0644")
+
+
+def power_off_when(host, ready, timeout: float = 600) -> threading.Thread:
+    """A started thread that powers ``host`` off once ``ready()`` is true (polled every 50 ms, up to ``timeout``
+    s): SIGKILL to the host's PID 1 (nspawn's child), so the kernel kills every process of its PID namespace at
+    once, as in a power loss (SIGKILL to nspawn alone would leave the container running); then the harness's
+    cleanup of what is left on this side (veth, overlay mount). ``host.pid`` is 0 afterwards."""
+
+    def run():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                init = int(Path(f"/proc/{host.pid}/task/{host.pid}/children").read_text().split()[0])
+                os.kill(init, signal.SIGKILL)
+                host._proc.wait(timeout=60)
+                host.stop()
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t

@@ -22,11 +22,8 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -79,26 +76,13 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     }
     store_b = b.merged / "srv/e3/data"
 
-    def power_off_b_mid_run():
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            paused = (b.merged / "opt/e3/go.paused").exists()
-            if (
-                paused
-                and (store_b / "hidden_states").is_dir()
-                and len(manifest_rows(store_b, torn_ok=True)) >= 1
-            ):
-                # the host's PID 1 (nspawn's child): the kernel kills every process of its PID namespace at
-                # once, as in a power loss (SIGKILL to nspawn alone would leave the container running)
-                init = int(Path(f"/proc/{b.pid}/task/{b.pid}/children").read_text().split()[0])
-                os.kill(init, signal.SIGKILL)
-                b._proc.wait(timeout=60)
-                b.stop()  # the harness's cleanup of what is left on this side (veth, overlay mount)
-                return
-            time.sleep(0.05)
+    def b_paused_mid_run():
+        paused = (b.merged / "opt/e3/go.paused").exists()
+        return (
+            paused and (store_b / "hidden_states").is_dir() and len(manifest_rows(store_b, torn_ok=True)) >= 1
+        )
 
-    killer = threading.Thread(target=power_off_b_mid_run, daemon=True)
-    killer.start()
+    killer = multihost.power_off_when(b, b_paused_mid_run)
     r1 = run_playbook("playbooks/extract.yml", inv, extravars=xv)
     killer.join(timeout=60)
     assert b.pid == 0, f"{b.name} was never seen extracting: {r1.summary()}"

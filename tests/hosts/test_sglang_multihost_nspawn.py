@@ -29,11 +29,8 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -134,20 +131,10 @@ def test_two_hosts_extract_through_sglang_survive_a_power_off_and_end_pristine(
     pristine = pristine_deepseek_v2("0.5.23").read_bytes()
     target = Path(SITE.lstrip("/")) / sglang_patch.TARGET_RELPATH
 
-    def power_off_b_mid_run():
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if (b.merged / "opt/e3/go.paused").exists() and len(manifest_rows(store_b, torn_ok=True)) >= 1:
-                # the host's PID 1 (nspawn's child): the kernel kills every process of its PID namespace at once
-                init = int(Path(f"/proc/{b.pid}/task/{b.pid}/children").read_text().split()[0])
-                os.kill(init, signal.SIGKILL)
-                b._proc.wait(timeout=60)
-                b.stop()  # the harness's cleanup of what is left on this side (veth, overlay mount)
-                return
-            time.sleep(0.05)
+    def b_paused_mid_run():
+        return (b.merged / "opt/e3/go.paused").exists() and len(manifest_rows(store_b, torn_ok=True)) >= 1
 
-    killer = threading.Thread(target=power_off_b_mid_run, daemon=True)
-    killer.start()
+    killer = multihost.power_off_when(b, b_paused_mid_run, timeout=900)
     r1 = run_playbook("site.yml", inv, extravars=xv, tags="sglang,extract")
     killer.join(timeout=60)
     assert b.pid == 0, f"{b.name} was never seen extracting: {r1.summary()}"
