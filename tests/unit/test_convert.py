@@ -227,7 +227,7 @@ def _rule_in_source(src: str, cls_name: str) -> str:
 
 def test_layer_id_rules_match_the_real_model_files(sglang_version):
     """eagle3ops' table of SGLang's layer-id conventions is what each model file of that version does."""
-    from eagle3ops import sglang_versions
+    from eagle3ops.sglang import versions as sglang_versions
 
     checked = 0
     for arch, (fname, rule) in sglang_versions.get(sglang_version).layer_id_rules.items():

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops.extract import sglang_hook, sglang_patch
-from eagle3ops.extract.sglang_patch import PatchError
+from eagle3ops.sglang import hook as sglang_hook
+from eagle3ops.sglang import patch as sglang_patch
+from eagle3ops.sglang.patch import PatchError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from sglang_standin import VERSIONS, pristine_deepseek_v2, sglang_wheel
@@ -41,7 +42,7 @@ def target(tmp_path, version):
 
 
 def test_every_known_version_has_a_patch():
-    from eagle3ops import sglang_versions
+    from eagle3ops.sglang import versions as sglang_versions
 
     assert set(sglang_patch.SPECS) == set(sglang_versions.VERSIONS) == set(VERSIONS)
     assert all(v == s.sglang_version for v, s in sglang_patch.SPECS.items())
@@ -240,7 +241,7 @@ def _server_fields(version: str) -> str:
     """ServerArgs' field declarations of the real wheel (0.5.23: arg_groups/fields/*.py; 0.5.17: server_args.py)."""
     import zipfile
 
-    from eagle3ops import sglang_versions
+    from eagle3ops.sglang import versions as sglang_versions
 
     where = sglang_versions.get(version).server_args_files
     with zipfile.ZipFile(sglang_wheel(version)) as z:
@@ -278,7 +279,7 @@ def test_the_server_flags_exist_in_each_sglang_version(version):
     flag: the dump server passes none (the patch turns the capture on), 0.5.23 passes its three."""
     import re
 
-    from eagle3ops.extract.sglang_client import server_args
+    from eagle3ops.sglang.client import server_args
 
     fields = _server_fields(version)
     unit = _render_unit(version)

@@ -1,4 +1,4 @@
-"""The SGLang version table (eagle3ops.sglang_versions) checked against each version's REAL wheel (0.5.17,
+"""The SGLang version table (eagle3ops.sglang.versions) checked against each version's REAL wheel (0.5.17,
 0.5.23; cached under tests/.artifacts/sglang/, read with zipfile/ast, never imported: SGLang's runtime needs CUDA).
 
 What the in-server hook touches in SGLang is checked in the source of every version: the ForwardBatch fields and
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from eagle3ops import sglang_versions
-from eagle3ops.extract.sglang_hook import DumpHook, HookError
+from eagle3ops.sglang import versions as sglang_versions
+from eagle3ops.sglang.hook import DumpHook, HookError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from sglang_standin import VERSIONS, StandInForwardBatch, StandInForwardMode, sglang_source
