@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eagle3_draft_fixture import edit_config, make_draft_checkpoint
 from eagle3ops.serve import convert as cv_convert
+from eagle3ops.sglang.versions import KNOWN
 from eagle3ops.train.fixtures import make_tiny_verifier
 from proc_helpers import HEAVY, cli_imports
 
@@ -38,7 +39,7 @@ def _sglang_source(member: str, version: str = "0.5.23") -> str:
     return sglang_source(member, version)
 
 
-@pytest.fixture(scope="module", params=["0.5.17", "0.5.23"])
+@pytest.fixture(scope="module", params=KNOWN)  # every version in eagle3ops' table, each on its real wheel
 def sglang_version(request):
     return request.param
 

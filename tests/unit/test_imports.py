@@ -33,6 +33,11 @@ DECLARED = {
         "eagle3ops.train.specforge",
     ): "serve converts a SpecForge run's checkpoint, whose layout (its inputs, checkpoint link, exporter) the train "
     "phase's SpecForge backend owns",
+    (
+        "eagle3ops.commands.layer_ids",
+        "eagle3ops.sglang.versions",
+    ): "layer-ids --sglang-version answers the version's capture flags for the ids (the sglang role's unit takes "
+    "them from it instead of a copy of the version table)",
 }
 # (importing package, imported package or module): every module of the one may use the other, why
 DECLARED_PACKAGES = {

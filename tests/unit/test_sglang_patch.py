@@ -253,21 +253,35 @@ def _server_fields(version: str) -> str:
 
 
 def _render_unit(version: str) -> str:
-    """The role's extraction unit rendered with jinja2 (Ansible's engine) for ``version``."""
+    """The role's extraction unit rendered with jinja2 (Ansible's engine) for ``version``, with the ids and
+    capture flags the role takes from ``eagle3ops layer-ids --sglang --sglang-version`` (roles/sglang/tasks/
+    layers.yml), run here on an 8-layer config."""
+    import tempfile
+
     import jinja2
     import yaml
 
     role = Path(__file__).resolve().parents[2] / "roles/sglang"
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     tpl = env.from_string((role / "templates/eagle3ops-sglang-extract.service.j2").read_text())
-    vars_ = {
-        **yaml.safe_load((role / "defaults/main.yml").read_text()),
-        **yaml.safe_load((role / "vars/main.yml").read_text()),
-    }
+    with tempfile.TemporaryDirectory() as model:
+        (Path(model) / "config.json").write_text(json.dumps({"num_hidden_layers": 8}))
+        r = subprocess.run(
+            [
+                *(sys.executable, "-m", "eagle3ops", "layer-ids", "--model", model, "--ids", "2", "4", "5"),
+                *("--sglang", "--sglang-version", version, "--json"),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    answer = json.loads(r.stdout.strip().splitlines()[-1])
+    vars_ = yaml.safe_load((role / "defaults/main.yml").read_text())
     vars_.update(
         sglang_version=version,
         ansible_managed="managed",
-        sglang_resolved_layer_ids=[2, 4, 5],
+        sglang_resolved_layer_ids=answer["layer_ids"],
+        sglang_capture_args=answer["sglang_capture_args"],
         sglang_dump_data_dir="/data",
     )
     return tpl.render(**vars_)

@@ -161,10 +161,14 @@ def test_enable_capture_sets_what_set_eagle3_layers_to_capture_sets(tmp_path):
 
 
 def test_the_roles_version_variables_equal_the_table():
-    role_vars = yaml.safe_load((REPO / "roles/sglang/vars/main.yml").read_text())
-    assert role_vars["sglang_version_capture_only_flag"] == {
-        v: sglang_versions.get(v).capture_only_flag for v in sglang_versions.KNOWN
-    }
+    """The sglang role keeps no copy of the table: its unit's capture flags are eagle3ops layer-ids' answer
+    (``sglang_capture_args``, from dump_capture_args); the roles' version choices are the table's."""
+    role = REPO / "roles/sglang"
+    assert not (role / "vars/main.yml").exists()
+    unit = (role / "templates/eagle3ops-sglang-extract.service.j2").read_text()
+    assert "sglang_capture_args" in unit and "--enable-return-aux-hidden-states" not in unit
+    layers_yml = (role / "tasks/layers.yml").read_text()
+    assert "'--sglang-version', sglang_version" in layers_yml and ".sglang_capture_args" in layers_yml
     for role, var in (("sglang", "sglang_version"), ("extract", "extract_sglang_version")):
         spec = yaml.safe_load((REPO / f"roles/{role}/meta/argument_specs.yml").read_text())
         opt = spec["argument_specs"]["main"]["options"][var]

@@ -273,6 +273,7 @@ SGLANG_EXTRACT = Command(
             "sglang_version",
             default=_versions.DEFAULT_VERSION,
             role="extract_sglang_version",
+            role_choices=_versions.KNOWN,
             help=f"the server's SGLang version (the patch --restore-patch checks), one of {', '.join(_versions.KNOWN)}",
         ),
         MARGIN.but(role="extract_margin"),

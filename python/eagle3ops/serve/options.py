@@ -58,6 +58,7 @@ CONVERT = Command(
         ),
         Option(
             "sglang_version",
+            role_choices=_versions.KNOWN,
             help=f"the SGLang version that serves the draft, one of {', '.join(_versions.KNOWN)} (default: the "
             f"SGLang installed here when it is one of them, else {_versions.DEFAULT_VERSION}; it goes into the stamp)",
         ),
