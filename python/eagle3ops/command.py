@@ -58,6 +58,13 @@ def pick(args, *names: str, **renamed: str) -> dict:
     return {**{n: getattr(args, n) for n in names}, **{k: getattr(args, o) for k, o in renamed.items()}}
 
 
+def disk_margin_bytes(mib: float) -> int:
+    """``--disk-margin-mib`` as bytes (refused below 0): ``extract``'s and ``extract-sglang``'s."""
+    if mib < 0:
+        raise CommandError(f"--disk-margin-mib {mib} must be 0 or more (MiB kept free on top of the need)")
+    return int(mib * 2**20)
+
+
 def outcome(name: str, out, changed: bool, check: bool) -> str:
     """The head of a phase command's human summary: ``NAME: OUT would change`` / ``is up to date`` in check mode,
     ``NAME: OUT written`` / ``up to date`` after a run."""

@@ -40,6 +40,9 @@ class Option:
       it); the module always passes its value, so the CLI's default only serves direct CLI calls.
     role_default: the role's default where it deliberately differs from the module's (the agreement test checks
       ``defaults/main.yml`` and ``meta/argument_specs.yml`` against it, else against the module's default).
+    role_choices: the choices the role's ``meta/argument_specs.yml`` offers for its variable (refused at the role's
+      start, before anything runs), where the CLI and the module refuse another value themselves with a message
+      of their own: the SGLang versions, from eagle3ops' version table (the known ones listed, JSON ``known``).
     no_log: passed to the argument_spec (Ansible asks for it on names that look like secrets: ``*_tokens``).
     as_json: a dict given on the command line as one JSON object (``--extra '{"loss": {...}}'``).
     minimum, maximum: the smallest / largest value an int or float option takes (``above``: a strict lower bound,
@@ -80,6 +83,7 @@ class Option:
         cli=True,
         role=None,
         role_default=_UNSET,
+        role_choices=None,
         no_log=None,
         as_json=False,
         minimum=None,
@@ -119,6 +123,7 @@ class Option:
         self.cli = cli
         self.role = role
         self.role_default = role_default
+        self.role_choices = list(role_choices) if role_choices is not None else None
         self.no_log = no_log
         self.as_json = as_json
         self.minimum = minimum
@@ -138,7 +143,7 @@ class Option:
         for k, v in changes.items():
             if k not in new.__dict__:
                 raise TypeError(f"option {self.name}: no field {k}")
-            new.__dict__[k] = list(v) if k == "choices" and v is not None else v
+            new.__dict__[k] = list(v) if k in ("choices", "role_choices") and v is not None else v
         return new
 
     @property

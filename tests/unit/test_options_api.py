@@ -57,7 +57,7 @@ API_DEFAULTS = [
         },
     ),
     (
-        "eagle3ops.extract.sglang_client.SGLangExtractConfig",
+        "eagle3ops.sglang.client.SGLangExtractConfig",
         "extract-sglang",
         {"data_dir": "data", "model_path": "model", "margin_frac": "margin"},
         {},

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 try:
     from eagle3ops import options as _o
-    from eagle3ops import sglang_versions as _versions
+    from eagle3ops.sglang import versions as _versions
 except ImportError:  # on a target without eagle3ops: the copies Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
     from ansible.module_utils import eagle3ops_sglang_versions as _versions
@@ -273,6 +273,7 @@ SGLANG_EXTRACT = Command(
             "sglang_version",
             default=_versions.DEFAULT_VERSION,
             role="extract_sglang_version",
+            role_choices=_versions.KNOWN,
             help=f"the server's SGLang version (the patch --restore-patch checks), one of {', '.join(_versions.KNOWN)}",
         ),
         MARGIN.but(role="extract_margin"),

@@ -1,5 +1,5 @@
 """The extraction session both backends share (transformers: :mod:`.transformers_backend`; SGLang:
-:mod:`.sglang_client` driving :mod:`.sglang_hook` in the server): the run's settings (:class:`ExtractConfig`),
+:mod:`eagle3ops.sglang.client` driving :mod:`eagle3ops.sglang.hook` in the server): the run's settings (:class:`ExtractConfig`),
 the target's facts and the store's meta, the plan of what is left (also check mode, :func:`plan_extraction`),
 the one-time repair a parent does before its workers start (:func:`repair_store`) and the progress reporter.
 Nothing here loads weights or tensors.
@@ -31,7 +31,7 @@ from eagle3ops.store import (
 
 
 # ----------------------------------------------------------------------------------------------------------
-# layer ids: the rule lives in eagle3ops.layers; this name stays for extract's callers (sglang_client, tests)
+# layer ids: the rule lives in eagle3ops.layers; this name stays for extract's callers (eagle3ops.sglang.client, tests)
 # ----------------------------------------------------------------------------------------------------------
 def resolve_layer_ids(
     num_layers: int, layer_ids: Sequence[int] | None = None, convention: str = "input"

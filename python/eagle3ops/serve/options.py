@@ -6,7 +6,7 @@ from __future__ import annotations
 
 try:
     from eagle3ops import options as _o
-    from eagle3ops import sglang_versions as _versions
+    from eagle3ops.sglang import versions as _versions
 except ImportError:  # on a target without eagle3ops: the copies Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
     from ansible.module_utils import eagle3ops_sglang_versions as _versions
@@ -58,6 +58,7 @@ CONVERT = Command(
         ),
         Option(
             "sglang_version",
+            role_choices=_versions.KNOWN,
             help=f"the SGLang version that serves the draft, one of {', '.join(_versions.KNOWN)} (default: the "
             f"SGLang installed here when it is one of them, else {_versions.DEFAULT_VERSION}; it goes into the stamp)",
         ),
