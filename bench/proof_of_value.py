@@ -322,37 +322,27 @@ class Run:
             self.drafts[key] = self.d / f"draft-{key}"
 
     def _start(self, name: str, model: Path, draft: Path | None, spec, mem: float, port: int):
+        # every server of the widened target (with and without a draft) prefills in the same chunks
+        extra = ("--chunked-prefill-size", str(self.a.wide_prefill)) if model == self.wide else ()
         try:
             self.servers[name] = L.start_server(name, model, port, draft=draft, spec=spec, graph_bs=16, mem=mem,
-                                                max_tokens=self.a.kv_tokens, timeout=420)  # fmt: skip
+                                                max_tokens=self.a.kv_tokens, timeout=420, extra=extra)  # fmt: skip
             self.starts[name] = self.servers[name].ready_s
         except Exception as e:  # recorded; the other servers still run
             self.starts[name] = f"{type(e).__name__}: {e}"[-600:]
 
     def start_group(self, names: list[tuple]) -> list[threading.Thread]:
-        """Start each server in a thread of its own, the next one only once this one holds its memory (its KV pools
-        allocated, or ``alloc_wait_s`` passed) and ``stagger_s`` later: 0.5.17 sizes a server from the memory free
-        when it starts, so a server must not start while another is still loading its weights."""
+        """Start each server in a thread of its own, ``stagger_s`` apart. 0.5.17 sizes a server from the memory free
+        when it starts; a server loads its weights ~45 s after its launch and for ~3 s, so servers launched 8 s
+        apart do not load at once. (Run 2 waited for each server's KV pools before the next launch: ~50 s a server,
+        5 min for six.)"""
         ts = []
         for i, args in enumerate(names):
             t = threading.Thread(target=self._start, args=(*args, next(self.ports)), name=args[0])
             t.start()
             ts.append(t)
-            if i < len(names) - 1:
-                time.sleep(self.a.stagger_s)
-                self.wait_allocated(args[0], pools=2 if args[2] else 1, thread=t)
+            time.sleep(self.a.stagger_s if i < len(names) - 1 else 0)
         return ts
-
-    def wait_allocated(self, name: str, pools: int, thread: threading.Thread) -> float:
-        """Until server ``name``'s log says its ``pools`` KV pools are allocated (the target's, and the draft's for
-        an EAGLE3 server), its thread ended (it failed), or ``alloc_wait_s``; the seconds waited."""
-        t, logf = time.time(), L.W / "logs" / f"{name}.log"
-        while time.time() - t < self.a.alloc_wait_s and thread.is_alive():
-            text = logf.read_text(errors="replace") if logf.exists() else ""
-            if text.count("KV Cache is allocated") >= pools:
-                break
-            time.sleep(0.5)
-        return round(time.time() - t, 1)
 
     def group(self, key: str, targets=("smol", "wide")) -> list[tuple]:
         """A draft's servers: SmolLM2 at 3/1/4, the widened target at every setting."""
