@@ -73,6 +73,8 @@ JOB_FILE = Option(
     role=False,  # the role passes the results file of the async job it started
     help="check mode: the Ansible async job's results file; the result says whether that job has finished",
 )
+# the store options both extract modules document once (doc fragment eagle3ops.extract: make options writes it)
+STORE = [DATA, LAYER_CONVENTION, MARGIN, DISK_MARGIN_MIB, LIMIT, WAIT_RUNNING, JOB_FILE]
 
 EXTRACT = Command(
     "extract",
