@@ -1,7 +1,8 @@
 """Issue 33: every list of a phase's options outside its definition is generated. ``make options``
 (:mod:`eagle3ops.option_render`) writes, between marker comments, the module DOCUMENTATION options, the doc
 fragments' options, each phase role's ``defaults/main.yml`` and ``meta/argument_specs.yml`` entries, the
-``param: "{{ var }}"`` lines of the role tasks that pass every variable of a module, and the bounds table of
+``param: "{{ var }}"`` lines of the role tasks that pass every variable of a module, the variable table of each
+such role's README, and the bounds table of
 ``roles/eagle3ops/vars/main.yml``. These tests fail when a block differs from what ``make options`` would write
 (run it), and when a module or role the definitions name has no block."""
 
@@ -48,6 +49,7 @@ def test_every_module_and_role_of_a_definition_has_its_blocks():
             want |= {
                 (f"roles/{role}/defaults/main.yml", f"defaults {role}"),
                 (f"roles/{role}/meta/argument_specs.yml", f"argument_specs {role}"),
+                (f"roles/{role}/README.md", f"readme {role}"),
             }
     want |= {("doc_fragments/eagle3ops.py", f"fragment {name}") for name in option_render.FRAGMENTS}
     want |= {("roles/eagle3ops/vars/main.yml", "bounds")}
@@ -57,7 +59,7 @@ def test_every_module_and_role_of_a_definition_has_its_blocks():
 
 def test_each_block_is_in_its_own_kind_of_file():
     where = {"doc": "library/", "fragment": "doc_fragments/", "defaults": "/defaults/main.yml",
-             "argument_specs": "/meta/argument_specs.yml", "task": "/tasks/", "bounds": "roles/eagle3ops/vars/"}  # fmt: skip
+             "argument_specs": "/meta/argument_specs.yml", "task": "/tasks/", "readme": "/README.md", "bounds": "roles/eagle3ops/vars/"}  # fmt: skip
     wrong = [(f, k) for f, k in _keys() if where[k.split()[0]] not in f]
     assert not wrong, wrong
 
