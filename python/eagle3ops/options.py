@@ -150,6 +150,12 @@ class Command:
                 return o
         raise KeyError(f"{self.name}: no option {name}")
 
+    def defaults(self) -> dict:
+        """{option name: its default}: what the Python API the command calls takes as its own defaults
+        (``margin_frac: float = _D["margin"]`` in ``ExtractConfig``), so each value is written once, here. A list
+        or dict default is a field's ``default_factory``, not a shared value."""
+        return {o.name: o.default for o in self.options}
+
     # ---- the CLI side ----------------------------------------------------------------------------------
     def add_parser(self, subparsers):
         """The sub-command's parser, every option on it, ``--check`` and ``--json``."""
