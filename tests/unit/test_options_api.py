@@ -17,7 +17,8 @@ from options_defs import COMMANDS
 # ---- (g) the Python API's defaults -------------------------------------------------------------------
 # The functions and settings classes the commands call keep their own defaults (a caller from Python, a test, a
 # bench script gets them); here they must equal the definition's (the CLI's), or differ for the reason given.
-# ExtractConfig and TrainSpec read theirs from the definition (``_D = EXTRACT.defaults()``: issue 33), so for them
+# ExtractConfig, TrainSpec, RegenerateConfig and prepare() read theirs from the definition (``_D =
+# EXTRACT.defaults()``: issue 33), so for them
 # the check holds by construction; it stays, for the fields that still write a value and for the others.
 
 
