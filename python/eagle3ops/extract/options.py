@@ -505,10 +505,8 @@ SGLANG_EXTRACT = Command(
             help=f"the server's SGLang version (the patch --restore-patch checks), one of {', '.join(_versions.KNOWN)}",
             doc=[
                 ("The server's SGLang version; I(restore_patch) is checked against its capture patch."),
-                (
-                    "One of the versions in C(eagle3ops.sglang_versions) (0.5.17, 0.5.23); another "
-                    "is refused with that list."
-                ),
+                f"One of the versions in C(eagle3ops.sglang_versions) ({', '.join(_versions.KNOWN)}); another "
+                "is refused with that list.",
             ],
             role_doc=(
                 "The SGLang version the capture patch is checked against (default the shared "

@@ -99,9 +99,9 @@ CONVERT = Command(
             f"SGLang installed here when it is one of them, else {_versions.DEFAULT_VERSION}; it goes into the stamp)",
             doc=(
                 "The SGLang version that serves the draft (its layer-id rules and draft layout); "
-                "one of the versions in C(eagle3ops.sglang_versions) (0.5.17, 0.5.23); another "
+                f"one of the versions in C(eagle3ops.sglang_versions) ({', '.join(_versions.KNOWN)}); another "
                 "is refused with that list. Unset, the SGLang installed on the host when it is "
-                "one of them, else 0.5.23; the stamp records the one used."
+                f"one of them, else {_versions.DEFAULT_VERSION}; the stamp records the one used."
             ),
             role_doc=(
                 "The SGLang version served (one of eagle3ops' version table; unknown versions "
