@@ -285,7 +285,7 @@ def defaults_lines(role: str) -> list:
     out = []
     for var, o in role_variables(role).items():
         text = role_doc_of(o)
-        text = " ".join(text) if isinstance(text, list) else text
+        text = _MARKUP.sub(r"\1", " ".join(text) if isinstance(text, list) else text)  # C(x) as x
         out += textwrap.wrap(
             text, WIDTH - 2, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False
         )
