@@ -65,6 +65,23 @@ def disk_margin_bytes(mib: float) -> int:
     return int(mib * 2**20)
 
 
+def pick_taken(args, api, command, *exclude: str, **renamed: str) -> dict:
+    """:func:`pick` of every option of ``command`` on the command line that ``api`` (a dataclass or a function)
+    takes under the same name, but ``exclude`` (the handler passes those itself), and of ``renamed``: an option
+    added to the definition and to the API under one name reaches it with no change to the handler."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(api):
+        takes = {f.name for f in dataclasses.fields(api)}
+    else:
+        takes = set(inspect.signature(api).parameters)
+    skip = set(exclude) | set(renamed)
+    return pick(
+        args, *(o.name for o in command.cli_options() if o.name in takes and o.name not in skip), **renamed
+    )
+
+
 def outcome(name: str, out, changed: bool, check: bool) -> str:
     """The head of a phase command's human summary: ``NAME: OUT would change`` / ``is up to date`` in check mode,
     ``NAME: OUT written`` / ``up to date`` after a run."""

@@ -20,6 +20,11 @@ checked against it here.
 (g) the Python API the commands call (``prepare()``, ``ExtractConfig``, ``TrainSpec``, ``ensure_free()``, ...)
     has the definition's defaults, or a reason beside the one that differs.
 
+Since issue 33 the copies (c) and (d) look at - DOCUMENTATION options, role defaults, argument_specs, the tasks'
+pass-through - are written by ``make options`` (eagle3ops.option_render; tests/unit/test_options_generated.py
+holds them equal to what it writes); these checks stay, and still hold what is written by hand (a task that passes
+a subset, the host wing's tasks).
+
 (g) is tests/unit/test_options_api.py; the values checked before any work (issue 32, the bounds) are
 tests/unit/test_options_bounds.py; the definitions and helpers they share are tests/unit/options_defs.py.
 

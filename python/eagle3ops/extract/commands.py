@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from eagle3ops.command import CommandError, disk_margin_bytes, emit, pick
+from eagle3ops.command import CommandError, disk_margin_bytes, emit, pick_taken
 
 
 def register(sub) -> None:
@@ -22,25 +22,18 @@ def register(sub) -> None:
 
 
 def _config(args, log=None):
+    from eagle3ops.extract.options import EXTRACT
     from eagle3ops.extract.session import ExtractConfig
 
+    # every option ExtractConfig takes by its name (layer_ids, dtype, writer_threads, ...: a new one needs no line
+    # here), and those it takes otherwise
     return ExtractConfig(
-        **pick(
+        **pick_taken(
             args,
-            "layer_ids",
-            "layer_convention",
-            "dtype",
-            "compute_dtype",
-            "device",
-            "max_batch_tokens",
-            "max_batch_size",
-            "fsync",
-            "writer_threads",
-            "limit",
-            "progress",
-            "verify",
-            "on_model_change",
-            "model_hash",
+            ExtractConfig,
+            EXTRACT,
+            "world_size",
+            "rank",
             data_dir="data",
             model_path="model",
             margin_frac="margin",

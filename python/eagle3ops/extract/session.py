@@ -20,6 +20,7 @@ from pathlib import Path
 from eagle3ops import layers, target_model
 from eagle3ops.durable import sha256_file
 from eagle3ops.extract.errors import ExtractError
+from eagle3ops.extract.options import EXTRACT
 from eagle3ops.extract.shards import check_shard, rank_indices, shard_indices
 from eagle3ops.store import (
     HiddenStateStore,
@@ -204,33 +205,37 @@ def dataset_fingerprint(data_dir: str | os.PathLike) -> str | None:
 # ----------------------------------------------------------------------------------------------------------
 # the extraction run
 # ----------------------------------------------------------------------------------------------------------
+# the settings' defaults are the definition's (python/eagle3ops/extract/options.py), written there once
+_D = EXTRACT.defaults()
+
+
 @dataclass
 class ExtractConfig:
     data_dir: str
     model_path: str
-    layer_ids: list[int] | None = None
-    layer_convention: str = "input"
-    dtype: str = "bfloat16"  # stored dtype; float8_e4m3fn = e4m3 + a float32 scale per row (see quantize_fp8)
-    compute_dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
-    device: str = "auto"
-    max_batch_tokens: int = 16384
-    max_batch_size: int = 64
+    layer_ids: list[int] | None = _D["layer_ids"]
+    layer_convention: str = _D["layer_convention"]
+    # stored dtype; float8_e4m3fn = e4m3 + a float32 scale per row (see quantize_fp8)
+    dtype: str = _D["dtype"]
+    compute_dtype: str = _D["compute_dtype"]  # bfloat16 on CUDA, float32 on CPU
+    device: str = _D["device"]
+    max_batch_tokens: int = _D["max_batch_tokens"]
+    max_batch_size: int = _D["max_batch_size"]
     world_size: int = 1
     rank: int = 0
-    fsync: bool = True
-    writer_threads: int = 4
+    fsync: bool = _D["fsync"]
+    writer_threads: int = _D["writer_threads"]
     # xxh3-64 of every file in its manifest line, over the bytes the writer holds (docs/performance.md)
     checksum: bool = True
-    verify: str = (
-        "size"  # the plan's check of finished files: size (cheap, headers) or checksum (re-reads all)
-    )
-    on_model_change: str = "refuse"  # refuse | discard (move hidden_states aside) | accept (same model)
-    model_hash: bool = False  # hash every weight byte for the model check (slow; on request)
-    margin_frac: float = 0.05
+    verify: str = _D["verify"]  # the plan's check of finished files: size (headers) or checksum
+    # refuse | discard (move hidden_states aside) | accept (same model)
+    on_model_change: str = _D["on_model_change"]
+    model_hash: bool = _D["model_hash"]  # hash every weight byte for the model check (slow; on request)
+    margin_frac: float = _D["margin"]
     margin_bytes: int = 64 * 1024 * 1024
     check_finite: bool = True
-    limit: int | None = None  # only the first N rows (testing / smoke runs)
-    progress: bool = True
+    limit: int | None = _D["limit"]  # only the first N rows (testing / smoke runs)
+    progress: bool = _D["progress"]
     # the run's log (status.run_log_path): a progress line every 30 s goes there even without --progress
     log_path: str | None = None
     extra: dict = field(default_factory=dict)
