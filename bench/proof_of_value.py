@@ -193,6 +193,12 @@ def sf_extra(a) -> str:
                        "data": {"dataloader_num_workers": 8}})  # fmt: skip
 
 
+def sf_recipe(a) -> list[str]:
+    """Departures from SpecForge's own recipe, when asked: its fc_norm (an RMSNorm on each aux state before fc) and
+    a learning rate of its own (its recipe: 1e-4)."""
+    return [*(["--specforge-fc-norm"] if a.sf_fc_norm else []), *(["--lr", str(a.sf_lr)] if a.sf_lr else [])]
+
+
 def ours_flags(a) -> list[str]:
     return ["--total-seq-len", str(a.total_seq_len), "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
             "--env", json.dumps({"TORCH_COMPILE_DISABLE": "1"})]  # fmt: skip
@@ -379,8 +385,8 @@ def run(a) -> None:
     @L.stage("train_specforge", 90)
     def train_sf():
         res = train(a, "specforge", r.data, r.m, sf_run,
-                    ["--trainer", "specforge", "--epochs", "50", "--max-steps", str(steps), "--extra", sf_extra(a)],
-                    budget)  # fmt: skip
+                    ["--trainer", "specforge", "--epochs", "50", "--max-steps", str(steps), "--extra", sf_extra(a),
+                     *sf_recipe(a)], budget)  # fmt: skip
         res["planned_steps"] = steps
         res["planned_from"] = {"steps_per_s": a.sf_rate, "startup_s": a.sf_startup_s, "budget_s": budget,
                                "side_by_side": a.side_by_side}  # fmt: skip
@@ -507,6 +513,10 @@ def main() -> int:
         "--side-by-side",
         action="store_true",
         help="both trainers at once on the one GPU, each with --train-s",
+    )
+    ap.add_argument("--sf-fc-norm", action="store_true", help="SpecForge's fc_norm on (off in its recipe)")
+    ap.add_argument(
+        "--sf-lr", type=float, default=0.0, help="SpecForge's learning rate (default: its recipe's)"
     )
     ap.add_argument("--sf-save-interval", type=int, default=250, help="SpecForge saves every N steps")
     ap.add_argument("--sf-max-checkpoints", type=int, default=2, help="SpecForge keeps the newest N saves")

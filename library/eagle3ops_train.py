@@ -87,6 +87,13 @@ options:
     description: speculators' own default is true, which SGLang 0.5.23 cannot serve.
     type: bool
     default: false
+  specforge_fc_norm:
+    description: 'Trainer C(specforge) only: an RMSNorm on each of the target''s aux hidden states before
+      the draft''s first projection (SpecForge 0.2.0''s C(fc_norm), which SGLang serves). Off in SpecForge''s
+      own recipe; speculators normalises the concatenated states there (C(norm_before_fc)). Refused with another
+      trainer.'
+    type: bool
+    default: false
   attention:
     description: C(full) attention in every draft layer (SGLang's default), or C(sliding) with O(sliding_window);
       serve a sliding-window draft with C(--speculative-draft-window-size) equal to it (returned as C(serve_window_size)).

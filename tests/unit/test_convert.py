@@ -103,6 +103,8 @@ def sglang_params(cfg: dict) -> dict:
     }
     if cfg["eagle_config"].get("norm_before_fc", cfg.get("norm_before_fc")):
         shapes["model.input_norm.weight"] = (hin * naux,)
+    if cfg.get("fc_norm") or cfg.get("use_aux_norm"):  # one RMSNorm per aux state (SpecForge's fc_norm)
+        shapes.update({f"model.fc_norm.{i}.weight": (hin,) for i in range(naux)})
     loaders = {}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."

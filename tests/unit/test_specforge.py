@@ -223,6 +223,31 @@ def test_the_train_phase_refuses_specforge_on_cpu_before_writing_anything(run, t
     assert not (tmp_path / "r").exists()
 
 
+def test_specforge_fc_norm_is_refused_with_another_trainer_before_writing_anything(run, tmp_path):
+    from eagle3ops.train.planning import plan
+
+    spec = TrainSpec(data_dir=str(run.data), verifier_path=str(run.target), run_dir=str(tmp_path / "r"),
+                     specforge_fc_norm=True)  # fmt: skip
+    with pytest.raises(TrainError, match="specforge_fc_norm is for trainer specforge"):
+        plan(spec)
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_fc_norm_draft_normalises_each_aux_state(run):
+    """SpecForge's own draft model, built from the config the phase derives with ``fc_norm``: its first projection
+    sees each aux state at unit RMS, so a state 1,000 times larger (SmolLM2's first token) projects the same."""
+    from specforge.modeling.auto import AutoDraftModel, AutoDraftModelConfig
+
+    cfg = sf.draft_config(run.target, 64, list(LAYERS), fc_norm=True)
+    assert cfg["fc_norm"] is True and "fc_norm" not in sf.draft_config(run.target, 64, list(LAYERS))
+    path = run.root / "fc_norm_draft.json"
+    path.write_text(json.dumps(cfg))
+    model = AutoDraftModel.from_config(AutoDraftModelConfig.from_file(str(path)))
+    x = torch.randn(1, 5, 3 * 64)
+    with torch.no_grad():
+        assert torch.allclose(model.project_hidden_states(x), model.project_hidden_states(1000 * x), atol=1e-4)
+
+
 def test_each_trainer_gets_its_own_defaults(run, tmp_path):
     from eagle3ops.train.planning import plan
 
@@ -238,13 +263,13 @@ def test_metrics_lines_are_read_from_the_log():
     ]
 
 
-def _specforge_checkpoint(run, out: Path, step: int = 7) -> Path:
+def _specforge_checkpoint(run, out: Path, step: int = 7, config: Path | None = None) -> Path:
     """A checkpoint in SpecForge's layout (``{run_id}-step{N}/training_state.pt`` + ``{run_id}-latest``), of a draft
     built by SpecForge's own model class from the run's draft config (random weights: the export is what is tested)."""
     from specforge.modeling.auto import AutoDraftModel, AutoDraftModelConfig
 
     torch.manual_seed(1)
-    model = AutoDraftModel.from_config(AutoDraftModelConfig.from_file(str(run.inputs / sf.DRAFT_CONFIG)))
+    model = AutoDraftModel.from_config(AutoDraftModelConfig.from_file(str(config or run.inputs / sf.DRAFT_CONFIG)))
     sd = {k: v for k, v in model.state_dict().items() if "embed" not in k.lower()}
     d = out / f"eagle3ops-step{step}"
     d.mkdir(parents=True)
@@ -253,9 +278,11 @@ def _specforge_checkpoint(run, out: Path, step: int = 7) -> Path:
     return d
 
 
-def test_convert_exports_a_specforge_run_that_sglangs_loader_takes(run, tmp_path):
+@pytest.mark.parametrize("fc_norm", [False, True])
+def test_convert_exports_a_specforge_run_that_sglangs_loader_takes(run, tmp_path, fc_norm):
     """``eagle3ops convert`` of a SpecForge run: SpecForge's exporter, our layer-id translation and stamp; every
-    parameter of SGLang's LlamaForCausalLMEagle3 (0.5.17's real load_weights) gets a weight."""
+    parameter of SGLang's LlamaForCausalLMEagle3 (0.5.17's real load_weights) gets a weight. With ``fc_norm``
+    (train_specforge_fc_norm), the per-state norms SpecForge's draft trains reach SGLang's ``fc_norm`` too."""
     import shutil
 
     from eagle3ops.serve import convert as cv
@@ -264,7 +291,11 @@ def test_convert_exports_a_specforge_run_that_sglangs_loader_takes(run, tmp_path
 
     rundir = tmp_path / "run"
     shutil.copytree(run.inputs, rundir / sf.INPUTS, symlinks=True, ignore=shutil.ignore_patterns(sf.FEATURES))
-    _specforge_checkpoint(run, rundir / sf.INPUTS / sf.OUTPUT)
+    config = rundir / sf.INPUTS / sf.DRAFT_CONFIG
+    if fc_norm:
+        config.unlink()  # (a copy of the module fixture's file: rewritten here only)
+        config.write_text(json.dumps(sf.draft_config(run.target, 64, list(LAYERS), fc_norm=True)))
+    _specforge_checkpoint(run, rundir / sf.INPUTS / sf.OUTPUT, config=config)
     assert cv.is_specforge_run(rundir)
     res = cv.convert_specforge(rundir, tmp_path / "draft", sglang_version="0.5.17")
     assert (
@@ -286,6 +317,8 @@ def test_convert_exports_a_specforge_run_that_sglangs_loader_takes(run, tmp_path
     for name, p in params.items():
         if name != "model.embed_tokens.weight":  # the target's, set at load
             assert not torch.isnan(p).any(), f"{name} was not loaded"
+    assert bool(cfg.get("fc_norm")) == fc_norm
+    assert ("model.fc_norm.2.weight" in params) == fc_norm
     again = cv.convert_specforge(rundir, tmp_path / "draft", sglang_version="0.5.17")
     assert not again["changed"]
 

@@ -180,6 +180,23 @@ TRAIN = Command(
             doc="speculators' own default is true, which SGLang 0.5.23 cannot serve.",
             role_doc="speculators' default is true; SGLang 0.5.23 cannot serve it.",
         ),
+        Option(
+            "specforge_fc_norm",
+            "bool",
+            default=False,
+            help="trainer specforge only: an RMSNorm on each aux hidden state before the draft's fc (SpecForge's "
+            "fc_norm; off in its recipe; speculators always normalises its input there)",
+            doc=(
+                "Trainer C(specforge) only: an RMSNorm on each of the target's aux hidden states before the "
+                "draft's first projection (SpecForge 0.2.0's C(fc_norm), which SGLang serves). Off in "
+                "SpecForge's own recipe; speculators normalises the concatenated states there "
+                "(C(norm_before_fc)). Refused with another trainer."
+            ),
+            role_doc=(
+                "Trainer specforge only: RMSNorm each aux hidden state before the draft's fc (SpecForge's "
+                "fc_norm, off in its recipe). Refused with another trainer."
+            ),
+        ),
         one_of(
             "attention",
             ["full", "sliding"],

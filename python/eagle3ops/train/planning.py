@@ -190,6 +190,8 @@ def render_specforge(values: dict) -> str:
         f"# aux layer ids {values['layer_ids']} from {values['meta_path']}; draft vocab {values['draft_vocab_size']} "
         f"(requested {values['draft_vocab_requested']}, {values['distinct_tokens']} distinct tokens seen); "
         f"rows: the first {values['train_data_ratio']} of the dataset (the speculators trainer's training split)\n"
+        f"# draft fc_norm (an RMSNorm on each aux state before fc): {'on' if values.get('specforge_fc_norm') else 'off'}"
+        "\n"
     )
     return head + yaml.safe_dump(cfg, sort_keys=False)
 
@@ -208,6 +210,7 @@ def specforge_values(spec: TrainSpec, values: dict, data: Path, device: str, npr
         specforge_dir=str(Path(spec.run_dir).resolve() / specforge.INPUTS),
         specforge_lr=values["lr"],
         specforge_ttt=values["ttt_steps"],
+        specforge_fc_norm=bool(spec.specforge_fc_norm),
         lm_head_key=specforge.lm_head_key(Path(spec.verifier_path)),
         max_length=prepared_max_length(data),
         nproc=nproc,
@@ -227,6 +230,11 @@ def plan(spec: TrainSpec) -> Plan:
         specforge.check_extra(spec.extra)
     else:
         check_extra(spec.extra)
+    if spec.specforge_fc_norm and spec.trainer != "specforge":
+        raise TrainError(
+            f"train specforge_fc_norm is for trainer specforge (SpecForge's fc_norm), not {spec.trainer!r}: "
+            "speculators normalises its draft's input itself (norm_before_fc)"
+        )
     if spec.attention not in ("full", "sliding"):
         raise TrainError(f"train attention must be 'full' or 'sliding', got {spec.attention!r}")
     data = Path(spec.data_dir).resolve()

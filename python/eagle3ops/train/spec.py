@@ -110,6 +110,7 @@ class TrainSpec:
     log_freq: int = _D["log_freq"]
     seed: int = _D["seed"]
     norm_before_residual: bool = _D["norm_before_residual"]
+    specforge_fc_norm: bool = _D["specforge_fc_norm"]  # trainer specforge only (refused with another)
     attention: str = _D["attention"]  # full | sliding
     sliding_window: int = _D["sliding_window"]
     on_missing: str = _D["on_missing"]

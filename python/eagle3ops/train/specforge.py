@@ -219,9 +219,12 @@ def final_norm(target: Path, out: Path) -> tuple[Path, float]:
     )
 
 
-def draft_config(target: Path, draft_vocab: int, layer_ids: list[int], num_layers: int = 1) -> dict:
+def draft_config(
+    target: Path, draft_vocab: int, layer_ids: list[int], num_layers: int = 1, fc_norm: bool = False
+) -> dict:
     """The EAGLE-3 draft config SpecForge derives from a target (its fields, one Llama layer), with the run's
-    draft vocabulary and, for SGLang's loader, the aux layer ids (SGLang's convention: the input of layer i)."""
+    draft vocabulary and, for SGLang's loader, the aux layer ids (SGLang's convention: the input of layer i).
+    ``fc_norm``: SpecForge's RMSNorm on each aux state before ``fc`` (its draft and SGLang's read the flag)."""
     cfg = json.loads((target / "config.json").read_text())
     cfg = cfg.get("text_config") or cfg
     out = {k: cfg[k] for k in TARGET_FIELDS if cfg.get(k) is not None}
@@ -241,6 +244,8 @@ def draft_config(target: Path, draft_vocab: int, layer_ids: list[int], num_layer
         eagle_config={"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
     )
     out.setdefault("pad_token_id", 0)
+    if fc_norm:
+        out["fc_norm"] = True
     return out
 
 
@@ -358,7 +363,8 @@ def prepare_inputs(values: dict, data_dir: Path, target: Path, samples: int) -> 
     d.mkdir(parents=True, exist_ok=True)
     target_view(target, d / "target")
     norm, eps = final_norm(target, d / NORM_FILE)
-    dc = draft_config(target, values["draft_vocab_size"], values["layer_ids"], values["num_layers"])
+    dc = draft_config(target, values["draft_vocab_size"], values["layer_ids"], values["num_layers"],
+                      fc_norm=bool(values.get("specforge_fc_norm")))  # fmt: skip
     text = json.dumps(dc, indent=1, sort_keys=True) + "\n"
     if not (d / DRAFT_CONFIG).exists() or (d / DRAFT_CONFIG).read_text() != text:
         (d / DRAFT_CONFIG).write_text(text)
