@@ -245,7 +245,9 @@ def test_the_fc_norm_draft_normalises_each_aux_state(run):
     model = AutoDraftModel.from_config(AutoDraftModelConfig.from_file(str(path)))
     x = torch.randn(1, 5, 3 * 64)
     with torch.no_grad():
-        assert torch.allclose(model.project_hidden_states(x), model.project_hidden_states(1000 * x), atol=1e-4)
+        assert torch.allclose(
+            model.project_hidden_states(x), model.project_hidden_states(1000 * x), atol=1e-4
+        )
 
 
 def test_each_trainer_gets_its_own_defaults(run, tmp_path):
@@ -269,7 +271,9 @@ def _specforge_checkpoint(run, out: Path, step: int = 7, config: Path | None = N
     from specforge.modeling.auto import AutoDraftModel, AutoDraftModelConfig
 
     torch.manual_seed(1)
-    model = AutoDraftModel.from_config(AutoDraftModelConfig.from_file(str(config or run.inputs / sf.DRAFT_CONFIG)))
+    model = AutoDraftModel.from_config(
+        AutoDraftModelConfig.from_file(str(config or run.inputs / sf.DRAFT_CONFIG))
+    )
     sd = {k: v for k, v in model.state_dict().items() if "embed" not in k.lower()}
     d = out / f"eagle3ops-step{step}"
     d.mkdir(parents=True)
