@@ -165,33 +165,13 @@ def test_the_module_refuses_a_relative_path():
         assert param in msg and "relative path" in msg and "absolute" in msg, msg
 
 
-def _role_bounds() -> dict:
-    """{role: {variable: bounds}} of the roles that depend on roles/eagle3ops, from the definitions: what
-    roles/eagle3ops/vars/main.yml must hold."""
-    deps = {
-        p.parent.parent.name for p in REPO.glob("roles/*/meta/main.yml") if "role: eagle3ops" in p.read_text()
-    }
-    table: dict = {}
-    for cmd in COMMANDS.values():
-        if cmd.role not in deps:
-            continue
-        for var, o in cmd.role_variables().items():
-            if o.bounded:
-                entry = {"type": o.type}
-                entry |= {
-                    k: getattr(o, k) for k in ("minimum", "maximum", "above") if getattr(o, k) is not None
-                }
-                entry |= {"words": list(o.words)} if o.words else {}
-                table.setdefault(cmd.role, {})[var] = entry | {"allowed": o.allowed()}
-    return table
-
-
 def test_the_roles_bounds_are_the_definitions():
     """The table the shared role's task checks every phase's variables against is the definitions' bounds."""
     import yaml
+    from eagle3ops.option_render import bounds_table  # what make options writes there
 
     got = yaml.safe_load((REPO / "roles/eagle3ops/vars/main.yml").read_text())["eagle3ops_option_bounds"]
-    want = _role_bounds()
+    want = bounds_table()
     assert got == want, "roles/eagle3ops/vars/main.yml must be:\n" + yaml.safe_dump(want, width=200)
     assert (
         want["extract"]["extract_workers"]["words"] == ["auto"]
