@@ -10,14 +10,14 @@ help; the CLI flag, the module parameter and the role variable where they differ
   parsed ``args.<name>`` is what the phase's function takes;
 - the module in ``library/`` builds ``AnsibleModule(argument_spec=COMMAND.argument_spec())`` and hands its
   params to ``module_utils/eagle3ops_cli.CliRunner``, which turns them into argv with :meth:`Option.argv`;
-- ``tests/unit/test_options.py`` fails when the module's DOCUMENTATION, the role's ``meta/argument_specs.yml``
+- ``tests/unit/core/test_options.py`` fails when the module's DOCUMENTATION, the role's ``meta/argument_specs.yml``
   or ``defaults/main.yml`` disagree with the definition (names, types, defaults, choices), and proves that
   params -> argv -> the generated parser gives every value back.
 
 **Standard library only, and no other eagle3ops import but** :mod:`eagle3ops.option_def` (Python >= 3.9): the
 modules run on the target with the system Python, where Ansible ships this file as
 ``module_utils/eagle3ops_options.py`` (a symlink to it), ``option_def`` as ``eagle3ops_option_def.py`` and each
-phase's definition as ``module_utils/eagle3ops_<phase>_options.py``; ``tests/unit/test_durable.py``
+phase's definition as ``module_utils/eagle3ops_<phase>_options.py``; ``tests/unit/core/test_durable.py``
 enforces the rule for every shipped file.
 
 Check mode is one flag everywhere: ``--check`` (``--plan``, its older name in some commands, is an alias).

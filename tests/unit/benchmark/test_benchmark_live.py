@@ -19,9 +19,9 @@ from eagle3ops.benchmark import report as rp
 from eagle3ops.cli import main
 from eagle3ops.serve import process as sp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report_inputs import acceptance_result
-from test_serve_live import start_with_and_without
+from serve_standin import start_with_and_without
 
 MT = [
     {

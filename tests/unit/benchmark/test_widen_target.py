@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "bench"))
 import widen_target
 from eagle3ops.train.fixtures import make_tiny_verifier

@@ -18,7 +18,7 @@ import yaml
 from eagle3ops import cli
 from tinymodels import build_prepared_dataset
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")
 RST = re.compile(r"``|:\w+:`|\.\. \w+::")
 # the older names that still run the command (issue #32 renamed them; roles, bench scripts and playbooks written

@@ -28,15 +28,6 @@ from eagle3ops.cli import main as cli_main
 from eagle3ops.store import read_safetensors_header
 
 
-def build_session_demo(tmp_path_factory) -> dict:
-    """The default demo, built once per run for every xdist worker (tests/run_cache.py); later calls are the
-    real idempotent no-op."""
-    with run_cache.run_lock(tmp_path_factory, run_cache.DEMO):
-        res = demo_mod.build_demo(run_cache.demo_dir(tmp_path_factory), log=lambda m: None)
-        run_cache.keep_demo(tmp_path_factory)
-        return res
-
-
 @pytest.fixture(scope="session")
 def conversations(demo):
     with open(demo["conversations_path"]) as f:
@@ -190,7 +181,7 @@ def test_demo_json_fingerprints_match_files(demo):
 def test_second_build_is_a_no_op(demo, tmp_path_factory):
     weights = Path(demo["model_path"]) / "model.safetensors"
     before = weights.stat().st_mtime_ns
-    again = build_session_demo(tmp_path_factory)
+    again = run_cache.session_demo(tmp_path_factory)
     assert again["changed"] is False
     assert again["fingerprint"] == demo["fingerprint"]
     assert weights.stat().st_mtime_ns == before

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from eagle3ops import durable
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PKG = REPO / "python" / "eagle3ops"
 
 
@@ -39,7 +39,7 @@ def _shipped(repo: Path, pkg: Path) -> dict[str, str]:
 
 # Every file shipped as a module_util (what Ansible copies to targets where eagle3ops is not installed): the host
 # wing (eagle3ops.host: storage, pve, services and their helpers; durable, which they import), the option
-# definitions the modules import (options.py and each phase's <phase>/options.py; tests/unit/test_options.py)
+# definitions the modules import (options.py and each phase's <phase>/options.py; tests/unit/core/test_options.py)
 SHIPPED = _shipped(REPO, PKG)
 HOST_MODULES = tuple(sorted(SHIPPED.values()))
 # The host wing: every file of eagle3ops/host/ (and durable) runs on targets without eagle3ops

@@ -7,7 +7,7 @@
   the like, are the declared exceptions: each only runs its phase's module).
 - Only the entry point (``python -m eagle3ops``) imports ``eagle3ops.cli``; only command modules (those that
   ``register`` sub-commands) import command modules: the logic never imports upward.
-- The host wing's rule (standard library only) is tests/unit/test_durable.py's.
+- The host wing's rule (standard library only) is tests/unit/core/test_durable.py's.
 
 Every import counts, also one inside a function (read from the source, not from an import at run time).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[2] / "python" / "eagle3ops"
+PKG = Path(__file__).resolve().parents[3] / "python" / "eagle3ops"
 PHASES = ("benchmark", "extract", "gpu_free", "prepare", "regenerate", "serve", "sglang", "train")
 # (importing module, imported module): why the one phase may use the other's
 DECLARED = {

@@ -17,7 +17,7 @@ import pytest
 from eagle3ops import cli, layers
 from proc_helpers import HEAVY, cli_imports
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 
 
@@ -230,7 +230,7 @@ def test_the_role_takes_its_ids_from_the_cli(tmp_path):
 
     The run is a check run (``--check``), as the command only reads it runs then too, and it covers one host
     more: a fresh host whose runtime phase has not installed eagle3ops yet, where the configured ids are taken
-    unchecked (the unit's prediction needs them) and the run says so. tests/unit/test_sglang_role.py runs the
+    unchecked (the unit's prediction needs them) and the run says so. tests/unit/sglang/test_sglang_role.py runs the
     role without --check (ids starting at 1 refused before anything is installed)."""
     tasks = (REPO / "roles/sglang/tasks/layers.yml").read_text()
     assert "num_hidden_layers" not in tasks and "// 2" not in tasks and "slurp" not in tasks

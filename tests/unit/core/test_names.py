@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import yaml
+from library_docs import MODULES, REPO
 from role_tasks import each_task
-from test_module_docs import MODULES, REPO
 
 LIBRARY = REPO / "library"
 # the names of before issue 19, each now under its eagle3ops_<phase> name; they ran as symlinks with a deprecation

@@ -20,8 +20,8 @@ checked against it here.
 (g) the Python API the commands call (``prepare()``, ``ExtractConfig``, ``TrainSpec``, ``ensure_free()``, ...)
     has the definition's defaults, or a reason beside the one that differs.
 
-(g) is tests/unit/test_options_api.py; the values checked before any work (issue 32, the bounds) are
-tests/unit/test_options_bounds.py; the definitions and helpers they share are tests/unit/options_defs.py.
+(g) is tests/unit/core/test_options_api.py; the values checked before any work (issue 32, the bounds) are
+tests/unit/core/test_options_bounds.py; the definitions and helpers they share are tests/unit/options_defs.py.
 
 Every ``eagle3ops`` sub-command has a definition (checked): prepare, extract (+ sglang-extract, sglang-patch,
 verify), regenerate, gpu_free, train, serve (convert, serve-process), benchmark, assets (fetch, convert, sharegpt:
@@ -40,8 +40,8 @@ from pathlib import Path
 import pytest
 from eagle3ops import cli, options
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "module_utils"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "module_utils"))
 import eagle3ops_cli  # the runner as the modules use it (stdlib only, importable as a plain file)
 from options_defs import (
     CLI_COMMANDS,
@@ -197,7 +197,7 @@ def test_role_variables_agree_with_the_definition(name):
         # points at other phases' variables) or the definition gives the role its own default
         required = o.required and not templated and o.role_default is options._UNSET
         if templated:
-            # the documented default is what it renders to alone (tests/unit/test_role_argument_specs.py); where
+            # the documented default is what it renders to alone (tests/unit/core/test_role_argument_specs.py); where
             # the definition has a default, that is the one documented, and the one the shared variables give
             doc_want = spec[var].get("default") if want is None else want
             got = rendered(role, var)

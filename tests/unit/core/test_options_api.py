@@ -1,4 +1,4 @@
-"""The Python API's defaults (issue 19, (g) of tests/unit/test_options.py): the functions and settings classes the
+"""The Python API's defaults (issue 19, (g) of tests/unit/core/test_options.py): the functions and settings classes the
 commands call (``prepare()``, ``ExtractConfig``, ``TrainSpec``, ``ensure_free()``, ...) have the definition's
 defaults, or a reason beside the one that differs; named constants of the logic equal the definition's.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from options_defs import COMMANDS
 
 # ---- (g) the Python API's defaults -------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Option values checked before any work (issue 32), from the definitions' bounds (tests/unit/test_options.py
+"""Option values checked before any work (issue 32), from the definitions' bounds (tests/unit/core/test_options.py
 holds the definitions' other checks): the generated parser, the module (CliRunner), the real ``eagle3ops`` entry
 point and the real playbooks refuse a value outside an option's bounds, or a relative path, before anything
 runs; the shared role's bounds table and the example inventories agree with the definitions.
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from eagle3ops import cli, options
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "module_utils"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "module_utils"))
 import eagle3ops_cli  # the runner as the modules use it (stdlib only, importable as a plain file)
 from options_defs import COMMANDS, REPO, _generated, _given, _Module, _sample
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 _LINE = re.compile(r"^([A-Za-z0-9_.\-\[\]]+)\s*==\s*([^\s;#]+)")
 
 

@@ -36,21 +36,21 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from library_docs import MODULES as MODULE_NAMES
+from library_docs import _argument_spec
 from role_tasks import each_task
-from test_module_docs import MODULES as MODULE_NAMES
-from test_module_docs import _argument_spec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "meta" / "argument_specs.yml").is_file())
-# the modules by their names (not the old names, which roles never use: tests/unit/test_names.py)
+# the modules by their names (not the old names, which roles never use: tests/unit/core/test_names.py)
 MODULES = {name: _argument_spec(REPO / "library" / f"{name}.py") for name in MODULE_NAMES}
 
 # The only role options that stay ``type: raw``: each accepts values of more than one type, says so in its
 # description, and is checked where it is used (the test asserts each of these facts).
 RAW_OPTIONS = {
     # "all", "none", or a list of GPU indices (also "0,1"); eagle3ops.host.pve.select_devices refuses anything else
-    # with a message naming the value (PveError -> fail_json), tests/unit/test_pve.py
+    # with a message naming the value (PveError -> fail_json), tests/unit/host/test_pve.py
     "proxmox_container_gpus": "list of GPU indices",
 }
 # A pass-through: the option itself, maybe with default(omit) or a cast (the type the module gets is the same).

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from role_tasks import each_task
 
-ROLES = Path(__file__).resolve().parents[2] / "roles"
+ROLES = Path(__file__).resolve().parents[3] / "roles"
 
 
 def _role_variables() -> dict[str, str]:

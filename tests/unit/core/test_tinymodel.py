@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from eagle3ops import tinymodel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 from sglang_standin import VERSIONS, sglang_source
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from eagle3ops.sglang import versions as sglang_versions
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PKG = REPO / "python"
 
 

@@ -273,7 +273,7 @@ def test_old_meta_without_weight_facts_still_resumes(store_dir, tiny_target):
 
 
 # ---------- the module reports changed=true with the count ----------
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_module_reports_damaged_count_and_changed(store_dir, tiny_target, capsys):

@@ -9,8 +9,8 @@ into real cgroups (``/sys/fs/cgroup``, root only), they are stopped with real si
 stand-in GPU's memory is released only when the real process has exited. The "device file" a real
 holder keeps open (``/dev/nvidia0``) is a plain file in the test's temp dir, passed as ``dev_dir``.
 
-The cgroup attribution: tests/unit/test_gpu_free_cgroups.py; the CLI, the testinfra check, the proof script
-and the module's documentation: tests/unit/test_gpu_free_cli.py; the shared fixtures:
+The cgroup attribution: tests/unit/gpu_free/test_gpu_free_cgroups.py; the CLI, the testinfra check, the proof script
+and the module's documentation: tests/unit/gpu_free/test_gpu_free_cli.py; the shared fixtures:
 tests/unit/gpu_free_fixtures.py.
 """
 
@@ -31,7 +31,7 @@ from eagle3ops.gpu_free import holders as gpu_holders
 from eagle3ops.gpu_free import nvml as gpu_nvml
 from nvml_standin import StandInNVML, alive
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 from gpu_free_fixtures import free_pid, run
 

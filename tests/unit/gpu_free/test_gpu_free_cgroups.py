@@ -1,4 +1,4 @@
-"""gpu_free: a holder attributed to its systemd unit or container from its real cgroup (tests/unit/test_gpu_free.py
+"""gpu_free: a holder attributed to its systemd unit or container from its real cgroup (tests/unit/gpu_free/test_gpu_free.py
 has the checkpoint itself). The parsing of /proc/PID/cgroup; then, as root, real ``sleep`` holders moved into
 real cgroups under a test-owned slice: named by unit and container, an allow-listed unit stopped by signal or
 (through a STAND-IN ``systemctl``) by systemd, a unit inside a container signalled. NVML is ``StandInNVML``.

@@ -1,4 +1,4 @@
-"""gpu_free from the outside (tests/unit/test_gpu_free.py has the checkpoint itself): the ``eagle3ops gpu-free``
+"""gpu_free from the outside (tests/unit/gpu_free/test_gpu_free.py has the checkpoint itself): the ``eagle3ops gpu-free``
 CLI without a driver; the testinfra check (tests/infra/test_gpu_free.py) failing on a held GPU and passing on a
 free one, with a STAND-IN nvidia-smi; bench/gpu_free_release.py's GPU proof end to end on the stand-ins; the
 module's documentation against its options.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from proc_helpers import run_infra
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MIB = 1024 * 1024
 
 # --------------------------------------------------------------------------- the CLI
@@ -109,7 +109,7 @@ def test_gpu_proof_script_runs_end_to_end_on_the_standins(tmp_path):
 
 def test_module_documentation_parses_and_matches_its_options():
     import yaml
-    from test_module_docs import module_docs
+    from library_docs import module_docs
 
     docs, spec = module_docs(REPO / "library/eagle3ops_gpu_free.py")
     assert spec and set(docs["DOCUMENTATION"]["options"]) == set(spec)

@@ -19,7 +19,7 @@ from eagle3ops.host import container
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of character devices needs root")
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures"
+FIX = Path(__file__).resolve().parents[2] / "fixtures"
 PCT = FIX / "pct"
 NODES = [("nvidia0", 195, 0), ("nvidia1", 195, 1), ("nvidiactl", 195, 255), ("nvidia-uvm", 508, 0),
          ("nvidia-uvm-tools", 508, 1), ("nvidia-caps/nvidia-cap1", 234, 1)]  # fmt: skip

@@ -14,7 +14,7 @@ from eagle3ops.host import pve
 from eagle3ops.host import pve_container as pve_pve_container
 from eagle3ops.host import pve_devices as pve_pve_devices
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "pve"
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "pve"
 PROC = (FIX / "proc-devices.txt").read_text()
 
 # the 8-GPU host as /dev shows it (majors from a real H200 host's driver 580 layout)

@@ -8,7 +8,7 @@ from pathlib import Path
 from eagle3ops.cli import main
 from eagle3ops.host import pve_devices as pve_pve_devices
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "pve"
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "pve"
 LISTING = """/dev/nvidia0 195 0
 /dev/nvidia1 195 1
 /dev/nvidiactl 195 255
@@ -66,7 +66,7 @@ def test_show(capsys):
 
 def test_module_documentation_parses_and_matches_its_argument_spec():
     """library/eagle3ops_container_gpu.py: DOCUMENTATION/EXAMPLES/RETURN are YAML and document every option."""
-    from test_module_docs import module_docs
+    from library_docs import module_docs
 
     docs, spec = module_docs(FIX.parents[2] / "library" / "eagle3ops_container_gpu.py")
     assert spec and set(spec) == set(docs["DOCUMENTATION"]["options"])

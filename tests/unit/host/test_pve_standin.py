@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from eagle3ops.host import pve
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures"
+FIX = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 @pytest.fixture

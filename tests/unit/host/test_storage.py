@@ -20,7 +20,7 @@ from eagle3ops.host import _fs as storage__fs
 from eagle3ops.host import storage
 from eagle3ops.host import storage_probe as storage_storage_probe
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MOUNTINFO = """\
 22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
 30 22 7:3 / /srv/data rw,relatime shared:2 - xfs /dev/loop3 rw
@@ -269,7 +269,7 @@ def test_rsync_failures_say_what_to_do(tmp_path):
 
 def test_module_utils_ships_this_file_and_the_durable_primitives_it_imports():
     """The PVE host has no eagle3ops: module_utils/eagle3ops_storage.py must be this very file, with the durable
-    primitives it imports beside it (that both need only the stdlib: tests/unit/test_durable.py)."""
+    primitives it imports beside it (that both need only the stdlib: tests/unit/core/test_durable.py)."""
     link = REPO / "module_utils" / "eagle3ops_storage.py"
     assert link.resolve() == Path(storage.__file__).resolve()
     assert (REPO / "module_utils" / "eagle3ops_durable.py").resolve() == Path(

@@ -1,9 +1,9 @@
 """``prepare`` against real parts: the demo's tokenizer, speculators 0.9.0's own preprocessing and its
-``ArrowDataset`` loader, real files on disk. The demo is built once per run (test_demo.build_session_demo,
+``ArrowDataset`` loader, real files on disk. The demo is built once per run (run_cache.session_demo,
 shared by the xdist workers, so whichever runs second gets the idempotent no-op).
 
-Rendering rows per conversation and the render workers: tests/unit/test_prepare_rows.py; the command line and
-the speculators pin: tests/unit/test_prepare_cli.py; the shared inputs: tests/unit/prepare_inputs.py; the
+Rendering rows per conversation and the render workers: tests/unit/prepare/test_prepare_rows.py; the command line and
+the speculators pin: tests/unit/prepare/test_prepare_cli.py; the shared inputs: tests/unit/prepare_inputs.py; the
 ``demo``, ``model`` and ``tokenizer`` fixtures: tests/unit/conftest.py.
 """
 

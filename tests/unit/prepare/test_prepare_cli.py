@@ -1,4 +1,4 @@
-"""``prepare`` from the command line and its speculators pin (tests/unit/test_prepare.py has the dataset itself):
+"""``prepare`` from the command line and its speculators pin (tests/unit/prepare/test_prepare.py has the dataset itself):
 the installed speculators version is checked; the CLI's JSON result and errors; a missing model named as
 ``extract`` names it; a failed first prepare into a new directory leaves nothing; the summary says what was left
 out. Real parts: the demo's tokenizer, real files.

@@ -1,5 +1,5 @@
 """``prepare``'s rows against real parts (the demo's tokenizer, speculators 0.9.0's preprocessing, real files;
-tests/unit/test_prepare.py has the dataset contract): ``rows=conversation`` supervises every turn once, also with
+tests/unit/prepare/test_prepare.py has the dataset contract): ``rows=conversation`` supervises every turn once, also with
 a template that rewrites history; the forked render workers end under a parent that keeps SIGTERM; ``rows`` and
 ``workers`` are checked before any work.
 """

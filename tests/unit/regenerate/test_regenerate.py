@@ -6,8 +6,8 @@ use) and the real ``prepare`` reading the output. STAND-IN: the OpenAI-compatibl
 (``tests/fixtures/openai_standin.py``): SGLang cannot run on these CPU-only machines; its answers are a
 deterministic function of the messages, so every turn can be recomputed here.
 
-The output read back and the CLI: tests/unit/test_regenerate_output.py; the transformers backend:
-tests/unit/test_regenerate_transformers.py; the shared inputs: tests/unit/regenerate_inputs.py.
+The output read back and the CLI: tests/unit/regenerate/test_regenerate_output.py; the transformers backend:
+tests/unit/regenerate/test_regenerate_transformers.py; the shared inputs: tests/unit/regenerate_inputs.py.
 """
 
 from __future__ import annotations

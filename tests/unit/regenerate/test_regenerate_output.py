@@ -1,4 +1,4 @@
-"""The regenerate phase's output and command line (tests/unit/test_regenerate.py has the runs themselves): every
+"""The regenerate phase's output and command line (tests/unit/regenerate/test_regenerate.py has the runs themselves): every
 record written reads back as exactly one record (line separators inside turns and answers, an output with
 unreadable lines found and rewritten, one that does not read back never put in place); the CLI's JSON and exit
 codes; the real CLI SIGKILLed at random moments and resumed gives the uninterrupted output, byte for byte.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from eagle3ops import jsonl
 from eagle3ops.cli import main as cli_main

@@ -1,13 +1,13 @@
 """The regenerate phase's transformers backend on the real tiny demo target (built once per session at the path
 test_demo.py/test_prepare.py use): every generated token is a greedy choice, and a second run changes nothing.
-The openai backend's runs: tests/unit/test_regenerate.py.
+The openai backend's runs: tests/unit/regenerate/test_regenerate.py.
 """
 
 import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from eagle3ops.regenerate.config import RegenerateConfig
 from eagle3ops.regenerate.run import iter_output, regenerate

@@ -13,8 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -24,29 +22,9 @@ from eagle3ops.benchmark import loadgen
 from eagle3ops.cli import main
 from eagle3ops.serve import process as sp
 from proc_helpers import HEAVY, cli_imports
+from serve_standin import free_port, standin_argv, start_with_and_without
 
-REPO = Path(__file__).resolve().parents[2]
-STANDIN = REPO / "tests" / "fixtures" / "sglang_standin_server.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_with_and_without(run_dir, model_dir, draft, *, step_seconds: float) -> tuple[str, str]:
-    """Two stand-in servers under ``run_dir``, started and healthy, each on a free port: ``w`` with the EAGLE3
-    draft, ``o`` without; returns their URLs. The caller stops both (``sp.stop(run_dir, "w")``, ``"o"``)."""
-    step = ["--standin-step-seconds", str(step_seconds)]
-    urls = []
-    for name, d in (("w", draft), ("o", None)):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        sp.start(run_dir, name, sp.make_spec(standin_argv(model_dir, port, d, *step), {}, url), health_timeout=30,
-                 interval=0.1)  # fmt: skip
-        urls.append(url)
-    return urls[0], urls[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -57,21 +35,6 @@ def model(tmp_path):
         d.mkdir()
         (d / "config.json").write_text("{}")
     return dirs
-
-
-def standin_argv(model_dir, port, draft=None, *extra):
-    argv = [sys.executable, str(STANDIN), "--model-path", str(model_dir), "--port", str(port)]
-    if draft:
-        argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft)]
-        argv += [
-            "--speculative-num-steps",
-            "3",
-            "--speculative-eagle-topk",
-            "1",
-            "--speculative-num-draft-tokens",
-            "4",
-        ]
-    return argv + [str(a) for a in extra]
 
 
 @pytest.fixture

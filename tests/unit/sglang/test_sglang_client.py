@@ -29,7 +29,7 @@ from eagle3ops.store import HiddenStateStore
 from sglang_inputs import sglang_cfg, transformers_reference
 from tinymodels import build_prepared_dataset
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 from sglang_standin import pristine_deepseek_v2
 from sglang_standin import standin_server as _standin_server
@@ -299,7 +299,7 @@ def test_restore_patch_at_the_end(tmp_path, data_dir, tiny_target):
 
 def test_the_ansible_module_check_run_idempotent(tmp_path, data_dir, tiny_target, reference):
     """library/eagle3ops_extract_sglang.py through ansible-playbook: check mode predicts, a run writes, a re-run is changed=0."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     bindir = Path(sys.executable).parent
     out = tmp_path / "results"
     out.mkdir()

@@ -20,7 +20,7 @@ from eagle3ops.sglang.hook import DumpHook, HookError, make_rid
 from eagle3ops.store import HiddenStateStore
 from tinymodels import build_prepared_dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 from sglang_standin import RowStates, StandInModel, run_patched_calls, sglang_like_forward
 
 LENGTHS = [5, 17, 33, 9, 12, 2, 21]

@@ -17,7 +17,7 @@ from eagle3ops.sglang import hook as sglang_hook
 from eagle3ops.sglang import patch as sglang_patch
 from eagle3ops.sglang.patch import PatchError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 from sglang_standin import VERSIONS, pristine_deepseek_v2, sglang_wheel
 
 SPEC = sglang_patch.SPECS["0.5.23"]  # the default version, for the tests that need only one
@@ -261,7 +261,7 @@ def _render_unit(version: str) -> str:
     import jinja2
     import yaml
 
-    role = Path(__file__).resolve().parents[2] / "roles/sglang"
+    role = Path(__file__).resolve().parents[3] / "roles/sglang"
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     tpl = env.from_string((role / "templates/eagle3ops-sglang-extract.service.j2").read_text())
     with tempfile.TemporaryDirectory() as model:
@@ -322,7 +322,7 @@ def test_module_returns_the_patch_state_beside_ansibles_file_state(tmp_path):
 
     target = tmp_path / "deepseek_v2.py"
     shutil.copy2(pristine_deepseek_v2(), target)
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     env = dict(
         os.environ,
         ANSIBLE_CONFIG=str(repo / "ansible.cfg"),

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from eagle3ops.sglang import patch as sglang_patch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 from sglang_standin import offline_role_inputs, pristine_deepseek_v2, site_packages
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 SPEC = sglang_patch.SPECS["0.5.23"]
 

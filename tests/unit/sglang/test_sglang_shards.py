@@ -30,7 +30,7 @@ from eagle3ops.store import HiddenStateStore
 from sglang_inputs import sglang_cfg, transformers_reference
 from tinymodels import build_prepared_dataset
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 from sglang_standin import standin_server
 

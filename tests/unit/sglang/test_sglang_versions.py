@@ -21,10 +21,10 @@ import yaml
 from eagle3ops.sglang import versions as sglang_versions
 from eagle3ops.sglang.hook import DumpHook, HookError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 from sglang_standin import VERSIONS, StandInForwardBatch, StandInForwardMode, sglang_source
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(params=VERSIONS)

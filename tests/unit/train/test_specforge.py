@@ -260,7 +260,7 @@ def test_convert_exports_a_specforge_run_that_sglangs_loader_takes(run, tmp_path
 
     from eagle3ops.serve import convert as cv
     from safetensors.torch import load_file
-    from test_convert import _load_weights_fn, _sglang_source, sglang_params
+    from sglang_loader import _load_weights_fn, _sglang_source, sglang_params
 
     rundir = tmp_path / "run"
     shutil.copytree(run.inputs, rundir / sf.INPUTS, symlinks=True, ignore=shutil.ignore_patterns(sf.FEATURES))

@@ -27,7 +27,7 @@ from eagle3ops.train import spec as train_spec
 from eagle3ops.train import speculators_shim
 from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from eagle3ops.train import spec as train_spec
 from proc_helpers import alive, probe_records, run_together
 from test_train import inputs  # noqa: F401 - the module-scoped training inputs fixture
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _plan(tmp_path, device="gpu", nproc=8, **spec_kw) -> train_planning.Plan:

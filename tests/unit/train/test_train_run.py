@@ -27,7 +27,7 @@ from eagle3ops.train import spec as train_spec
 from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
 from train_cli import train_argv
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
