@@ -54,7 +54,7 @@ lint: $(STAMP)
 
 # every list of a phase's options outside its definition (module DOCUMENTATION, doc fragments, role defaults,
 # argument_specs, the tasks' pass-through, the bounds table), rewritten between its markers from the definitions
-# (eagle3ops.option_render; tests/unit/test_options_generated.py fails until it has run)
+# (eagle3ops.option_render; tests/unit/core/test_options_generated.py fails until it has run)
 options: $(STAMP)
 	PYTHONPATH=$(CURDIR)/python $(BIN)/python -m eagle3ops.option_render
 

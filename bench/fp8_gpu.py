@@ -1,7 +1,7 @@
 """GPU check of the fp8 store option (issue #9, target 4): the CUDA path of ``run_extraction`` with
 ``dtype=float8_e4m3fn`` (quantisation on the device, scales through their own pinned buffers and the copy stream)
 against a bf16 extraction of the same rows, plus throughput of both. CPU runs of the same code are covered by
-tests/unit/test_fp8.py; this proves the CUDA-only parts (pinned pools, record_stream, async copies).
+tests/unit/extract/test_fp8.py; this proves the CUDA-only parts (pinned pools, record_stream, async copies).
 
 Shape: a random-init Llama (hidden 2048, 16 layers by default; ``--tiny`` for a CPU smoke run), 2048-token rows.
 Checks: every file's header (F8_E4M3 states + F32 scales [T, K+1, 1]), token ids equal, relative error of the

@@ -2,7 +2,7 @@
 # A module takes one with ``extends_documentation_fragment: [eagle3ops]`` (DOCUMENTATION below) or
 # ``eagle3ops.<name>`` (the attribute of that name in capitals). The options' names, types, defaults and choices
 # are the definitions' in python/eagle3ops/<phase>/options.py: `make options` writes the options between the markers
-# (eagle3ops.option_render); tests/unit/test_options_generated.py fails when they differ from what it would write.
+# (eagle3ops.option_render); tests/unit/core/test_options_generated.py fails when they differ from what it would write.
 from __future__ import annotations
 
 _EXECUTABLE = r"""

@@ -99,6 +99,18 @@ def keep_demo(tmp_path_factory) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def session_demo(tmp_path_factory) -> dict:
+    """The default demo (``eagle3ops.demo.build_demo``), built once per run for every xdist worker under
+    :func:`demo_dir` and kept for later runs (:func:`keep_demo`); later calls are the real idempotent no-op. Used by
+    tests/unit's ``demo`` fixture, tests/unit/core/test_demo.py and tests/ansible/test_regenerate_role.py."""
+    from eagle3ops import demo as demo_mod
+
+    with run_lock(tmp_path_factory, DEMO):
+        res = demo_mod.build_demo(demo_dir(tmp_path_factory), log=lambda m: None)
+        keep_demo(tmp_path_factory)
+        return res
+
+
 def build_once(tmp_path_factory, name: str, build) -> Path:
     """``run_dir/name``, made by ``build(path)`` by the first worker that asks, found there by the others (a
     ``.name.ready`` stamp beside it says the build finished). For read-only inputs only: a test that changes

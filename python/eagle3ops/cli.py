@@ -48,7 +48,7 @@ DESCRIPTION = (
     "progress goes to stderr."
 )
 
-# The commands under the phase whose role runs them, in site.yml's order (tests/unit/test_cli_help.py holds this
+# The commands under the phase whose role runs them, in site.yml's order (tests/unit/core/test_cli_help.py holds this
 # to site.yml and to the registered commands); "tools" belong to no phase. A phase without a command of its own
 # (services: Ansible and systemd only) is not listed.
 PHASES: tuple[tuple[str, str, tuple[str, ...]], ...] = (

@@ -3,7 +3,7 @@ directory swap, for every phase.
 
 **Standard library only, and no other eagle3ops import** (Python >= 3.9): ``storage.py`` and ``services.py``
 import this file, and they also run on targets without eagle3ops (the PVE host), where Ansible ships it as
-``module_utils/eagle3ops_durable.py`` (a symlink to this file). ``tests/unit/test_durable.py`` enforces the
+``module_utils/eagle3ops_durable.py`` (a symlink to this file). ``tests/unit/core/test_durable.py`` enforces the
 rule for this file, ``storage.py``, ``pve.py`` and ``services.py``.
 
 An atomic write here means: the bytes go to a temp file beside the target (same directory, so the rename never

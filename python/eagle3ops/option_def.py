@@ -6,7 +6,7 @@ that reads lists and ``NAME=VALUE`` pairs); and :data:`EXECUTABLE`, the option e
 **Standard library only, and no eagle3ops import** (Python >= 3.9), like :mod:`eagle3ops.options`, which imports
 it and re-exports its names (``options.Option``): on the target Ansible ships it as
 ``module_utils/eagle3ops_option_def.py`` (a symlink to it) beside ``eagle3ops_options.py``;
-``tests/unit/test_durable.py`` enforces the rule for every shipped file.
+``tests/unit/core/test_durable.py`` enforces the rule for every shipped file.
 """
 
 from __future__ import annotations

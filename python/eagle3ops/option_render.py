@@ -28,7 +28,7 @@ offers other choices) and ``role_pass`` (the filters of the task's pass-through,
 option without a default).
 
 ``python -m eagle3ops.option_render`` (``make options``) rewrites the blocks; ``--check`` lists the files that
-differ and exits 1 (``tests/unit/test_options_generated.py`` runs it). Needs PyYAML and, to render a templated
+differ and exits 1 (``tests/unit/core/test_options_generated.py`` runs it). Needs PyYAML and, to render a templated
 default, ansible-core (the controller's venv).
 """
 

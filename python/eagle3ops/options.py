@@ -12,15 +12,15 @@ help; the CLI flag, the module parameter and the role variable where they differ
   params to ``module_utils/eagle3ops_cli.CliRunner``, which turns them into argv with :meth:`Option.argv`;
 - ``make options`` (:mod:`eagle3ops.option_render`) writes the module's DOCUMENTATION options, the role's
   ``defaults/main.yml``, ``meta/argument_specs.yml``, task pass-through and README entries from it, between marker
-  comments (``tests/unit/test_options_generated.py`` fails when they differ from what it writes);
-- ``tests/unit/test_options.py`` fails when the module's DOCUMENTATION, the role's ``meta/argument_specs.yml``
+  comments (``tests/unit/core/test_options_generated.py`` fails when they differ from what it writes);
+- ``tests/unit/core/test_options.py`` fails when the module's DOCUMENTATION, the role's ``meta/argument_specs.yml``
   or ``defaults/main.yml`` disagree with the definition (names, types, defaults, choices), and proves that
   params -> argv -> the generated parser gives every value back.
 
 **Standard library only, and no other eagle3ops import but** :mod:`eagle3ops.option_def` (Python >= 3.9): the
 modules run on the target with the system Python, where Ansible ships this file as
 ``module_utils/eagle3ops_options.py`` (a symlink to it), ``option_def`` as ``eagle3ops_option_def.py`` and each
-phase's definition as ``module_utils/eagle3ops_<phase>_options.py``; ``tests/unit/test_durable.py``
+phase's definition as ``module_utils/eagle3ops_<phase>_options.py``; ``tests/unit/core/test_durable.py``
 enforces the rule for every shipped file.
 
 Check mode is one flag everywhere: ``--check`` (``--plan``, its older name in some commands, is an alias).

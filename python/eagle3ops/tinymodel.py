@@ -21,7 +21,7 @@ Training at those dims costs ~4x more per token on a CPU core than the compact d
 compact-MLA model (:data:`COMPACT_MLA`) and :func:`widen_mla` then widens it to :data:`SERVABLE_MLA` **exactly**
 (function-preserving: the extra latent, nope, rope and value dims carry zeros; RoPE pairs keep their
 frequency; the softmax scale and the latent RMSNorm are compensated). The widened model's logits equal the
-compact model's within float32 rounding (tests/unit/test_tinymodel.py).
+compact model's within float32 rounding (tests/unit/core/test_tinymodel.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ this machine (connection local), with ``eagle3ops_extract_backend: sglang``.
 
 Real: both roles, every module (``eagle3ops_sglang_patch``, ``eagle3ops_extract_sglang``), the ``eagle3ops`` CLI, the
 extraction plan, the client, the in-server hook and the store; SGLang 0.5.23's own ``deepseek_v2.py`` (the real
-wheel, installed ``--no-deps`` by the sglang role from an offline wheelhouse, as tests/unit/test_sglang_role.py
+wheel, installed ``--no-deps`` by the sglang role from an offline wheelhouse, as tests/unit/sglang/test_sglang_role.py
 does), patched and restored by the roles and compared by sha256 and bytes with the upstream file.
 
 STAND-IN: the server. SGLang's runtime needs CUDA, so ``tests/fixtures/sglang_standin_server.py`` plays the

@@ -5,7 +5,7 @@ check mode on a fresh work dir predicts the work and writes nothing.
 
 STAND-IN: the OpenAI-compatible server (``tests/fixtures/openai_standin.py``; SGLang needs a GPU). The demo
 target's real tokenizer renders the rows in prepare; the transformers backend on that target is
-``tests/unit/test_regenerate.py``.
+``tests/unit/regenerate/test_regenerate.py``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import run_cache
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "hosts"))
-sys.path.insert(0, str(REPO / "tests" / "unit"))
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from openai_standin import StandinServer
 from runner import run_playbook
@@ -28,9 +28,7 @@ INVENTORY = REPO / "inventory" / "local"
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from test_demo import build_session_demo
-
-    demo = build_session_demo(tmp_path_factory)
+    demo = run_cache.session_demo(tmp_path_factory)
     root = tmp_path_factory.mktemp("regen-role")
     lines = Path(demo["conversations_path"]).read_text().splitlines()[:5]
     src = root / "conversations.jsonl"

@@ -13,7 +13,7 @@ test_runtime_remote.py proves that part); the model is bound read-only into both
 cluster). The hosts reach each other through this machine: the harness gives each its own veth /30, the
 test routes 10.213.0.0/16 via the controller in each guest and turns on forwarding on those two veth
 interfaces only (removed with them). The trainer on the torchrun nodes is ``eagle3ops.ddp_probe``:
-speculators 0.9.0 cannot train over several CPU nodes (tests/unit/test_train_multinode.py pins why).
+speculators 0.9.0 cannot train over several CPU nodes (tests/unit/train/test_train_multinode.py pins why).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ rendezvous on the first host with gloo over the hosts' network, ``systemctl kill
 whole trainer unit.
 STAND-INS, said here: the trainer is ``eagle3ops.ddp_probe`` (``train_trainer: ddp_probe``: a linear model on
 the same data, checkpoints and records), because speculators 0.9.0 cannot train over several CPU nodes
-(tests/unit/test_train_multinode.py pins why). The two stores are one synthetic store
+(tests/unit/train/test_train_multinode.py pins why). The two stores are one synthetic store
 (``eagle3ops.train.fixtures.make_data_dir``, random hidden states) split by row parity into the layout a
 two-host extraction writes (``manifest-rank{r}.jsonl``, ``shard.json``) - checked with ``eagle3ops extract-status`` over
 both - instead of running the extraction (tests/hosts/test_multihost_nspawn.py does that on nspawn hosts). The

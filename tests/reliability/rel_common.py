@@ -160,7 +160,7 @@ def prepared(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def demo(zygote, tmp_path_factory):
-    """The demo target and its conversations (the same path as tests/unit/test_prepare.py: built once)."""
+    """The demo target and its conversations (the same path as tests/unit/prepare/test_prepare.py: built once)."""
     demo_dir = run_cache.demo_dir(tmp_path_factory)  # built once per run (tests/run_cache.py)
     with run_cache.run_lock(tmp_path_factory, run_cache.DEMO):
         r = zygote.run(["demo", "--out", demo_dir, "--json"])

@@ -3,9 +3,9 @@
 Every case runs the real CLI (``eagle3ops.cli.main`` in a process forked from the zygote, see rel_common.py)
 against a data directory whose hidden states are already extracted, and asserts on the message text AND on
 every file of that directory being untouched (size, mtime, sha256). Covered elsewhere, not repeated here:
-malformed manifest lines (tests/unit/test_store.py), a changed layer set or model on resume
-(tests/unit/test_extract.py, test_store.py), bad rows into a NEW output directory and truncation at
---max-length (tests/unit/test_prepare.py). The storage phase pointed at a mounted filesystem:
+malformed manifest lines (tests/unit/store/test_store.py), a changed layer set or model on resume
+(tests/unit/extract/test_extract.py, test_store.py), bad rows into a NEW output directory and truncation at
+--max-length (tests/unit/prepare/test_prepare.py). The storage phase pointed at a mounted filesystem:
 test_storage_mounted_disk.py.
 """
 
@@ -56,7 +56,7 @@ def _refused(r, figures) -> str:
     return res["msg"]
 
 
-@pytest.mark.slow  # builds the demo target (shared with tests/unit/test_prepare.py in a full run)
+@pytest.mark.slow  # builds the demo target (shared with tests/unit/prepare/test_prepare.py in a full run)
 def test_bad_jsonl_rows_into_a_finished_dataset_lose_nothing(zygote, demo_done, figures, tmp_path):
     data = demo_done["data"]
     before = snapshot(data)

@@ -9,7 +9,7 @@ parts: faulthook/faults.py wraps ``os.write``/``os.replace`` and two methods to 
 are forked from faulthook/zygote.py (imports done once; each run is its own process running
 ``eagle3ops.cli.main``). Every run uses ``--max-batch-size 1``: byte identity needs the same batch shapes
 on every run — CPU GEMMs and the MoE's per-expert grouping round differently when a resumed run batches
-different rows together (measured on 32 rows: 2 files differ between a resumed and an uninterrupted batch-4 run); tests/unit/test_extract.py
+different rows together (measured on 32 rows: 2 files differ between a resumed and an uninterrupted batch-4 run); tests/unit/extract/test_extract.py
 covers batched == unbatched within tolerance.
 
 What an interrupted run may leave, and the next run must cope with, is checked after EVERY kill: each file

@@ -133,7 +133,7 @@ def test_lengths_names_a_missing_data_dir_and_a_missing_out_folder(zygote, refer
     figures["bad_inputs_refused"] += 3
 
 
-@pytest.mark.slow  # builds the demo target (shared with tests/unit/test_prepare.py in a full run)
+@pytest.mark.slow  # builds the demo target (shared with tests/unit/prepare/test_prepare.py in a full run)
 def test_a_byte_that_is_not_utf8_is_named_and_skip_skips_it(zygote, demo, tmp_path, figures):
     """main: a ``UnicodeDecodeError`` traceback naming neither file nor line, with or without --on-error skip."""
     lines = demo["convs"].read_text().splitlines()[:6]

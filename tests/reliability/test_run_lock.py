@@ -119,7 +119,7 @@ def test_workers_die_with_their_parent(tiny_model, prepared, tmp_path):
         assert store.path(i).stat().st_size == e.nbytes
 
 
-@pytest.mark.slow  # builds the demo target (shared with tests/unit/test_prepare.py in a full run)
+@pytest.mark.slow  # builds the demo target (shared with tests/unit/prepare/test_prepare.py in a full run)
 def test_second_prepare_on_one_directory_fails_naming_the_first(zygote, demo, tmp_path):
     """Fails on the main of 2026-12-01: both prepares ran side by side (the second one's rc was 0)."""
     out = tmp_path / "data"

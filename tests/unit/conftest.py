@@ -4,11 +4,23 @@ embedded demo (its model path and tokenizer); the stand-in OpenAI-compatible ser
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
+
+# The tests live in one folder per package under test (tests/unit/<package>/test_*.py; docs/conventions.md "Where the
+# tests are"); the helpers they share stay here, in tests/unit (tinymodels, *_inputs, options_defs, role_tasks, ...),
+# and are imported as top-level modules. pytest's prepend import mode only puts a test file's own folder on
+# sys.path, so this folder goes first, for every test below it however it is run (a folder, a file, a node id).
+# What tests of two folders share is a helper here, never a test file of another folder; test files keep unique
+# basenames (no __init__.py in tests/unit: a second test_x.py anywhere under it is refused at collection).
+UNIT = str(Path(__file__).resolve().parent)
+if UNIT not in sys.path:
+    sys.path.insert(0, UNIT)
 
 import pytest
 import run_cache
 
-# the gpu_free tests' fixtures (tests/unit/test_gpu_free*.py): a stand-in /dev, real holders, the injected clock
+# the gpu_free tests' fixtures (tests/unit/gpu_free/): a stand-in /dev, real holders, the injected clock
 from gpu_free_fixtures import clock, dev, spawn  # noqa: F401
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,11 +35,9 @@ def tiny_target(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory):
-    """The default demo (test_demo.build_session_demo): built once per run for every xdist worker, so whichever
+    """The default demo (run_cache.session_demo): built once per run for every xdist worker, so whichever
     module asks second gets the idempotent no-op."""
-    from test_demo import build_session_demo
-
-    return build_session_demo(tmp_path_factory)
+    return run_cache.session_demo(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +56,7 @@ def tokenizer(model):
 
 @pytest.fixture
 def server():
-    """The STAND-IN OpenAI-compatible server (tests/fixtures/openai_standin.py) of tests/unit/test_regenerate*.py,
+    """The STAND-IN OpenAI-compatible server (tests/fixtures/openai_standin.py) of tests/unit/regenerate/,
     closed after the test."""
     from regenerate_inputs import StandinServer
 

@@ -1,4 +1,4 @@
-"""Shared by tests/unit/test_gpu_free*.py: the fixtures of the gpu_free checkpoint's tests (a stand-in /dev,
+"""Shared by tests/unit/gpu_free/test_gpu_free*.py: the fixtures of the gpu_free checkpoint's tests (a stand-in /dev,
 real ``sleep`` holders that keep a stand-in device file open, the checkpoint's injected clock), a PID of no
 process here, and the checkpoint run with short timeouts. tests/unit/conftest.py imports the fixtures, so pytest finds them."""
 

@@ -1,4 +1,4 @@
-"""Shared by tests/unit/test_options*.py: every option definition (issue 19) by its command's full name, the
+"""Shared by tests/unit/core/test_options*.py: every option definition (issue 19) by its command's full name, the
 parsers ``eagle3ops`` builds from them, and the sample values and stand-in AnsibleModule those tests feed them."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ WITH_ROLE = sorted(n for n, c in COMMANDS.items() if c.role)
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict:
     """{name: parser} of the sub-commands under ``parser``, by their current names (an older name a command
-    keeps as an alias, ``status`` for ``extract-status``, is the same parser: tests/unit/test_cli_help.py)."""
+    keeps as an alias, ``status`` for ``extract-status``, is the same parser: tests/unit/core/test_cli_help.py)."""
     action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return {a.dest: action.choices[a.dest] for a in action._choices_actions}
 

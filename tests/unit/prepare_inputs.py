@@ -1,4 +1,4 @@
-"""Shared by tests/unit/test_prepare*.py: a quiet log, the rows of a prepared dataset, conversations written as
+"""Shared by tests/unit/prepare/: a quiet log, the rows of a prepared dataset, conversations written as
 JSONL (ShareGPT records, a three-turn one mixing both schemas), and a copy of the demo's tokenizer with another
 chat template (a Qwen3-like one that pre-fills ``<think>``)."""
 

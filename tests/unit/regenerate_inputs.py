@@ -1,4 +1,4 @@
-"""Shared by tests/unit/test_regenerate*.py: the regenerate phase's test inputs (conversations in both schemas,
+"""Shared by tests/unit/regenerate/: the regenerate phase's test inputs (conversations in both schemas,
 written as JSONL), its config against the stand-in OpenAI server, and what the stand-in's target makes of a
 conversation (every assistant turn answered from the regenerated history)."""
 

@@ -1,4 +1,4 @@
-"""Shared by tests/unit/test_sglang_client.py and test_sglang_shards.py: the transformers backend's store of a
+"""Shared by tests/unit/sglang/test_sglang_client.py and test_sglang_shards.py: the transformers backend's store of a
 prepared dataset (the bytes the SGLang backend must give) and the SGLang client's config against the loopback
 stand-in servers."""
 

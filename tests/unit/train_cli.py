@@ -1,4 +1,4 @@
-"""Shared by tests/unit/test_content_check.py and test_train_run.py: the ``eagle3ops train`` command line."""
+"""Shared by tests/unit/train/test_content_check.py and test_train_run.py: the ``eagle3ops train`` command line."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 writing a JSON record durably (:mod:`eagle3ops.durable`), the mount table of a process, a path's identity, the
 systemd unit of a process.
 
-Standard library only, like every file of the host wing (``tests/unit/test_durable.py`` holds them to it):
+Standard library only, like every file of the host wing (``tests/unit/core/test_durable.py`` holds them to it):
 shipped as ``module_utils/eagle3ops_fs.py`` to targets where eagle3ops is not installed.
 """
 

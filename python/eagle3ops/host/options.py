@@ -5,7 +5,7 @@ pve`` tools, and the storage/services roles' variables come from here (eagle3ops
 These modules run on the machine that owns the disk, the units or the containers (the PVE host in production),
 where eagle3ops is not installed: they call the host wing directly (``module_utils/eagle3ops_storage.py``, ...),
 so most definitions here are module-only (``cli=False``): they give the module its argument_spec, and the
-module's DOCUMENTATION and the role are checked against them (tests/unit/test_options.py). A definition that is
+module's DOCUMENTATION and the role are checked against them (tests/unit/core/test_options.py). A definition that is
 also a command (``storage plan``) gives both. Standard library only, shipped as
 module_utils/eagle3ops_host_options.py.
 """

@@ -4,7 +4,7 @@ Part of the host wing (:mod:`eagle3ops.host`): standard library only, importing 
 the host wing's :mod:`._fs` (and through it :mod:`eagle3ops.durable`): it is also shipped to targets as
 ``module_utils/eagle3ops_services.py`` (a symlink to this file, with ``eagle3ops_fs.py`` and
 ``eagle3ops_durable.py`` beside it), because the phase runs before the ``runtime`` phase installs eagle3ops
-there. ``tests/unit/test_durable.py`` enforces it.
+there. ``tests/unit/core/test_durable.py`` enforces it.
 
 What ``ansible.builtin.systemd_service`` does (stop, disable, mask, unmask, enable, daemon-reload) stays
 with it. This file adds what it lacks:

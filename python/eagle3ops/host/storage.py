@@ -9,7 +9,7 @@ Part of the host wing (:mod:`eagle3ops.host`): deliberately **standard library o
 ``module_utils/eagle3ops_storage.py`` (a symlink to this file, with ``eagle3ops_storage_probe.py``,
 ``eagle3ops_storage_rsync.py``, ``eagle3ops_fs.py`` and ``eagle3ops_durable.py`` beside it),
 because the phase runs on the machine that owns the disk (the PVE host in production), where eagle3ops is not
-installed. ``tests/unit/test_durable.py`` enforces it.
+installed. ``tests/unit/core/test_durable.py`` enforces it.
 
 The migration is a small state machine, recorded in a JSON *state file* on the disk-owning machine
 (default ``/var/lib/eagle3ops/storage-state.json``)::

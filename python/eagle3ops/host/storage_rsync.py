@@ -5,7 +5,7 @@ because no pass may transfer or delete it.
 
 Part of the host wing (:mod:`eagle3ops.host`): standard library only, importing nothing from ``eagle3ops`` but
 :mod:`.storage_probe` (the phase's error); shipped to targets as ``module_utils/eagle3ops_storage_rsync.py``
-beside ``eagle3ops_storage.py``, which imports it. ``tests/unit/test_durable.py`` enforces it.
+beside ``eagle3ops_storage.py``, which imports it. ``tests/unit/core/test_durable.py`` enforces it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Convert a speculators 0.9.0 EAGLE-3 checkpoint into the draft layout SGLang serves (0.5.17 and 0.5.23: the
 versions of :mod:`eagle3ops.sglang.versions`; ``llama_eagle3.py``'s config keys, weight loading and the layer-id
-rules are the same in both, each checked against its wheel by tests/unit/test_convert.py).
+rules are the same in both, each checked against its wheel by tests/unit/serve/test_convert.py).
 
 What SGLang 0.5.23 expects (read from its source, ``sglang/srt/models/llama_eagle3.py`` and the EAGLE3 parts of
 ``speculative/eagle_worker_v2.py``, ``speculative/eagle_utils.py``,
@@ -53,7 +53,7 @@ DRAFT_DTYPE = "bfloat16"
 STAMP = "eagle3ops_convert.json"
 
 # Target architecture -> how its model file's set_eagle3_layers_to_capture reads the ids, per SGLang version
-# (sglang_versions.VERSIONS[v].layer_id_rules; checked against each real wheel by tests/unit/test_convert.py).
+# (sglang_versions.VERSIONS[v].layer_id_rules; checked against each real wheel by tests/unit/serve/test_convert.py).
 #   as_is_unless_first_is_1: layers_to_capture = ids, but [v+1 for v in ids] when ids[0] == 1
 #   plus_one:                layers_to_capture = [v+1 for v in ids]
 # (applied by eagle3ops.layers.capture_ids, the one home of the layer-id rule)

@@ -16,5 +16,5 @@ extraction client that drives such servers, and their ``eagle3ops`` sub-commands
 
 The SGLang backend shares the extraction session with the transformers backend (:mod:`eagle3ops.extract`: the
 plan, shards, the writer step and pinned-buffer pool, status and the run log): those edges are declared in
-tests/unit/test_imports.py.
+tests/unit/core/test_imports.py.
 """

@@ -2,8 +2,8 @@
 one file (adding a version is one :class:`SGLangVersion` in :data:`VERSIONS`; docs/architecture.md, "To add an
 SGLang version").
 
-Each entry is read from that version's own wheel and tested against it (tests/unit/test_sglang_versions.py,
-tests/unit/test_sglang_patch.py, tests/unit/test_convert.py, all parametrised over :data:`VERSIONS`):
+Each entry is read from that version's own wheel and tested against it (tests/unit/sglang/test_sglang_versions.py,
+tests/unit/sglang/test_sglang_patch.py, tests/unit/serve/test_convert.py, all parametrised over :data:`VERSIONS`):
 
 - the capture patch (:attr:`SGLangVersion.patch`, a :class:`PatchSpec`: pristine and patched sha256 of
   ``sglang/srt/models/deepseek_v2.py``, the hunks; :mod:`eagle3ops.sglang.patch` applies and restores it);
@@ -32,7 +32,7 @@ TARGET_RELPATH = "sglang/srt/models/deepseek_v2.py"  # the one file the capture 
 #   as_is_unless_first_is_1: layers_to_capture = ids, but [v+1 for v in ids] when ids[0] == 1
 #   plus_one:                layers_to_capture = [v+1 for v in ids]
 # (what each rule means for eagle3ops' input-of-layer ids is coded once, in eagle3ops.layers.capture_ids)
-# Read from the 0.5.17 and 0.5.23 wheels (identical rules in both; tests/unit/test_convert.py checks each).
+# Read from the 0.5.17 and 0.5.23 wheels (identical rules in both; tests/unit/serve/test_convert.py checks each).
 _LAYER_ID_RULES = {
     "DeepseekV3ForCausalLM": ("deepseek_v2.py", "as_is_unless_first_is_1"),
     "DeepseekV2ForCausalLM": ("deepseek_v2.py", "as_is_unless_first_is_1"),

@@ -1,0 +1,194 @@
+"""What may import what in ``python/eagle3ops`` (docs/architecture.md, "What may import what").
+
+- A phase package (``eagle3ops.<phase>``) imports its own modules and the shared ones (the top-level modules:
+  ``store``, ``durable``, ``options``, ``runlock``, ``conversations``, ``checkpoints``, ...), never another
+  phase's, except the edges declared below with their reason (one module's, or a whole package's).
+- A shared module imports no phase (the entry points kept by name, ``python -m eagle3ops.speculators_shim`` and
+  the like, are the declared exceptions: each only runs its phase's module).
+- Only the entry point (``python -m eagle3ops``) imports ``eagle3ops.cli``; only command modules (those that
+  ``register`` sub-commands) import command modules: the logic never imports upward.
+- The host wing's rule (standard library only) is tests/unit/core/test_durable.py's.
+
+Every import counts, also one inside a function (read from the source, not from an import at run time).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[3] / "python" / "eagle3ops"
+PHASES = ("benchmark", "extract", "gpu_free", "prepare", "regenerate", "serve", "sglang", "train")
+# (importing module, imported module): why the one phase may use the other's
+DECLARED = {
+    (
+        "eagle3ops.train.run",
+        "eagle3ops.gpu_free.check",
+    ): "train runs the gpu_free check before it launches on GPUs",
+    (
+        "eagle3ops.serve.convert",
+        "eagle3ops.train.specforge",
+    ): "serve converts a SpecForge run's checkpoint, whose layout (its inputs, checkpoint link, exporter) the train "
+    "phase's SpecForge backend owns",
+    (
+        "eagle3ops.commands.layer_ids",
+        "eagle3ops.sglang.versions",
+    ): "layer-ids --sglang-version answers the version's capture flags for the ids (the sglang role's unit takes "
+    "them from it instead of a copy of the version table)",
+}
+# (importing package, imported package or module): every module of the one may use the other, why
+DECLARED_PACKAGES = {
+    (
+        "eagle3ops.sglang",
+        "eagle3ops.extract",
+    ): "SGLang's package is the extraction's second backend: its client, in-server hook and extract-sglang "
+    "command share the extract session with the transformers backend (settings, plan, shards, status and run log, "
+    "the writer step and pinned-buffer pool, extract-sglang's option definition)",
+    (
+        "eagle3ops.extract",
+        "eagle3ops.sglang.versions",
+    ): "the SGLang version table (standard library only): extract's definitions take the versions from it",
+    (
+        "eagle3ops.serve",
+        "eagle3ops.sglang.versions",
+    ): "the SGLang version table: serve's definition and converter take the versions and layer-id rules from it",
+}
+
+
+def _under(dotted: str, name: str) -> bool:
+    return dotted == name or dotted.startswith(name + ".")
+
+
+def _declared(mod: str, target: str) -> bool:
+    return (mod, target) in DECLARED or any(
+        _under(mod, a) and _under(target, b) for a, b in DECLARED_PACKAGES
+    )
+
+
+# shared-looking modules that are entry points of a phase's module, kept by name for what runs them
+ENTRY_POINTS = {
+    "eagle3ops.speculators_shim": "eagle3ops.train.speculators_shim",
+    "eagle3ops.ddp_probe": "eagle3ops.train.ddp_probe",
+    "eagle3ops.sglang_hook": "eagle3ops.sglang.hook",
+}
+
+
+def _module_name(path: Path, pkg: Path) -> str:
+    parts = [p for p in path.relative_to(pkg).with_suffix("").parts if p != "__init__"]
+    return ".".join(["eagle3ops", *parts])
+
+
+def _is_module(dotted: str, pkg: Path) -> bool:
+    p = pkg.joinpath(*dotted.split(".")[1:])
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+@functools.cache
+def _parse(text: str) -> ast.Module:
+    return ast.parse(text)
+
+
+def _sources(pkg: Path, extra: dict[str, str]) -> dict[Path, str]:
+    """The package's files and their text, ``extra`` ({relative path: text}) added or replacing."""
+    out = {p: p.read_text() for p in sorted(pkg.rglob("*.py"))}
+    out.update({pkg / rel: text for rel, text in extra.items()})
+    return out
+
+
+def imports(pkg: Path = PKG, extra: dict[str, str] | None = None) -> dict[str, set[tuple[str, int]]]:
+    """{module: {(imported eagle3ops module, line)}}: ``from eagle3ops.x import y`` counts as ``eagle3ops.x.y``
+    when that is a module, else as ``eagle3ops.x``."""
+    out: dict[str, set[tuple[str, int]]] = {}
+    for path, text in _sources(pkg, extra or {}).items():
+        mod = _module_name(path, pkg)
+        found = out.setdefault(mod, set())
+        for node in ast.walk(_parse(text)):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and (node.module or "").startswith("eagle3ops")
+            ):
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    found.add((sub if _is_module(sub, pkg) else node.module, node.lineno))
+            elif isinstance(node, ast.Import):
+                found |= {(a.name, node.lineno) for a in node.names if a.name.startswith("eagle3ops")}
+    return out
+
+
+def _phase(dotted: str) -> str | None:
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in PHASES else None
+
+
+def _command_modules(pkg: Path, extra: dict[str, str]) -> set[str]:
+    """Modules that register sub-commands (a top-level ``register``), and the packages holding them."""
+    out = set()
+    for path, text in _sources(pkg, extra).items():
+        tree = _parse(text)
+        if any(isinstance(n, ast.FunctionDef) and n.name == "register" for n in tree.body):
+            out.add(_module_name(path, pkg))
+    return out | {"eagle3ops.commands"}
+
+
+def violations(pkg: Path = PKG, extra: dict[str, str] | None = None) -> list[str]:
+    """Every import that breaks the rules; ``extra``: files added to the package as it is ({path: text})."""
+    bad = []
+    commands = _command_modules(pkg, extra or {})
+    for mod, found in imports(pkg, extra).items():
+        where = mod.replace(".", "/")
+        for target, line in sorted(found):
+            mine, theirs = _phase(mod), _phase(target)
+            if theirs and mine != theirs:
+                if mine is None and ENTRY_POINTS.get(mod) == target:
+                    continue
+                if not _declared(mod, target):
+                    who = f"phase {mine}" if mine else "shared module"
+                    bad.append(f"{where}.py:{line}: {who} imports {target} (phase {theirs}): not declared")
+            if target == "eagle3ops.cli" and mod != "eagle3ops.__main__":
+                bad.append(f"{where}.py:{line}: imports eagle3ops.cli (only the entry point may)")
+            if target in commands and mod not in commands and mod != "eagle3ops.cli":
+                bad.append(
+                    f"{where}.py:{line}: imports the command module {target} (logic never imports upward)"
+                )
+    return bad
+
+
+def test_phases_use_each_other_only_through_declared_edges_and_shared_modules():
+    assert violations() == []
+
+
+def test_every_declared_edge_and_entry_point_is_still_used():
+    """A declaration nobody needs any more goes (else it would hide a new use)."""
+    found = imports()
+    used = {(m, t) for m, ts in found.items() for t, _ in ts}
+    assert set(DECLARED) <= used, sorted(set(DECLARED) - used)
+    unused = [e for e in DECLARED_PACKAGES if not any(_under(m, e[0]) and _under(t, e[1]) for m, t in used)]
+    assert not unused, unused
+    assert set(ENTRY_POINTS.items()) <= used, sorted(set(ENTRY_POINTS.items()) - used)
+
+
+@pytest.mark.parametrize(
+    ("rel", "code", "expected"),
+    [
+        ("prepare/x.py", "def f():\n    from eagle3ops.extract import session\n", "phase prepare imports"),
+        (
+            "jsonl2.py",
+            "from eagle3ops.train.spec import TrainSpec\n",
+            "shared module imports eagle3ops.train.spec",
+        ),
+        ("store/y.py", "from eagle3ops import cli\n", "imports eagle3ops.cli"),
+        (
+            "train/z.py",
+            "import eagle3ops.train.commands\n",
+            "imports the command module eagle3ops.train.commands",
+        ),
+    ],
+)
+def test_the_check_can_fail(rel, code, expected):
+    """The package with one more file holding a forbidden import (in a function too) is reported, naming the line."""
+    bad = violations(extra={rel: code})
+    assert len(bad) == 1 and expected in bad[0] and bad[0].startswith(f"eagle3ops/{rel[:-3]}.py:"), bad

@@ -1,0 +1,252 @@
+"""The sglang role run for real on this machine (ansible-playbook, connection local): the REAL sglang 0.5.23
+wheel installed into a fresh venv from an offline wheelhouse (``--no-deps``: its CUDA dependencies cannot
+install here, and the role's patch only needs the package's files), eagle3ops installed beside it, the capture
+patch applied / idempotent / predicted in check mode / restored byte-exact, the unit file rendered into a test
+directory (no systemd here: ``sglang_systemd_reload: false``). And the role on an SGLang installed without a venv
+(``sglang_site_packages``, as on the lent H200 box): the REAL 0.5.17 wheel's ``deepseek_v2.py`` and dist-info
+unpacked ``pip --target``-style, nothing installed, the patch applied / idempotent / restored there."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from eagle3ops.sglang import patch as sglang_patch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
+from sglang_standin import offline_role_inputs, pristine_deepseek_v2, site_packages
+
+REPO = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+SPEC = sglang_patch.SPECS["0.5.23"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_target):
+    base = tmp_path_factory.mktemp("sglang-role")
+    role_vars, inv = offline_role_inputs(base)
+    vars_ = {
+        **role_vars,
+        "sglang_eagle3ops_bin": str(BIN / "eagle3ops"),
+        "sglang_model_path": str(tiny_target),
+        "sglang_tp_size": 1,
+        "sglang_dump_data_dir": str(base / "data"),
+        # capture patch state auto: applied because extraction goes through SGLang and base/data is not
+        # prepared yet (every row is left); tests/ansible/test_extract_sglang.py covers "nothing left"
+        "sglang_extract_backend": "sglang",
+    }
+    return base, inv, vars_
+
+
+def _play(setup, *extra, **overrides):
+    base, inv, vars_ = setup
+    ev = base / f"vars-{len(list(base.glob('vars-*')))}.json"
+    ev.write_text(json.dumps({**vars_, **overrides}))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    r = subprocess.run(
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(inv),
+            str(REPO / "playbooks/sglang.yml"),
+            "-e",
+            f"@{ev}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=900,
+    )
+    m = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", r.stdout)
+    return r, (int(m.group(2)) if m else None), (int(m.group(4)) if m else None)
+
+
+def _target(setup):
+    base = setup[0]
+    (p,) = (base / "sglang-venv").glob("lib/python3*/site-packages/" + sglang_patch.TARGET_RELPATH)
+    return p
+
+
+def _sha(p):
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_install_patch_idempotent_check_mode_restore_refuse(setup):
+    base = setup[0]
+    r, changed, failed = _play(setup, "--check")  # a fresh host: predicts the install, touches nothing
+    assert failed == 0 and changed > 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "SGLang is not installed" in r.stdout and not (base / "sglang-venv" / "bin" / "python").exists()
+
+    r, changed, failed = _play(setup)
+    assert failed == 0 and changed > 0, r.stdout[-4000:] + r.stderr[-2000:]
+    target = _target(setup)
+    assert _sha(target) == SPEC.patched_sha256
+    venv_py = base / "sglang-venv" / "bin" / "python"
+    imp = subprocess.run(
+        [str(venv_py), "-c", "import eagle3ops.sglang_hook as h; print(h.active_hook())"],
+        capture_output=True,
+        text=True,
+    )
+    assert imp.returncode == 0 and imp.stdout.strip() == "None", imp.stderr  # the patch's import works, inert
+    unit = (base / "units" / "eagle3ops-sglang-extract.service").read_text()
+    assert f"Environment=EAGLE3OPS_SGLANG_DUMP_DIR={base / 'data'}" in unit
+    assert "Environment=EAGLE3OPS_SGLANG_LAYER_IDS=2,4,5" in unit  # [2, N//2, N-3] from the 8-layer config
+    for flag in (
+        "--disable-radix-cache",
+        "--chunked-prefill-size -1",
+        "--disable-prefill-cuda-graph",
+        "--enable-return-aux-hidden-states",
+        "--speculative-algorithm EAGLE3",
+        "--return-aux-hidden-state-layer-ids 2 4 5",
+        "--tp-size 1",
+    ):
+        assert flag in unit, flag
+    if shutil.which("systemd-analyze"):  # systemd's own parser accepts the unit
+        v = subprocess.run(
+            ["systemd-analyze", "verify", str(base / "units" / "eagle3ops-sglang-extract.service")],
+            capture_output=True,
+            text=True,
+        )
+        assert v.returncode == 0, v.stderr
+
+    r, changed, failed = _play(setup)
+    assert (changed, failed) == (0, 0), r.stdout[-4000:]
+
+    r, changed, failed = _play(setup, "--check", "--diff", sglang_capture_patch_state="absent")
+    assert (changed, failed) == (1, 0), r.stdout[-4000:]
+    assert "-            _eagle3ops_hook.on_forward(self, forward_batch, aux_hidden_states)" in r.stdout
+    assert _sha(target) == SPEC.patched_sha256  # check mode changed nothing
+
+    r, changed, failed = _play(setup, sglang_capture_patch_state="absent")
+    assert (changed, failed) == (1, 0), r.stdout[-4000:]
+    assert target.read_bytes() == pristine_deepseek_v2().read_bytes()
+    r, changed, failed = _play(setup, sglang_capture_patch_state="absent")
+    assert (changed, failed) == (0, 0), r.stdout[-4000:]
+
+    # a hand-modified install is refused, named, and left alone
+    original = target.read_bytes()
+    try:
+        target.write_bytes(original + b"\n# hand edit\n")
+        r, _, failed = _play(setup)
+        assert failed == 1, r.stdout[-4000:]
+        assert "refusing to apply the capture patch" in r.stdout and str(target) in r.stdout
+        assert SPEC.pristine_sha256 in r.stdout
+        assert target.read_bytes() == original + b"\n# hand edit\n"
+    finally:
+        target.write_bytes(original)
+
+
+def test_layer_ids_starting_at_1_are_refused_before_installing(setup):
+    r, _, failed = _play(setup, sglang_layer_ids=[1, 3, 5])
+    assert "TASK [sglang : SGLang | Install SGLang" not in r.stdout
+    assert failed == 1 and "adds 1 to every id" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--enable-dp-attention"], "--enable-dp-attention"),
+        (["--dp-size", "2"], "--dp-size > 1"),
+        (["--ep-size=8"], "--ep-size > 1"),
+        (["--pp-size", "4"], "--pp-size > 1"),
+    ],
+)
+def test_parallel_layouts_the_hook_cannot_dump_are_refused_before_installing(setup, args, named):
+    """Issue #34: DP attention, data/expert/pipeline parallel inside one capture server are refused by the role,
+    naming the flag, before SGLang is installed (tensor parallel is the supported layout: docs/sglang.md)."""
+    r, _, failed = _play(setup, sglang_extra_args=args)
+    assert failed == 1 and named in r.stdout and "sglang_extra_args asks for" in r.stdout, r.stdout[-3000:]
+    assert "TASK [sglang : SGLang | Install pinned SGLang" not in r.stdout
+
+
+def test_sizes_of_one_are_not_refused(setup):
+    """The refusal reads sizes: --dp-size 1 and --ep-size 1 are the defaults written out, not a layout; the play goes
+    past the check (and stops at the layer ids refused right after it, before installing anything)."""
+    r, _, failed = _play(
+        setup, sglang_extra_args=["--dp-size", "1", "--ep-size=1"], sglang_layer_ids=[1, 3, 5]
+    )
+    assert "sglang_extra_args asks for" not in r.stdout
+    assert failed == 1 and "adds 1 to every id" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def site_setup(tmp_path_factory, tiny_target):
+    """sglang_site_packages: SGLang 0.5.17 as pip --target left it (its real files), no venv, no wheelhouse."""
+    base = tmp_path_factory.mktemp("sglang-site")
+    site = site_packages(base / "site", "0.5.17")
+    inv = base / "hosts.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": {"localhost": local}}}}}))
+    (base / "units").mkdir()
+    vars_ = {
+        "sglang_enabled": True,
+        "eagle3ops_sglang_site_packages": str(site),
+        "eagle3ops_sglang_version": "0.5.17",
+        "eagle3ops_sglang_venv_dir": str(base / "no-venv"),  # must stay absent: nothing is installed
+        "sglang_eagle3ops_wheel_dir": str(base / "no-wheels"),  # likewise never looked at
+        "sglang_eagle3ops_bin": str(BIN / "eagle3ops"),
+        "sglang_model_path": str(tiny_target),
+        "sglang_tp_size": 1,
+        "sglang_dump_data_dir": str(base / "data"),
+        "sglang_extract_backend": "sglang",
+        "sglang_unit_dir": str(base / "units"),
+        "sglang_systemd_reload": False,
+    }
+    return base, inv, vars_
+
+
+@pytest.mark.slow
+def test_site_packages_install_is_patched_in_place_without_installing(site_setup):
+    base, _, vars_ = site_setup
+    target = Path(vars_["eagle3ops_sglang_site_packages"]) / sglang_patch.TARGET_RELPATH
+    spec = sglang_patch.SPECS["0.5.17"]
+    pristine = pristine_deepseek_v2("0.5.17").read_bytes()
+    assert target.read_bytes() == pristine
+
+    r, changed, failed = _play(site_setup)
+    assert failed == 0 and changed > 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert _sha(target) == spec.patched_sha256
+    assert "TASK [sglang : SGLang | Capture patch in deepseek_v2.py]" in r.stdout
+    assert "TASK [sglang : SGLang | Install SGLang" not in r.stdout  # install.yml never ran
+    assert not (base / "no-venv").exists() and not (base / "no-wheels").exists()
+    words = " ".join(r.stdout.split())  # the report's message is wrapped by the yaml result format
+    assert f"sglang 0.5.17 in {vars_['eagle3ops_sglang_site_packages']}; capture patch applied" in words, (
+        words[-3000:]
+    )
+    unit = (base / "units" / "eagle3ops-sglang-extract.service").read_text()
+    assert f"Environment=PYTHONPATH={vars_['eagle3ops_sglang_site_packages']}" in unit
+    assert "ExecStart=python3 -m sglang.launch_server" in unit
+    assert "--enable-return-aux-hidden-states" not in unit  # 0.5.17: the patch turns the capture on
+
+    r, changed, failed = _play(site_setup)
+    assert (changed, failed) == (0, 0), r.stdout[-4000:]
+    r, changed, failed = _play(site_setup, "--check", "--diff", sglang_capture_patch_state="absent")
+    assert (changed, failed) == (1, 0), r.stdout[-4000:]  # predicted, not done
+    assert _sha(target) == spec.patched_sha256
+
+    r, changed, failed = _play(site_setup, sglang_capture_patch_state="absent")
+    assert (changed, failed) == (1, 0), r.stdout[-4000:]
+    assert target.read_bytes() == pristine and _sha(target) == spec.pristine_sha256
+
+    # another version in the directory than the one pinned: refused before the patch, naming both
+    r, _, failed = _play(site_setup, eagle3ops_sglang_version="0.5.23")
+    assert failed == 1, r.stdout[-4000:]
+    words = " ".join(r.stdout.split())
+    assert "holds sglang-0.5.17.dist-info, not sglang-0.5.23.dist-info" in words, words[-3000:]
+    assert "TASK [sglang : SGLang | Capture patch in deepseek_v2.py]" not in r.stdout
+    assert target.read_bytes() == pristine
