@@ -35,7 +35,6 @@ states (they belong to the old rows) unless ``force`` is given; then they are re
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import re
@@ -47,80 +46,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3ops import target_model
-from eagle3ops.conversations import InputError, Source, load_tokenizer, resolve_sources
+from eagle3ops.conversations import InputError, load_tokenizer, resolve_sources
 from eagle3ops.durable import fsync_dir, fsync_tree, sha256_file, swap_dir_into_place
 from eagle3ops.prepare.errors import PrepareError
+from eagle3ops.prepare.fingerprint import (
+    PREPARE_FORMAT,
+    dataset_fingerprint,
+    fast_tokenizer_fingerprint,
+    tokenizer_fingerprint,
+)
 from eagle3ops.prepare.options import PREPARE
 from eagle3ops.prepare.render import ROWS_CHOICES, SPECULATORS_VERSION, collect, speculators_preprocessing
 from eagle3ops.store.layout import DATASET_FILES, HS_DIR, PREPARE_META, TOKEN_FREQ
 
-PREPARE_FORMAT = 1
 META_NAME = PREPARE_META
 # what a prepared DATA_DIR may hold besides the arrow shards (anything else: we refuse to replace it)
 _KNOWN = {META_NAME, TOKEN_FREQ, HS_DIR, *DATASET_FILES}
-_TOKENIZER_SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json", ".msgpack", ".h5")
-_TOKENIZER_SKIP_NAMES = {"config.json", "generation_config.json", "demo.json", "README.md"}
 MAX_ERRORS_SHOWN = 10
-
-
-def _hash_tokenizer_files(h, directory: Path) -> None:
-    """Feed ``h`` the name and bytes of every tokenizer-relevant file (not weights, not over 64 MiB), sorted."""
-    for f in sorted(directory.iterdir()):
-        if (
-            f.is_file()
-            and f.name not in _TOKENIZER_SKIP_NAMES
-            and not f.name.endswith(_TOKENIZER_SKIP_SUFFIXES)
-            and f.stat().st_size < 64 << 20
-        ):
-            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-
-
-def tokenizer_fingerprint(model: str | os.PathLike, tokenizer) -> str:
-    h = hashlib.sha256()
-    p = Path(model)
-    if p.is_dir():
-        _hash_tokenizer_files(h, p)
-    else:
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        h.update((backend.to_str() if backend is not None else repr(tokenizer.get_vocab())).encode())
-    h.update(str(tokenizer.chat_template).encode())
-    return h.hexdigest()
-
-
-def _fast_tokenizer_fingerprint(model: str | os.PathLike) -> str | None:
-    """:func:`tokenizer_fingerprint` without loading the tokenizer (transformers + speculators imports were
-    most of a converged re-run's prepare task: docs/performance.md, "Idempotent re-run"): the same file
-    hash, with the chat template read the way transformers finds it (chat_template.jinja, else
-    tokenizer_config.json's string). Only used to recognise an unchanged dataset: a value that does not match
-    the stored fingerprint falls back to the full path, so a wrong guess costs time, never correctness."""
-    p = Path(model)
-    if not p.is_dir():
-        return None
-    jinja = p / "chat_template.jinja"
-    try:
-        if jinja.is_file():
-            tmpl = jinja.read_text()
-        else:
-            tmpl = json.loads((p / "tokenizer_config.json").read_text()).get("chat_template")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(tmpl, str):
-        return None
-    h = hashlib.sha256()
-    _hash_tokenizer_files(h, p)
-    h.update(tmpl.encode())
-    return h.hexdigest()
-
-
-def _fingerprint(sources: list[Source], tok_fp: str, params: dict) -> str:
-    doc = {
-        "format": PREPARE_FORMAT,
-        "speculators": SPECULATORS_VERSION,
-        "inputs": [s.sha256 for s in sources],
-        "tokenizer": tok_fp,
-        "params": params,
-    }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 def read_meta(data_dir: str | os.PathLike) -> dict | None:
@@ -265,15 +207,15 @@ def prepare(
         params["rows"] = rows
     # 0. already done? (cheap: no tokenizer, no speculators import)
     meta = read_meta(data_dir)
-    fast_fp = _fast_tokenizer_fingerprint(model) if meta else None
+    fast_fp = fast_tokenizer_fingerprint(model) if meta else None
     done = _done_result(
-        data_dir, meta, _fingerprint(sources, fast_fp, params) if fast_fp else None, on_error, t0
+        data_dir, meta, dataset_fingerprint(sources, fast_fp, params) if fast_fp else None, on_error, t0
     )
     if done is not None:
         return done
     pp = speculators_preprocessing()
     tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code)
-    fingerprint = _fingerprint(sources, tokenizer_fingerprint(model, tokenizer), params)
+    fingerprint = dataset_fingerprint(sources, tokenizer_fingerprint(model, tokenizer), params)
 
     # 1. already done?
     meta = read_meta(data_dir)
