@@ -22,6 +22,23 @@ def _report(name: str, help: str, options: list) -> Command:
 
 
 # ---- shared by both backends -------------------------------------------------------------------------
+REASSIGN_RANKS = Option(
+    "reassign_ranks",
+    "list",
+    elements="int",
+    role=False,  # the role computes them from extract_reassign_from (the lost hosts' ranks)
+    help="on request, the global ranks of lost hosts: their rows are dealt over the surviving ranks (each row "
+    "still exactly once; recorded in hidden_states/shard.json, a later run with other ranks refused; "
+    "docs/scale.md, 'A host that stays lost')",
+)
+REASSIGN_FROM_DATA = Option(
+    "reassign_from_data",
+    "list",
+    elements="path",
+    role=False,  # the role passes extract_reassign_data[lost host] when set
+    help="with --reassign-ranks: a lost host's data directory as readable here (its disk mounted, a shared path); "
+    "the finished rows this host takes over are copied from it, checked, instead of extracted again",
+)
 DATA = Option(
     "data",
     "path",
@@ -117,6 +134,8 @@ EXTRACT = Command(
             help="with --world-size: this host's workers take the global ranks FIRST .. FIRST+workers-1 "
             "(recorded in hidden_states/shard.json; a later run with other ranks is refused)",
         ),
+        REASSIGN_RANKS,
+        REASSIGN_FROM_DATA,
         Option(
             "fsync",
             "bool",
@@ -225,6 +244,8 @@ SGLANG_EXTRACT = Command(
             help="with --world-size: this host's servers take the global ranks FIRST .. FIRST+servers-1 (recorded "
             "in hidden_states/shard.json; a later run with other ranks is refused)",
         ),
+        REASSIGN_RANKS,
+        REASSIGN_FROM_DATA,
         LAYER_IDS.but(role="extract_layer_ids"),
         LAYER_CONVENTION.but(role="extract_layer_convention"),
         DTYPE.but(
