@@ -15,13 +15,14 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # variable out of this Makefile was not enough (no __pycache__ after a whole `make test`, 2026-12-03).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help venv run test test-vm lint unit system-deps clean lock
+.PHONY: help venv run test test-vm lint unit options system-deps clean lock
 
 help:
 	@echo "make run   - create the venv and run site.yml on the embedded local default (inventory/local)"
 	@echo "make test  - the whole suite: ruff, ansible-lint (production), pytest (unit + hosts), without the QEMU VM test"
 	@echo "make test-vm - the QEMU VM storage test alone (~20 min under TCG: docs/conventions.md)"
 	@echo "make lint  - ruff + ansible-lint only"
+	@echo "make options - rewrite every generated option list from the definitions (python/eagle3ops/<phase>/options.py)"
 
 $(STAMP): requirements/workload.txt requirements/control.txt requirements/speculators.txt requirements/constraints.txt collections/requirements.yml collections/install.py pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11: the CPU torch wheel is pinned for it)"; exit 1; }
@@ -50,6 +51,12 @@ LINT = $(BIN)/ruff check python library module_utils doc_fragments tests bench c
 
 lint: $(STAMP)
 	$(LINT)
+
+# every list of a phase's options outside its definition (module DOCUMENTATION, doc fragments, role defaults,
+# argument_specs, the tasks' pass-through, the bounds table), rewritten between its markers from the definitions
+# (eagle3ops.option_render; tests/unit/test_options_generated.py fails until it has run)
+options: $(STAMP)
+	PYTHONPATH=$(CURDIR)/python $(BIN)/python -m eagle3ops.option_render
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

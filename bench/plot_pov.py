@@ -3,7 +3,7 @@ without the draft, the acceptance lengths, and both trainers' accuracy against t
 
     python bench/plot_pov.py bench/results/proof_of_value_2026-12-04_run1.json docs/img/pov-2026-12-04-run1.png \
         bench/results/proof_of_value_2026-12-04_run1_ours_metrics.jsonl.gz \
-        bench/results/proof_of_value_2026-12-04_run1_specforge_metrics.jsonl.gz
+        bench/results/proof_of_value_2026-12-04_run1_specforge_metrics.jsonl.gz "proof-of-value run 1 (...)"
 """
 
 from __future__ import annotations
@@ -22,14 +22,19 @@ def _metrics(path: str):
     return out
 
 
-def main(src: str, dst: str, ours_metrics: str | None = None, sf_metrics: str | None = None) -> int:
+def main(
+    src: str, dst: str, ours_metrics: str | None = None, sf_metrics: str | None = None, title: str = ""
+) -> int:
+    """``title``: what the run was (the date, the box and the SGLang version are put before it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     with open(src) as f:
-        run = json.load(f)["run"]
+        whole = json.load(f)
+    run = whole["run"]
+    args = (run.get("run") or {}).get("args") or {}
     fig, ax = plt.subplots(1, 3, figsize=(16, 4.6))
     for key, color in (("wide_ours_3-1-4", "tab:blue"), ("wide_ours_5-1-6", "tab:green"),
                        ("wide_specforge_3-1-4", "tab:orange"), ("wide_specforge_5-1-6", "tab:red")):  # fmt: skip
@@ -79,11 +84,13 @@ def main(src: str, dst: str, ours_metrics: str | None = None, sf_metrics: str | 
                    label="SpecForge: training acc_0 every 10 steps (batch 8)")  # fmt: skip
     ax[2].set_xlabel("seconds since launch")
     ax[2].set_ylabel("top-1 agreement, first draft position")
-    ax[2].set_title("the two trainers, 360 s budget each")
+    how = "side by side" if args.get("side_by_side") else "one after the other"
+    ax[2].set_title(f"the two trainers, {args.get('train_s', '?'):.0f} s budget each, {how}")
     ax[2].set_ylim(0, 1)
     ax[2].legend(fontsize=7)
-    fig.suptitle("2026-12-04, H200, SGLang 0.5.17: proof-of-value run 1 (SpecForge's run was stopped at its budget "
-                 "without a checkpoint)", fontsize=10)  # fmt: skip
+    fig.suptitle(
+        f"{whole.get('date', '?')}, H200, SGLang 0.5.17: {title or 'proof-of-value run'}", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
     return 0

@@ -9,6 +9,7 @@
 #   call 3  bench/pov.sh probe    carry .pov/a   trainer wheels + SpecForge, GGUF part 1; SpecForge trained through
 #                                                our train phase on synthetic SmolLM2-shaped states (its rate, its
 #                                                export): a SpecForge that fails, fails here, before the long run
+#        or bench/pov.sh carry3   carry .pov/a   the same carry without the probe (~150 s of device time less)
 #   call 4  bench/pov.sh start    carry .pov/d   GGUF part 2, the regenerated conversations, MT-bench, held-out
 #                                                prompts; starts proof_of_value.py detached, polls
 #   call 5+ bench/pov.sh poll                    polls; packs $OUT each time
@@ -32,8 +33,8 @@ pack() {  # results and logs of work directory $1 (default $W) back through $OUT
   ls -la "$OUT"
 }
 
-poll() {
-  local until=$(($(date +%s) + ${POV_POLL_S:-560}))
+poll() {  # packs every 120 s too: a poll cut short (the session's device time spent) still brings results back
+  local until=$(($(date +%s) + ${POV_POLL_S:-560})) packed=$(date +%s)
   while [ "$(date +%s)" -lt "$until" ]; do
     if [ -f "$W/done" ]; then
       echo "== finished"
@@ -41,6 +42,7 @@ poll() {
       pack
       return 0
     fi
+    if [ $(($(date +%s) - packed)) -ge 120 ]; then pack > /dev/null; packed=$(date +%s); fi
     sleep 10
   done
   echo "== still running ($(date +%T)); last lines:"
@@ -81,6 +83,12 @@ case "${1:-}" in
     rm -rf /dev/shm/pov-probe
     pack "$P"
     ;;
+  carry3)  # the probe's carry without the probe (SpecForge already ran on this box: docs/performance.md, run 1)
+    cp .pov/a/gguf.aa "$C/"
+    install_trainers
+    python3 -c "import specforge, speculators, datasets; print('trainers import')" 2>&1 | tail -1
+    nvidia-smi -L; df -h /tmp /dev/shm | tail -2; free -g | head -2; nproc
+    ;;
   carry1) cp .sgl1/*.whl "$C/" && ls "$C" | wc -l ;;
   carry2)
     cp .sgl2/*.whl "$C/" && ls "$C" | wc -l
@@ -109,5 +117,5 @@ case "${1:-}" in
     poll
     ;;
   poll) poll ;;
-  *) echo "usage: $0 probe|carry1|carry2|start|poll"; exit 2 ;;
+  *) echo "usage: $0 probe|carry1|carry2|carry3|start|poll"; exit 2 ;;
 esac

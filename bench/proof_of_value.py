@@ -8,9 +8,10 @@ One extraction, two trainers, one server per (target, draft, steps/topk/draft to
    ``extract`` (transformers backend, CUDA) into a store in /dev/shm.
 2. Meanwhile, on the CPU, ``bench/widen_target.py`` writes the widened target (every MLP zero-widened to
    ``--wide-intermediate``: 8.02 B parameters at 153,600, the same outputs).
-3. The two trainers one after the other, each alone on the GPU, each with the same wall-clock budget
-   ``--train-s``: SpecForge first (``eagle3ops train --trainer specforge``: its own recipe, its cosine schedule
-   sized to end inside the budget from the step rate ``--sf-rate`` that ``--probe`` measured on this box), then
+3. The two trainers, each with the same wall-clock budget ``--train-s``: with ``--side-by-side`` both at once on
+   the one GPU (the baselines' servers starting beside them), else one after the other, each alone: SpecForge
+   first (``eagle3ops train --trainer specforge``: its own recipe, its cosine schedule sized to end inside the
+   budget from the step rate ``--sf-rate``, measured on this box; it saves every ``--sf-save-interval`` steps), then
    ours (``--trainer speculators``, ``--epochs``, stopped at the budget if it overruns). While ours trains, the
    servers of SpecForge's draft and the two baselines start (their load perturbs our trainer, not SpecForge's).
 4. ``eagle3ops convert`` of each run (SpecForge's through its own exporter), then every EAGLE3 server.
@@ -187,7 +188,8 @@ def probe(a) -> None:
 def sf_extra(a) -> str:
     # save_interval: SpecForge saves nothing when it is stopped (run 1 of 2026-12-04 lost its whole run to a budget
     # stop at 82 % of its steps); a save every 200 steps leaves the newest one to serve
-    return json.dumps({"training": {"batch_size": a.sf_batch, "save_interval": 200},
+    return json.dumps({"training": {"batch_size": a.sf_batch, "save_interval": a.sf_save_interval,
+                                    "max_checkpoints": a.sf_max_checkpoints},
                        "data": {"dataloader_num_workers": 8}})  # fmt: skip
 
 
@@ -320,15 +322,20 @@ class Run:
             self.drafts[key] = self.d / f"draft-{key}"
 
     def _start(self, name: str, model: Path, draft: Path | None, spec, mem: float, port: int):
+        # every server of the widened target (with and without a draft) prefills in the same chunks
+        extra = ("--chunked-prefill-size", str(self.a.wide_prefill)) if model == self.wide else ()
         try:
             self.servers[name] = L.start_server(name, model, port, draft=draft, spec=spec, graph_bs=16, mem=mem,
-                                                max_tokens=self.a.kv_tokens, timeout=420)  # fmt: skip
+                                                max_tokens=self.a.kv_tokens, timeout=420, extra=extra)  # fmt: skip
             self.starts[name] = self.servers[name].ready_s
         except Exception as e:  # recorded; the other servers still run
             self.starts[name] = f"{type(e).__name__}: {e}"[-600:]
 
     def start_group(self, names: list[tuple]) -> list[threading.Thread]:
-        """Start each server in a thread of its own, ``stagger_s`` apart (each sees the memory the last one took)."""
+        """Start each server in a thread of its own, ``stagger_s`` apart. 0.5.17 sizes a server from the memory free
+        when it starts; a server loads its weights ~45 s after its launch and for ~3 s, so servers launched 8 s
+        apart do not load at once. (Run 2 waited for each server's KV pools before the next launch: ~50 s a server,
+        5 min for six.)"""
         ts = []
         for i, args in enumerate(names):
             t = threading.Thread(target=self._start, args=(*args, next(self.ports)), name=args[0])
@@ -339,15 +346,29 @@ class Run:
 
     def group(self, key: str, targets=("smol", "wide")) -> list[tuple]:
         """A draft's servers: SmolLM2 at 3/1/4, the widened target at every setting."""
-        g = [(f"smol_{key}_3-1-4", self.m, self.drafts[key], (3, 1, 4), 0.1)] if "smol" in targets else []
+        a = self.a
+        g = (
+            [(f"smol_{key}_3-1-4", self.m, self.drafts[key], (3, 1, 4), a.mem_smol)]
+            if "smol" in targets
+            else []
+        )
         if "wide" in targets and (self.wide / "config.json").exists():
-            g += [(f"wide_{key}_{self.tag[c]}", self.wide, self.drafts[key], c, 0.3) for c in self.configs]
+            g += [
+                (f"wide_{key}_{self.tag[c]}", self.wide, self.drafts[key], c, a.mem_wide)
+                for c in self.configs
+            ]
         return g
+
+    def bases(self) -> list[tuple]:
+        b = [("smol_base", self.m, None, (3, 1, 4), self.a.mem_smol)]
+        if (self.wide / "config.json").exists():
+            b.append(("wide_base", self.wide, None, (3, 1, 4), self.a.mem_wide))
+        return b
 
 
 def run(a) -> None:
-    """The run (the module docstring): data, SpecForge, then ours (with the first servers starting beside it), the
-    other servers, the measurements."""
+    """The run (the module docstring): data, the two trainers (one after the other, or side by side with
+    ``--side-by-side``), the servers, the measurements."""
     r = Run(a)
     if not r.inputs():
         return
@@ -361,22 +382,52 @@ def run(a) -> None:
                     ["--trainer", "specforge", "--epochs", "50", "--max-steps", str(steps), "--extra", sf_extra(a)],
                     budget)  # fmt: skip
         res["planned_steps"] = steps
-        res["planned_from"] = {"steps_per_s": a.sf_rate, "startup_s": a.sf_startup_s, "budget_s": budget}
+        res["planned_from"] = {"steps_per_s": a.sf_rate, "startup_s": a.sf_startup_s, "budget_s": budget,
+                               "side_by_side": a.side_by_side}  # fmt: skip
         return res
-
-    if not a.smoke:
-        train_sf()
-        r.convert_draft("specforge", sf_run)
-    bases = [("smol_base", r.m, None, (3, 1, 4), 0.1)]
-    if (r.wide / "config.json").exists():
-        bases.append(("wide_base", r.wide, None, (3, 1, 4), 0.3))
-    # while our trainer runs: the baselines and SpecForge's servers start (their load is on our trainer)
-    waiting = r.start_group(bases + (r.group("specforge") if "specforge" in r.drafts else []))
 
     @L.stage("train_ours", 90)
     def train_ours():
-        return train(a, "ours", r.data, r.m, ours_run, ["--epochs", str(a.epochs), *ours_flags(a)], budget)
+        res = train(a, "ours", r.data, r.m, ours_run, ["--epochs", str(a.epochs), *ours_flags(a)], budget)
+        res["side_by_side"] = a.side_by_side
+        return res
 
+    if a.side_by_side:  # (a smoke run: SpecForge is refused on the CPU, recorded, and ours goes on)
+        # both trainers at once on the one GPU, each with the same wall-clock budget; the baselines' servers start
+        # beside them (their start-up load falls on both alike)
+        waiting = []
+        with cf.ThreadPoolExecutor(2) as ex:
+            jobs = [ex.submit(train_sf), ex.submit(train_ours)]
+            time.sleep(min(30.0, budget / 10))
+            waiting = r.start_group(r.bases())
+            for j in jobs:
+                j.result()
+        L.save("disk_after_training", disk("after training", [*r.paths, sf_run, ours_run]))
+        r.convert_draft("specforge", sf_run)
+        r.convert_draft("ours", ours_run)
+        waiting += r.start_group([x for k in ("specforge", "ours") if k in r.drafts for x in r.group(k)])
+    else:
+        waiting = run_one_after_the_other(a, r, train_sf, train_ours, sf_run, ours_run)
+    for t in waiting:
+        t.join()
+    L.save("servers", {"ready_s": r.starts, "data_s": r.data_s})
+    measure_all(a, r.servers, r.drafts, r.configs, r.tag, r.qs, r.heldout, r.render)
+    for s in r.servers.values():
+        s.stop()
+    L.save("time_to_served", {k: {"data_s": r.data_s, "train_s": (L.SUMMARY.get(f"train_{k}") or {}).get("wall_s"),
+                                  "convert_s": (L.SUMMARY.get(f"convert_{k}") or {}).get("wall_s"),
+                                  "server_ready_s": r.starts.get(f"smol_{k}_3-1-4")}
+                              for k in r.drafts})  # fmt: skip
+
+
+def run_one_after_the_other(a, r: Run, train_sf, train_ours, sf_run: Path, ours_run: Path) -> list:
+    """SpecForge first, alone on the GPU; then ours, with the baselines' and SpecForge's servers starting beside it
+    (their load is on our trainer); our servers once it is done. The server threads still starting."""
+    if not a.smoke:
+        train_sf()
+        r.convert_draft("specforge", sf_run)
+    # while our trainer runs: the baselines and SpecForge's servers start (their load is on our trainer)
+    waiting = r.start_group(r.bases() + (r.group("specforge") if "specforge" in r.drafts else []))
     train_ours()
     L.save("disk_after_training", disk("after training", [*r.paths, sf_run, ours_run]))
     r.convert_draft("ours", ours_run)
@@ -394,18 +445,9 @@ def run(a) -> None:
         L.save("disk_store_dropped", disk("store dropped for the widened target", r.paths))
         r.widen()
         if (r.wide / "config.json").exists():
-            waiting += r.start_group([("wide_base", r.wide, None, (3, 1, 4), 0.3)]
+            waiting += r.start_group([("wide_base", r.wide, None, (3, 1, 4), a.mem_wide)]
                                      + [x for k in r.drafts for x in r.group(k, ("wide",))])  # fmt: skip
-    for t in waiting:
-        t.join()
-    L.save("servers", {"ready_s": r.starts, "data_s": r.data_s})
-    measure_all(a, r.servers, r.drafts, r.configs, r.tag, r.qs, r.heldout, r.render)
-    for s in r.servers.values():
-        s.stop()
-    L.save("time_to_served", {k: {"data_s": r.data_s, "train_s": (L.SUMMARY.get(f"train_{k}") or {}).get("wall_s"),
-                                  "convert_s": (L.SUMMARY.get(f"convert_{k}") or {}).get("wall_s"),
-                                  "server_ready_s": r.starts.get(f"smol_{k}_3-1-4")}
-                              for k in r.drafts})  # fmt: skip
+    return waiting
 
 
 def main() -> int:
@@ -451,7 +493,24 @@ def main() -> int:
     ap.add_argument("--identity-tokens", type=int, default=64)
     ap.add_argument("--kv-tokens", type=int, default=65536)
     ap.add_argument("--port0", type=int, default=30100)
-    ap.add_argument("--stagger-s", type=float, default=8)
+    ap.add_argument("--stagger-s", type=float, default=4, help="at least this long between two server starts")
+    ap.add_argument(
+        "--alloc-wait-s",
+        type=float,
+        default=60,
+        help="at most this long for a server's KV pools before the next",
+    )
+    ap.add_argument("--mem-smol", type=float, default=0.3, help="--mem-fraction-static of a SmolLM2 server")
+    ap.add_argument(
+        "--mem-wide", type=float, default=0.6, help="--mem-fraction-static of a widened-target server"
+    )
+    ap.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="both trainers at once on the one GPU, each with --train-s",
+    )
+    ap.add_argument("--sf-save-interval", type=int, default=250, help="SpecForge saves every N steps")
+    ap.add_argument("--sf-max-checkpoints", type=int, default=2, help="SpecForge keeps the newest N saves")
     ap.add_argument("--device", default="cuda")
     ap.add_argument(
         "--probe", action="store_true", help="the first device call: SpecForge on synthetic states"

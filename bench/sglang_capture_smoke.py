@@ -1,7 +1,7 @@
 """Live check of the SGLang capture patch on a real server (GPU box; SGLang installed under --site).
 
 Applies the patch for --sglang-version to the installed ``deepseek_v2.py``, starts a real ``sglang.launch_server``
-on the demo target with the dump environment and the version's dump flags (eagle3ops.extract.sglang_client.server_args),
+on the demo target with the dump environment and the version's dump flags (eagle3ops.sglang.client.server_args),
 sends the rows of --rows (token ids of prepared rows, rid ``e3o-<row>-<len>-0``, max_new_tokens 1) and compares
 every file the in-server hook wrote with the transformers backend's file for the same row (--ref): token ids
 equal, hidden states within bf16 tolerance. Then stops the server and restores the patch byte-exact.
@@ -98,9 +98,9 @@ def main() -> int:
     # torch and safetensors (used by _compare) are imported here, before the patch is applied: one missing
     # fails the run before anything is changed
     import torch  # noqa: F401
-    from eagle3ops.extract import sglang_patch
-    from eagle3ops.extract.sglang_client import server_args
-    from eagle3ops.extract.sglang_hook import make_rid
+    from eagle3ops.sglang import patch as sglang_patch
+    from eagle3ops.sglang.client import server_args
+    from eagle3ops.sglang.hook import make_rid
     from eagle3ops.store import HiddenStateStore
     from safetensors.torch import load_file  # noqa: F401
 

@@ -65,7 +65,7 @@ def _one_batch(hook, model, plan, bufs, expected: dict, device: str, k: int, h: 
     """Fill the buffers, take the reference synchronously, run the hook, clobber the buffers.
     Returns (seconds of the synchronous .cpu() copy, seconds inside the hook calls)."""
     import torch
-    from eagle3ops.extract.sglang_hook import make_rid
+    from eagle3ops.sglang.hook import make_rid
     from sglang_standin import StandInForwardBatch
 
     aux_buf, last_buf, ids_buf = bufs
@@ -122,7 +122,7 @@ def _verify(store, expected: dict) -> tuple[list[int], int]:
 def main() -> int:
     args = _parse_args()
     import torch
-    from eagle3ops.extract.sglang_hook import DumpHook
+    from eagle3ops.sglang.hook import DumpHook
     from eagle3ops.store import HiddenStateStore
     from safetensors.torch import load_file  # noqa: F401 - _verify's; a missing one fails before the run
     from sglang_standin import StandInModel

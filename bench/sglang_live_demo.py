@@ -119,7 +119,7 @@ def capture_server(
     smoke run (``--device cpu``): the STAND-IN of a patched server (tests/fixtures/sglang_standin_server.py, its
     capture mode), which runs the REAL hook over the transformers forward of the same model and writes the real
     store; it calls the hook as 0.5.23's patched lines do, so the 0.5.17 patch's own lines run only on the box."""
-    from eagle3ops.sglang_versions import dump_capture_args
+    from eagle3ops.sglang.versions import dump_capture_args
 
     # what the dump needs, plus the version's capture-only flags (none on 0.5.17: the patch turns the capture on)
     capture = ["--disable-radix-cache", "--chunked-prefill-size", "-1", "--disable-prefill-cuda-graph",
@@ -133,7 +133,7 @@ def capture_server(
 
 def capture_env(data_dir: Path, ids: list[int]) -> dict:
     """The capture hook's environment (what the sglang phase's unit sets): where to write, which layers."""
-    from eagle3ops.extract import sglang_hook
+    from eagle3ops.sglang import hook as sglang_hook
 
     return {sglang_hook.ENV_DUMP_DIR: str(data_dir), sglang_hook.ENV_LAYER_IDS: ",".join(map(str, ids))}
 

@@ -1,1 +1,1 @@
-../python/eagle3ops/sglang_versions.py
+../python/eagle3ops/sglang/versions.py

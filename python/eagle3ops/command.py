@@ -58,6 +58,30 @@ def pick(args, *names: str, **renamed: str) -> dict:
     return {**{n: getattr(args, n) for n in names}, **{k: getattr(args, o) for k, o in renamed.items()}}
 
 
+def disk_margin_bytes(mib: float) -> int:
+    """``--disk-margin-mib`` as bytes (refused below 0): ``extract``'s and ``extract-sglang``'s."""
+    if mib < 0:
+        raise CommandError(f"--disk-margin-mib {mib} must be 0 or more (MiB kept free on top of the need)")
+    return int(mib * 2**20)
+
+
+def pick_taken(args, api, command, *exclude: str, **renamed: str) -> dict:
+    """:func:`pick` of every option of ``command`` on the command line that ``api`` (a dataclass or a function)
+    takes under the same name, but ``exclude`` (the handler passes those itself), and of ``renamed``: an option
+    added to the definition and to the API under one name reaches it with no change to the handler."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(api):
+        takes = {f.name for f in dataclasses.fields(api)}
+    else:
+        takes = set(inspect.signature(api).parameters)
+    skip = set(exclude) | set(renamed)
+    return pick(
+        args, *(o.name for o in command.cli_options() if o.name in takes and o.name not in skip), **renamed
+    )
+
+
 def outcome(name: str, out, changed: bool, check: bool) -> str:
     """The head of a phase command's human summary: ``NAME: OUT would change`` / ``is up to date`` in check mode,
     ``NAME: OUT written`` / ``up to date`` after a run."""

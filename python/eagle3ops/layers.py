@@ -13,7 +13,7 @@ input of layer ``i + 1`` (:func:`to_input`).
   alike): distinct, ascending, the first not 1 (it adds 1 to every id then);
 - :func:`capture_ids`: the ids to hand a model file's ``set_eagle3_layers_to_capture`` (the draft's
   ``eagle_config``) so that it captures given input-of-layer ids, per rule of
-  :data:`eagle3ops.sglang_versions` ``layer_id_rules``.
+  :data:`eagle3ops.sglang.versions` ``layer_id_rules``.
 
 Errors are :class:`LayerIdError` (a ``ValueError``) whose message names the ids and the fix; callers wrap it
 in their own error type.
@@ -159,7 +159,7 @@ def check_sglang(ids: Sequence[int]) -> list[int]:
 
 def capture_ids(ids: Sequence[int], rule: str) -> list[int]:
     """The ids a model file's ``set_eagle3_layers_to_capture`` must be given so that it captures the inputs of
-    layers ``ids``, for its ``rule`` (:data:`eagle3ops.sglang_versions._LAYER_ID_RULES`):
+    layers ``ids``, for its ``rule`` (:data:`eagle3ops.sglang.versions._LAYER_ID_RULES`):
 
     - ``as_is_unless_first_is_1``: it captures ``ids`` as given, unless the first is 1;
     - ``plus_one``: it captures the output of layer ``id`` (the input of ``id + 1``), so each id moves down one.

@@ -40,6 +40,9 @@ class Option:
       it); the module always passes its value, so the CLI's default only serves direct CLI calls.
     role_default: the role's default where it deliberately differs from the module's (the agreement test checks
       ``defaults/main.yml`` and ``meta/argument_specs.yml`` against it, else against the module's default).
+    role_choices: the choices the role's ``meta/argument_specs.yml`` offers for its variable (refused at the role's
+      start, before anything runs), where the CLI and the module refuse another value themselves with a message
+      of their own: the SGLang versions, from eagle3ops' version table (the known ones listed, JSON ``known``).
     no_log: passed to the argument_spec (Ansible asks for it on names that look like secrets: ``*_tokens``).
     as_json: a dict given on the command line as one JSON object (``--extra '{"loss": {...}}'``).
     minimum, maximum: the smallest / largest value an int or float option takes (``above``: a strict lower bound,
@@ -50,6 +53,14 @@ class Option:
       say it.
     words: with ``minimum`` on a str option, the words taken beside a number (``("auto",)``).
     why: why the bounds are what they are, said with a refused value (``the target needs at least 1 step``).
+    doc: the description in the module's DOCUMENTATION (a string, or a list of paragraphs; Ansible markup such as
+      ``C()``, ``O()``); without it the ``help`` as a sentence. ``make options`` writes it there
+      (:mod:`eagle3ops.option_render`).
+    role_doc: the role variable's description in ``meta/argument_specs.yml``; without it ``doc``.
+    role_value: the role's default in ``defaults/main.yml`` when it is a template of the shared variables of
+      roles/eagle3ops (``"{{ eagle3ops_data_dir }}"``); argument_specs documents what it renders to.
+    role_pass: what the role's task adds after the variable when it passes it (``" | default(omit, true)"``,
+      the default for an option without a default).
     command: a path option that names a program: a bare name (no ``/``) is looked up on PATH, so only a value
       with a ``/`` in it must be absolute (``executable``).
 
@@ -80,6 +91,7 @@ class Option:
         cli=True,
         role=None,
         role_default=_UNSET,
+        role_choices=None,
         no_log=None,
         as_json=False,
         minimum=None,
@@ -88,6 +100,10 @@ class Option:
         words=(),
         why=None,
         command=False,
+        doc=None,
+        role_doc=None,
+        role_value=None,
+        role_pass=None,
     ):
         if type not in ("str", "path", "int", "float", "bool", "list", "dict", "raw"):
             raise ValueError(f"option {name}: unknown type {type!r}")
@@ -119,6 +135,7 @@ class Option:
         self.cli = cli
         self.role = role
         self.role_default = role_default
+        self.role_choices = list(role_choices) if role_choices is not None else None
         self.no_log = no_log
         self.as_json = as_json
         self.minimum = minimum
@@ -127,6 +144,10 @@ class Option:
         self.words = tuple(words)
         self.why = why
         self.command = command
+        self.doc = doc
+        self.role_doc = role_doc
+        self.role_value = role_value
+        self.role_pass = role_pass
 
     def __repr__(self):
         return f"Option({self.name!r}, {self.type!r}, default={self.default!r})"
@@ -138,7 +159,7 @@ class Option:
         for k, v in changes.items():
             if k not in new.__dict__:
                 raise TypeError(f"option {self.name}: no field {k}")
-            new.__dict__[k] = list(v) if k == "choices" and v is not None else v
+            new.__dict__[k] = list(v) if k in ("choices", "role_choices") and v is not None else v
         return new
 
     @property
@@ -332,7 +353,20 @@ class Option:
 
 
 # every module that runs the CLI has it: where the eagle3ops command is on the target (doc fragment eagle3ops)
-EXECUTABLE = Option("executable", "path", cli=False, command=True, help="the eagle3ops command on the target")
+EXECUTABLE = Option(
+    "executable",
+    "path",
+    cli=False,
+    command=True,
+    help="the eagle3ops command on the target",
+    doc=[
+        "Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).",
+        "When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).",
+    ],
+    role_doc="The eagle3ops command (default the shared eagle3ops_bin, the runtime phase's).",
+    role_value="{{ eagle3ops_bin }}",
+    role_pass="",
+)
 
 
 class _Append(argparse.Action):

@@ -10,6 +10,9 @@ help; the CLI flag, the module parameter and the role variable where they differ
   parsed ``args.<name>`` is what the phase's function takes;
 - the module in ``library/`` builds ``AnsibleModule(argument_spec=COMMAND.argument_spec())`` and hands its
   params to ``module_utils/eagle3ops_cli.CliRunner``, which turns them into argv with :meth:`Option.argv`;
+- ``make options`` (:mod:`eagle3ops.option_render`) writes the module's DOCUMENTATION options, the role's
+  ``defaults/main.yml``, ``meta/argument_specs.yml``, task pass-through and README entries from it, between marker
+  comments (``tests/unit/test_options_generated.py`` fails when they differ from what it writes);
 - ``tests/unit/test_options.py`` fails when the module's DOCUMENTATION, the role's ``meta/argument_specs.yml``
   or ``defaults/main.yml`` disagree with the definition (names, types, defaults, choices), and proves that
   params -> argv -> the generated parser gives every value back.
@@ -149,6 +152,12 @@ class Command:
             if o.name == name:
                 return o
         raise KeyError(f"{self.name}: no option {name}")
+
+    def defaults(self) -> dict:
+        """{option name: its default}: what the Python API the command calls takes as its own defaults
+        (``margin_frac: float = _D["margin"]`` in ``ExtractConfig``), so each value is written once, here. A list
+        or dict default is a field's ``default_factory``, not a shared value."""
+        return {o.name: o.default for o in self.options}
 
     # ---- the CLI side ----------------------------------------------------------------------------------
     def add_parser(self, subparsers):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import run_cache
-from eagle3ops.extract import sglang_patch
+from eagle3ops.sglang import patch as sglang_patch
 from eagle3ops.store import HiddenStateStore
 
 REPO = Path(__file__).resolve().parents[2]

@@ -56,7 +56,7 @@ import os
 import sys
 
 sys.path.insert(0, "/opt/e3/fixtures")
-from eagle3ops.extract import sglang_patch  # noqa: E402
+from eagle3ops.sglang import patch as sglang_patch  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model-path", required=True)
@@ -80,7 +80,7 @@ def _sha(p: Path) -> str:
 def test_two_hosts_extract_through_sglang_survive_a_power_off_and_end_pristine(
     make_host, run_playbook, tmp_path
 ):
-    from eagle3ops.extract import sglang_patch
+    from eagle3ops.sglang import patch as sglang_patch
     from sglang_standin import pristine_deepseek_v2, site_packages
     from tinymodels import build_prepared_dataset, build_tiny_target
 

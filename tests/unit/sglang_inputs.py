@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle3ops.extract.session import ExtractConfig
-from eagle3ops.extract.sglang_client import SGLangExtractConfig
 from eagle3ops.extract.transformers_backend import run_extraction
+from eagle3ops.sglang.client import SGLangExtractConfig
 from tinymodels import build_prepared_dataset
 
 

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eagle3_draft_fixture import edit_config, make_draft_checkpoint
 from eagle3ops.serve import convert as cv_convert
+from eagle3ops.sglang.versions import KNOWN
 from eagle3ops.train.fixtures import make_tiny_verifier
 from proc_helpers import HEAVY, cli_imports
 
@@ -38,7 +39,7 @@ def _sglang_source(member: str, version: str = "0.5.23") -> str:
     return sglang_source(member, version)
 
 
-@pytest.fixture(scope="module", params=["0.5.17", "0.5.23"])
+@pytest.fixture(scope="module", params=KNOWN)  # every version in eagle3ops' table, each on its real wheel
 def sglang_version(request):
     return request.param
 
@@ -227,7 +228,7 @@ def _rule_in_source(src: str, cls_name: str) -> str:
 
 def test_layer_id_rules_match_the_real_model_files(sglang_version):
     """eagle3ops' table of SGLang's layer-id conventions is what each model file of that version does."""
-    from eagle3ops import sglang_versions
+    from eagle3ops.sglang import versions as sglang_versions
 
     checked = 0
     for arch, (fname, rule) in sglang_versions.get(sglang_version).layer_id_rules.items():

@@ -149,6 +149,26 @@ def test_cli_resolves_and_refuses_without_torch(tmp_path):
     assert "eagle3ops" in imported and not imported & HEAVY
 
 
+def test_cli_gives_the_versions_capture_flags_from_the_table(tmp_path):
+    """``--sglang-version``: the dump server's aux-capture flags for the resolved ids, the version table's own
+    (``dump_capture_args``: the three flags where the version has them, none where its patch turns the capture
+    on); the sglang role writes them into its unit. An unknown version is refused with the known ones."""
+    from eagle3ops.sglang import versions
+
+    m = _model(tmp_path, "kimi", 61, nested=True)
+    for v in versions.KNOWN:
+        rc, out = _cli("--model", m, "--sglang", "--sglang-version", v)
+        assert rc == 0 and out["layer_ids"] == [2, 30, 58] and out["sglang_version"] == v
+        assert out["sglang_capture_args"] == versions.dump_capture_args(v, [2, 30, 58])
+        assert bool(out["sglang_capture_args"]) == versions.get(v).capture_only_flag
+    rc, out = _cli("--model", m, "--sglang", "--sglang-version", "0.5.23")
+    assert out["sglang_capture_args"][-4:] == ["--return-aux-hidden-state-layer-ids", "2", "30", "58"]
+    rc, out = _cli("--model", m, "--sglang-version", "0.5.99")
+    assert rc == 2 and out["known"] == list(versions.KNOWN) and "0.5.99" in out["msg"]
+    rc, out = _cli("--model", m)
+    assert rc == 0 and out["sglang_capture_args"] is None  # not asked
+
+
 # role case -> (config layers, nested, sglang_layer_ids)
 ROLE_CASES = {
     "default_nested": (61, True, None),

@@ -406,7 +406,7 @@ def test_example_inventories_literal_values_pass_the_specs(rel):
 
 def test_every_sglang_version_option_offers_the_known_versions():
     """sglang_version, extract_sglang_version, serve_sglang_version: the version table's keys, no more."""
-    from eagle3ops import sglang_versions
+    from eagle3ops.sglang import versions as sglang_versions
 
     found = {
         k: o.get("choices") for r in ROLES for k, o in _options(r).items() if k.endswith("sglang_version")

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from eagle3ops.extract import sglang_patch
-from eagle3ops.extract.sglang_client import (
+from eagle3ops.sglang import patch as sglang_patch
+from eagle3ops.sglang.client import (
     SGLangClientError,
     _request,
     run_sglang_extraction,
@@ -120,7 +120,7 @@ def test_a_row_waiting_for_its_file_holds_no_request_slot(
     row's request reaches the server while the first row still waits for its file (before, the slot stayed taken
     until the file was confirmed, so the server idled through every confirmation: the capture-overhead figure of
     2026-12-02). The first confirmation waits (bounded) for the server to have seen a second request."""
-    from eagle3ops.extract import sglang_client as sc
+    from eagle3ops.sglang import client as sc
 
     real_confirm = sc._Runner._confirm
     seen: list[int] = []
@@ -212,7 +212,7 @@ def test_the_server_restarting_mid_run_is_waited_for(tmp_path, data_dir, tiny_ta
         port = str(s.getsockname()[1])
     args = ("--port", port, "--batch-delay", "0.3", "--max-batch", "1")
     box = {}
-    from eagle3ops.extract import sglang_client as sc
+    from eagle3ops.sglang import client as sc
 
     waiting = threading.Event()
     real_wait = sc._Runner._wait_until_healthy
@@ -377,7 +377,7 @@ def test_the_run_ends_once_the_manifest_names_every_confirmed_row(tmp_path):
     scan is a set that a thread fills 0.3 s later, as the server's writer does."""
     from types import SimpleNamespace
 
-    from eagle3ops.extract import sglang_client as sc
+    from eagle3ops.sglang import client as sc
 
     named: dict[int, object] = {0: None}
     store = SimpleNamespace(dir=tmp_path, scan_manifest=lambda: SimpleNamespace(entries=dict(named)))

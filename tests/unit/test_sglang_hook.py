@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops.extract import sglang_hook
 from eagle3ops.extract.session import ExtractConfig, build_meta, model_facts
-from eagle3ops.extract.sglang_hook import DumpHook, HookError, make_rid
 from eagle3ops.extract.transformers_backend import run_extraction
 from eagle3ops.extract.writer import PinnedPool
+from eagle3ops.sglang import hook as sglang_hook
+from eagle3ops.sglang.hook import DumpHook, HookError, make_rid
 from eagle3ops.store import HiddenStateStore
 from tinymodels import build_prepared_dataset
 

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops.extract import sglang_hook, sglang_patch
-from eagle3ops.extract.sglang_patch import PatchError
+from eagle3ops.sglang import hook as sglang_hook
+from eagle3ops.sglang import patch as sglang_patch
+from eagle3ops.sglang.patch import PatchError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from sglang_standin import VERSIONS, pristine_deepseek_v2, sglang_wheel
@@ -41,7 +42,7 @@ def target(tmp_path, version):
 
 
 def test_every_known_version_has_a_patch():
-    from eagle3ops import sglang_versions
+    from eagle3ops.sglang import versions as sglang_versions
 
     assert set(sglang_patch.SPECS) == set(sglang_versions.VERSIONS) == set(VERSIONS)
     assert all(v == s.sglang_version for v, s in sglang_patch.SPECS.items())
@@ -240,7 +241,7 @@ def _server_fields(version: str) -> str:
     """ServerArgs' field declarations of the real wheel (0.5.23: arg_groups/fields/*.py; 0.5.17: server_args.py)."""
     import zipfile
 
-    from eagle3ops import sglang_versions
+    from eagle3ops.sglang import versions as sglang_versions
 
     where = sglang_versions.get(version).server_args_files
     with zipfile.ZipFile(sglang_wheel(version)) as z:
@@ -252,21 +253,35 @@ def _server_fields(version: str) -> str:
 
 
 def _render_unit(version: str) -> str:
-    """The role's extraction unit rendered with jinja2 (Ansible's engine) for ``version``."""
+    """The role's extraction unit rendered with jinja2 (Ansible's engine) for ``version``, with the ids and
+    capture flags the role takes from ``eagle3ops layer-ids --sglang --sglang-version`` (roles/sglang/tasks/
+    layers.yml), run here on an 8-layer config."""
+    import tempfile
+
     import jinja2
     import yaml
 
     role = Path(__file__).resolve().parents[2] / "roles/sglang"
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     tpl = env.from_string((role / "templates/eagle3ops-sglang-extract.service.j2").read_text())
-    vars_ = {
-        **yaml.safe_load((role / "defaults/main.yml").read_text()),
-        **yaml.safe_load((role / "vars/main.yml").read_text()),
-    }
+    with tempfile.TemporaryDirectory() as model:
+        (Path(model) / "config.json").write_text(json.dumps({"num_hidden_layers": 8}))
+        r = subprocess.run(
+            [
+                *(sys.executable, "-m", "eagle3ops", "layer-ids", "--model", model, "--ids", "2", "4", "5"),
+                *("--sglang", "--sglang-version", version, "--json"),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    answer = json.loads(r.stdout.strip().splitlines()[-1])
+    vars_ = yaml.safe_load((role / "defaults/main.yml").read_text())
     vars_.update(
         sglang_version=version,
         ansible_managed="managed",
-        sglang_resolved_layer_ids=[2, 4, 5],
+        sglang_resolved_layer_ids=answer["layer_ids"],
+        sglang_capture_args=answer["sglang_capture_args"],
         sglang_dump_data_dir="/data",
     )
     return tpl.render(**vars_)
@@ -278,7 +293,7 @@ def test_the_server_flags_exist_in_each_sglang_version(version):
     flag: the dump server passes none (the patch turns the capture on), 0.5.23 passes its three."""
     import re
 
-    from eagle3ops.extract.sglang_client import server_args
+    from eagle3ops.sglang.client import server_args
 
     fields = _server_fields(version)
     unit = _render_unit(version)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3ops.extract import sglang_patch
+from eagle3ops.sglang import patch as sglang_patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from sglang_standin import offline_role_inputs, pristine_deepseek_v2, site_packages

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from eagle3ops.extract import sglang_hook
-from eagle3ops.extract.sglang_client import (
+from eagle3ops.sglang import hook as sglang_hook
+from eagle3ops.sglang.client import (
     SGLangClientError,
     SGLangExtractConfig,
     routing,

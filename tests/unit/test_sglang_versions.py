@@ -1,4 +1,4 @@
-"""The SGLang version table (eagle3ops.sglang_versions) checked against each version's REAL wheel (0.5.17,
+"""The SGLang version table (eagle3ops.sglang.versions) checked against each version's REAL wheel (0.5.17,
 0.5.23; cached under tests/.artifacts/sglang/, read with zipfile/ast, never imported: SGLang's runtime needs CUDA).
 
 What the in-server hook touches in SGLang is checked in the source of every version: the ForwardBatch fields and
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from eagle3ops import sglang_versions
-from eagle3ops.extract.sglang_hook import DumpHook, HookError
+from eagle3ops.sglang import versions as sglang_versions
+from eagle3ops.sglang.hook import DumpHook, HookError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from sglang_standin import VERSIONS, StandInForwardBatch, StandInForwardMode, sglang_source
@@ -161,10 +161,14 @@ def test_enable_capture_sets_what_set_eagle3_layers_to_capture_sets(tmp_path):
 
 
 def test_the_roles_version_variables_equal_the_table():
-    role_vars = yaml.safe_load((REPO / "roles/sglang/vars/main.yml").read_text())
-    assert role_vars["sglang_version_capture_only_flag"] == {
-        v: sglang_versions.get(v).capture_only_flag for v in sglang_versions.KNOWN
-    }
+    """The sglang role keeps no copy of the table: its unit's capture flags are eagle3ops layer-ids' answer
+    (``sglang_capture_args``, from dump_capture_args); the roles' version choices are the table's."""
+    role = REPO / "roles/sglang"
+    assert not (role / "vars/main.yml").exists()
+    unit = (role / "templates/eagle3ops-sglang-extract.service.j2").read_text()
+    assert "sglang_capture_args" in unit and "--enable-return-aux-hidden-states" not in unit
+    layers_yml = (role / "tasks/layers.yml").read_text()
+    assert "'--sglang-version', sglang_version" in layers_yml and ".sglang_capture_args" in layers_yml
     for role, var in (("sglang", "sglang_version"), ("extract", "extract_sglang_version")):
         spec = yaml.safe_load((REPO / f"roles/{role}/meta/argument_specs.yml").read_text())
         opt = spec["argument_specs"]["main"]["options"][var]

@@ -155,6 +155,26 @@ def test_draft_config_is_specforges_derivation_with_our_vocabulary_and_layers(ru
     assert loaded.architectures == ["LlamaForCausalLMEagle3"] and loaded.hidden_size == 64
 
 
+def test_draft_config_takes_the_targets_rope_from_rope_parameters(tmp_path):
+    """A transformers 5 target config (the converted SmolLM2's) states its rope only in ``rope_parameters``; the
+    draft gets that theta, not LlamaConfig's 10,000 (what SpecForge's own derivation gave in run 2)."""
+    from specforge.modeling.auto import AutoDraftModelConfig
+
+    target = {"vocab_size": 300, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 128, "rms_norm_eps": 1e-5, "hidden_act": "silu", "max_position_embeddings": 512,
+              "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(target))
+    cfg = sf.draft_config(tmp_path, 64, [1, 2, 3])
+    assert cfg["rope_theta"] == 100000.0 and cfg["rope_parameters"]["rope_theta"] == 100000.0
+    (tmp_path / "draft.json").write_text(json.dumps(cfg))
+    loaded = AutoDraftModelConfig.from_file(str(tmp_path / "draft.json"))
+    theta = getattr(loaded, "rope_theta", None) or loaded.rope_parameters["rope_theta"]
+    assert theta == 100000.0
+    # a config with the top-level key keeps it (SpecForge's own derivation)
+    (tmp_path / "config.json").write_text(json.dumps({**target, "rope_parameters": None, "rope_theta": 5e5}))
+    assert sf.draft_config(tmp_path, 64, [1, 2, 3])["rope_theta"] == 5e5
+
+
 def test_vocab_mapping_is_the_speculators_runs(run):
     import numpy as np
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import yaml
-from eagle3ops import sglang_versions
+from eagle3ops.sglang import versions as sglang_versions
 
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "python"

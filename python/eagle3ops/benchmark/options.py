@@ -15,7 +15,11 @@ one_of, target_model = _o.one_of, _o.target_model
 count = _o.count
 
 MODULE = "eagle3ops_benchmark"
-_EXE = EXECUTABLE.but(role="benchmark_eagle3ops_bin")
+_EXE = EXECUTABLE.but(
+    role="benchmark_eagle3ops_bin",
+    role_doc=("The eagle3ops command on this host (the runtime phase's). Default the shared eagle3ops_bin."),
+    role_value="{{ eagle3ops_bin }}",
+)
 # NAME=PATH, repeatable: named prompt files (held-out JSONL, MT-bench question.jsonl)
 _SETS = Option(
     "set",
@@ -23,11 +27,22 @@ _SETS = Option(
     required=True,
     param="prompt_sets",
     help="a named prompt set (repeatable)",
+    doc=(
+        "Named prompt files C({name - path}) (held-out JSONL, MT-bench question.jsonl); "
+        "C(live), C(contamination)."
+    ),
+    role_doc=(
+        "Named prompt files {name - path} (held-out JSONL, MT-bench question.jsonl); "
+        "default {heldout - benchmark_prompts}."
+    ),
+    role_value="{{ {'heldout': benchmark_prompts} if benchmark_prompts | length > 0 else {} }}",
 )
 _TURNS = one_of(
     "mtbench_turns",
     ["first", "both"],
     help="MT-bench: first turns only, or both (the second follows the server's own first answer)",
+    doc=("MT-bench C(first) turns only, or C(both) as a two-turn conversation; C(live) only."),
+    role_doc=("MT-bench first turns only, or both turns (the second follows the server's own first answer)."),
 )
 
 ACCEPTANCE = Command(
@@ -39,20 +54,85 @@ ACCEPTANCE = Command(
     role="benchmark",
     options=[
         Option(
-            "checkpoint", "path", required=True, help="speculators checkpoint dir, save path or train run dir"
+            "checkpoint",
+            "path",
+            required=True,
+            help="speculators checkpoint dir, save path or train run dir",
+            doc=("The speculators checkpoint (dir, save path or train run dir); C(acceptance) only."),
+            role_doc=(
+                "The speculators checkpoint measured offline: a checkpoint dir, a save path or "
+                "the train run dir. Default the shared eagle3ops_checkpoint (what serve "
+                "converts)."
+            ),
+            role_value="{{ eagle3ops_checkpoint }}",
         ),
-        target_model("target", "transformers", role="benchmark_target_path"),
-        Option("prompts", "path", required=True, help="held-out prompts JSONL (not used in training)"),
-        Option("out", "path", required=True, role=False, help="result JSON file"),
-        count("k", default=3, help="draft tokens per verify step (speculative-num-steps)"),
-        count("max_new_tokens", default=64, no_log=False, help="tokens generated per prompt"),
-        count("limit", help="use only the first N prompts"),
+        target_model(
+            "target",
+            "transformers",
+            role="benchmark_target_path",
+            doc="The target model directory; C(acceptance) only.",
+            role_doc=(
+                "The target model directory (transformers) for the offline measurement. Default "
+                "the shared eagle3ops_model_path."
+            ),
+            role_value="{{ eagle3ops_model_path }}",
+        ),
+        Option(
+            "prompts",
+            "path",
+            required=True,
+            help="held-out prompts JSONL (not used in training)",
+            doc=(
+                "Held-out prompts JSONL, not used in training (C(acceptance)); the probe prompts "
+                "(C(guard); default eagle3ops' built-in prompts)."
+            ),
+            role_doc=(
+                "Held-out prompts JSONL, never used in training (the demo writes heldout.jsonl). "
+                "Default the shared eagle3ops_heldout_prompts."
+            ),
+            role_value="{{ eagle3ops_heldout_prompts }}",
+        ),
+        Option(
+            "out",
+            "path",
+            required=True,
+            role=False,
+            help="result JSON file",
+            doc=(
+                "The acceptance result file (C(acceptance)) or the report directory (C(report)); "
+                "required there."
+            ),
+        ),
+        count(
+            "k",
+            default=3,
+            help="draft tokens per verify step (speculative-num-steps)",
+            doc="Draft tokens per verify step.",
+            role_doc=(
+                "Draft tokens per verify step in the offline measurement (= the server's "
+                "--speculative-num-steps). Default the shared eagle3ops_speculative_num_steps."
+            ),
+            role_value="{{ eagle3ops_speculative_num_steps }}",
+        ),
+        count(
+            "max_new_tokens",
+            default=64,
+            no_log=False,
+            help="tokens generated per prompt",
+            role_doc="Tokens generated per prompt by the offline measurement.",
+        ),
+        count(
+            "limit",
+            help="use only the first N prompts",
+            role_doc="Use only the first N held-out prompts (null: all).",
+        ),
         Option(
             "baseline",
             "bool",
             default=True,
             role="benchmark_random_baseline",
             help="also measure a random-token draft (the floor, about 1)",
+            role_doc="Also measure a random-token draft (the floor, ~1).",
         ),
         count("threads", default=1, param=False, help="torch CPU threads (1 is fastest on a busy machine)"),
         one_of(
@@ -60,12 +140,25 @@ ACCEPTANCE = Command(
             ["cpu", "cuda"],
             role="benchmark_offline_device",
             help="where the target and the draft run (cuda: the first visible GPU)",
+            doc=(
+                "Where the offline measurement runs the target and the draft (C(cuda) is the "
+                "first visible GPU). C(acceptance) only."
+            ),
+            role_doc=(
+                "Where the offline measurement runs the target and the draft (cuda - the first visible GPU)."
+            ),
         ),
         one_of(
             "dtype",
             ["float32", "bfloat16"],
             role="benchmark_offline_dtype",
             help="the target's and the draft's dtype (bfloat16: what an SGLang server computes in)",
+            doc=(
+                "The offline measurement's dtype; C(bfloat16) is what an SGLang server computes "
+                "in. Set with I(device), it is recorded in the result's inputs (a change "
+                "re-measures). C(acceptance) only."
+            ),
+            role_doc="The offline measurement's dtype (bfloat16 - what an SGLang server computes in).",
         ),
         Option(
             "max_target_gb",
@@ -74,20 +167,47 @@ ACCEPTANCE = Command(
             role="benchmark_offline_max_target_gb",
             role_default=16,  # the playbook skips what a CPU host cannot hold; a CLI call measures any size
             help="skip (not fail) when the target's weights exceed this size: the target runs in float32 here",
+            doc=(
+                "Skip the offline measurement (C(too_large) in the result, not a failure) when "
+                "the target's weights exceed this many GiB; it runs the target in float32. "
+                "C(acceptance) only."
+            ),
+            role_doc=(
+                "Skip the offline measurement (with a message) when the target's weights exceed "
+                "this many GiB (it runs in float32)."
+            ),
         ),
         _EXE,
     ],
 )
 
 # the result files the report reads (each optional; the role passes them itself): option -> what it is
-_REPORT_INPUTS = {
-    "acceptance": "benchmark-acceptance result JSON",
-    "sglang_with": "SGLang bench JSONL of the server with the draft",
-    "sglang_without": "SGLang bench JSONL of the server without the draft",
-    "spec_probe": "benchmark-spec-probe result JSON (completion tokens / spec_verify_ct)",
-    "live_with": "benchmark-live result of the server with the draft",
-    "live_without": "benchmark-live result of the server without the draft",
-    "contamination": "benchmark-contamination result JSON",
+_REPORT_INPUTS = {  # name: (--help, the module's description)
+    "acceptance": ("benchmark-acceptance result JSON", "The acceptance result JSON; C(report) only."),
+    "sglang_with": (
+        "SGLang bench JSONL of the server with the draft",
+        "SGLang bench JSONL of the server with the draft; C(report) only.",
+    ),
+    "sglang_without": (
+        "SGLang bench JSONL of the server without the draft",
+        "SGLang bench JSONL of the server without the draft; C(report) only.",
+    ),
+    "spec_probe": (
+        "benchmark-spec-probe result JSON (completion tokens / spec_verify_ct)",
+        "C(eagle3ops benchmark-spec-probe) result (completion tokens / spec_verify_ct); C(report) only.",
+    ),
+    "live_with": (
+        "benchmark-live result of the server with the draft",
+        "C(benchmark-live) result of the server with the draft; C(report) only.",
+    ),
+    "live_without": (
+        "benchmark-live result of the server without the draft",
+        "C(benchmark-live) result of the server without the draft; C(report) only.",
+    ),
+    "contamination": (
+        "benchmark-contamination result JSON",
+        "C(benchmark-contamination) result; C(report) only.",
+    ),
 }
 
 REPORT = Command(
@@ -97,9 +217,28 @@ REPORT = Command(
     role="benchmark",
     options=[
         Option(
-            "out_dir", "path", required=True, param="out", role="benchmark_dir", help="the report's directory"
+            "out_dir",
+            "path",
+            required=True,
+            param="out",
+            role="benchmark_dir",
+            help="the report's directory",
+            role_doc=(
+                "Where the acceptance result, the live measurements and report.{json,md,png} are "
+                "written. Default <eagle3ops_workdir>/benchmark."
+            ),
+            role_value="{{ eagle3ops_workdir }}/benchmark",
         ),
-        *(Option(name, "path", role=False, help=what) for name, what in _REPORT_INPUTS.items()),
+        *(
+            Option(
+                name,
+                "path",
+                role=False,
+                help=what,
+                doc=doc,
+            )
+            for name, (what, doc) in _REPORT_INPUTS.items()
+        ),
         _EXE,
     ],
 )
@@ -111,12 +250,23 @@ SPEC_PROBE = Command(
     module=MODULE,  # action guard, from the serve role
     role="serve",
     options=[
-        Option("url", required=True, role=False, help="the server's base URL"),
+        Option(
+            "url",
+            required=True,
+            role=False,
+            help="the server's base URL",
+            doc="The SGLang server's base URL; C(guard) only.",
+        ),
         Option(
             "prompts",
             "path",
             role="serve_probe_prompts",
             help="held-out prompts JSONL (default: eagle3ops' built-in probe prompts)",
+            role_doc=(
+                "JSONL probe prompts of the guard (empty - built-in prompts; default the shared "
+                "eagle3ops_heldout_prompts)."
+            ),
+            role_value="{{ eagle3ops_heldout_prompts }}",
         ),
         Option("out", "path", param=False, help="result JSON (default: none written)"),
         count(
@@ -127,7 +277,14 @@ SPEC_PROBE = Command(
             role="serve_probe_max_new_tokens",
             help="tokens generated per probe prompt",
         ),
-        count("limit", role="serve_probe_count", role_default=4, help="use only the first N prompts"),
+        count(
+            "limit",
+            role="serve_probe_count",
+            role_default=4,
+            help="use only the first N prompts",
+            role_doc="Probe prompts sent by the guard (greedy, one at a time).",
+            role_pass="",
+        ),
         Option(
             "chat_template",
             "path",
@@ -135,6 +292,17 @@ SPEC_PROBE = Command(
             role=False,
             help="render each prompt with this target's chat template (its tokenizer files), as real traffic is: an "
             "instruct model given a raw prompt may answer EOS at once, and such an answer has no verify step",
+            doc=[
+                (
+                    "The target's model directory whose chat template formats each probe prompt; "
+                    "C(guard) only."
+                ),
+                (
+                    "An instruct model given a raw prompt may answer EOS at once, and such an answer "
+                    "carries no acceptance (SGLang reports C(spec_verify_ct) only after a verify "
+                    "step). Unset, prompts are sent as they are."
+                ),
+            ],
         ),
         Option(
             "min_accept_length",
@@ -142,8 +310,20 @@ SPEC_PROBE = Command(
             minimum=0,
             module_default=1.3,  # the module's guard action always has a floor; the CLI measures without one
             help="the guard: fail (exit 2, with likely causes) when the acceptance length is below this floor",
+            doc="The guard's floor for the acceptance length; C(guard) only.",
+            role_doc=(
+                "The guard's floor (completion_tokens / spec_verify_ct over the probe prompts); "
+                "a misconfigured draft serves at 1.00."
+            ),
         ),
-        EXECUTABLE.but(role="serve_eagle3ops_bin"),
+        EXECUTABLE.but(
+            role="serve_eagle3ops_bin",
+            role_pass=" | default(omit, true)",
+            role_doc=(
+                "The eagle3ops command on this host (the runtime phase's). Default the shared eagle3ops_bin."
+            ),
+            role_value="{{ eagle3ops_bin }}",
+        ),
     ],
 )
 
@@ -162,7 +342,11 @@ LIVE = Command(
     options=[
         Option("url", required=True, role=False, help="the server's base URL"),
         Option(
-            "label", default="with_draft", role=False, help="what this server is (with_draft / without_draft)"
+            "label",
+            default="with_draft",
+            role=False,
+            help="what this server is (with_draft / without_draft)",
+            doc="C(with_draft) or C(without_draft); C(live) only.",
         ),
         _SETS,
         _TURNS,
@@ -172,12 +356,22 @@ LIVE = Command(
             elements="int",
             default=[1, 8],
             help="requests in flight, one run per value",
+            doc="Requests in flight, one run each; C(live) only.",
+            role_doc="Requests in flight; one run per value, with and without the draft.",
         ),
         count(
             "num_requests",
             role_default=32,  # a bounded run per set in the playbook; a CLI call sends each prompt once
             help="requests per set and concurrency: the first N prompts, repeated when the set is smaller "
             "(default: each once)",
+            doc=(
+                "Requests per prompt set and concurrency - the first N prompts, repeated when "
+                "the set is smaller; default each prompt once. C(live) only."
+            ),
+            role_doc=(
+                "Requests per prompt set and concurrency - the first N prompts, repeated when "
+                "the set is smaller; null - each prompt once."
+            ),
         ),
         count(
             "max_new_tokens",
@@ -187,19 +381,41 @@ LIVE = Command(
             role="benchmark_output_len",
             role_default=256,
             help="tokens generated per request (greedy)",
+            role_doc="max_new_tokens of every live request (greedy).",
         ),
         Option(
-            "time_budget", "float", default=600.0, above=0, help="seconds per run; no new request after it"
+            "time_budget",
+            "float",
+            default=600.0,
+            above=0,
+            help="seconds per run; no new request after it",
+            doc="Seconds per run after which no new request starts; C(live) only.",
+            role_doc="Seconds per run after which no new request starts.",
         ),
         Option(
-            "timeout", "float", default=600.0, param="request_timeout", above=0, help="seconds per request"
+            "timeout",
+            "float",
+            default=600.0,
+            param="request_timeout",
+            above=0,
+            help="seconds per request",
+            doc="Seconds per request; C(live) only.",
+            role_doc="Seconds per request.",
         ),
-        Option("ignore_eos", "bool", default=False, help="always generate --max-new-tokens tokens"),
+        Option(
+            "ignore_eos",
+            "bool",
+            default=False,
+            help="always generate --max-new-tokens tokens",
+            doc="Always generate I(max_new_tokens) tokens; C(live) only.",
+            role_doc="Always generate benchmark_output_len tokens.",
+        ),
         Option(
             "template_model",
             "path",
             role=False,
             help="render prompts with this model's chat template (tokenizer dir)",
+            doc="Render prompts with this model's chat template; C(live) only.",
         ),
         Option(
             "server_key",
@@ -207,6 +423,9 @@ LIVE = Command(
             no_log=False,
             role=False,
             help="identity of the server (a new one measures again)",
+            doc=(
+                "Identity of the measured server (its command line); a new one measures again; C(live) only."
+            ),
         ),
         Option("out", "path", required=True, role=False, help="result JSON"),
         _EXE,
@@ -230,13 +449,31 @@ CONTAMINATION = Command(
             default=[],
             param="training_data",
             help="training conversations (JSONL/dir/HF dataset), repeatable",
+            doc=(
+                "Training conversations (JSONL files, directories, saved HF datasets); C(contamination) only."
+            ),
+            role_doc=(
+                "Training conversations for the contamination check (JSONL files/dirs, saved HF "
+                "datasets); default the shared eagle3ops_conversations (the regenerated "
+                "conversations keep their user turns)."
+            ),
+            role_value="{{ eagle3ops_conversations }}",
         ),
         one_of(
             "mode",
             ["fail", "warn"],
             param="contamination_mode",
             role="benchmark_contamination",
+            role_choices=["fail", "warn", "off"],  # off: the role's task leaves the check out (its when)
             help="fail (exit 2) or only report",
+            doc=(
+                "C(fail) the task when a benchmark prompt is in the training data, or C(warn); "
+                "C(contamination) only."
+            ),
+            role_doc=(
+                "Benchmark prompts found in the training user turns fail the phase (fail), are "
+                "reported (warn), or are not checked (off)."
+            ),
         ),
         Option("out", "path", role=False, help="result JSON (default: none written)"),
         _EXE,
@@ -268,6 +505,7 @@ BENCHMARK = Module(
             required=True,
             choices=["acceptance", "report", "guard", "live", "contamination"],
             cli=False,
+            doc="What to run.",
         ),
         Option(
             "plan",
@@ -275,6 +513,9 @@ BENCHMARK = Module(
             default=False,
             cli=False,
             help="action live: only predict whether it would measure",
+            doc=(
+                "Only predict whether I(action=live) would measure (C(changed)); nothing is sent or written."
+            ),
         ),
     ],
 )

@@ -51,6 +51,12 @@ LAYER_IDS = Command(
             help="also refuse what SGLang's set_eagle3_layers_to_capture would shift: ids must come distinct "
             "and ascending, the first not 1",
         ),
+        Option(
+            "sglang_version",
+            help="also give the server flags that make this SGLang version capture these ids without a draft "
+            "(sglang_capture_args in the JSON result; none for a version whose capture patch turns the capture "
+            "on itself); a version eagle3ops has no entry for is refused with the known ones",
+        ),
     ],
 )
 

@@ -1,5 +1,5 @@
-"""The extract phase's sub-commands: ``extract``, ``status``, ``workers``, ``lengths`` here; ``sglang-extract``
-and ``sglang-patch`` (:mod:`.sglang_commands`) and ``verify`` (:mod:`.verify`) beside. The logic is imported inside
+"""The extract phase's sub-commands: ``extract``, ``status``, ``workers``, ``lengths`` here, ``verify``
+(:mod:`.verify`) beside; the SGLang backend's ``extract-sglang`` is :mod:`eagle3ops.sglang.commands`'. The logic is imported inside
 the handlers, so that building the parser (every ``eagle3ops`` call) imports none of it."""
 
 from __future__ import annotations
@@ -7,59 +7,42 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from eagle3ops.command import CommandError, emit, pick
+from eagle3ops.command import CommandError, disk_margin_bytes, emit, pick_taken
 
 
 def register(sub) -> None:
-    from eagle3ops.extract import sglang_commands, verify
+    from eagle3ops.extract import verify
     from eagle3ops.extract.options import EXTRACT, LENGTHS, STATUS, WORKERS
 
     EXTRACT.add_parser(sub).set_defaults(func=cmd_extract)
     STATUS.add_parser(sub).set_defaults(func=cmd_status)
     WORKERS.add_parser(sub).set_defaults(func=cmd_workers)
     LENGTHS.add_parser(sub).set_defaults(func=cmd_lengths)
-    sglang_commands.register(sub)
     verify.register(sub)
 
 
 def _config(args, log=None):
+    from eagle3ops.extract.options import EXTRACT
     from eagle3ops.extract.session import ExtractConfig
 
+    # every option ExtractConfig takes by its name (layer_ids, dtype, writer_threads, ...: a new one needs no line
+    # here), and those it takes otherwise
     return ExtractConfig(
-        **pick(
+        **pick_taken(
             args,
-            "layer_ids",
-            "layer_convention",
-            "dtype",
-            "compute_dtype",
-            "device",
-            "max_batch_tokens",
-            "max_batch_size",
-            "fsync",
-            "writer_threads",
-            "limit",
-            "progress",
-            "verify",
-            "on_model_change",
-            "model_hash",
+            ExtractConfig,
+            EXTRACT,
+            "world_size",
+            "rank",
             data_dir="data",
             model_path="model",
             margin_frac="margin",
         ),
         world_size=args.world_size or 1,
         rank=args.rank or 0,
-        reassign_ranks=args.reassign_ranks or None,
-        reassign_from_data=args.reassign_from_data or None,
         margin_bytes=disk_margin_bytes(args.disk_margin_mib),
         log_path=str(log) if log else None,
     )
-
-
-def disk_margin_bytes(mib: float) -> int:
-    """``--disk-margin-mib`` as bytes (refused below 0)."""
-    if mib < 0:
-        raise CommandError(f"--disk-margin-mib {mib} must be 0 or more (MiB kept free on top of the need)")
-    return int(mib * 2**20)
 
 
 def _host_ranks(args) -> list[int] | None:

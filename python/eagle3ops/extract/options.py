@@ -6,7 +6,7 @@ from __future__ import annotations
 
 try:
     from eagle3ops import options as _o
-    from eagle3ops import sglang_versions as _versions
+    from eagle3ops.sglang import versions as _versions
 except ImportError:  # on a target without eagle3ops: the copies Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
     from ansible.module_utils import eagle3ops_sglang_versions as _versions
@@ -30,6 +30,18 @@ REASSIGN_RANKS = Option(
     help="on request, the global ranks of lost hosts: their rows are dealt over the surviving ranks (each row "
     "still exactly once; recorded in hidden_states/shard.json, a later run with other ranks refused; "
     "docs/scale.md, 'A host that stays lost')",
+    doc=[
+        (
+            'On request, the global ranks of lost hosts (docs/scale.md, "A host that stays lost") - their rows '
+            "are dealt over the surviving ranks of O(world_size) (the j-th lost row to the j mod S-th survivor), so "
+            "every row is still extracted exactly once. Needs O(world_size) and O(first_rank); this host's own "
+            "ranks must not be among them."
+        ),
+        (
+            "The store records the re-assignment in C(hidden_states/shard.json); a later run with other lost ranks "
+            "or none fails naming them. The extract role computes them from C(extract_reassign_from)."
+        ),
+    ],
 )
 REASSIGN_FROM_DATA = Option(
     "reassign_from_data",
@@ -38,6 +50,12 @@ REASSIGN_FROM_DATA = Option(
     role=False,  # the role passes extract_reassign_data[lost host] when set
     help="with --reassign-ranks: a lost host's data directory as readable here (its disk mounted, a shared path); "
     "the finished rows this host takes over are copied from it, checked, instead of extracted again",
+    doc=(
+        "With O(reassign_ranks) - the lost hosts' data directories as readable on this host (their disk mounted, "
+        "a shared path, a copy). The finished rows this host takes over are copied from there into this store, "
+        "each checked against its manifest line (size, content checksum, header), instead of extracted again; the "
+        "lost part is only read."
+    ),
 )
 DATA = Option(
     "data",
@@ -45,25 +63,62 @@ DATA = Option(
     required=True,
     param="data_dir",
     help="prepared data directory (Arrow dataset from `eagle3ops prepare`); hidden_states/ is written inside it",
+    doc="Prepared data directory (output of the C(prepare) phase); C(hidden_states/) is written inside it.",
+    role_doc="The prepared data directory; hidden_states/ is written inside it.",
+    role_value="{{ eagle3ops_data_dir }}",
 )
 MODEL = target_model(
-    "model", "transformers format; for sglang, as the server serves it", role="extract_model_path"
+    "model",
+    "transformers format; for sglang, as the server serves it",
+    role="extract_model_path",
+    doc="Target model directory (transformers format, local).",
+    role_doc=("The target model directory (transformers format); default the shared eagle3ops_model_path."),
+    role_value="{{ eagle3ops_model_path }}",
 )
 LAYER_IDS = Option(
-    "layer_ids", "list", elements="int", help="aux layer ids (default [2, N//2, N-3]); see --layer-convention"
+    "layer_ids",
+    "list",
+    elements="int",
+    help="aux layer ids (default [2, N//2, N-3]); see --layer-convention",
+    doc=(
+        "Aux layer ids. Default C([2, N//2, N-3]) for an N-layer target (Kimi-K2.5 with "
+        "61 layers gets C([2, 30, 58]))."
+    ),
+    role_doc="Aux layer ids (default the shared eagle3ops_layer_ids; null = [2, N//2, N-3]).",
+    role_value="{{ eagle3ops_layer_ids }}",
 )
 LAYER_CONVENTION = one_of(
     "layer_convention",
     ["input", "output"],
     help="input: id i = input of layer i (SGLang/vLLM/speculators); output: SpecForge/ModelOpt",
+    doc=[
+        "C(input) (id i names the input of layer i; SGLang, vLLM, speculators) or C(output) (SpecForge, ModelOpt)."
+    ],
+    role_doc=("input = id names a layer's input (SGLang/vLLM/speculators); output = SpecForge/ModelOpt."),
 )
 DTYPE = one_of(
     "dtype",
     ["bfloat16", "float16", "float32", "float8_e4m3fn"],
     help="stored dtype (float8_e4m3fn: e4m3 + a float32 scale per token and state; half the bytes)",
+    doc=[
+        "Stored dtype of the hidden states.",
+        (
+            "C(float8_e4m3fn) halves the bytes; it stores e4m3 plus a float32 scale per "
+            "token and state (C(hidden_states_scales)), which speculators 0.9.0 reads with "
+            "C(data.hidden_states_backend=fp8)."
+        ),
+    ],
+    role_doc=("Stored dtype (float8_e4m3fn = e4m3 + a float32 scale per token and state, half the bytes)."),
+    role_value="{{ eagle3ops_extract_dtype }}",
 )
 MARGIN = Option(
-    "margin", "float", default=0.05, minimum=0, help="free-space margin over the exact need (fraction)"
+    "margin",
+    "float",
+    default=0.05,
+    minimum=0,
+    help="free-space margin over the exact need (fraction)",
+    doc="Free-space margin over the exact need, as a fraction.",
+    role_doc="Free-space margin over the exact bytes still needed.",
 )
 DISK_MARGIN_MIB = Option(
     "disk_margin_mib",
@@ -71,14 +126,26 @@ DISK_MARGIN_MIB = Option(
     default=64.0,
     minimum=0,
     help="free space kept on top of the need and --margin, in MiB",
+    doc=["Free space kept on top of the exact need and O(margin), in MiB (the preflight refuses below it)."],
+    role_doc=("Free space in MiB the disk preflight keeps on top of the exact need and extract_margin."),
 )
-LIMIT = count("limit", help="only the first N rows")
+LIMIT = count(
+    "limit",
+    help="only the first N rows",
+    doc="Only the first N rows (smoke runs).",
+    role_doc="Only the first N rows (smoke runs).",
+    role_value="{{ eagle3ops_extract_limit }}",
+)
 WAIT_RUNNING = seconds(
     "wait_running",
     default=0,
     metavar="SECONDS",
     role=False,  # the role passes extract_async_timeout when its plan found a run in progress
     help="with --check: while another run holds the directory, wait up to this long for it to end first",
+    doc=[
+        "Check mode only; while another run holds O(data_dir) (an interrupted playbook's extraction), wait up to "
+        "this many seconds for it to end (its lock to be free) before planning. 0 does not wait."
+    ],
 )
 PROGRESS = Option(
     "progress", "bool", default=True, param=False, module_value=False, help="a progress bar on stderr"
@@ -89,7 +156,15 @@ JOB_FILE = Option(
     cli=False,
     role=False,  # the role passes the results file of the async job it started
     help="check mode: the Ansible async job's results file; the result says whether that job has finished",
+    doc=[
+        "Check mode only; the C(results_file) of the Ansible async job that runs the extraction (the task started "
+        "with C(poll=0)). The result's RV(job_finished) says whether that job has ended, and RV(progress) how far "
+        "the run is (rows done of this host's, rows/s from the manifests' file times, ETA, the run's log), so a "
+        "task that polls with C(until) shows the progress at each poll."
+    ],
 )
+# the store options both extract modules document once (doc fragment eagle3ops.extract: make options writes it)
+STORE = [DATA, LAYER_CONVENTION, MARGIN, DISK_MARGIN_MIB, LIMIT, WAIT_RUNNING, JOB_FILE]
 
 EXTRACT = Command(
     "extract",
@@ -109,7 +184,13 @@ EXTRACT = Command(
             param=False,
             help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)",
         ),
-        Option("device", default="auto", help="auto, cpu, cuda, cuda:N"),
+        Option(
+            "device",
+            default="auto",
+            help="auto, cpu, cuda, cuda:N",
+            doc="C(auto) (CUDA when present), C(cpu), C(cuda), C(cuda:N).",
+            role_doc="auto, cpu, cuda, cuda:N.",
+        ),
         count("max_batch_tokens", default=16384, no_log=False, help="padded tokens per forward batch"),
         count("max_batch_size", default=64, param=False, help="rows per forward batch"),
         Option(
@@ -119,11 +200,21 @@ EXTRACT = Command(
             words=("auto",),
             role_default="auto",  # the playbook uses every GPU; a plain CLI call one process
             help="'auto' = one worker per visible GPU (1 on CPU), or a number; each takes a disjoint shard",
+            doc=("C(auto) for one worker per visible GPU, or a number of workers (disjoint shards)."),
+            role_doc="auto = one worker per visible GPU; or a number.",
         ),
         count(
             "world_size",
             role=False,  # the role computes it from extract_shard_hosts
             help="number of shards over all hosts (several hosts: the sum of their workers; docs/scale.md)",
+            doc=[
+                (
+                    "Several hosts share the rows (docs/scale.md) - the number of shards over all of "
+                    "them, the sum of every host's workers. Needs O(first_rank). Omitted - this host "
+                    "extracts every row (its O(workers) share them)."
+                ),
+                "The extract role computes it from the inventory (C(extract_shard_hosts)).",
+            ],
         ),
         Option("rank", "int", param=False, minimum=0, help="(internal/advanced) this worker's one shard"),
         Option(
@@ -133,6 +224,18 @@ EXTRACT = Command(
             role=False,
             help="with --world-size: this host's workers take the global ranks FIRST .. FIRST+workers-1 "
             "(recorded in hidden_states/shard.json; a later run with other ranks is refused)",
+            doc=[
+                (
+                    "With O(world_size) - this host's workers take the global ranks O(first_rank) .. "
+                    "O(first_rank) + workers - 1 (rows C(r), C(r + world_size), ... of each rank "
+                    "C(r))."
+                ),
+                (
+                    "The store records them in C(hidden_states/shard.json); a later run with other "
+                    "ranks or another world size fails naming both (the shards would move and rows "
+                    "be extracted twice)."
+                ),
+            ],
         ),
         REASSIGN_RANKS,
         REASSIGN_FROM_DATA,
@@ -141,11 +244,21 @@ EXTRACT = Command(
             "bool",
             default=True,
             help="fsync each file before its rename (--no-fsync: crash-safe, not power-safe)",
+            doc=("fsync every file before its rename (power-loss safe). Kill-safety does not depend on it."),
+            role_doc="fsync each file before its rename.",
         ),
         count(
             "writer_threads",
             default=4,
             help="parallel file writers (their fsyncs overlap; docs/performance.md)",
+            doc=(
+                "Parallel file writers per worker; their fsyncs overlap (4 against 2 - "
+                'docs/performance.md, "Extraction throughput"). Each adds one pinned host buffer '
+                "of a batch's states."
+            ),
+            role_doc=(
+                "Parallel file writers per worker (their fsyncs overlap); each adds one pinned batch buffer."
+            ),
         ),
         MARGIN,
         DISK_MARGIN_MIB,
@@ -155,18 +268,72 @@ EXTRACT = Command(
             ["size", "checksum"],
             help="check of finished files before resuming: size (size + safetensors header, cheap) or checksum "
             "(re-reads every file); damaged ones are moved to hidden_states/damaged/ and extracted again",
+            doc=[
+                (
+                    "How finished files are checked against the disk before resuming. C(size) "
+                    "(cheap, no tensor bytes read) checks that each file exists, has the size its "
+                    "manifest line recorded and a safetensors header that matches its row. "
+                    "C(checksum) also re-reads every file and compares its content checksum "
+                    "(xxh3-64, recorded while writing), as many bytes as the store holds; the role's "
+                    "read-only plan reads them too."
+                ),
+                (
+                    "Damaged or missing files are reported by row and file (RV(damaged), "
+                    "RV(damaged_files)), moved to C(hidden_states/damaged/) (never deleted), their "
+                    "manifest entries dropped, and extracted again."
+                ),
+            ],
+            role_doc=[
+                (
+                    "Check of finished files before resuming (transformers backend). C(size) - "
+                    "exists, recorded size, safetensors header (cheap). C(checksum) - also re-reads "
+                    "every file against its xxh3 checksum."
+                ),
+                (
+                    "Damaged or missing files are moved to hidden_states/damaged/ and extracted "
+                    "again; the task reports C(damaged) with the count and C(changed=true)."
+                ),
+            ],
         ),
         one_of(
             "on_model_change",
             ["refuse", "discard", "accept"],
             help="the target's weights changed since the store was started: refuse; discard = move "
             "hidden_states aside (hidden_states.old-<time>) and start over; accept = same model, record it",
+            doc=[
+                (
+                    "What to do when the target's weights changed since the store was started "
+                    "(config, file names, sizes, modification times, safetensors headers; or content "
+                    "with O(model_hash))."
+                ),
+                (
+                    "C(refuse) fails with what changed. C(discard) moves C(hidden_states/) aside to "
+                    "C(hidden_states.old-<time>) (never deleted) and extracts anew. C(accept) "
+                    "records the weights as they are now and resumes (only for changed "
+                    "timestamps/headers of same-named, same-sized files)."
+                ),
+            ],
+            role_doc=(
+                "The target's weights changed since the store was started. C(refuse) fails "
+                "saying what changed; C(discard) moves hidden_states aside "
+                "(hidden_states.old-<time>) and extracts anew; C(accept) records the weights as "
+                "they are now (same model with new timestamps) and resumes."
+            ),
         ),
         Option(
             "model_hash",
             "bool",
             default=False,
             help="compare the target by a hash of every weight byte (slow) instead of sizes, mtimes and headers",
+            doc=(
+                "Compare the target by a hash of every weight byte instead of sizes, mtimes and "
+                "headers (reads the whole model once per run, slow for large models). A copy "
+                "with new timestamps then resumes."
+            ),
+            role_doc=(
+                "Compare the target by a hash of every weight byte instead of sizes, mtimes and "
+                "headers (slow)."
+            ),
         ),
         WAIT_RUNNING,
         JOB_FILE,
@@ -221,7 +388,9 @@ SGLANG_EXTRACT = Command(
     role_prefix="extract_sglang",
     options=[
         DATA.but(role="extract_data_dir"),
-        MODEL,
+        MODEL.but(
+            doc="The target model directory the server serves (its config gives layers and hidden size)."
+        ),
         Option(
             "url",
             "list",
@@ -229,12 +398,37 @@ SGLANG_EXTRACT = Command(
             default=["http://127.0.0.1:30000"],
             help="the capture servers' base URLs: one, or several on this host (data parallel: the host's rows are "
             "split between them, each server its own manifest rank, docs/sglang.md)",
+            doc=(
+                "Base URLs of this host's capture servers - one, or several (data parallel, e.g. "
+                "two TP-4 servers on an 8-GPU node) - the host's rows are split between them, "
+                "each server with its own C(EAGLE3OPS_SGLANG_MANIFEST_RANK) (docs/sglang.md). A "
+                "single string is one server."
+            ),
+            role_doc=(
+                "Base URLs of this host's capture servers (default one, from the shared "
+                "eagle3ops_sglang_host and eagle3ops_sglang_port); several = data parallel on "
+                "this host, its rows split between them, each server with its own "
+                "EAGLE3OPS_SGLANG_MANIFEST_RANK. With several hosts (extract_shard_hosts) each "
+                "server is one global rank (docs/scale.md)."
+            ),
+            role_value=["http://{{ eagle3ops_sglang_host }}:{{ eagle3ops_sglang_port }}"],
         ),
         count(
             "world_size",
             role=False,  # the role computes it from extract_shard_hosts (each host brings one rank a server)
             help="several hosts: the number of capture servers over every host (each takes a strided share of the "
             "rows, as the transformers backend's workers do; docs/scale.md)",
+            doc=[
+                (
+                    "Several hosts share the rows (docs/scale.md) - the number of capture servers "
+                    "over all of them. Needs O(first_rank). Omitted - this host extracts every row "
+                    "(its servers share them)."
+                ),
+                (
+                    "The extract role computes it from the inventory (C(extract_shard_hosts), one "
+                    "rank per server)."
+                ),
+            ],
         ),
         Option(
             "first_rank",
@@ -243,23 +437,48 @@ SGLANG_EXTRACT = Command(
             role=False,
             help="with --world-size: this host's servers take the global ranks FIRST .. FIRST+servers-1 (recorded "
             "in hidden_states/shard.json; a later run with other ranks is refused)",
+            doc=[
+                (
+                    "With O(world_size) - this host's servers take the global ranks O(first_rank) .. "
+                    "O(first_rank) + servers - 1, in O(url) order (rows C(r), C(r + world_size), ... "
+                    "of each rank C(r)), the transformers backend's shares."
+                ),
+                (
+                    "The store records them in C(hidden_states/shard.json); a later run with other "
+                    "ranks or another world size fails naming both."
+                ),
+            ],
         ),
         REASSIGN_RANKS,
         REASSIGN_FROM_DATA,
-        LAYER_IDS.but(role="extract_layer_ids"),
+        LAYER_IDS.but(
+            role="extract_layer_ids",
+            doc=(
+                "Aux layer ids (default C([2, N//2, N-3])); must match the server's "
+                "C(EAGLE3OPS_SGLANG_LAYER_IDS)."
+            ),
+        ),
         LAYER_CONVENTION.but(role="extract_layer_convention"),
         DTYPE.but(
             choices=["bfloat16", "float16", "float32"],
             role="extract_dtype",
             help="stored dtype (the server's hook writes only these three; the transformers backend also stores fp8)",
+            doc="Stored dtype.",
         ),
-        count("concurrency", default=8, help="requests in flight"),
+        count(
+            "concurrency",
+            default=8,
+            help="requests in flight",
+            role_doc="/generate requests in flight.",
+        ),
         Option(
             "request_timeout",
             "float",
             default=600.0,
             above=0,
             help="seconds one /generate may take before it is retried",
+            doc="Seconds one C(/generate) may take before it is retried.",
+            role_doc="Seconds one /generate may take before it is retried.",
         ),
         Option(
             "retries",
@@ -270,22 +489,49 @@ SGLANG_EXTRACT = Command(
         ),
         seconds("backoff", default=1.0, param=False, help="first retry delay (s); doubles, with jitter"),
         seconds("backoff_max", default=60.0, param=False, help="longest retry delay (s)"),
-        seconds("health_timeout", default=1800.0, help="seconds to wait for the server's /health"),
+        seconds(
+            "health_timeout",
+            default=1800.0,
+            help="seconds to wait for the server's /health",
+            doc="Seconds to wait for C(/health) (loading a large model takes minutes).",
+            role_doc="Seconds to wait for the server's /health.",
+        ),
         seconds("confirm_timeout", default=120.0, param=False, help="wait this long for a row's file"),
         LIMIT.but(role="extract_limit"),
-        Option("server_unit", help="systemd unit to start and stop (default: attach to --url)"),
+        Option(
+            "server_unit",
+            help="systemd unit to start and stop (default: attach to --url)",
+            doc=(
+                "systemd unit to start before and stop after (role C(sglang) installs "
+                "C(eagle3ops-sglang-extract))."
+            ),
+            role_doc=(
+                "systemd unit started before and stopped after the run (default the shared "
+                "eagle3ops_sglang_unit); empty = attach to a server already answering at "
+                "extract_sglang_url."
+            ),
+            role_value="{{ eagle3ops_sglang_unit }}",
+        ),
         count(
             "server_pid",
             param=False,
             help="the attached server's PID: when it dies, stop waiting for /health at once (exit 2)",
         ),
-        Option("keep_server", "bool", default=False, help="leave --server-unit running at the end"),
+        Option(
+            "keep_server",
+            "bool",
+            default=False,
+            help="leave --server-unit running at the end",
+            doc="Leave I(server_unit) running at the end.",
+            role_doc="Leave extract_sglang_server_unit running at the end.",
+        ),
         Option(
             "restore_patch",
             "path",
             metavar="FILE",
             role=False,  # the role restores the patch with eagle3ops_sglang_patch (extract_sglang_restore_patch)
             help="deepseek_v2.py to restore byte-exact when every row is done",
+            doc="The patched C(deepseek_v2.py) to restore when every row is done.",
         ),
         Option(
             "restore_patch_always", "bool", default=False, role=False, help="restore even when rows failed"
@@ -294,14 +540,28 @@ SGLANG_EXTRACT = Command(
             "sglang_version",
             default=_versions.DEFAULT_VERSION,
             role="extract_sglang_version",
+            role_choices=list(_versions.KNOWN),
             help=f"the server's SGLang version (the patch --restore-patch checks), one of {', '.join(_versions.KNOWN)}",
+            doc=[
+                ("The server's SGLang version; I(restore_patch) is checked against its capture patch."),
+                f"One of the versions in C(eagle3ops.sglang.versions) ({', '.join(_versions.KNOWN)}); another "
+                "is refused with that list.",
+            ],
+            role_doc=(
+                "The SGLang version the capture patch is checked against (default the shared "
+                "eagle3ops_sglang_version)."
+            ),
+            role_value="{{ eagle3ops_sglang_version }}",
         ),
         MARGIN.but(role="extract_margin"),
         DISK_MARGIN_MIB.but(role="extract_disk_margin_mib"),
         WAIT_RUNNING,
         JOB_FILE,
         PROGRESS,
-        EXECUTABLE.but(role="extract_executable"),
+        EXECUTABLE.but(
+            role="extract_executable",
+            role_pass="",
+        ),
     ],
 )
 
@@ -325,16 +585,37 @@ SGLANG_PATCH = Command(
             choices=["present", "absent", "query"],
             cli=False,
             help="the module's: present applies the patch, absent restores the pristine file, query reports",
+            doc=(
+                "C(present) applies the patch, C(absent) restores the pristine file, C(query) only reports."
+            ),
         ),
-        Option("file", "path", param="path", help="path of sglang/srt/models/deepseek_v2.py"),
         Option(
-            "python", "path", help="the SGLang venv's python (the file is found without importing sglang)"
+            "file",
+            "path",
+            param="path",
+            help="path of sglang/srt/models/deepseek_v2.py",
+            doc="The C(deepseek_v2.py) to manage. Give this, I(python) or I(site_packages).",
         ),
-        Option("site_packages", "path", help="a directory holding sglang/"),
+        Option(
+            "python",
+            "path",
+            help="the SGLang venv's python (the file is found without importing sglang)",
+            doc=(
+                "The SGLang venv's interpreter; the file is found through it without importing "
+                "SGLang (no GPU needed)."
+            ),
+        ),
+        Option(
+            "site_packages",
+            "path",
+            help="a directory holding sglang/",
+            doc="A directory that holds C(sglang/).",
+        ),
         Option(
             "sglang_version",
             default=_versions.DEFAULT_VERSION,
             help=f"the installed SGLang version, one of {', '.join(_versions.KNOWN)}",
+            doc="The SGLang version the patch entry is for.",
         ),
         Option("diff", "bool", default=False, param=False, help="include the unified diff of the change"),
         EXECUTABLE,

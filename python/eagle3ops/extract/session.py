@@ -1,5 +1,5 @@
 """The extraction session both backends share (transformers: :mod:`.transformers_backend`; SGLang:
-:mod:`.sglang_client` driving :mod:`.sglang_hook` in the server): the run's settings (:class:`ExtractConfig`),
+:mod:`eagle3ops.sglang.client` driving :mod:`eagle3ops.sglang.hook` in the server): the run's settings (:class:`ExtractConfig`),
 the target's facts and the store's meta, the plan of what is left (also check mode, :func:`plan_extraction`),
 the one-time repair a parent does before its workers start (:func:`repair_store`) and the progress reporter.
 Nothing here loads weights or tensors.
@@ -20,6 +20,7 @@ from pathlib import Path
 from eagle3ops import layers, target_model
 from eagle3ops.durable import sha256_file
 from eagle3ops.extract.errors import ExtractError
+from eagle3ops.extract.options import EXTRACT
 from eagle3ops.extract.shards import Reassignment, check_shard, rank_indices, rows_of_ranks
 from eagle3ops.store import (
     HiddenStateStore,
@@ -31,7 +32,7 @@ from eagle3ops.store import (
 
 
 # ----------------------------------------------------------------------------------------------------------
-# layer ids: the rule lives in eagle3ops.layers; this name stays for extract's callers (sglang_client, tests)
+# layer ids: the rule lives in eagle3ops.layers; this name stays for extract's callers (eagle3ops.sglang.client, tests)
 # ----------------------------------------------------------------------------------------------------------
 def resolve_layer_ids(
     num_layers: int, layer_ids: Sequence[int] | None = None, convention: str = "input"
@@ -204,33 +205,37 @@ def dataset_fingerprint(data_dir: str | os.PathLike) -> str | None:
 # ----------------------------------------------------------------------------------------------------------
 # the extraction run
 # ----------------------------------------------------------------------------------------------------------
+# the settings' defaults are the definition's (python/eagle3ops/extract/options.py), written there once
+_D = EXTRACT.defaults()
+
+
 @dataclass
 class ExtractConfig:
     data_dir: str
     model_path: str
-    layer_ids: list[int] | None = None
-    layer_convention: str = "input"
-    dtype: str = "bfloat16"  # stored dtype; float8_e4m3fn = e4m3 + a float32 scale per row (see quantize_fp8)
-    compute_dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
-    device: str = "auto"
-    max_batch_tokens: int = 16384
-    max_batch_size: int = 64
+    layer_ids: list[int] | None = _D["layer_ids"]
+    layer_convention: str = _D["layer_convention"]
+    # stored dtype; float8_e4m3fn = e4m3 + a float32 scale per row (see quantize_fp8)
+    dtype: str = _D["dtype"]
+    compute_dtype: str = _D["compute_dtype"]  # bfloat16 on CUDA, float32 on CPU
+    device: str = _D["device"]
+    max_batch_tokens: int = _D["max_batch_tokens"]
+    max_batch_size: int = _D["max_batch_size"]
     world_size: int = 1
     rank: int = 0
-    fsync: bool = True
-    writer_threads: int = 4
+    fsync: bool = _D["fsync"]
+    writer_threads: int = _D["writer_threads"]
     # xxh3-64 of every file in its manifest line, over the bytes the writer holds (docs/performance.md)
     checksum: bool = True
-    verify: str = (
-        "size"  # the plan's check of finished files: size (cheap, headers) or checksum (re-reads all)
-    )
-    on_model_change: str = "refuse"  # refuse | discard (move hidden_states aside) | accept (same model)
-    model_hash: bool = False  # hash every weight byte for the model check (slow; on request)
-    margin_frac: float = 0.05
+    verify: str = _D["verify"]  # the plan's check of finished files: size (headers) or checksum
+    # refuse | discard (move hidden_states aside) | accept (same model)
+    on_model_change: str = _D["on_model_change"]
+    model_hash: bool = _D["model_hash"]  # hash every weight byte for the model check (slow; on request)
+    margin_frac: float = _D["margin"]
     margin_bytes: int = 64 * 1024 * 1024
     check_finite: bool = True
-    limit: int | None = None  # only the first N rows (testing / smoke runs)
-    progress: bool = True
+    limit: int | None = _D["limit"]  # only the first N rows (testing / smoke runs)
+    progress: bool = _D["progress"]
     # the run's log (status.run_log_path): a progress line every 30 s goes there even without --progress
     log_path: str | None = None
     extra: dict = field(default_factory=dict)

@@ -22,28 +22,53 @@ count = _o.count
 
 # ---- storage: the /data migration -----------------------------------------------------------------------
 STATE_FILE = Option(
-    "state_file", "path", default="/var/lib/eagle3ops/storage-state.json", help="the migration's state file"
+    "state_file",
+    "path",
+    default="/var/lib/eagle3ops/storage-state.json",
+    help="the migration's state file",
+    doc="The migration's state file, on the machine whose /data migrates.",
 )
-DATA_PATH = Option("data_path", "path", default="/data", help="the data directory to move onto the new disk")
+DATA_PATH = Option(
+    "data_path",
+    "path",
+    default="/data",
+    help="the data directory to move onto the new disk",
+    role_doc="The data directory to move.",
+)
 STAGING_PATH = Option(
     "staging_path",
     "path",
     default="/mnt/eagle3ops-storage-new",
     help="where the new filesystem is mounted while copying",
+    role_doc="Mount point of the new filesystem while copying.",
 )
 OLD_PATH = Option(
     "old_path",
     "path",
     default="/data.old",
     help="where the old data is kept as the rollback after the cut-over",
+    role_doc="Where the old data is kept as the rollback.",
 )
-FSTAB = Option("fstab", "path", default="/etc/fstab", help="the fstab file consulted for the data directory")
-FSTYPE = Option("fstype", default="xfs", help="the filesystem to create")
+FSTAB = Option(
+    "fstab",
+    "path",
+    default="/etc/fstab",
+    help="the fstab file consulted for the data directory",
+    doc="The fstab file consulted for /data.",
+    role_doc="The fstab file to edit.",
+)
+FSTYPE = Option(
+    "fstype",
+    default="xfs",
+    role_choices=["xfs", "ext4"],  # what the role's mkfs step knows
+    doc="Filesystem to create.",
+)
 ALLOW_EMPTY_SOURCE = Option(
     "allow_empty_source",
     "bool",
     default=False,
     help="allow migrating an empty data directory (a host with no data yet)",
+    role_doc="Allow migrating an empty data directory.",
 )
 
 STORAGE_PLAN = Command(
@@ -59,6 +84,8 @@ STORAGE_PLAN = Command(
             required=True,
             role_default="",  # empty skips the phase
             help="the new disk, by a stable name (/dev/disk/by-id/...)",
+            doc="The new disk, by a stable name (C(/dev/disk/by-id/...)).",
+            role_doc="The new disk by a stable name (C(/dev/disk/by-id/...)); empty skips the phase.",
         ),
         DATA_PATH,
         STAGING_PATH,
@@ -71,6 +98,7 @@ STORAGE_PLAN = Command(
             "bool",
             default=False,
             help="accept a disk with a partition table, signatures or unknown data (it is wiped)",
+            role_doc="Wipe a disk that is not blank (partition table, signatures, unknown data).",
         ),
         ALLOW_EMPTY_SOURCE,
         Option(
@@ -78,6 +106,7 @@ STORAGE_PLAN = Command(
             "bool",
             default=False,
             help="plan the removal of the rollback copy after the cut-over",
+            role_doc="Remove the rollback after the cut-over.",
         ),
         Option(
             "require_stable_name",
@@ -86,12 +115,18 @@ STORAGE_PLAN = Command(
             false_aliases=("--allow-kernel-name",),
             role="storage_disk_require_stable_name",
             help="refuse kernel names such as /dev/nvme1n1 (they can change between boots)",
+            doc="Refuse kernel names such as C(/dev/nvme1n1) (they can change between boots).",
+            role_doc="Refuse kernel names such as C(/dev/nvme1n1).",
         ),
         Option(
             "cutover",
             "bool",
             default=True,
             help="cut over after the verification; --no-cutover stops after it (cut over in a later run)",
+            doc=(
+                "Cut over after the verification; false stops after it (copy now, cut over in a later run)."
+            ),
+            role_doc=("Cut over after the verification; false stops after it (cut over in a later run)."),
         ),
     ],
 )
@@ -119,9 +154,27 @@ STORAGE_STATE = Command(
             role=False,
             help="the step reached",
         ),
-        Option("disk_info", "dict", role=False, help="the plan module's disk result (for step=preparing)"),
-        Option("source", "dict", role=False, help="the plan module's source result (for step=preparing)"),
-        Option("partition", "path", role=False, help="the new partition's device (for step=prepared)"),
+        Option(
+            "disk_info",
+            "dict",
+            role=False,
+            help="the plan module's disk result (for step=preparing)",
+            doc="The plan module's C(disk) result (for O(step=preparing)).",
+        ),
+        Option(
+            "source",
+            "dict",
+            role=False,
+            help="the plan module's source result (for step=preparing)",
+            doc="The plan module's C(source) result (for O(step=preparing)).",
+        ),
+        Option(
+            "partition",
+            "path",
+            role=False,
+            help="the new partition's device (for step=prepared)",
+            doc="The new partition's device (for O(step=prepared)).",
+        ),
         DATA_PATH,
         STAGING_PATH,
         OLD_PATH,
@@ -142,7 +195,8 @@ STORAGE_SYNC = Command(
             "mode", required=True, choices=["copy", "verify", "quick"], role=False, help="which pass to run"
         ),
         ALLOW_EMPTY_SOURCE.but(
-            help="allow an empty source (only if the migration started from an empty one)"
+            help="allow an empty source (only if the migration started from an empty one)",
+            doc="Allow an empty source (only if the migration started from an empty one).",
         ),
         Option(
             "rsync_opts",
@@ -150,6 +204,10 @@ STORAGE_SYNC = Command(
             elements="str",
             default=[],
             help="extra rsync options (--bwlimit=100M); --bwlimit is not applied to verification",
+            doc=(
+                "Extra rsync options (e.g. C(--bwlimit=100M)); C(--bwlimit) is not applied to verification."
+            ),
+            role_doc="Extra rsync options for the copy.",
         ),
     ],
 )
@@ -162,7 +220,13 @@ STORAGE_PARTITION = Command(
     role="storage",
     options=[
         Option("disk", "path", required=True, role_default="", help="the whole disk"),
-        count("number", default=1, role=False, help="the partition number"),
+        count(
+            "number",
+            default=1,
+            role=False,
+            help="the partition number",
+            doc="Partition number.",
+        ),
         Option(
             "timeout",
             "int",
@@ -180,6 +244,8 @@ BACKUP_DIR = Option(
     "path",
     default="/var/lib/eagle3ops/services",
     help="where the per-unit state records and moved unit files are kept",
+    doc="Where the records and moved unit files are kept.",
+    role_doc="Per-unit state records and unit files moved out of /etc/systemd/system.",
 )
 
 SERVICES_INFO = Command(
@@ -198,6 +264,8 @@ SERVICES_INFO = Command(
                 "vllm.service"
             ],  # the playbook looks for the usual GPU server unless told otherwise
             help="unit names or glob patterns; a name without a suffix means <name>.service",
+            doc="Unit names or glob patterns; a name without a suffix means C(<name>.service).",
+            role_doc="Unit names or glob patterns; names without a suffix mean .service.",
         ),
         BACKUP_DIR,
         Option(
@@ -206,6 +274,8 @@ SERVICES_INFO = Command(
             default=True,
             role="services_report_holders",
             help="scan /proc for processes holding /dev/nvidia* open (other than the units)",
+            doc="Scan C(/proc) for processes holding C(/dev/nvidia*) open (other than O(units)).",
+            role_doc="Report other processes that hold /dev/nvidia* open.",
         ),
     ],
 )
@@ -224,6 +294,7 @@ SERVICES_BACKUP = Command(
             choices=["recorded", "aside", "restored", "forgotten"],
             role=False,  # each task of the role asks for one
             help="what to do",
+            doc="What to do (see the description).",
         ),
         BACKUP_DIR,
     ],
@@ -244,33 +315,87 @@ CONTAINER_GPU = Command(
             default={},
             role=False,  # the role combines its sizes, mount and proxmox_container_options into it
             help="plain config keys to enforce, as pct set takes them (cores, memory, features, mp0, ...)",
+            doc=[
+                (
+                    "Plain config keys to enforce, as C(pct set) takes them (C(cores), C(memory), "
+                    "C(features), C(mp0), ...)."
+                ),
+                ("Property strings compare as sets (C(nesting=1,keyctl=1) equals C(keyctl=1,nesting=true))."),
+                ("A bind mount point (C(mpN) whose volume is an absolute path) must exist on the host."),
+            ],
         ),
         Option(
             "gpus",
             "raw",
             default="all",
             help="all, none, comma-separated indices, or a list of GPU indices (a string or a list: raw)",
+            doc=(
+                "C(all), C(none), or a list of GPU indices (C(/dev/nvidiaN)). The shared nodes "
+                "(C(nvidiactl), C(nvidia-uvm), C(nvidia-uvm-tools), C(nvidia-modeset), "
+                "C(nvidia-caps/*)) come with any GPU."
+            ),
+            role_doc=(
+                'A string or a list (hence raw) - all, none, comma-separated indices ("0,1"), or '
+                "a list of GPU indices ([0, 1]); anything else fails the container phase naming "
+                "the value."
+            ),
         ),
         Option(
             "passthrough",
             default="auto",
             choices=["auto", "dev", "raw"],
             help="dev writes devN entries (PVE >= 8.1), raw the lxc lines; auto picks from pveversion",
+            doc=(
+                "C(dev) writes C(devN) entries (PVE >= 8.1); C(raw) the "
+                "C(lxc.cgroup2.devices.allow) and C(lxc.mount.entry) lines; C(auto) picks from "
+                "C(pveversion)."
+            ),
+            role_doc="devN entries (PVE >= 8.1), raw lxc lines, or auto from pveversion.",
         ),
-        Option("dev_options", default="", help="extra options appended to every devN entry (mode=0666)"),
+        Option(
+            "dev_options",
+            default="",
+            help="extra options appended to every devN entry (mode=0666)",
+            doc=("Extra options appended to every C(devN) entry, e.g. C(mode=0666) or C(uid=0,gid=44)."),
+            role_doc="Extra options of each devN entry (mode=0666, uid=, gid=).",
+        ),
         Option(
             "prune_unregistered_majors",
             "bool",
             default=True,
             role=False,
             help="remove lxc.cgroup2.devices.allow lines whose major no driver registers",
+            doc=(
+                "Remove C(lxc.cgroup2.devices.allow) lines whose major no driver registers in "
+                "C(/proc/devices)."
+            ),
         ),
-        Option("restart", "bool", default=False, help="restart a running container when a change needs it"),
+        Option(
+            "restart",
+            "bool",
+            default=False,
+            help="restart a running container when a change needs it",
+            doc=("Restart a running container (C(pct stop) + C(pct start)) when a change needs it."),
+            role_doc="Restart a running container when a change needs it (otherwise the run warns).",
+        ),
         Option(
             "on_stale_mount",
             default="restart",
             choices=["restart", "fail"],
             help="a running container whose bind mount no longer shows its host path: restart it, or fail",
+            doc=[
+                ("What to do with a running container whose bind mount point no longer shows its host path."),
+                (
+                    "C(restart) (C(pct stop) + C(pct start)), refused while a process matching "
+                    "O(busy_patterns) runs in the container; C(fail) never restarts and fails with "
+                    "the reason."
+                ),
+            ],
+            role_doc=(
+                "A running container whose bind mount's host path changed underneath it (the "
+                "storage cut-over) is restarted (refused while a pipeline job runs inside), or "
+                "with C(fail) the run fails with the reason."
+            ),
         ),
         Option(
             "busy_patterns",
@@ -278,6 +403,21 @@ CONTAINER_GPU = Command(
             elements="str",
             role_default=[],  # empty: the module's own list, the eagle3ops data-writing commands
             help="regexes of container processes a restart must not kill (default: the eagle3ops jobs)",
+            doc=[
+                (
+                    "Regular expressions (Python, searched in the space-joined command line) of "
+                    "processes in the container that a restart must not kill. Default - the "
+                    "eagle3ops data-writing commands (prepare, regenerate, extract, extract-sglang, "
+                    "extract-verify, train, serve-convert, benchmark-*, and their former names "
+                    "sglang-extract, verify, convert; not the read-only ones such as extract-status "
+                    "or train-status) and the detached trainer (C(eagle3ops.speculators_shim))."
+                ),
+                ("Add e.g. C(sglang\\.launch_server) to keep a serving container from being restarted."),
+            ],
+            role_doc=(
+                "Command-line regexes of container processes a restart must not kill; empty = "
+                "the eagle3ops jobs."
+            ),
         ),
         Option(
             "state",
@@ -285,16 +425,52 @@ CONTAINER_GPU = Command(
             choices=["present", "started"],
             role=False,  # the role's proxmox_container_start (a bool) picks it
             help="started also starts a stopped container; present leaves it",
+            doc=(
+                "C(started) also starts a stopped container (after the config is right); "
+                "C(present) leaves it."
+            ),
         ),
-        Option("pct", "path", default="/usr/sbin/pct", command=True, help="path of pct"),
-        Option("config_dir", "path", default="/etc/pve/lxc", help="where the container configs live"),
-        Option("dev_root", "path", default="/dev", help="where to look for the NVIDIA device nodes (tests)"),
-        Option("proc_devices", "path", default="/proc/devices", help="the host's character-device majors"),
+        Option(
+            "pct",
+            "path",
+            default="/usr/sbin/pct",
+            command=True,
+            help="path of pct",
+            doc="Path of C(pct).",
+            role_doc="Path of pct.",
+        ),
+        Option(
+            "config_dir",
+            "path",
+            default="/etc/pve/lxc",
+            help="where the container configs live",
+            role_doc="Container configs (test hook).",
+        ),
+        Option(
+            "dev_root",
+            "path",
+            default="/dev",
+            help="where to look for the NVIDIA device nodes (tests)",
+            doc=("Where to look for the NVIDIA device nodes (reported as under C(/dev)); for tests."),
+            role_doc="Where the NVIDIA nodes are looked for (test hook).",
+        ),
+        Option(
+            "proc_devices",
+            "path",
+            default="/proc/devices",
+            help="the host's character-device majors",
+            doc="The host's character-device majors; for tests.",
+            role_doc="The host's device majors (test hook).",
+        ),
         Option(
             "driver_version_file",
             "path",
             default="/sys/module/nvidia/version",
             help="the host driver's version (compared with the container's libraries)",
+            doc=(
+                "The host driver's version (compared with the user-space libraries found in the container)."
+            ),
+            role_doc="The host driver's version (test hook).",
         ),
     ],
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.command import CommandError, emit, listing, outcome, pick
+from eagle3ops.command import CommandError, emit, listing, outcome, pick_taken
 from eagle3ops.prepare.options import PREPARE
 
 
@@ -41,18 +41,8 @@ def _prepare(args, prepare, PrepareError) -> dict:
             args.model,
             args.input,
             args.out,
-            **pick(
-                args,
-                "max_length",
-                "on_error",
-                "max_samples",
-                "seed",
-                "force",
-                "check",
-                "trust_remote_code",
-                "rows",
-                "workers",
-            ),
+            # every option prepare() takes by its name but the three above (a new one needs no line here)
+            **pick_taken(args, prepare, PREPARE, "model", "out", check="check"),
             log=lambda msg: print(msg, file=sys.stderr, flush=True),
             progress=sys.stderr.isatty() and not args.json,
         )

@@ -50,6 +50,7 @@ from eagle3ops import target_model
 from eagle3ops.conversations import InputError, Source, load_tokenizer, resolve_sources
 from eagle3ops.durable import fsync_dir, fsync_tree, sha256_file, swap_dir_into_place
 from eagle3ops.prepare.errors import PrepareError
+from eagle3ops.prepare.options import PREPARE
 from eagle3ops.prepare.render import ROWS_CHOICES, SPECULATORS_VERSION, collect, speculators_preprocessing
 from eagle3ops.store.layout import DATASET_FILES, HS_DIR, PREPARE_META, TOKEN_FREQ
 
@@ -218,21 +219,25 @@ def _input_errors_as_prepare_errors(fn):
     return wrapper
 
 
+# prepare()'s defaults are the definition's (python/eagle3ops/prepare/options.py), written there once
+_D = PREPARE.defaults()
+
+
 @_input_errors_as_prepare_errors
 def prepare(
     model: str | os.PathLike,
     inputs: list[str | os.PathLike],
     out: str | os.PathLike,
     *,
-    max_length: int = 2048,
-    on_error: str = "fail",
-    max_samples: int | None = None,
-    seed: int = 0,
-    force: bool = False,
+    max_length: int = _D["max_length"],
+    on_error: str = _D["on_error"],
+    max_samples: int | None = _D["max_samples"],
+    seed: int = _D["seed"],
+    force: bool = _D["force"],
     check: bool = False,
-    trust_remote_code: bool = False,
-    rows: str = "turn",
-    workers: int = 1,
+    trust_remote_code: bool = _D["trust_remote_code"],
+    rows: str = _D["rows"],
+    workers: int = _D["workers"],
     log: Callable[[str], None] | None = None,
     progress: bool = False,
 ) -> dict:

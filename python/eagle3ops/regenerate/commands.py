@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from eagle3ops.command import CommandError, emit, listing, outcome, pick
+from eagle3ops.command import CommandError, emit, listing, outcome, pick_taken
 from eagle3ops.regenerate.options import REGENERATE
 
 
@@ -16,31 +16,12 @@ def run(args) -> int:
     from eagle3ops.regenerate.config import RegenerateConfig, RegenerateError
     from eagle3ops.regenerate.run import regenerate
 
+    # every option RegenerateConfig takes by its name (a new one needs no line here), and those it takes otherwise
     cfg = RegenerateConfig(
-        **pick(
+        **pick_taken(
             args,
-            "model",
-            "out",
-            "backend",
-            "max_new_tokens",
-            "temperature",
-            "top_p",
-            "seed",
-            "system",
-            "think",
-            "concurrency",
-            "retries",
-            "backoff",
-            "backoff_max",
-            "request_timeout",
-            "health_timeout",
-            "limit",
-            "on_error",
-            "force",
-            "device",
-            "dtype",
-            "threads",
-            "trust_remote_code",
+            RegenerateConfig,
+            REGENERATE,
             inputs="input",
             urls="url",
             served_model="served_model_name",

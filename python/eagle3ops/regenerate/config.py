@@ -9,6 +9,7 @@ from pathlib import Path
 
 from eagle3ops.errors import WithDetails
 from eagle3ops.http_retry import RetrySettings
+from eagle3ops.regenerate.options import REGENERATE
 
 REGENERATE_FORMAT = 1
 
@@ -35,6 +36,10 @@ class RegenerateError(WithDetails, RuntimeError):
     """A problem the user must act on; the message says what and where. ``details`` go into the JSON result."""
 
 
+# the settings' defaults are the definition's (python/eagle3ops/regenerate/options.py), written there once
+_D = REGENERATE.defaults()
+
+
 @dataclass
 class RegenerateConfig(
     RetrySettings
@@ -42,29 +47,28 @@ class RegenerateConfig(
     model: str
     inputs: list[str]
     out: str
-    backend: str = "transformers"  # transformers | openai
+    backend: str = _D["backend"]  # transformers | openai
     urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:30000"])
     served_model: str | None = None  # the request's "model" field (openai); default: model
-    max_new_tokens: int = 512
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    seed: int = 0
-    system: str = "keep"  # keep | drop
-    think: str = "keep"  # keep | strip
-    retries: int = field(default=3, kw_only=True)
-    backoff_max: float = field(default=30.0, kw_only=True)
-    health_timeout: float = field(default=60.0, kw_only=True)  # GET /v1/models
+    max_new_tokens: int = _D["max_new_tokens"]
+    temperature: float = _D["temperature"]  # 0: greedy
+    top_p: float = _D["top_p"]
+    seed: int = _D["seed"]
+    system: str = _D["system"]  # keep | drop
+    think: str = _D["think"]  # keep | strip
+    retries: int = field(default=_D["retries"], kw_only=True)
+    backoff_max: float = field(default=_D["backoff_max"], kw_only=True)
+    health_timeout: float = field(default=_D["health_timeout"], kw_only=True)  # GET /v1/models
     abort_after: int = 0  # consecutive retryable conversation failures that stop the run (0: 2*concurrency+8)
-    limit: int | None = None
-    on_error: str = "fail"  # fail | skip
-    force: bool = False
+    limit: int | None = _D["limit"]
+    on_error: str = _D["on_error"]  # fail | skip
+    force: bool = _D["force"]
     plan: bool = False
-    device: str = "auto"  # transformers: auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # transformers: auto | float32 | bfloat16 | float16
-    threads: int = (
-        0  # transformers: torch intra-op threads (0: torch's default; 1 is fastest for tiny models)
-    )
-    trust_remote_code: bool = False
+    device: str = _D["device"]  # transformers: auto | cpu | cuda | cuda:N
+    dtype: str = _D["dtype"]  # transformers: auto | float32 | bfloat16 | float16
+    # transformers: torch intra-op threads (0: torch's default; 1 is fastest for tiny models)
+    threads: int = _D["threads"]
+    trust_remote_code: bool = _D["trust_remote_code"]
     progress: bool = False
     log: Callable[[str], None] | None = field(default=None, repr=False)
     sleep: Callable[[float], None] = field(

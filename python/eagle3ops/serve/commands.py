@@ -10,7 +10,7 @@ from pathlib import Path
 
 from eagle3ops.command import CommandError, emit, pick
 from eagle3ops.serve.options import CONVERT, SERVE_PROCESS
-from eagle3ops.sglang_versions import KNOWN
+from eagle3ops.sglang.versions import KNOWN
 
 
 def register(sub) -> None:

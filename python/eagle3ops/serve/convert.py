@@ -1,5 +1,5 @@
 """Convert a speculators 0.9.0 EAGLE-3 checkpoint into the draft layout SGLang serves (0.5.17 and 0.5.23: the
-versions of :mod:`eagle3ops.sglang_versions`; ``llama_eagle3.py``'s config keys, weight loading and the layer-id
+versions of :mod:`eagle3ops.sglang.versions`; ``llama_eagle3.py``'s config keys, weight loading and the layer-id
 rules are the same in both, each checked against its wheel by tests/unit/test_convert.py).
 
 What SGLang 0.5.23 expects (read from its source, ``sglang/srt/models/llama_eagle3.py`` and the EAGLE3 parts of
@@ -39,10 +39,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from eagle3ops import layers, sglang_versions
+from eagle3ops import layers
 from eagle3ops.checkpoints import CheckpointError, resolve_checkpoint
 from eagle3ops.durable import sha256_file
 from eagle3ops.errors import WithDetails
+from eagle3ops.sglang import versions as sglang_versions
 
 SGLANG_VERSION = sglang_versions.DEFAULT_VERSION
 CONVERTER_VERSION = 2  # 2: weights always written in DRAFT_DTYPE

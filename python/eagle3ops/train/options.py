@@ -40,22 +40,72 @@ TRAIN = Command(
             required=True,
             flag="--data",
             help="data dir: Arrow dataset + hidden_states/ + token_freq.pt",
+            doc=(
+                "Data directory from prepare + extract (Arrow dataset, C(hidden_states/), C(token_freq.pt))."
+            ),
+            role_doc=(
+                "The data directory training reads (Arrow dataset, hidden_states/, "
+                "token_freq.pt). Default this host's own store (train_data_source_dir), or, when "
+                "other hosts' stores are gathered (train_data_sync), "
+                "<eagle3ops_workdir>/train/data."
+            ),
+            role_value=(
+                "{{ eagle3ops_workdir ~ '/train/data' if train_data_gather else train_data_source_dir }}"
+            ),
         ),
-        target_model("verifier_path", "the one the states came from", flag="--verifier"),
-        Option("run_dir", "path", required=True, help="run directory (state, rendered config, log, metrics)"),
+        target_model(
+            "verifier_path",
+            "the one the states came from",
+            flag="--verifier",
+            doc="The target model directory the hidden states were extracted from.",
+            role_doc=(
+                "The target model the hidden states were extracted from (default the extract "
+                "phase's extract_model_path)."
+            ),
+            role_value="{{ eagle3ops_model_path }}",
+        ),
+        Option(
+            "run_dir",
+            "path",
+            required=True,
+            help="run directory (state, rendered config, log, metrics)",
+            doc=("Run directory (state file, rendered config, log, metrics, checkpoints by default)."),
+            role_doc="Run directory (state, rendered config, log, metrics, checkpoints).",
+            role_value="{{ eagle3ops_train_run_dir }}",
+        ),
         # the role's "" (and [] below) mean "not set": the CLI leaves the option out (Option.argv)
-        Option("save_path", "path", role_default="", help="checkpoint directory (default RUN/checkpoints)"),
+        Option(
+            "save_path",
+            "path",
+            role_default="",
+            help="checkpoint directory (default RUN/checkpoints)",
+            doc="Checkpoint directory; default O(run_dir)/checkpoints.",
+            role_doc="Checkpoint directory; empty for <train_run_dir>/checkpoints.",
+        ),
         Option(
             "layer_ids",
             "list",
             elements="int",
             role_default=[],
             help="only to assert: must equal extract_meta.json's",
+            doc=(
+                "Only an assertion; the ids come from C(extract_meta.json). A different value fails the task."
+            ),
+            role_doc=(
+                "Only an assertion against extract_meta.json's ids; default the shared "
+                "eagle3ops_layer_ids when set, empty to just use those."
+            ),
+            role_value="{{ eagle3ops_layer_ids or [] }}",
         ),
         count(
             "draft_vocab_size",
             role_default=DEFAULT_DRAFT_VOCAB,  # the playbook says what the CLI leaves implicit
             help=f"default {DEFAULT_DRAFT_VOCAB}, capped at the distinct tokens seen",
+            doc=(
+                "Draft vocabulary size (default 32000), capped at the distinct tokens counted in "
+                "C(token_freq.pt)."
+            ),
+            role_doc="Draft vocabulary, capped at the distinct tokens of token_freq.pt.",
         ),
         Option(
             "token_freq_path",
@@ -63,21 +113,40 @@ TRAIN = Command(
             flag="--token-freq",
             role_default="",
             help="token frequencies (default DATA/token_freq.pt)",
+            doc="Token frequencies; default O(data_dir)/token_freq.pt.",
+            role_doc="Token frequencies; empty for <train_data_dir>/token_freq.pt.",
         ),
-        count("epochs", default=3, help="training epochs"),
+        count(
+            "epochs",
+            default=3,
+            help="training epochs",
+            role_doc="Epochs.",
+        ),
         Option(
             "lr",
             "float",
             above=0,
             help="learning rate (default: the trainer's own: speculators 0.001, specforge 0.0001)",
+            doc="Learning rate (unset - the trainer's own, speculators 0.001, specforge 0.0001).",
+            role_doc="Learning rate (null = the trainer's own, speculators 0.001, specforge 0.0001).",
         ),
         count(
             "ttt_steps",
             help="test-time-training steps, the draft positions trained (default: the trainer's own: speculators 3, "
             "specforge 7)",
+            doc=(
+                "Test-time-training steps, the draft positions trained (unset - the trainer's "
+                "own, speculators 3, specforge 7)."
+            ),
+            role_doc=("Test-time-training steps (null = the trainer's own, speculators 3, specforge 7)."),
         ),
         count("num_layers", default=1, help="draft decoder layers"),
-        count("total_seq_len", default=8192, help="tokens per packed batch (per process)"),
+        count(
+            "total_seq_len",
+            default=8192,
+            help="tokens per packed batch (per process)",
+            role_doc="Tokens per packed batch per process.",
+        ),
         Option(
             "train_data_ratio",
             "float",
@@ -87,9 +156,19 @@ TRAIN = Command(
             maximum=1,
             help="share of the rows trained on",
         ),
-        count("max_steps", help="stop after this many optimizer steps (smoke runs)"),
+        count(
+            "max_steps",
+            help="stop after this many optimizer steps (smoke runs)",
+            role_doc="Stop after this many optimizer steps (null = all epochs).",
+        ),
         Option(
-            "checkpoint_freq", "float", default=1.0, above=0, help="epochs between checkpoints (<1: within)"
+            "checkpoint_freq",
+            "float",
+            default=1.0,
+            above=0,
+            help="epochs between checkpoints (<1: within)",
+            doc="Epochs between checkpoints; below 1 saves within epochs (e.g. 0.25).",
+            role_doc="Epochs between checkpoints (below 1 = within an epoch).",
         ),
         count("log_freq", default=1, param=False, help="steps between metric records"),
         seed(default=42, param=False, help="the training seed"),
@@ -98,20 +177,66 @@ TRAIN = Command(
             "bool",
             default=False,
             help="speculators' default; SGLang 0.5.23 cannot serve it, so off unless asked",
+            doc="speculators' own default is true, which SGLang 0.5.23 cannot serve.",
+            role_doc="speculators' default is true; SGLang 0.5.23 cannot serve it.",
         ),
-        one_of("attention", ["full", "sliding"], help="draft attention"),
-        count("sliding_window", default=2048, help="window of sliding attention"),
+        one_of(
+            "attention",
+            ["full", "sliding"],
+            help="draft attention",
+            doc=(
+                "C(full) attention in every draft layer (SGLang's default), or C(sliding) with "
+                "O(sliding_window); serve a sliding-window draft with "
+                "C(--speculative-draft-window-size) equal to it (returned as "
+                "C(serve_window_size))."
+            ),
+            role_doc="Draft attention; a sliding window must be matched by the serve phase.",
+        ),
+        count(
+            "sliding_window",
+            default=2048,
+            help="window of sliding attention",
+            doc="Window of C(sliding) attention.",
+            role_doc="Window for C(sliding).",
+        ),
         one_of(
             "verify",
             ["checksum", "size"],
             help="before a trainer is launched: checksum = every hidden-state file's content against the checksum "
             "its writer recorded, reading only files not verified since they last changed (hidden_states/"
             "verified.jsonl; docs/performance.md has the cost); size = only the size + header check every run makes",
+            doc=[
+                (
+                    "Before a trainer is launched, C(checksum) compares every hidden-state file's "
+                    "content with the checksum its writer recorded in the manifest and fails naming "
+                    "damaged files; only files not verified since they last changed are read (a "
+                    "record in C(hidden_states/verified.jsonl) keyed by inode, size, mtime and "
+                    "ctime), so a re-run on an unchanged store reads nothing. Check mode reads "
+                    "nothing and returns what would be read (C(content_check))."
+                ),
+                "C(size) - only the size + safetensors header check every run makes.",
+            ],
+            role_doc=[
+                (
+                    "Before a trainer is launched, C(checksum) compares every hidden-state file's "
+                    "content with the checksum its writer recorded and refuses damaged files by "
+                    "name; only files not verified since they last changed are read (a record in "
+                    "hidden_states/verified.jsonl keyed by inode, size, mtime and ctime), so a "
+                    "re-run on an unchanged store reads nothing. Cost of the first run - "
+                    "docs/performance.md."
+                ),
+                "C(size) - only the size + safetensors header check every run makes.",
+            ],
         ),
         one_of(
             "on_missing",
             ["raise", "skip", "warn"],
             help="a sample without hidden states: raise refuses incomplete extraction",
+            doc=(
+                "What the loader does for a sample without hidden states; C(raise) refuses "
+                "incomplete extraction."
+            ),
+            role_doc="Samples without hidden states; raise refuses incomplete extraction.",
         ),
         Option(
             "mask_token_id",
@@ -120,14 +245,46 @@ TRAIN = Command(
             minimum=0,
             help="speculators' mask token (default from the verifier)",
         ),
-        one_of("device", ["auto", "cpu", "gpu"], help="auto: GPUs when visible"),
-        count("nproc", help="trainer processes on GPUs (default: every visible GPU)"),
+        one_of(
+            "device",
+            ["auto", "cpu", "gpu"],
+            help="auto: GPUs when visible",
+            doc="C(auto) (GPUs when visible), C(cpu) or C(gpu).",
+            role_doc="auto uses every visible GPU through torchrun, else the CPU.",
+        ),
+        count(
+            "nproc",
+            help="trainer processes on GPUs (default: every visible GPU)",
+            doc="Trainer processes on GPUs; default every visible GPU.",
+            role_doc="Trainer processes on GPUs (null = every visible GPU).",
+        ),
         # the role passes null as omitted (0 workers is a value): not a plain pass-through
         Option(
-            "num_workers", "int", role=False, minimum=0, help="loader workers per process (default 0 on CPU)"
+            "num_workers",
+            "int",
+            role=False,
+            minimum=0,
+            help="loader workers per process (default 0 on CPU)",
+            doc="Loader workers per process; default 0 on CPU, up to 12 on GPUs.",
         ),
         # several hosts (docs/scale.md): the role computes these from train_hosts and the job it decides on
-        count("nnodes", default=1, role=False, help="hosts training together (torchrun --nnodes)"),
+        count(
+            "nnodes",
+            default=1,
+            role=False,
+            help="hosts training together (torchrun --nnodes)",
+            doc=[
+                (
+                    "Hosts that train one draft together (docs/scale.md) - torchrun C(--nnodes) on "
+                    "each, meeting at a c10d rendezvous on O(rdzv_endpoint). The train role sets it "
+                    "from C(train_hosts)."
+                ),
+                (
+                    "Needs GPU hosts; speculators 0.9.0 cannot train over several nodes on CPU (the "
+                    "task fails saying why)."
+                ),
+            ],
+        ),
         Option(
             "node_rank",
             "int",
@@ -135,21 +292,40 @@ TRAIN = Command(
             minimum=0,
             role=False,
             help="this host's index among them (0 = rendezvous host)",
+            doc="This host's index among the O(nnodes) hosts (0 = the rendezvous host).",
         ),
         Option(
             "rdzv_endpoint",
             role=False,
             help="HOST:PORT of the c10d rendezvous (the first host), with --nnodes > 1",
+            doc=(
+                "C(HOST:PORT) of the rendezvous (the first host, reachable from every node), "
+                "with O(nnodes) > 1."
+            ),
         ),
         Option(
             "rdzv_id",
             role=False,
             help="rendezvous id, the same on every node (default from the run directory)",
+            doc=(
+                "Rendezvous id, the same on every node; default from the path of O(run_dir). It "
+                "names the job - a node that runs (or finished) a job with another id is stopped "
+                "and relaunched into this one, resuming from the newest checkpoint. The train "
+                "role passes a new id whenever one node has to be restarted."
+            ),
         ),
         Option(
             "nic",
             role_default="",
             help="network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)",
+            doc=(
+                "Network interface NCCL and gloo use between the nodes (C(NCCL_SOCKET_IFNAME), "
+                "C(GLOO_SOCKET_IFNAME))."
+            ),
+            role_doc=(
+                "Network interface NCCL and gloo use between the nodes (NCCL_SOCKET_IFNAME, "
+                "GLOO_SOCKET_IFNAME)."
+            ),
         ),
         one_of(
             "trainer",
@@ -157,6 +333,25 @@ TRAIN = Command(
             help="speculators; specforge: SpecForge's offline EAGLE-3 trainer on the same extraction (read in place; "
             "GPU hosts); or ddp_probe: the minimal DDP job through the same launcher (a cluster check; the "
             "multi-node trainer on CPU)",
+            doc=(
+                "C(speculators); C(specforge) - SpecForge 0.2.0's offline EAGLE-3 trainer on the "
+                "same extraction (it reads the store in place through one pointer file a row, "
+                "with the same rows, draft vocabulary and layer ids; GPU hosts only; C(eagle3ops "
+                "convert) exports its draft with SpecForge's own exporter); or C(ddp_probe) - "
+                "the minimal DDP job of C(eagle3ops.ddp_probe) (a linear model on the same data, "
+                "checkpoints and records) through the same launcher and rendezvous. It checks a "
+                "cluster's launch, data and restart in seconds before a long run, and it is the "
+                "only trainer that runs over several CPU hosts."
+            ),
+            role_doc=(
+                "speculators; specforge - SpecForge 0.2.0's offline EAGLE-3 trainer on the same "
+                "extraction (read in place through one pointer file a row; the same rows, draft "
+                "vocabulary and layer ids; GPU hosts only; the serve phase exports its draft "
+                "with SpecForge's own exporter); or ddp_probe - the minimal DDP job of "
+                "eagle3ops.ddp_probe (a linear model on the same data, checkpoints and records) "
+                "through the same launcher, rendezvous and restarts. A cluster check before a "
+                "long run, and the only trainer that runs over several CPU hosts."
+            ),
         ),
         # the role's "auto" is the CLI's default (left out): not a plain pass-through
         Option(
@@ -164,6 +359,9 @@ TRAIN = Command(
             choices=["simple_flex_attention", "sdpa", "eager"],
             role=False,
             help="draft attention (default simple_flex_attention on GPUs, sdpa on CPU)",
+            doc=(
+                "Draft attention; default C(simple_flex_attention) (torch.compile) on GPUs, C(sdpa) on CPU."
+            ),
         ),
         Option(
             "loss_implementation",
@@ -172,6 +370,16 @@ TRAIN = Command(
             # under torch 2.11's dynamo on an H200, docs/performance.md); the CLI's None is eager too
             module_default="eager",
             help="speculators' loss kernel (default eager)",
+            doc=(
+                "speculators' loss kernel. C(eager) by default on every device - speculators "
+                "0.9.0's C(fused) KL loss failed under torch 2.11's dynamo on an H200 "
+                "(C(ListVariable ... is already tracked for mutation)); choose C(fused) only on "
+                "a torch where it is known to compile."
+            ),
+            role_doc=(
+                "speculators' loss kernel; fused failed under torch 2.11's dynamo on an H200 "
+                "(speculators 0.9.0), so eager is the default."
+            ),
         ),
         Option(
             "extra_config",
@@ -180,21 +388,63 @@ TRAIN = Command(
             as_json=True,
             flag="--extra",
             help="{group: {speculators key: value}} for other settings",
+            doc=(
+                "Other speculators settings as a mapping of group to a mapping of speculators "
+                "keys and values (groups verifier, draft, data, loss, optimizer, scheduler, "
+                "trainer). Keys the module manages are refused."
+            ),
+            role_doc="Other speculators settings, {group {key value}}.",
         ),
-        Option("env", "dict", default={}, as_json=True, help="extra environment variables for the trainer"),
         Option(
-            "restart_on_change", "bool", default=False, help="a changed config: stop, set aside, start over"
+            "env",
+            "dict",
+            default={},
+            as_json=True,
+            help="extra environment variables for the trainer",
+            role_doc="Extra environment for the trainer.",
         ),
-        one_of("launcher", ["auto", "systemd", "setsid"], help="auto: systemd-run where systemd is PID 1"),
         Option(
-            "unit_name", role_default="", help="systemd unit name (default eagle3-train-<hash of run dir>)"
+            "restart_on_change",
+            "bool",
+            default=False,
+            help="a changed config: stop, set aside, start over",
+            doc=("When the configuration changed, stop the run, move its checkpoints aside and start over."),
+            role_doc=(
+                "On a changed configuration, stop, move the checkpoints aside and start over (else fail)."
+            ),
+        ),
+        one_of(
+            "launcher",
+            ["auto", "systemd", "setsid"],
+            help="auto: systemd-run where systemd is PID 1",
+            doc="C(auto) (systemd when it is PID 1), C(systemd) or C(setsid).",
+            role_doc="auto = systemd-run where systemd is PID 1, else setsid with a PID file.",
+        ),
+        Option(
+            "unit_name",
+            role_default="",
+            help="systemd unit name (default eagle3-train-<hash of run dir>)",
+            doc="Transient systemd unit name; default C(eagle3-train-<hash of run_dir>).",
+            role_doc="Transient unit name (empty = eagle3-train-<hash of the run dir>).",
         ),
         Option("python", param=False, help="interpreter for the trainer (default: this one)"),
-        Option("gpu_free_check", "bool", default=True, help="assert free VRAM before launching on GPUs"),
+        Option(
+            "gpu_free_check",
+            "bool",
+            default=True,
+            help="assert free VRAM before launching on GPUs",
+            doc="Assert free VRAM on every GPU (eagle3ops.gpu_free) before launching on GPUs.",
+            role_doc="Run the gpu_free check before launching on GPUs.",
+        ),
         seconds("gpu_free_timeout", default=60, param=False, help="seconds the VRAM check waits"),
         # the role waits only once every node started (several hosts): computed, not a pass-through
         Option(
-            "wait", "bool", default=False, role=False, help="block until the run ends; return its metrics"
+            "wait",
+            "bool",
+            default=False,
+            role=False,
+            help="block until the run ends; return its metrics",
+            doc="Block until the run ends and return its final metrics.",
         ),
         seconds(
             "timeout",
@@ -202,8 +452,10 @@ TRAIN = Command(
             role="train_wait_timeout",
             role_default=86400,  # a playbook waiting for a training run waits a day; a CLI call an hour
             help="seconds --wait waits",
+            doc="Seconds O(wait) waits; the run keeps going after a timeout.",
+            role_doc="Seconds train_wait waits (the run continues after it).",
         ),
-        EXECUTABLE,
+        EXECUTABLE.but(role_pass=" | default(omit, true)"),
     ],
 )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from eagle3ops.errors import WithDetails
+from eagle3ops.train.options import TRAIN
 
 SHIM_MODULE = "eagle3ops.speculators_shim"
 
@@ -85,53 +86,58 @@ class TrainError(WithDetails, Exception):
     """A problem the user must act on; the message names the file/PID and what to do."""
 
 
+# the spec's defaults are the definition's (python/eagle3ops/train/options.py), written there once
+_D = TRAIN.defaults()
+
+
 @dataclass
 class TrainSpec:
     data_dir: str
     verifier_path: str
     run_dir: str
-    save_path: str | None = None
-    layer_ids: list[int] | None = None
-    draft_vocab_size: int | None = None
-    token_freq_path: str | None = None
-    epochs: int = 3
-    lr: float | None = None  # None: the trainer's own (TRAINER_DEFAULTS)
-    ttt_steps: int | None = None
-    num_layers: int = 1
-    total_seq_len: int = 8192
-    train_data_ratio: float = 0.9
-    max_steps: int | None = None
-    checkpoint_freq: float = 1.0
-    log_freq: int = 1
-    seed: int = 42
-    norm_before_residual: bool = False
-    attention: str = "full"  # full | sliding
-    sliding_window: int = 2048
-    on_missing: str = "raise"
+    save_path: str | None = _D["save_path"]
+    layer_ids: list[int] | None = _D["layer_ids"]
+    draft_vocab_size: int | None = _D["draft_vocab_size"]
+    token_freq_path: str | None = _D["token_freq_path"]
+    epochs: int = _D["epochs"]
+    lr: float | None = _D["lr"]  # None: the trainer's own (TRAINER_DEFAULTS)
+    ttt_steps: int | None = _D["ttt_steps"]
+    num_layers: int = _D["num_layers"]
+    total_seq_len: int = _D["total_seq_len"]
+    train_data_ratio: float = _D["train_data_ratio"]
+    max_steps: int | None = _D["max_steps"]
+    checkpoint_freq: float = _D["checkpoint_freq"]
+    log_freq: int = _D["log_freq"]
+    seed: int = _D["seed"]
+    norm_before_residual: bool = _D["norm_before_residual"]
+    attention: str = _D["attention"]  # full | sliding
+    sliding_window: int = _D["sliding_window"]
+    on_missing: str = _D["on_missing"]
     # checksum: every hidden-state file's content against its manifest checksum before a launch, once per file
     # (eagle3ops.store.verified); size: the size + header check only
-    verify: str = "checksum"
-    mask_token_id: int | None = None
-    device: str = "auto"  # auto | cpu | gpu
-    nproc: int | None = None
-    num_workers: int | None = None
-    draft_attn_impl: str | None = None
-    loss_implementation: str | None = None
+    verify: str = _D["verify"]
+    mask_token_id: int | None = _D["mask_token_id"]
+    device: str = _D["device"]  # auto | cpu | gpu
+    nproc: int | None = _D["nproc"]
+    num_workers: int | None = _D["num_workers"]
+    draft_attn_impl: str | None = _D["draft_attn_impl"]
+    loss_implementation: str | None = _D["loss_implementation"]
     extra: dict = field(default_factory=dict)
-    restart_on_change: bool = False
-    launcher: str = "auto"  # auto | systemd | setsid
-    unit_name: str | None = None
-    python: str | None = None
-    gpu_free_check: bool = True
-    gpu_free_timeout: float = 60
+    restart_on_change: bool = _D["restart_on_change"]
+    launcher: str = _D["launcher"]  # auto | systemd | setsid
+    unit_name: str | None = _D["unit_name"]
+    python: str | None = _D["python"]
+    gpu_free_check: bool = _D["gpu_free_check"]
+    gpu_free_timeout: float = _D["gpu_free_timeout"]
     env: dict = field(default_factory=dict)
     # several hosts (docs/scale.md): torchrun on each, one c10d rendezvous on ``rdzv_endpoint`` (the first host)
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None  # HOST:PORT, the same on every node
-    rdzv_id: str | None = None  # the same on every node; default from the run directory's path
-    nic: str | None = None  # network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
-    trainer: str = "speculators"  # a key of TRAINERS
+    nnodes: int = _D["nnodes"]
+    node_rank: int = _D["node_rank"]
+    rdzv_endpoint: str | None = _D["rdzv_endpoint"]  # HOST:PORT, the same on every node
+    rdzv_id: str | None = _D["rdzv_id"]  # the same on every node; default from the run directory's path
+    # network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
+    nic: str | None = _D["nic"]
+    trainer: str = _D["trainer"]  # a key of TRAINERS
 
 
 def spec_asdict(spec: TrainSpec) -> dict:

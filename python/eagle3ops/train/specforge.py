@@ -225,6 +225,12 @@ def draft_config(target: Path, draft_vocab: int, layer_ids: list[int], num_layer
     cfg = json.loads((target / "config.json").read_text())
     cfg = cfg.get("text_config") or cfg
     out = {k: cfg[k] for k in TARGET_FIELDS if cfg.get(k) is not None}
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict) and rope.get("rope_theta") is not None:
+        # a transformers 5 config states the rope only here; SpecForge copies the top-level ``rope_theta`` alone, so
+        # its draft fell back to 10,000 where SmolLM2 says 100,000 (proof-of-value run 2): the draft takes the target's
+        out["rope_parameters"] = dict(rope)
+        out.setdefault("rope_theta", rope["rope_theta"])
     out.update(
         architectures=["LlamaForCausalLMEagle3"],
         model_type="llama",

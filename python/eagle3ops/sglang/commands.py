@@ -1,12 +1,13 @@
-"""``eagle3ops sglang-patch status|apply|restore`` and ``eagle3ops extract-sglang``: the extract phase's SGLang
-backend (registered by :mod:`eagle3ops.extract.commands`)."""
+"""``eagle3ops sglang-patch status|apply|restore`` (the sglang phase's) and ``eagle3ops extract-sglang`` (the
+extract phase's SGLang backend). Found by :mod:`eagle3ops.cli` like every package's ``commands``; their option
+definitions stay with the phases whose roles and modules use them (:mod:`eagle3ops.extract.options`)."""
 
 from __future__ import annotations
 
 import sys
 
-from eagle3ops.command import CommandError, emit, pick
-from eagle3ops.sglang_versions import KNOWN, UnknownVersion, get
+from eagle3ops.command import CommandError, disk_margin_bytes, emit, pick
+from eagle3ops.sglang.versions import KNOWN, UnknownVersion, get
 
 # the options of the store both the SGLang run and its check-mode plan (the transformers backend's) take
 _STORE_OPTIONS = ("layer_ids", "layer_convention", "dtype", "limit")
@@ -28,7 +29,7 @@ def _check_version(version: str) -> None:
 
 
 def cmd_patch(args) -> int:
-    from eagle3ops.extract import sglang_patch as sp
+    from eagle3ops.sglang import patch as sp
 
     _check_version(args.sglang_version)
     try:
@@ -50,12 +51,11 @@ def cmd_patch(args) -> int:
 
 
 def cmd_extract(args) -> int:
-    from eagle3ops.extract.commands import disk_margin_bytes
     from eagle3ops.extract.errors import ExtractError
-    from eagle3ops.extract.sglang_client import SGLangClientError, SGLangExtractConfig, run_sglang_extraction
-    from eagle3ops.extract.sglang_patch import PatchError
     from eagle3ops.extract.status import note_running, run_log
     from eagle3ops.runlock import RunLock, holder, wait_free
+    from eagle3ops.sglang.client import SGLangClientError, SGLangExtractConfig, run_sglang_extraction
+    from eagle3ops.sglang.patch import PatchError
     from eagle3ops.store import StoreError
 
     _check_version(args.sglang_version)
@@ -93,7 +93,7 @@ def cmd_extract(args) -> int:
             running = holder(args.data)  # check mode takes no lock; it reports a run in progress
             if running and args.wait_running > 0:
                 running = wait_free(args.data, args.wait_running)
-            from eagle3ops.extract.sglang_client import routing
+            from eagle3ops.sglang.client import routing
 
             _, ranks, _ = routing(cfg, 0)  # this host's global ranks (several hosts), as the run takes them
             res = plan_extraction(

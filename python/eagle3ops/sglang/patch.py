@@ -1,5 +1,6 @@
-"""The SGLang capture patch: a few lines in ``sglang/srt/models/deepseek_v2.py`` that call
-:mod:`eagle3ops.sglang_hook` (all the logic lives there, in our package).
+"""The SGLang capture patch's lifecycle: a few lines in ``sglang/srt/models/deepseek_v2.py`` that call the
+in-server hook (:mod:`eagle3ops.sglang.hook`, imported by the patched file under its kept name
+``eagle3ops.sglang_hook``; all the logic lives in our package).
 
 Lifecycle, all byte-exact and refusing anything it was not written for:
 
@@ -10,8 +11,9 @@ Lifecycle, all byte-exact and refusing anything it was not written for:
   reversing the hunks when the copy is gone); already pristine -> ``changed=False``
 
 A file whose sha256 is neither the pristine one nor the patched one is refused with a message naming the file,
-the found and expected sha256 and what to do. The patch itself (the hunks) is the table below, one entry per
-SGLang version it was written for (what else differs per version: :mod:`eagle3ops.sglang_versions`).
+the found and expected sha256 and what to do. The patch itself (the hunks and both sha256) is each version's
+:attr:`~eagle3ops.sglang.versions.SGLangVersion.patch` in :mod:`eagle3ops.sglang.versions`, beside everything
+else that differs per version.
 Kimi-K2.5's wrapper (``kimi_k25.py``) delegates to this model class, so the same patch covers DeepSeek-V3/R1
 and Kimi-K2/K2.5.
 """
@@ -22,123 +24,18 @@ import difflib
 import hashlib
 import os
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3ops import sglang_versions as _versions
 from eagle3ops.durable import atomic_write_bytes, sha256_file
 from eagle3ops.errors import WithDetails
+from eagle3ops.sglang import versions as _versions
+from eagle3ops.sglang.versions import TARGET_RELPATH, PatchSpec
 
-TARGET_RELPATH = "sglang/srt/models/deepseek_v2.py"
 BACKUP_SUFFIX = ".eagle3ops-pristine"
 MARK = "# eagle3ops"
 
-# ---------------------------------------------------------------------------------------------------------
-# The hunks: (where, old text, new text). ``old`` must occur exactly once in the pristine file.
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _import_hunk(version: str, line: int) -> tuple[str, str, str]:
-    """The hook's import at module scope, after the file's imports (the same text in every version)."""
-    return (
-        f"module scope, after the imports (line {line})",
-        "logger = logging.getLogger(__name__)\n",
-        "logger = logging.getLogger(__name__)\n"
-        "\n"
-        f"# eagle3ops capture patch (sglang {version}): hidden-state dump for EAGLE-3 training.\n"
-        "# All logic lives in eagle3ops.sglang_hook; _eagle3ops_hook is None unless\n"
-        "# EAGLE3OPS_SGLANG_DUMP_DIR is set. Remove with: eagle3ops sglang-patch restore\n"
-        "from eagle3ops.sglang_hook import active_hook as _eagle3ops_active_hook  # eagle3ops\n"
-        "\n"
-        "_eagle3ops_hook = _eagle3ops_active_hook()  # eagle3ops\n",
-    )
-
-
-_AUX_UNPACKED = "        if self.capture_aux_hidden_states:\n            hidden_states, aux_hidden_states = hidden_states\n"
-
-
-def _on_forward_hunk(line: int) -> tuple[str, str, str]:
-    """DeepseekV2ForCausalLM.forward hands the aux states to the hook once they are unpacked (every version)."""
-    return (
-        f"DeepseekV2ForCausalLM.forward, after the aux states are unpacked (line {line})",
-        _AUX_UNPACKED,
-        _AUX_UNPACKED + "        if _eagle3ops_hook is not None:  # eagle3ops\n"
-        "            _eagle3ops_hook.on_forward(self, forward_batch, aux_hidden_states)  # eagle3ops\n",
-    )
-
-
-_HUNKS_0_5_23 = (
-    _import_hunk("0.5.23", 272),
-    (
-        "DeepseekV2Model.forward, final norm (line 3239): capture the pre-norm last state",
-        "                hidden_states = residual_batch.final_norm(\n"
-        "                    hidden_states, forward_batch, self.norm\n"
-        "                )\n",
-        "                hidden_states = residual_batch.final_norm(\n"
-        "                    hidden_states, forward_batch, self.norm,\n"
-        "                    capture=_eagle3ops_hook.capture_last(forward_batch) if _eagle3ops_hook else None,  # eagle3ops\n"
-        "                )\n",
-    ),
-    _on_forward_hunk(3419),
-)
-
-# SGLang 0.5.17: no residual_batch.final_norm (so no capture= callback) and no capture-only flag
-# (--enable-return-aux-hidden-states came later): the patch enables the aux capture itself (hook.enable_capture,
-# from EAGLE3OPS_SGLANG_LAYER_IDS) and hands the final norm's updated residual (the pre-norm last state) to the
-# same capture callback.
-_HUNKS_0_5_17 = (
-    _import_hunk("0.5.17", 244),
-    (
-        "DeepseekV2Model.forward, final norm (line 2875): capture the pre-norm last state",
-        "            if not forward_batch.forward_mode.is_idle():\n"
-        "                if residual is None:\n"
-        "                    hidden_states = self.norm(hidden_states)\n"
-        "                else:\n"
-        "                    hidden_states, _ = self.norm(hidden_states, residual)\n",
-        "            if not forward_batch.forward_mode.is_idle():\n"
-        "                _eagle3ops_capture = _eagle3ops_hook.capture_last(forward_batch) if _eagle3ops_hook else None  # eagle3ops\n"
-        "                if residual is None:\n"
-        "                    if _eagle3ops_capture is not None:  # eagle3ops\n"
-        "                        _eagle3ops_capture(hidden_states)  # eagle3ops\n"
-        "                    hidden_states = self.norm(hidden_states)\n"
-        "                else:\n"
-        "                    hidden_states, _ = self.norm(hidden_states, residual)\n"
-        "                    if _eagle3ops_capture is not None:  # eagle3ops: _ is the updated residual (pre-norm)\n"
-        "                        _eagle3ops_capture(_)  # eagle3ops\n",
-    ),
-    (
-        "DeepseekV2ForCausalLM.__init__ (line 2955): turn the aux capture on for the dump (no draft needed)",
-        "        self.capture_aux_hidden_states = False\n",
-        "        self.capture_aux_hidden_states = False\n"
-        "        if _eagle3ops_hook is not None:  # eagle3ops\n"
-        "            _eagle3ops_hook.enable_capture(self)  # eagle3ops\n",
-    ),
-    _on_forward_hunk(3095),
-)
-
-
-@dataclass(frozen=True)
-class PatchSpec:
-    sglang_version: str
-    pristine_sha256: str
-    patched_sha256: str
-    hunks: tuple
-
-
-SPECS = {
-    "0.5.17": PatchSpec(
-        sglang_version="0.5.17",
-        pristine_sha256="e73c033416e8746bb435dd4e7d39ead521039c511182b5f8b536a40a3308d08a",
-        patched_sha256="5882916012b84618fd75bd36dd1063715b5b7d339104ed504f04fb27fb2c9b12",
-        hunks=_HUNKS_0_5_17,
-    ),
-    "0.5.23": PatchSpec(
-        sglang_version="0.5.23",
-        pristine_sha256="f61f93019bf1e7680f45a1fe227244433e1b22021cb955e53d25b9cf900473f9",
-        patched_sha256="e24f567db45dbbff7baa6af2c6d061083df0b7e47f695f8fcd9f7f7f8d7d2e16",
-        hunks=_HUNKS_0_5_23,
-    ),
-}
+# the patch of every version in the table, by version (each entry's own PatchSpec)
+SPECS: dict[str, PatchSpec] = {v: entry.patch for v, entry in _versions.VERSIONS.items()}
 DEFAULT_VERSION = _versions.DEFAULT_VERSION
 
 
@@ -295,7 +192,7 @@ def apply(
     if sha256_bytes(out) != spec.patched_sha256:  # the hunks themselves are checked, not just the input
         raise PatchError(
             f"{p}: patched result has sha256 {sha256_bytes(out)}, not {spec.patched_sha256}; "
-            f"the patch table in {__file__} is inconsistent. Nothing was changed."
+            f"sglang {spec.sglang_version}'s patch entry in {_versions.__file__} is inconsistent. Nothing was changed."
         )
     result["changed"] = True
     if diff:

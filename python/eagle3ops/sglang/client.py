@@ -1,6 +1,6 @@
 """The client of the SGLang extraction backend (``eagle3ops extract-sglang``).
 
-It drives a patched SGLang server (see sglang_patch.py / sglang_hook.py) that writes the hidden states itself:
+It drives a patched SGLang server (:mod:`eagle3ops.sglang.patch` / :mod:`eagle3ops.sglang.hook`) that writes the hidden states itself:
 
 1. works out what is left from the store's manifest (the same store, meta and resume rules as the
    transformers backend; files written by either backend count), checks disk space for exactly that;
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3ops import jsonl
-from eagle3ops.extract import sglang_hook
 from eagle3ops.http_retry import RETRY_STATUS, RetrySettings
+from eagle3ops.sglang import hook as sglang_hook
 from eagle3ops.store import HiddenStateStore, preflight_disk, read_safetensors_header
 
 
@@ -440,7 +440,7 @@ def run_sglang_extraction(
             _systemctl("stop", cfg.server_unit)
             result["server_stopped"] = cfg.server_unit
         if cfg.restore_patch and (result["failed"] == 0 or cfg.restore_patch_always):
-            from eagle3ops.extract import sglang_patch
+            from eagle3ops.sglang import patch as sglang_patch
 
             result["patch"] = sglang_patch.restore(cfg.restore_patch, cfg.sglang_version)
     result["seconds"] = round(time.perf_counter() - t_start, 3)
@@ -578,8 +578,8 @@ def server_args(
 ) -> list[str]:
     """The flags a dump server of SGLang ``sglang_version`` needs (see docs/sglang.md for why each one).
 
-    The aux-capture flags depend on the version (:func:`eagle3ops.sglang_versions.dump_capture_args`)."""
-    from eagle3ops.sglang_versions import dump_capture_args
+    The aux-capture flags depend on the version (:func:`eagle3ops.sglang.versions.dump_capture_args`)."""
+    from eagle3ops.sglang.versions import dump_capture_args
 
     return [
         "--model-path",

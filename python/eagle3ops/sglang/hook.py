@@ -1,4 +1,5 @@
-"""The in-server side of the SGLang extraction backend (called by the capture patch, see sglang_patch.py).
+"""The in-server side of the SGLang extraction backend (called by the capture patch, :mod:`eagle3ops.sglang.patch`;
+the patched file imports it under the kept name ``eagle3ops.sglang_hook``).
 
 Inside the patched ``deepseek_v2.py`` two calls reach this module on every forward:
 
@@ -39,7 +40,7 @@ so its states would be missing: a first chunk with a prefix is refused), chunked
 (``--chunked-prefill-size -1``) or chunks stitched here, ``--disable-prefill-cuda-graph`` (a captured graph
 would replay without calling Python), only TP rank 0 writes, ``max_new_tokens=1``, no DP attention,
 ``--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids ...``
-(0.5.23; 0.5.17 needs none of the three: :mod:`eagle3ops.sglang_versions`).
+(0.5.23; 0.5.17 needs none of the three: :mod:`eagle3ops.sglang.versions`).
 """
 
 from __future__ import annotations
