@@ -196,7 +196,7 @@ def test_a_powered_off_hosts_rows_reassigned_through_sglang_on_request(make_host
     patch is restored; hostA's store alone is one host's run byte for byte; again: changed=0; hostB back: its
     sglang phase leaves it unpatched, the extract phase extracts nothing there and restores the patch the power-off
     left (once), its old part is left as it was; then changed=0 on both, SGLang pristine on both."""
-    from eagle3ops.extract import sglang_patch
+    from eagle3ops.sglang import patch as sglang_patch
     from sglang_standin import pristine_deepseek_v2, site_packages
     from tinymodels import build_prepared_dataset, build_tiny_target
 
