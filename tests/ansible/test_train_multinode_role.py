@@ -76,3 +76,21 @@ def test_missing_data_on_one_node_stops_every_node_before_a_launch(run_playbook,
         "a node launched"
     )
     assert not (tmp / "run-hostA" / "state.json").exists() and not (tmp / "run-hostB" / "state.json").exists()
+
+
+def test_the_old_store_of_a_host_whose_rows_were_reassigned_is_not_gathered(run_playbook, cluster):
+    """Issue 34: hostB's rows were re-assigned to hostA by the extract phase (eagle3ops_extract_reassign_from):
+    a train_data_sources that names hostB is refused before anything is copied (its old store would bring rows
+    hostA holds again); the default leaves it out."""
+    inv, xv, tmp = cluster
+    more = {"train_data_sync": "true", "train_data_dir": str(tmp / "gathered"),
+            "eagle3ops_extract_reassign_from": ["hostB"]}  # fmt: skip
+    r = run_playbook(
+        "playbooks/train.yml", inv, extravars={**xv, **more, "train_data_sources": ["hostA", "hostB"]}
+    )
+    assert (
+        r.rc != 0 and "train_data_sources names hostB, whose rows the extract phase re-assigned" in r.stdout
+    ), r.summary()
+    assert not (tmp / "gathered").exists() and not r.task_results(
+        "Train | Copy every store's rows (each host's share of the hidden states)"
+    )

@@ -138,3 +138,87 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     assert [(d["rank"], d["world_size"]) for d in recs] == [(0, 2), (1, 2)], recs
     assert sorted(d["host"] for d in recs) == sorted([a.name, b.name]), recs
     assert all(d["all_reduce_sum"] == 1.0 for d in recs) and recs[0]["grad"] == recs[1]["grad"]
+
+
+def test_a_powered_off_hosts_rows_reassigned_to_the_survivor_on_request(make_host, run_playbook, tmp_path):
+    """Issue 34, on request: hostB powered off mid-extraction (SIGKILL to its PID 1) and not brought back; the
+    phase re-run with ``extract_reassign_from: [hostB]`` while it is down: hostA extracts hostB's whole share too
+    (its disk cannot be read), so hostA's store alone is one host's run byte for byte; again: changed=0; hostB
+    back: it extracts nothing, its old part is named as kept out and left as it was, changed=0 on both."""
+    from tinymodels import build_prepared_dataset, build_tiny_target
+
+    model = build_tiny_target(tmp_path / "model")
+    prepared = build_prepared_dataset(tmp_path / "prepared", LENGTHS)
+    ro = multihost.ro_binds({model: "/srv/model"})
+    a = make_host(ro_binds=ro, groups=("gpu_hosts",), host_vars=HOST_VARS)
+    b = make_host(ro_binds=ro, groups=("gpu_hosts",), host_vars=HOST_VARS)
+    hosts = [a, b]
+    multihost.link(hosts)
+    multihost.install_cli(hosts)
+    for name in ("sitecustomize.py", "faults.py"):
+        b.put(f"/opt/e3/faulthook/{name}", (REPO / "tests/reliability/faulthook" / name).read_text())
+    multihost.install_cli([b], pythonpath=("/opt/e3/faulthook",),
+                          env={"E3_FAULT": "pause:replace:5", "E3_FAULT_GO": "/opt/e3/go"})  # fmt: skip
+    for h in hosts:
+        shutil.copytree(prepared, h.merged / "srv/e3/data")
+    inv = tmp_path / "inventory.ini"
+    inv.write_text(nspawn.inventory_ini(hosts))
+    xv = {
+        "extract_model_path": "/srv/model",
+        "extract_data_dir": "/srv/e3/data",
+        "extract_device": "cpu",
+        "extract_max_batch_tokens": 1,
+        "extract_writer_threads": 1,
+        "extract_poll_interval": 1,
+        "extract_executable": multihost.EXE,
+    }
+    store_a, store_b = a.merged / "srv/e3/data", b.merged / "srv/e3/data"
+
+    def b_paused_mid_run():
+        paused = (b.merged / "opt/e3/go.paused").exists()
+        return (
+            paused and (store_b / "hidden_states").is_dir() and len(manifest_rows(store_b, torn_ok=True)) >= 1
+        )
+
+    killer = multihost.power_off_when(b, b_paused_mid_run)
+    r1 = run_playbook("playbooks/extract.yml", inv, extravars=xv)
+    killer.join(timeout=60)
+    assert b.pid == 0, f"{b.name} was never seen extracting: {r1.summary()}"
+    assert r1.host(a.name)["failed"] == 0, r1.summary()
+
+    take = {**xv, "extract_reassign_from": [b.name]}
+    r2 = run_playbook("playbooks/extract.yml", inv, extravars=take)  # hostB still powered off
+    assert r2.host(a.name)["failed"] == 0 and r2.host(b.name)["unreachable"] >= 1, r2.summary()
+    (summary,) = r2.task_results(SUMMARY)
+    text = json.dumps(summary["msg"])
+    assert f"{b.name}: share RE-ASSIGNED to {a.name}" in text and "all hosts: 16/16 rows done" in text, text
+    assert manifest_rows(store_a) == list(range(len(LENGTHS)))
+    r3 = run_playbook("playbooks/extract.yml", inv, extravars=take)
+    assert r3.host(a.name)["changed"] == 0 and r3.host(a.name)["failed"] == 0, r3.changed_tasks(a.name)
+
+    b.start()  # hostB is back with its disk: it extracts nothing, its old part is kept out as it is
+    multihost.link(hosts)
+    multihost.install_cli([b])
+    died_with = manifest_rows(store_b, torn_ok=True)  # its disk is readable here again (its overlay)
+    assert 0 < len(died_with) < 8, died_with
+    b_files = hs_files(store_b)
+    r4 = run_playbook("playbooks/extract.yml", inv, extravars=take)
+    assert r4.rc == 0, r4.summary()
+    assert r4.host(a.name)["changed"] == 0 and r4.host(b.name)["changed"] == 0, r4.changed_tasks()
+    kept = r4.task_results(
+        "Extract | Keep this host's old part out - its rows were re-assigned to the other hosts "
+        "(extract_reassign_from)",
+        host=b.name,
+    )
+    assert kept and "its old part /srv/e3/data/hidden_states is kept as it is" in kept[0]["msg"], kept
+    assert hs_files(store_b) == b_files, "hostB's part is left as it was"
+
+    ref = shutil.copytree(prepared, tmp_path / "ref")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    one = subprocess.run(
+        [sys.executable, "-m", "eagle3ops", "extract", "--data", str(ref), "--model", str(model), "--device",
+         "cpu", "--max-batch-tokens", "1", "--writer-threads", "1", "--json", "--no-progress"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert hs_files(store_a) == hs_files(ref), "hostA's store differs from one host's run"

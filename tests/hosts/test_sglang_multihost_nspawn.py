@@ -187,3 +187,116 @@ def test_two_hosts_extract_through_sglang_survive_a_power_off_and_end_pristine(
     assert r3.host(a.name)["changed"] == 0 and r3.host(b.name)["changed"] == 0, r3.changed_tasks()
     for h in hosts:
         assert (h.merged / target).read_bytes() == pristine, h.name
+
+
+def test_a_powered_off_hosts_rows_reassigned_through_sglang_on_request(make_host, run_playbook, tmp_path):
+    """Issue 34, on request, the SGLang path: hostB powered off mid-run and left off; ``site.yml --tags
+    sglang,extract`` with ``eagle3ops_extract_reassign_from: [hostB]``: hostA's sglang phase patches again (its
+    store does not hold its part of hostB's rows yet), its capture server extracts hostB's whole share too, the
+    patch is restored; hostA's store alone is one host's run byte for byte; again: changed=0; hostB back: its
+    sglang phase leaves it unpatched, the extract phase extracts nothing there and restores the patch the power-off
+    left (once), its old part is left as it was; then changed=0 on both, SGLang pristine on both."""
+    from eagle3ops.sglang import patch as sglang_patch
+    from sglang_standin import pristine_deepseek_v2, site_packages
+    from tinymodels import build_prepared_dataset, build_tiny_target
+
+    model = build_tiny_target(tmp_path / "model")
+    prepared = build_prepared_dataset(tmp_path / "prepared", LENGTHS)
+    site = site_packages(tmp_path / "sglang-site", "0.5.23")
+    ro = multihost.ro_binds({model: "/srv/model", REPO / "tests" / "fixtures": "/opt/e3/fixtures"})
+    path = f"{SITE}:/opt/e3/python:/opt/e3/fixtures"
+    env = {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    fault = {
+        "PYTHONPATH": f"{path}:/opt/e3/faulthook",
+        "E3_FAULT": "pause:replace:5",
+        "E3_FAULT_GO": "/opt/e3/go",
+    }
+    # extract_workers: a host's rank count when it cannot be asked (one capture server each)
+    common = {**multihost.HOST_VARS, "extract_workers": 1}
+    a = make_host(ro_binds=ro, groups=("gpu_hosts",), host_vars={**common, "sglang_environment": env})
+    b = make_host(
+        ro_binds=ro, groups=("gpu_hosts",), host_vars={**common, "sglang_environment": {**env, **fault}}
+    )
+    hosts = [a, b]
+    multihost.link(hosts)
+    multihost.install_cli(hosts)
+    for name in ("sitecustomize.py", "faults.py"):
+        b.put(f"/opt/e3/faulthook/{name}", (REPO / "tests/reliability/faulthook" / name).read_text())
+    for h in hosts:
+        shutil.copytree(prepared, h.merged / "srv/e3/data")
+        shutil.copytree(site, h.merged / SITE.lstrip("/"))
+        h.put(f"{SITE}/sglang/launch_server.py", LAUNCH_SERVER)
+    inv = tmp_path / "inventory.ini"
+    inv.write_text(nspawn.inventory_ini(hosts))
+    xv = {
+        "eagle3ops_extract_backend": "sglang",
+        "eagle3ops_model_path": "/srv/model",
+        "eagle3ops_data_dir": "/srv/e3/data",
+        "eagle3ops_sglang_site_packages": SITE,
+        "eagle3ops_sglang_version": "0.5.23",
+        "eagle3ops_bin": multihost.EXE,
+        "runtime_eagle3ops_bin": multihost.EXE,
+        "sglang_enabled": True,
+        "sglang_python": f"{multihost.VENV}/bin/python",
+        "sglang_tp_size": 1,
+        "extract_sglang_python": f"{multihost.VENV}/bin/python",
+        "extract_sglang_concurrency": 2,
+        "extract_sglang_health_timeout": 600,
+        "extract_poll_interval": 1,
+    }
+    store_a, store_b = a.merged / "srv/e3/data", b.merged / "srv/e3/data"
+    pristine = pristine_deepseek_v2("0.5.23").read_bytes()
+    target = Path(SITE.lstrip("/")) / sglang_patch.TARGET_RELPATH
+
+    def b_paused_mid_run():
+        return (b.merged / "opt/e3/go.paused").exists() and len(manifest_rows(store_b, torn_ok=True)) >= 1
+
+    killer = multihost.power_off_when(b, b_paused_mid_run, timeout=900)
+    r1 = run_playbook("site.yml", inv, extravars=xv, tags="sglang,extract")
+    killer.join(timeout=60)
+    assert b.pid == 0, f"{b.name} was never seen extracting: {r1.summary()}"
+    assert r1.host(a.name)["failed"] == 0, r1.summary()
+
+    take = {**xv, "eagle3ops_extract_reassign_from": [b.name]}
+    r2 = run_playbook("site.yml", inv, extravars=take, tags="sglang,extract")  # hostB still powered off
+    assert r2.host(a.name)["failed"] == 0 and r2.host(b.name)["unreachable"] >= 1, r2.summary()
+    (summary,) = r2.task_results(SUMMARY)
+    text = json.dumps(summary["msg"])
+    assert f"{b.name}: share RE-ASSIGNED to {a.name}" in text and "all hosts: 16/16 rows done" in text, text
+    assert manifest_rows(store_a) == list(range(len(LENGTHS)))
+    assert (a.merged / target).read_bytes() == pristine
+    r3 = run_playbook("site.yml", inv, extravars=take, tags="sglang,extract")
+    assert r3.host(a.name)["changed"] == 0 and r3.host(a.name)["failed"] == 0, r3.changed_tasks(a.name)
+
+    b.start()  # hostB is back with its disk (and the patch its power-off left)
+    multihost.link(hosts)
+    b.host_vars["sglang_environment"] = env
+    inv.write_text(nspawn.inventory_ini(hosts))
+    died_with = manifest_rows(store_b, torn_ok=True)
+    assert 0 < len(died_with) < 8, died_with
+    b_files = hs_files(store_b)
+    r4 = run_playbook("site.yml", inv, extravars=take, tags="sglang,extract")
+    assert r4.rc == 0, r4.summary()
+    assert r4.host(a.name)["changed"] == 0, r4.changed_tasks(a.name)
+    # on hostB: its unit's environment (the test dropped the fault hook from it) and the patch the power-off left
+    assert r4.changed_tasks(b.name) == [
+        f"{b.name}: SGLang | Install the extraction server unit",
+        f"{b.name}: Extract | Restore the capture patch byte-exact (SGLang as shipped; serving needs it)",
+    ], r4.changed_tasks(b.name)
+    r5 = run_playbook("site.yml", inv, extravars=take, tags="sglang,extract")
+    assert r5.rc == 0 and r5.host(a.name)["changed"] == 0 and r5.host(b.name)["changed"] == 0, (
+        r5.changed_tasks()
+    )
+    assert hs_files(store_b) == b_files, "hostB's part is left as it was"
+    for h in hosts:
+        assert (h.merged / target).read_bytes() == pristine, h.name
+
+    ref = shutil.copytree(prepared, tmp_path / "ref")
+    one = subprocess.run(
+        [sys.executable, "-m", "eagle3ops", "extract", "--data", str(ref), "--model", str(model), "--device",
+         "cpu", "--max-batch-tokens", "1", "--writer-threads", "1", "--json", "--no-progress"],
+        env={**os.environ, "PYTHONPATH": str(REPO / "python"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert hs_files(store_a) == hs_files(ref), "hostA's store differs from one host's run"

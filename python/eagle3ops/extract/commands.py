@@ -51,6 +51,11 @@ def _host_ranks(args) -> list[int] | None:
 
     if args.rank is not None:
         return None
+    if args.first_rank is None and (args.reassign_ranks or args.reassign_from_data):
+        raise CommandError(
+            "--reassign-ranks/--reassign-from-data re-assign a lost host's rows to the others of a multi-host "
+            "extraction: they need --world-size and --first-rank (this host's share). Nothing was extracted."
+        )
     if args.first_rank is None:
         if args.world_size is not None:
             raise CommandError(
@@ -100,6 +105,7 @@ def cmd_extract(args) -> int:
             res["changed"] = (
                 res["to_extract"] > 0
                 or res.get("adoptable", 0) > 0
+                or res.get("importable", 0) > 0
                 or res.get("damaged", 0) > 0
                 or res.get("duplicate_manifest_lines", 0) > 0
             )
@@ -120,10 +126,19 @@ def cmd_extract(args) -> int:
             return 0
         ranks = _host_ranks(args)
         n = len(ranks) if ranks else (num_workers(args.workers) if args.rank is None else 1)
+        if ranks:  # a re-assignment is refused before the lock and any work
+            from eagle3ops.extract.reassign import check_sources
+
+            reassign = _config(args).reassignment()
+            check_shard(args.data, args.world_size, ranks, write=False, reassign=reassign)
+            check_sources(args.reassign_from_data or [], args.world_size, reassign)
         with RunLock(args.data, what="extract") as lock, run_log(args.data, "extract") as log:
             if ranks:  # one host's share of a multi-host extraction
-                shard = check_shard(args.data, args.world_size, ranks, write=True)
-                res = host_share(_config(args, log), sys.argv[1:], ranks, args.world_size, lock)
+                cfg = _config(args, log)
+                shard = check_shard(
+                    args.data, args.world_size, ranks, write=True, reassign=cfg.reassignment()
+                )
+                res = host_share(cfg, sys.argv[1:], ranks, args.world_size, lock)
                 res["shard"] = shard
             else:
                 cfg = _config(args, log)
@@ -135,6 +150,7 @@ def cmd_extract(args) -> int:
     res["changed"] = (
         res["written"] > 0
         or res.get("adopted", 0) > 0
+        or res.get("imported", 0) > 0
         or res.get("damaged", 0) > 0
         or res.get("duplicate_manifest_lines", 0) > 0
         or bool(res.get("discarded_store"))
@@ -214,6 +230,14 @@ def _many_summary(r: dict) -> str:
     ]
     for s in r["stores"]:
         who = f"host {s['host']}, ranks {s['ranks']} of {s['world_size']}" if s["ranks"] else "one host"
+        if s.get("reassigned"):
+            who += f", taking over the rows of lost rank(s) {s['reassigned']['lost_ranks']}"
+        if s.get("kept_out"):
+            lines.append(
+                f"  {s['data_dir']} ({who}): KEPT OUT - its ranks were re-assigned to the other hosts; its "
+                f"{s['held']} rows are left as they are (not counted, not to be gathered)"
+            )
+            continue
         lines.append(
             f"  {s['data_dir']} ({who}): {s['done']}/{s['expected']} done, {s['missing']} missing"
             + (

@@ -22,6 +22,41 @@ def _report(name: str, help: str, options: list) -> Command:
 
 
 # ---- shared by both backends -------------------------------------------------------------------------
+REASSIGN_RANKS = Option(
+    "reassign_ranks",
+    "list",
+    elements="int",
+    role=False,  # the role computes them from extract_reassign_from (the lost hosts' ranks)
+    help="on request, the global ranks of lost hosts: their rows are dealt over the surviving ranks (each row "
+    "still exactly once; recorded in hidden_states/shard.json, a later run with other ranks refused; "
+    "docs/scale.md, 'A host that stays lost')",
+    doc=[
+        (
+            'On request, the global ranks of lost hosts (docs/scale.md, "A host that stays lost") - their rows '
+            "are dealt over the surviving ranks of O(world_size) (the j-th lost row to the j mod S-th survivor), so "
+            "every row is still extracted exactly once. Needs O(world_size) and O(first_rank); this host's own "
+            "ranks must not be among them."
+        ),
+        (
+            "The store records the re-assignment in C(hidden_states/shard.json); a later run with other lost ranks "
+            "or none fails naming them. The extract role computes them from C(extract_reassign_from)."
+        ),
+    ],
+)
+REASSIGN_FROM_DATA = Option(
+    "reassign_from_data",
+    "list",
+    elements="path",
+    role=False,  # the role passes extract_reassign_data[lost host] when set
+    help="with --reassign-ranks: a lost host's data directory as readable here (its disk mounted, a shared path); "
+    "the finished rows this host takes over are copied from it, checked, instead of extracted again",
+    doc=(
+        "With O(reassign_ranks) - the lost hosts' data directories as readable on this host (their disk mounted, "
+        "a shared path, a copy). The finished rows this host takes over are copied from there into this store, "
+        "each checked against its manifest line (size, content checksum, header), instead of extracted again; the "
+        "lost part is only read."
+    ),
+)
 DATA = Option(
     "data",
     "path",
@@ -202,6 +237,8 @@ EXTRACT = Command(
                 ),
             ],
         ),
+        REASSIGN_RANKS,
+        REASSIGN_FROM_DATA,
         Option(
             "fsync",
             "bool",
@@ -412,6 +449,8 @@ SGLANG_EXTRACT = Command(
                 ),
             ],
         ),
+        REASSIGN_RANKS,
+        REASSIGN_FROM_DATA,
         LAYER_IDS.but(
             role="extract_layer_ids",
             doc=(

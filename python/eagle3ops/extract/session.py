@@ -21,7 +21,7 @@ from eagle3ops import layers, target_model
 from eagle3ops.durable import sha256_file
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.options import EXTRACT
-from eagle3ops.extract.shards import check_shard, rank_indices, shard_indices
+from eagle3ops.extract.shards import Reassignment, check_shard, rank_indices, rows_of_ranks
 from eagle3ops.store import (
     HiddenStateStore,
     ResumePlan,
@@ -242,6 +242,13 @@ class ExtractConfig:
     # several hosts (docs/scale.md): the global ranks this host's store covers, of ``world_size``; None = the
     # one rank ``rank`` (or every row with world_size 1)
     ranks: list[int] | None = None
+    # on request, a lost host's ranks whose rows the surviving ranks take over (docs/scale.md, "A host that stays
+    # lost"), and that host's data directory where it can still be read here (its finished rows are copied)
+    reassign_ranks: list[int] | None = None
+    reassign_from_data: list[str] | None = None
+
+    def reassignment(self) -> Reassignment | None:
+        return Reassignment.of(self.world_size, self.reassign_ranks)
 
 
 def build_meta(cfg: ExtractConfig, facts: dict, layer_ids: list[int], num_rows: int) -> dict:
@@ -302,9 +309,11 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
     action = "ok"
     if old is not None:  # same refusal as a real run, but read-only
         action, _ = meta_decision(old, meta, store.meta_path, cfg.on_model_change)
+    reassign = cfg.reassignment()
     if cfg.ranks:
-        check_shard(cfg.data_dir, cfg.world_size, cfg.ranks, write=False)
+        check_shard(cfg.data_dir, cfg.world_size, cfg.ranks, write=False, reassign=reassign)
     indices = config_indices(cfg, len(seq_lens))
+    importable = taken_from_lost_parts(cfg, len(seq_lens))
     num_states = len(layer_ids) + 1
     if action == "discard":  # the run moves the old states aside and starts over: everything is to do
         plan = ResumePlan(
@@ -333,7 +342,9 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
         "total": len(indices),
         "done_before": plan.done,  # plan.done already counts adopted files
         "adoptable": plan.adopted,
-        "to_extract": len(plan.remaining),
+        # rows taken over from a lost host that its readable part holds finished: a run copies them
+        "importable": len(importable),
+        "to_extract": len(plan.remaining) - len(importable),
         "tokens_to_extract": plan.tokens_remaining,
         "bytes_needed": plan.bytes_needed,
         "free_bytes": free,
@@ -351,7 +362,38 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
         "dtype": cfg.dtype,
         "world_size": cfg.world_size,
         "ranks": list(cfg.ranks) if cfg.ranks else [cfg.rank],
+        **({"reassigned": reassign.record()} if reassign else {}),
     }
+
+
+def taken_rows(cfg: ExtractConfig, num_rows: int) -> dict[int, list[int]]:
+    """Rank -> the lost ranks' rows it takes over, for this host's ranks (none without a re-assignment)."""
+    reassign = cfg.reassignment()
+    if reassign is None:
+        return {}
+    ranks = cfg.ranks or [cfg.rank]
+    return {r: reassign.taken_rows(num_rows, r, cfg.limit) for r in ranks}
+
+
+def taken_from_lost_parts(cfg: ExtractConfig, num_rows: int) -> dict:
+    """Row -> (lost part, manifest line) of the rows this host takes over that a readable lost part
+    (``reassign_from_data``) holds finished and this store does not: what a run copies instead of extracting."""
+    from eagle3ops.extract.reassign import check_sources, importable
+
+    sources = check_sources(cfg.reassign_from_data or [], cfg.world_size, cfg.reassignment())
+    return importable(cfg.data_dir, sources, taken_rows(cfg, num_rows)) if sources else {}
+
+
+def import_from_lost_parts(cfg: ExtractConfig) -> dict:
+    """Copy the finished rows this host takes over from the readable lost parts into this store (the parent of a
+    host's share does it once, before its workers start)."""
+    from eagle3ops.extract.reassign import check_sources, import_taken_rows
+
+    sources = check_sources(cfg.reassign_from_data or [], cfg.world_size, cfg.reassignment())
+    if not sources:
+        return {}
+    seq_lens = load_seq_lens(cfg.data_dir)
+    return import_taken_rows(cfg.data_dir, sources, taken_rows(cfg, len(seq_lens)), seq_lens, fsync=cfg.fsync)
 
 
 def progress_reporter(total_samples: int, total_tokens: int, enabled: bool, log_path: str | None = None):
@@ -477,6 +519,11 @@ def repair_store(cfg: ExtractConfig) -> dict:
 
 
 def config_indices(cfg: ExtractConfig, num_rows: int) -> list[int]:
+    """The rows this run extracts: its ranks' (``ranks``, else the one ``rank``), with the rows they take over
+    when a lost host's ranks are re-assigned."""
+    reassign = cfg.reassignment()
     if cfg.ranks:
-        return shard_indices(num_rows, cfg.world_size, cfg.ranks, cfg.limit)
+        return rows_of_ranks(num_rows, cfg.world_size, cfg.ranks, cfg.limit, reassign)
+    if reassign is not None:
+        return reassign.rank_rows(num_rows, cfg.rank, cfg.limit)
     return rank_indices(num_rows, cfg.world_size, cfg.rank, cfg.limit)

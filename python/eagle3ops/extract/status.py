@@ -15,7 +15,7 @@ from eagle3ops.extract.session import (
     damaged_report,
     load_seq_lens,
 )
-from eagle3ops.extract.shards import read_shard, shard_indices
+from eagle3ops.extract.shards import Reassignment, read_shard, rows_of_ranks
 from eagle3ops.store import (
     HiddenStateStore,
 )
@@ -60,7 +60,15 @@ def status_many(data_dirs: Sequence[str | os.PathLike]) -> dict:
     """One view over the stores of a multi-host extraction (each host's own data directory, reachable here
     through a shared mount or after copying them): per store, the global ranks it covers (its
     ``hidden_states/shard.json``), its rows done and missing; overall, the rows done in some store, the rows no
-    store has yet, rows held by more than one store (done twice), and rows no store's ranks cover."""
+    store has yet, rows held by more than one store (done twice), and rows no store's ranks cover.
+
+    A store whose ranks another store's record names as re-assigned (a lost host's old part, docs/scale.md "A host
+    that stays lost") is listed as ``kept_out`` and counts for nothing: its rows are the survivors' now."""
+    shards = {str(d): read_shard(d) for d in data_dirs}
+    lost_by_world: dict[int, set[int]] = {}
+    for rec in shards.values():
+        if rec and rec.get("reassigned"):
+            lost_by_world.setdefault(rec["world_size"], set()).update(rec["reassigned"]["lost_ranks"])
     stores = []
     fingerprints = set()
     rows = None
@@ -78,15 +86,25 @@ def status_many(data_dirs: Sequence[str | os.PathLike]) -> dict:
                 f"{d} holds a dataset of {st['rows']} rows but {data_dirs[0]} one of {rows}: these stores are "
                 "not shares of one extraction; pass the data directories of one prepared dataset"
             )
-        shard = read_shard(d)
+        shard = shards[str(d)]
         store = HiddenStateStore(d)
         good = {i for i in store.scan_manifest().entries if str(i) not in st["damaged_files"]}
-        expected = (
-            set(shard_indices(st["rows"], shard["world_size"], shard["ranks"])) if shard else set(range(rows))
+        kept_out = bool(
+            shard
+            and shard.get("ranks")
+            and set(shard["ranks"]) <= lost_by_world.get(shard["world_size"], set())
         )
+        if kept_out:
+            expected: set[int] = set()
+        elif shard:
+            reassign = Reassignment.of(shard["world_size"], (shard.get("reassigned") or {}).get("lost_ranks"))
+            expected = set(rows_of_ranks(st["rows"], shard["world_size"], shard["ranks"], None, reassign))
+        else:
+            expected = set(range(rows))
         covered |= expected
-        for i in good:
-            owner.setdefault(i, []).append(k)
+        if not kept_out:
+            for i in good:
+                owner.setdefault(i, []).append(k)
         missing = sorted(expected - good)
         stores.append(
             {
@@ -94,11 +112,14 @@ def status_many(data_dirs: Sequence[str | os.PathLike]) -> dict:
                 "host": (shard or {}).get("host"),
                 "world_size": (shard or {}).get("world_size"),
                 "ranks": (shard or {}).get("ranks"),
+                "reassigned": (shard or {}).get("reassigned"),
+                "kept_out": kept_out,
                 "expected": len(expected),
                 "done": len(good & expected),
+                "held": len(good),
                 "missing": len(missing),
                 "missing_rows": missing[:50],
-                "outside_ranks": len(good - expected),
+                "outside_ranks": 0 if kept_out else len(good - expected),
                 "damaged": st["damaged"],
                 "tokens_done": st["tokens_done"],
                 "bytes": st["bytes"],
@@ -122,6 +143,7 @@ def status_many(data_dirs: Sequence[str | os.PathLike]) -> dict:
         "done_twice": len(twice),
         "done_twice_rows": twice[:50],
         "not_covered": len(set(range(rows)) - covered),
+        "kept_out": [s["data_dir"] for s in stores if s["kept_out"]],
         "world_sizes": sorted(worlds),
         "complete": len(done) == rows and not twice,
     }

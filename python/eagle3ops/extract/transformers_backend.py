@@ -25,6 +25,7 @@ from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.session import (
     ExtractConfig,
     build_meta,
+    config_indices,
     damaged_report,
     load_seq_lens,
     model_facts,
@@ -32,7 +33,6 @@ from eagle3ops.extract.session import (
     resolve_layer_ids,
     run_result,
 )
-from eagle3ops.extract.shards import rank_indices
 from eagle3ops.extract.writer import PinnedPool, SampleWriter, WriterJob, release_all
 from eagle3ops.store import (
     DTYPE_SIZES,
@@ -278,7 +278,7 @@ def _plan_store(cfg: ExtractConfig, seq_lens, facts: dict, layer_ids, num_states
         build_meta(cfg, facts, layer_ids, len(seq_lens)), on_model_change=cfg.on_model_change
     )
     removed_tmp = store.clean_temp_files()
-    indices = rank_indices(len(seq_lens), cfg.world_size, cfg.rank, cfg.limit)
+    indices = config_indices(cfg, len(seq_lens))  # with a re-assignment: also the lost rows this rank takes
     # damaged files are moved aside and their entries dropped by the one process that owns the directory: a
     # single run, or the parent of --workers N before it starts them (repair_store); a worker only reports
     plan = store.plan(

@@ -17,7 +17,7 @@ import sys
 import time
 
 from eagle3ops.command import CommandError
-from eagle3ops.extract.session import ExtractConfig, repair_store
+from eagle3ops.extract.session import ExtractConfig, import_from_lost_parts, repair_store
 from eagle3ops.extract.transformers_backend import run_extraction
 
 
@@ -114,6 +114,8 @@ def spawn_workers(
     devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(n)]
     # the model check, the verify check and any repair run once here, before any worker appends to a manifest
     pre = repair_store(cfg)
+    # the finished rows this host takes over from a lost host's readable part: copied before any worker starts
+    imported = import_from_lost_parts(dataclasses.replace(cfg, ranks=ranks, world_size=world or n))
     clean = [
         *worker_argv(argv),
         "--verify",
@@ -144,6 +146,7 @@ def spawn_workers(
             signal.signal(s, h)
     keys = ("total", "done_before", "adopted", "written", "failed", "tokens", "bytes")
     merged = {k: sum(r.get(k, 0) for r in results) for k in keys}
+    merged.update(imported)
     # what the repair above adopted, the workers count as done before (as a single process counts its adopted
     # files in done_before too); adopted says this run recorded them
     merged["adopted"] += pre.pop("adopted", 0)
@@ -212,6 +215,7 @@ def host_share(cfg: ExtractConfig, argv: list[str], ranks: list[int], world: int
     if len(ranks) > 1:
         return spawn_workers(cfg, argv, len(ranks), lock, ranks=ranks, world=world)
     pre = repair_store(cfg)
+    pre.update(import_from_lost_parts(dataclasses.replace(cfg, ranks=ranks, world_size=world)))
     res = run_extraction(
         dataclasses.replace(
             cfg, world_size=world, rank=ranks[0], verify="size", on_model_change="refuse", model_hash=False

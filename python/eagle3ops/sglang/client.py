@@ -55,6 +55,10 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
     first_rank: int | None = (
         None  # with world_size > 1: this host's servers are ranks first_rank..+len(urls)-1
     )
+    # on request, lost hosts' ranks whose rows this host's servers take over, and their readable data directories
+    # (docs/scale.md, "A host that stays lost"; the transformers backend's ExtractConfig has the same two)
+    reassign_ranks: list[int] | None = None
+    reassign_from_data: list[str] | None = None
     layer_ids: list[int] | None = None
     layer_convention: str = "input"
     dtype: str = "bfloat16"
@@ -85,7 +89,7 @@ def routing(
     (``world_size`` > 1): this host's servers are the global ranks ``first_rank ..``, one each; rank r takes rows
     r, r+W, r+2W, ... (the transformers backend's strided shares, :mod:`eagle3ops.extract.shards`), so the stores of
     every host together hold every row once, with the bytes a one-host run writes."""
-    from eagle3ops.extract.shards import rank_indices, shard_indices
+    from eagle3ops.extract.shards import Reassignment, rank_indices, rows_of_ranks
 
     urls = cfg.urls
     if not urls:
@@ -101,7 +105,9 @@ def routing(
             f"--world-size {world} (--first-rank {first})"
         )
     by_rank = dict(zip(ranks, urls, strict=True))
-    return shard_indices(num_rows, world, ranks, cfg.limit), ranks, lambda i: by_rank[i % world]
+    plan = Reassignment.of(world, cfg.reassign_ranks)  # a row's rank: its own, or the survivor that took it
+    owner = plan.owner if plan else (lambda i: i % world)
+    return rows_of_ranks(num_rows, world, ranks, cfg.limit, plan), ranks, lambda i: by_rank[owner(i)]
 
 
 # -------------------------------------------------------------------------------------------------- HTTP
@@ -341,7 +347,7 @@ def run_sglang_extraction(
         resolve_layer_ids,
         run_result,
     )
-    from eagle3ops.extract.shards import check_shard
+    from eagle3ops.extract.shards import Reassignment, check_shard
 
     t_start = time.perf_counter()
     seq_lens = load_seq_lens(cfg.data_dir)
@@ -359,7 +365,23 @@ def run_sglang_extraction(
     store.ensure_meta(meta)
     indices, ranks, server_for = routing(cfg, len(seq_lens))
     if ranks is not None:  # several hosts: the store records the ranks it covers (refused if they moved)
-        check_shard(cfg.data_dir, cfg.world_size, ranks, write=True)
+        from eagle3ops.extract.session import import_from_lost_parts
+
+        reassign = Reassignment.of(cfg.world_size, cfg.reassign_ranks)
+        check_shard(cfg.data_dir, cfg.world_size, ranks, write=True, reassign=reassign)
+        imported = import_from_lost_parts(
+            ExtractConfig(
+                data_dir=cfg.data_dir,
+                model_path=cfg.model_path,
+                world_size=cfg.world_size,
+                ranks=ranks,
+                limit=cfg.limit,
+                reassign_ranks=cfg.reassign_ranks,
+                reassign_from_data=cfg.reassign_from_data,
+            )
+        )
+    else:
+        imported = {}
     plan = store.plan(seq_lens, num_states=num_states, hidden_size=hidden, dtype=cfg.dtype, indices=indices)
     store.close()
     result = run_result(cfg, indices, plan, layer_ids, facts)
@@ -372,6 +394,7 @@ def run_sglang_extraction(
         urls=cfg.urls,
         world_size=cfg.world_size,
         ranks=ranks,
+        **imported,
         server_env={
             sglang_hook.ENV_DUMP_DIR: str(Path(cfg.data_dir).resolve()),
             sglang_hook.ENV_LAYER_IDS: ",".join(map(str, layer_ids)),

@@ -66,6 +66,8 @@ def cmd_extract(args) -> int:
             "url",
             "world_size",
             "first_rank",
+            "reassign_ranks",
+            "reassign_from_data",
             "concurrency",
             "request_timeout",
             "retries",
@@ -100,10 +102,16 @@ def cmd_extract(args) -> int:
                     margin_bytes=cfg.margin_bytes,
                     world_size=cfg.world_size or 1,
                     ranks=ranks,
+                    reassign_ranks=cfg.reassign_ranks,
+                    reassign_from_data=cfg.reassign_from_data,
                 )
             )
             res.update(
-                backend="sglang", check_mode=True, changed=bool(res["to_extract"]), written=0, failed=0
+                backend="sglang",
+                check_mode=True,
+                changed=bool(res["to_extract"] or res.get("importable")),
+                written=0,
+                failed=0,
             )
             note_running(res, args.data, running)
             emit(
@@ -118,7 +126,9 @@ def cmd_extract(args) -> int:
             res.update(lock.result_fields())
     except (SGLangClientError, ExtractError, StoreError, PatchError) as e:
         raise CommandError(str(e)) from None
-    res["changed"] = res["written"] > 0 or bool(res.get("patch", {}).get("changed"))
+    res["changed"] = (
+        res["written"] > 0 or res.get("imported", 0) > 0 or bool(res.get("patch", {}).get("changed"))
+    )
     human = (
         f"sglang extract: {res['written']} written, {res['done_before']} already done, {res['failed']} failed "
         f"of {res['total']} rows; {res['tokens']} tokens, {res['bytes']} bytes in {res['seconds']} s"

@@ -10,7 +10,8 @@ Layout (the speculators 0.9.0 offline contract, plus eagle3ops' bookkeeping)::
     DATA/hidden_states/hs_{i}.safetensors      one per Arrow row i (the sample format: eagle3ops.store.sample)
     DATA/hidden_states/extract_meta.json       what the files are (model, layer ids, H, dtype)
     DATA/hidden_states/manifest-rank{r}.jsonl  append-only, one line per finished sample (eagle3ops.store.manifest)
-    DATA/hidden_states/shard.json              the global ranks this host's store covers (several hosts)
+    DATA/hidden_states/shard.json              the global ranks this host's store covers (several hosts), and the lost
+                                               ranks whose rows it took over on request (``reassigned``)
     DATA/hidden_states/damaged/                files the checks found damaged, moved aside (never deleted)
     DATA/hidden_states/sglang_hook_errors.jsonl  rows the SGLang server's writer failed
     DATA/hidden_states/verified.jsonl          files whose content matched their checksum, by inode, size,

@@ -162,3 +162,40 @@ def _try(fn, *a):
         return fn(*a)
     except Exception as e:  # the killed server ends host B's run: its error is the result
         return {"error": str(e)}
+
+
+def test_routing_sends_the_rows_a_host_takes_over_to_its_servers():
+    """Issue 34, on request: rank 2 of 4 lost; this host (ranks 0 and 1) takes the lost rows its ranks own
+    (shards.Reassignment: the lost rows 2, 6, 10, ... dealt over ranks 0, 1, 3) and sends each to its rank's server."""
+    cfg = SGLangExtractConfig(
+        data_dir="d", model_path="m", url=["x", "y"], world_size=4, first_rank=0, reassign_ranks=[2]
+    )
+    idx, ranks, server = routing(cfg, 16)
+    assert ranks == [0, 1] and idx == [0, 1, 2, 4, 5, 6, 8, 9, 12, 13, 14]
+    assert [server(i) for i in (2, 6, 14)] == ["x", "y", "x"] and server(5) == "y"
+
+
+def test_a_lost_hosts_rows_taken_over_through_the_capture_server(tmp_path, tiny_target, reference):
+    """Issue 34, on request, through the real hook: host B (rank 1 of 2) finishes a few rows and is lost; host A's
+    server takes over rank 1 with B's part readable - B's finished rows copied (not sent to a server), the rest
+    captured by A's server into A's own manifest rank; A's store alone is the one-host store byte for byte."""
+    a = build_prepared_dataset(tmp_path / "hostA" / "data", LENGTHS)
+    b = build_prepared_dataset(tmp_path / "hostB" / "data", LENGTHS)
+    with _server(tmp_path, "b", b, tiny_target, 1) as ub:
+        run_sglang_extraction(_cfg(b, tiny_target, [ub], world_size=2, first_rank=1, limit=6))
+    assert sorted(HiddenStateStore(b).scan_manifest().entries) == [1, 3, 5]
+    take = {"world_size": 2, "first_rank": 0, "reassign_ranks": [1], "reassign_from_data": [str(b)]}
+    with _server(tmp_path, "a", a, tiny_target, 0) as ua:
+        done = run_sglang_extraction(_cfg(a, tiny_target, [ua], **take))
+        sent = _stats(ua)["calls"]
+        again = run_sglang_extraction(_cfg(a, tiny_target, [ua], **take))
+    assert done["imported"] == 3 and done["written"] == len(LENGTHS) - 3 and done["failed"] == 0, done
+    assert sent == len(LENGTHS) - 3, "the rows B finished were copied, not captured again"
+    assert again["written"] == 0 and again.get("imported", 0) == 0
+    store, ref = HiddenStateStore(a), HiddenStateStore(reference)
+    assert sorted(store.scan_manifest().entries) == list(range(len(LENGTHS)))
+    assert {e.rank for e in store.scan_manifest().entries.values()} == {0}
+    for i in range(len(LENGTHS)):
+        assert store.path(i).read_bytes() == ref.path(i).read_bytes(), f"row {i}"
+    shard = json.loads((a / "hidden_states" / "shard.json").read_text())
+    assert shard["reassigned"]["lost_ranks"] == [1]
