@@ -208,7 +208,7 @@ layer_ids:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_cli import CliRunner, fail_unless_it_fits, with_job_progress
-from ansible.module_utils.eagle3ops_extract_options import SGLANG_EXTRACT
+from ansible.module_utils.eagle3ops_sglang_options import SGLANG_EXTRACT
 
 
 def main():

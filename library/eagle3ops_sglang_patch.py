@@ -114,7 +114,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.eagle3ops_cli import CliRunner
-from ansible.module_utils.eagle3ops_extract_options import SGLANG_PATCH
+from ansible.module_utils.eagle3ops_sglang_options import SGLANG_PATCH
 
 
 def main():

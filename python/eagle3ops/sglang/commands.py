@@ -15,7 +15,7 @@ _STORE_RENAMED = {"data_dir": "data", "model_path": "model", "margin_frac": "mar
 
 
 def register(sub) -> None:
-    from eagle3ops.extract.options import SGLANG_EXTRACT, SGLANG_PATCH
+    from eagle3ops.sglang.options import SGLANG_EXTRACT, SGLANG_PATCH
 
     SGLANG_PATCH.add_parser(sub).set_defaults(func=cmd_patch)
     SGLANG_EXTRACT.add_parser(sub).set_defaults(func=cmd_extract)

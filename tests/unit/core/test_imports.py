@@ -46,11 +46,7 @@ DECLARED_PACKAGES = {
         "eagle3ops.extract",
     ): "SGLang's package is the extraction's second backend: its client, in-server hook and extract-sglang "
     "command share the extract session with the transformers backend (settings, plan, shards, status and run log, "
-    "the writer step and pinned-buffer pool, extract-sglang's option definition)",
-    (
-        "eagle3ops.extract",
-        "eagle3ops.sglang.versions",
-    ): "the SGLang version table (standard library only): extract's definitions take the versions from it",
+    "the writer step and pinned-buffer pool, the store options extract-sglang's definition shares)",
     (
         "eagle3ops.serve",
         "eagle3ops.sglang.versions",

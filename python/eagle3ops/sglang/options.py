@@ -1,0 +1,276 @@
+"""The SGLang capture path's options, once: ``eagle3ops extract-sglang`` and ``eagle3ops sglang-patch``, the
+``eagle3ops_extract_sglang`` and ``eagle3ops_sglang_patch`` modules and their roles' variables come from here
+(eagle3ops.options says how; standard library only, shipped as module_utils/eagle3ops_sglang_options.py). The store
+options they share with the transformers backend are extract's (eagle3ops.extract.options)."""
+
+from __future__ import annotations
+
+try:
+    from eagle3ops import options as _o
+    from eagle3ops.extract import options as _x
+    from eagle3ops.sglang import versions as _versions
+except ImportError:  # on a target without eagle3ops: the copies Ansible ships
+    from ansible.module_utils import eagle3ops_extract_options as _x
+    from ansible.module_utils import eagle3ops_options as _o
+    from ansible.module_utils import eagle3ops_sglang_versions as _versions
+
+Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+count, seconds = _o.count, _o.seconds
+DATA, MODEL, LAYER_IDS, LAYER_CONVENTION, DTYPE = (
+    _x.DATA,
+    _x.MODEL,
+    _x.LAYER_IDS,
+    _x.LAYER_CONVENTION,
+    _x.DTYPE,
+)
+MARGIN, DISK_MARGIN_MIB, LIMIT, WAIT_RUNNING = _x.MARGIN, _x.DISK_MARGIN_MIB, _x.LIMIT, _x.WAIT_RUNNING
+JOB_FILE, PROGRESS, REASSIGN_RANKS, REASSIGN_FROM_DATA = (
+    _x.JOB_FILE,
+    _x.PROGRESS,
+    _x.REASSIGN_RANKS,
+    _x.REASSIGN_FROM_DATA,
+)
+
+SGLANG_EXTRACT = Command(
+    "extract-sglang",
+    aliases=["sglang-extract"],
+    help="extract hidden states through a patched SGLang server (resumable)",
+    check_help="report what would be sent; contact no server, write nothing",
+    module="eagle3ops_extract_sglang",
+    role="extract",
+    role_prefix="extract_sglang",
+    options=[
+        DATA.but(role="extract_data_dir"),
+        MODEL.but(
+            doc="The target model directory the server serves (its config gives layers and hidden size)."
+        ),
+        Option(
+            "url",
+            "list",
+            elements="str",
+            default=["http://127.0.0.1:30000"],
+            help="the capture servers' base URLs: one, or several on this host (data parallel: the host's rows are "
+            "split between them, each server its own manifest rank, docs/sglang.md)",
+            doc=(
+                "Base URLs of this host's capture servers - one, or several (data parallel, e.g. "
+                "two TP-4 servers on an 8-GPU node) - the host's rows are split between them, "
+                "each server with its own C(EAGLE3OPS_SGLANG_MANIFEST_RANK) (docs/sglang.md). A "
+                "single string is one server."
+            ),
+            role_doc=(
+                "Base URLs of this host's capture servers (default one, from the shared "
+                "eagle3ops_sglang_host and eagle3ops_sglang_port); several = data parallel on "
+                "this host, its rows split between them, each server with its own "
+                "EAGLE3OPS_SGLANG_MANIFEST_RANK. With several hosts (extract_shard_hosts) each "
+                "server is one global rank (docs/scale.md)."
+            ),
+            role_value=["http://{{ eagle3ops_sglang_host }}:{{ eagle3ops_sglang_port }}"],
+        ),
+        count(
+            "world_size",
+            role=False,  # the role computes it from extract_shard_hosts (each host brings one rank a server)
+            help="several hosts: the number of capture servers over every host (each takes a strided share of the "
+            "rows, as the transformers backend's workers do; docs/scale.md)",
+            doc=[
+                (
+                    "Several hosts share the rows (docs/scale.md) - the number of capture servers "
+                    "over all of them. Needs O(first_rank). Omitted - this host extracts every row "
+                    "(its servers share them)."
+                ),
+                (
+                    "The extract role computes it from the inventory (C(extract_shard_hosts), one "
+                    "rank per server)."
+                ),
+            ],
+        ),
+        Option(
+            "first_rank",
+            "int",
+            minimum=0,
+            role=False,
+            help="with --world-size: this host's servers take the global ranks FIRST .. FIRST+servers-1 (recorded "
+            "in hidden_states/shard.json; a later run with other ranks is refused)",
+            doc=[
+                (
+                    "With O(world_size) - this host's servers take the global ranks O(first_rank) .. "
+                    "O(first_rank) + servers - 1, in O(url) order (rows C(r), C(r + world_size), ... "
+                    "of each rank C(r)), the transformers backend's shares."
+                ),
+                (
+                    "The store records them in C(hidden_states/shard.json); a later run with other "
+                    "ranks or another world size fails naming both."
+                ),
+            ],
+        ),
+        REASSIGN_RANKS,
+        REASSIGN_FROM_DATA,
+        LAYER_IDS.but(
+            role="extract_layer_ids",
+            doc=(
+                "Aux layer ids (default C([2, N//2, N-3])); must match the server's "
+                "C(EAGLE3OPS_SGLANG_LAYER_IDS)."
+            ),
+        ),
+        LAYER_CONVENTION.but(role="extract_layer_convention"),
+        DTYPE.but(
+            choices=["bfloat16", "float16", "float32"],
+            role="extract_dtype",
+            help="stored dtype (the server's hook writes only these three; the transformers backend also stores fp8)",
+            doc="Stored dtype.",
+        ),
+        count(
+            "concurrency",
+            default=8,
+            help="requests in flight",
+            role_doc="/generate requests in flight.",
+        ),
+        Option(
+            "request_timeout",
+            "float",
+            default=600.0,
+            above=0,
+            help="seconds one /generate may take before it is retried",
+            doc="Seconds one C(/generate) may take before it is retried.",
+            role_doc="Seconds one /generate may take before it is retried.",
+        ),
+        Option(
+            "retries",
+            "int",
+            default=5,
+            minimum=0,
+            help="retries per row (5xx, 408, 429, timeouts, connection errors)",
+        ),
+        seconds("backoff", default=1.0, param=False, help="first retry delay (s); doubles, with jitter"),
+        seconds("backoff_max", default=60.0, param=False, help="longest retry delay (s)"),
+        seconds(
+            "health_timeout",
+            default=1800.0,
+            help="seconds to wait for the server's /health",
+            doc="Seconds to wait for C(/health) (loading a large model takes minutes).",
+            role_doc="Seconds to wait for the server's /health.",
+        ),
+        seconds("confirm_timeout", default=120.0, param=False, help="wait this long for a row's file"),
+        LIMIT.but(role="extract_limit"),
+        Option(
+            "server_unit",
+            help="systemd unit to start and stop (default: attach to --url)",
+            doc=(
+                "systemd unit to start before and stop after (role C(sglang) installs "
+                "C(eagle3ops-sglang-extract))."
+            ),
+            role_doc=(
+                "systemd unit started before and stopped after the run (default the shared "
+                "eagle3ops_sglang_unit); empty = attach to a server already answering at "
+                "extract_sglang_url."
+            ),
+            role_value="{{ eagle3ops_sglang_unit }}",
+        ),
+        count(
+            "server_pid",
+            param=False,
+            help="the attached server's PID: when it dies, stop waiting for /health at once (exit 2)",
+        ),
+        Option(
+            "keep_server",
+            "bool",
+            default=False,
+            help="leave --server-unit running at the end",
+            doc="Leave I(server_unit) running at the end.",
+            role_doc="Leave extract_sglang_server_unit running at the end.",
+        ),
+        Option(
+            "restore_patch",
+            "path",
+            metavar="FILE",
+            role=False,  # the role restores the patch with eagle3ops_sglang_patch (extract_sglang_restore_patch)
+            help="deepseek_v2.py to restore byte-exact when every row is done",
+            doc="The patched C(deepseek_v2.py) to restore when every row is done.",
+        ),
+        Option(
+            "restore_patch_always", "bool", default=False, role=False, help="restore even when rows failed"
+        ),
+        Option(
+            "sglang_version",
+            default=_versions.DEFAULT_VERSION,
+            role="extract_sglang_version",
+            role_choices=list(_versions.KNOWN),
+            help=f"the server's SGLang version (the patch --restore-patch checks), one of {', '.join(_versions.KNOWN)}",
+            doc=[
+                ("The server's SGLang version; I(restore_patch) is checked against its capture patch."),
+                f"One of the versions in C(eagle3ops.sglang.versions) ({', '.join(_versions.KNOWN)}); another "
+                "is refused with that list.",
+            ],
+            role_doc=(
+                "The SGLang version the capture patch is checked against (default the shared "
+                "eagle3ops_sglang_version)."
+            ),
+            role_value="{{ eagle3ops_sglang_version }}",
+        ),
+        MARGIN.but(role="extract_margin"),
+        DISK_MARGIN_MIB.but(role="extract_disk_margin_mib"),
+        WAIT_RUNNING,
+        JOB_FILE,
+        PROGRESS,
+        EXECUTABLE.but(
+            role="extract_executable",
+            role_pass="",
+        ),
+    ],
+)
+
+SGLANG_PATCH = Command(
+    "sglang-patch",
+    help="the SGLang capture patch: status, apply, restore (byte-exact)",
+    check_help="only report what would change",
+    module="eagle3ops_sglang_patch",  # the sglang, extract and serve roles each pass their own variables
+    exclusive=[("file", "python", "site_packages")],
+    options=[
+        Option(
+            "action",
+            positional=True,
+            choices=["status", "apply", "restore"],
+            param=False,  # the module's state: present -> apply, absent -> restore, query -> status
+            help="what to do",
+        ),
+        Option(
+            "state",
+            default="present",
+            choices=["present", "absent", "query"],
+            cli=False,
+            help="the module's: present applies the patch, absent restores the pristine file, query reports",
+            doc=(
+                "C(present) applies the patch, C(absent) restores the pristine file, C(query) only reports."
+            ),
+        ),
+        Option(
+            "file",
+            "path",
+            param="path",
+            help="path of sglang/srt/models/deepseek_v2.py",
+            doc="The C(deepseek_v2.py) to manage. Give this, I(python) or I(site_packages).",
+        ),
+        Option(
+            "python",
+            "path",
+            help="the SGLang venv's python (the file is found without importing sglang)",
+            doc=(
+                "The SGLang venv's interpreter; the file is found through it without importing "
+                "SGLang (no GPU needed)."
+            ),
+        ),
+        Option(
+            "site_packages",
+            "path",
+            help="a directory holding sglang/",
+            doc="A directory that holds C(sglang/).",
+        ),
+        Option(
+            "sglang_version",
+            default=_versions.DEFAULT_VERSION,
+            help=f"the installed SGLang version, one of {', '.join(_versions.KNOWN)}",
+            doc="The SGLang version the patch entry is for.",
+        ),
+        Option("diff", "bool", default=False, param=False, help="include the unified diff of the change"),
+        EXECUTABLE,
+    ],
+)
