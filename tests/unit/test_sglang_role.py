@@ -367,3 +367,32 @@ def test_a_server_layout_that_does_not_fit_is_refused_before_installing(dp_setup
     assert "sglang_servers (default eagle3ops_sglang_servers) on localhost:" in words
     assert "TASK [sglang : SGLang | Check the SGLang already installed" not in r.stdout
     assert not list((dp_setup[0] / "units").glob("*-[0-9].service"))
+
+
+@pytest.mark.slow
+def test_manifest_ranks_count_the_servers_of_the_hosts_before(dp_setup, tmp_path):
+    """Two hosts in one play, two servers on the first and one on the second: the manifest ranks are 0, 1 and 2
+    (every server of every host its own manifest, so stores gathered into one never share a manifest name)."""
+    base, _, vars_ = dp_setup
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    hosts = {
+        "h0": {**local, "sglang_unit_dir": str(tmp_path / "h0"), "sglang_servers": 2},
+        "h1": {**local, "sglang_unit_dir": str(tmp_path / "h1"), "sglang_servers": 1},
+    }
+    for h in hosts:
+        (tmp_path / h).mkdir()
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": hosts}}}}))
+    common = {k: v for k, v in vars_.items() if k != "sglang_unit_dir"}
+    r, _, _ = _play((base, inv, common))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    ranks = {
+        p.name: _env(p.read_text(), "EAGLE3OPS_SGLANG_MANIFEST_RANK")
+        for h in hosts
+        for p in sorted((tmp_path / h).glob("*.service"))
+    }
+    assert ranks == {
+        "eagle3ops-sglang-extract-0.service": "0",
+        "eagle3ops-sglang-extract-1.service": "1",
+        "eagle3ops-sglang-extract.service": "2",
+    }, ranks
