@@ -88,7 +88,7 @@ REGENERATE = Command(
                 "them, round-robin)."
             ),
             role_doc="openai backend - the servers' base URLs (conversations spread over them).",
-            role_value=["http://{{ eagle3ops_sglang_host }}:{{ eagle3ops_sglang_port }}"],
+            role_value="{{ eagle3ops_sglang_urls }}",
         ),
         Option(
             "served_model_name",

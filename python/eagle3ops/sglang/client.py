@@ -66,9 +66,10 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
     limit: int | None = None
     margin_frac: float = 0.05
     margin_bytes: int = 64 * 1024 * 1024
-    server_unit: str | None = None  # systemd unit to start; None = attach to ``url``
+    # systemd units to start: one, or one per URL in the same order (several servers of one host); None = attach
+    server_unit: str | list[str] | None = None
     server_pid: int | None = None  # the attached server's PID: its death ends a wait for /health at once
-    stop_server: bool = True  # stop ``server_unit`` at the end (only a unit this run started)
+    stop_server: bool = True  # stop ``server_unit`` at the end (only units this run started)
     restore_patch: str | None = None  # deepseek_v2.py to restore when every row is done
     restore_patch_always: bool = False  # restore even when rows failed
     sglang_version: str = "0.5.23"  # the server's SGLang version (the patch restore_patch checks against)
@@ -78,6 +79,29 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
     @property
     def urls(self) -> list[str]:
         return [self.url] if isinstance(self.url, str) else list(self.url)
+
+    @property
+    def units(self) -> list[str]:
+        """The servers' systemd units ("" entries dropped: the role's "attach" value)."""
+        raw = [self.server_unit] if isinstance(self.server_unit, str) else list(self.server_unit or [])
+        return [u for u in raw if u]
+
+    def unit_for(self, url: str) -> str | None:
+        """The unit of the server at ``url``: one unit serves every URL; several pair with the URLs in order."""
+        units = self.units
+        if not units:
+            return None
+        if len(units) == 1:
+            return units[0]
+        return units[self.urls.index(url)]
+
+    def check_units(self) -> None:
+        n, m = len(self.units), len(self.urls)
+        if n > 1 and n != m:
+            raise SGLangClientError(
+                f"sglang-extract: {n} server units ({', '.join(self.units)}) for {m} server URLs "
+                f"({', '.join(self.urls)}): give one unit, or one per URL in the same order"
+            )
 
 
 def routing(
@@ -234,7 +258,7 @@ class _Runner:
             wait_health(self.url, self.cfg.health_timeout, poll=0.5, gone=self._gone)
 
     def _gone(self) -> str | None:
-        return server_gone(self.cfg.server_pid, self.cfg.server_unit)
+        return server_gone(self.cfg.server_pid, self.cfg.unit_for(self.url))
 
     def _server_error_for(self, index: int, since: float) -> str | None:
         if not self.errors_path.exists():
@@ -354,6 +378,7 @@ def run_sglang_extraction(
     facts = model_facts(cfg.model_path)
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
     num_states, hidden = len(layer_ids) + 1, facts["hidden_size"]
+    cfg.check_units()
     store = HiddenStateStore(cfg.data_dir, rank=0)
     meta = build_meta(
         ExtractConfig(data_dir=cfg.data_dir, model_path=cfg.model_path, dtype=cfg.dtype),
@@ -400,23 +425,24 @@ def run_sglang_extraction(
             sglang_hook.ENV_LAYER_IDS: ",".join(map(str, layer_ids)),
         },
     )
-    started = False
+    started: list[str] = []
     try:
         if plan.remaining:
             result["preflight"] = preflight_disk(
                 store.dir, plan.bytes_needed, margin_frac=cfg.margin_frac, margin_bytes=cfg.margin_bytes
             )
-            if cfg.server_unit:
+            if cfg.units:
                 store.clean_temp_files()  # no server of ours is running yet: temp files are leftovers
-                _systemctl("start", cfg.server_unit)
-                started = True
+                # one call: systemd starts the units in parallel (each loads the model: minutes for a large one)
+                _systemctl("start", *cfg.units)
+                started = cfg.units
             result["health_wait_seconds"] = round(
                 sum(
                     wait_health(
                         u,
                         cfg.health_timeout,
                         poll=0.5,
-                        gone=lambda: server_gone(cfg.server_pid, cfg.server_unit),
+                        gone=lambda u=u: server_gone(cfg.server_pid, cfg.unit_for(u)),
                     )
                     for u in cfg.urls
                 ),
@@ -437,8 +463,8 @@ def run_sglang_extraction(
                     close()
     finally:
         if started and cfg.stop_server:
-            _systemctl("stop", cfg.server_unit)
-            result["server_stopped"] = cfg.server_unit
+            _systemctl("stop", *started)
+            result["server_stopped"] = started[0] if len(started) == 1 else started
         if cfg.restore_patch and (result["failed"] == 0 or cfg.restore_patch_always):
             from eagle3ops.sglang import patch as sglang_patch
 

@@ -58,13 +58,13 @@ SGLANG_EXTRACT = Command(
                 "single string is one server."
             ),
             role_doc=(
-                "Base URLs of this host's capture servers (default one, from the shared "
-                "eagle3ops_sglang_host and eagle3ops_sglang_port); several = data parallel on "
-                "this host, its rows split between them, each server with its own "
-                "EAGLE3OPS_SGLANG_MANIFEST_RANK. With several hosts (extract_shard_hosts) each "
-                "server is one global rank (docs/scale.md)."
+                "Base URLs of this host's capture servers (default the sglang phase's servers: "
+                "eagle3ops_sglang_servers of them from eagle3ops_sglang_port on, at "
+                "eagle3ops_sglang_host); several = data parallel on this host, its rows split "
+                "between them, each server with its own EAGLE3OPS_SGLANG_MANIFEST_RANK. With "
+                "several hosts (extract_shard_hosts) each server is one global rank (docs/scale.md)."
             ),
-            role_value=["http://{{ eagle3ops_sglang_host }}:{{ eagle3ops_sglang_port }}"],
+            role_value="{{ eagle3ops_sglang_urls }}",
         ),
         count(
             "world_size",
@@ -153,17 +153,23 @@ SGLANG_EXTRACT = Command(
         LIMIT.but(role="extract_limit"),
         Option(
             "server_unit",
-            help="systemd unit to start and stop (default: attach to --url)",
+            "list",
+            elements="str",
+            help="systemd units to start and stop: one, or one per --url in the same order (default: attach to "
+            "--url)",
             doc=(
-                "systemd unit to start before and stop after (role C(sglang) installs "
-                "C(eagle3ops-sglang-extract))."
+                "systemd units to start before and stop after - one, or one per I(url) in the same "
+                "order (role C(sglang) installs C(eagle3ops-sglang-extract), or "
+                "C(eagle3ops-sglang-extract-0) .. C(-N) for several servers). A single string is one unit."
             ),
             role_doc=(
-                "systemd unit started before and stopped after the run (default the shared "
-                "eagle3ops_sglang_unit); empty = attach to a server already answering at "
-                "extract_sglang_url."
+                "systemd units started before and stopped after the run, one per server in "
+                "extract_sglang_url's order (default the sglang phase's: eagle3ops_sglang_unit with "
+                "one server, eagle3ops_sglang_unit-0 .. -N with several); empty = attach to servers "
+                "already answering at extract_sglang_url."
             ),
-            role_value="{{ eagle3ops_sglang_unit }}",
+            # the sglang phase's unit names, derived in roles/extract/vars/main.yml (one line here is too long)
+            role_value="{{ extract_sglang_units }}",
         ),
         count(
             "server_pid",

@@ -52,6 +52,10 @@ RAW_OPTIONS = {
     # "all", "none", or a list of GPU indices (also "0,1"); eagle3ops.host.pve.select_devices refuses anything else
     # with a message naming the value (PveError -> fail_json), tests/unit/host/test_pve.py
     "proxmox_container_gpus": "list of GPU indices",
+    # a count of capture servers, or a list of GPU groups; the sglang role refuses anything else naming the variable and
+    # the host (roles/sglang/tasks/servers.yml, tests/unit/sglang/test_sglang_role.py)
+    "eagle3ops_sglang_servers": "list of GPU groups",
+    "sglang_servers": "list of GPU groups",
 }
 # A pass-through: the option itself, maybe with default(omit) or a cast (the type the module gets is the same).
 PASS_THROUGH = re.compile(
@@ -191,8 +195,20 @@ def _names(value) -> set[str]:
     if isinstance(value, list):
         return set().union(set(), *(_names(v) for v in value))
     if isinstance(value, str) and _templated(value):
-        return meta.find_undeclared_variables(jinja2.Environment().parse(value))
+        env = jinja2.Environment()
+        env.filters, env.tests = _AnyName(env.filters), _AnyName(env.tests)  # Ansible's filters and tests too
+        return meta.find_undeclared_variables(env.parse(value))
     return set()
+
+
+class _AnyName(dict):
+    """Jinja's filter/test table that has every name (plain jinja2 does not know Ansible's, e.g. regex_replace)."""
+
+    def __contains__(self, key) -> bool:
+        return True
+
+    def get(self, key, default=None):
+        return super().get(key) or (lambda *a, **k: None)
 
 
 PHASE_ROLES = [r for r in ROLES if r != SHARED]
@@ -243,8 +259,13 @@ def test_shared_variables_read_only_each_other_and_phase_outputs():
         for k, v in shared.items()
     }
     assert not {k: v for k, v in bad.items() if v}, bad
+    # a phase reads a shared variable in its defaults or in its derived values (vars/main.yml)
     readers = {
-        k: {r for r in PHASE_ROLES if k in set().union(set(), *map(_names, _defaults(r).values()))}
+        k: {
+            r
+            for r in PHASE_ROLES
+            if k in set().union(set(), *map(_names, [*_defaults(r).values(), *_role_vars(r).values()]))
+        }
         for k in shared
     }
     readers_of_shared = {k: {s for s, v in shared.items() if k in _names(v)} for k in shared}

@@ -250,3 +250,149 @@ def test_site_packages_install_is_patched_in_place_without_installing(site_setup
     assert "holds sglang-0.5.17.dist-info, not sglang-0.5.23.dist-info" in words, words[-3000:]
     assert "TASK [sglang : SGLang | Capture patch in deepseek_v2.py]" not in r.stdout
     assert target.read_bytes() == pristine
+
+
+# ---- several capture servers on one host (issue #34: data parallel) -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dp_setup(tmp_path_factory, tiny_target):
+    """The role on an SGLang installed without a venv (nothing to install: fast), the patch only queried; the
+    host's GPUs given as a number (no GPU here: sglang_gpu_count stands in for the /dev/nvidia<N> nodes)."""
+    base = tmp_path_factory.mktemp("sglang-dp")
+    site = site_packages(base / "site", "0.5.23")
+    inv = base / "hosts.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": {"localhost": local}}}}}))
+    (base / "units").mkdir()
+    vars_ = {
+        "sglang_enabled": True,
+        "eagle3ops_sglang_site_packages": str(site),
+        "eagle3ops_sglang_version": "0.5.23",
+        "sglang_eagle3ops_bin": str(BIN / "eagle3ops"),
+        "sglang_model_path": str(tiny_target),
+        "sglang_tp_size": 4,
+        "sglang_gpu_count": 8,
+        "sglang_dump_data_dir": str(base / "data"),
+        "sglang_capture_patch_state": "query",
+        "sglang_unit_dir": str(base / "units"),
+        "sglang_systemd_reload": False,
+    }
+    return base, inv, vars_
+
+
+def _units(base: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((base / "units").glob("*.service"))}
+
+
+def _env(unit: str, name: str) -> str | None:
+    m = re.search(rf"^Environment={name}=(.*)$", unit, re.M)
+    return m.group(1) if m else None
+
+
+@pytest.mark.slow
+def test_several_servers_one_unit_each_idempotent_check_mode_and_a_layout_change(dp_setup):
+    """sglang_servers: 2 with TP 4 on an 8-GPU host renders two units - their own names, ports, GPUs and manifest
+    ranks, every other line the one server's; a re-run is changed=0; check mode predicts a new layout and changes
+    nothing; going from one server to two removes the one server's unit, and back."""
+    base = dp_setup[0]
+    r, changed, failed = _play(dp_setup)  # one server first: today's unit, no CUDA_VISIBLE_DEVICES
+    assert failed == 0 and changed > 0, r.stdout[-4000:] + r.stderr[-2000:]
+    one = _units(base)
+    assert list(one) == ["eagle3ops-sglang-extract.service"]
+    assert _env(one["eagle3ops-sglang-extract.service"], "CUDA_VISIBLE_DEVICES") is None
+
+    r, changed, failed = _play(dp_setup, "--check", "--diff", sglang_servers=2)
+    assert failed == 0 and changed > 0, r.stdout[-4000:]
+    assert _units(base) == one  # predicted, not done
+
+    r, changed, failed = _play(dp_setup, sglang_servers=2)
+    assert failed == 0 and changed > 0, r.stdout[-4000:] + r.stderr[-2000:]
+    units = _units(base)
+    assert list(units) == ["eagle3ops-sglang-extract-0.service", "eagle3ops-sglang-extract-1.service"]
+    for i, (name, text) in enumerate(units.items()):
+        assert _env(text, "CUDA_VISIBLE_DEVICES") == ",".join(map(str, range(4 * i, 4 * i + 4))), name
+        assert _env(text, "EAGLE3OPS_SGLANG_MANIFEST_RANK") == str(i), name
+        assert f"--port {30000 + i} " in text and "--tp-size 4 " in text, name
+        assert _env(text, "EAGLE3OPS_SGLANG_DUMP_DIR") == str(base / "data")
+        if shutil.which("systemd-analyze"):
+            v = subprocess.run(
+                ["systemd-analyze", "verify", str(base / "units" / name)], capture_output=True, text=True
+            )
+            assert v.returncode == 0, v.stderr
+    # apart from the server's own lines, each unit is the one server's unit
+    own = re.compile(
+        r"^(#.*|Description=.*|Environment=(CUDA_VISIBLE_DEVICES|EAGLE3OPS_SGLANG_MANIFEST_RANK)=.*)$"
+    )
+
+    def rest(t):
+        return [ln.replace("--port 30001", "--port 30000") for ln in t.splitlines() if not own.match(ln)]
+
+    assert rest(units["eagle3ops-sglang-extract-1.service"]) == rest(one["eagle3ops-sglang-extract.service"])
+    words = " ".join(r.stdout.split())
+    assert "units eagle3ops-sglang-extract-0.service (port 30000, GPUs 0,1,2,3, manifest-rank0)" in words, (
+        words[-3000:]
+    )
+
+    r, changed, failed = _play(dp_setup, sglang_servers=2)
+    assert (changed, failed) == (0, 0), r.stdout[-4000:]
+
+    # an explicit list of GPU groups: the same two units with other GPUs
+    r, changed, failed = _play(dp_setup, sglang_servers=[[4, 5, 6, 7], [0, 1, 2, 3]])
+    assert (changed, failed) == (1, 0), r.stdout[-4000:]  # the units task, its two items
+    assert _env(_units(base)["eagle3ops-sglang-extract-0.service"], "CUDA_VISIBLE_DEVICES") == "4,5,6,7"
+
+    r, changed, failed = _play(dp_setup)  # back to one server: the two units go
+    assert failed == 0 and changed > 0, r.stdout[-4000:]
+    assert _units(base) == one
+
+
+@pytest.mark.parametrize(
+    ("servers", "overrides", "named"),
+    [
+        ([[0, 1, 2, 3], [3, 4, 5, 6]], {}, "groups 0 and 1 share GPUs [3]"),
+        ([[0, 1], [2, 3]], {}, "has 2 GPUs, but each server is sglang_tp_size 4"),
+        (3, {}, "need GPU 11, but the host has 8 GPUs"),
+        ([[4, 5, 6, 7], [8, 9, 10, 11]], {}, "need GPU 11, but the host has 8 GPUs"),
+        (0, {}, "not a count of 1 or more"),
+        ("two", {}, "not a count of 1 or more"),
+        ([[0, 1, 2, "x"]], {}, "is not a list of GPU indices"),
+        (2, {"sglang_environment": {"CUDA_VISIBLE_DEVICES": "0"}}, "sets CUDA_VISIBLE_DEVICES"),
+    ],
+)
+def test_a_server_layout_that_does_not_fit_is_refused_before_installing(dp_setup, servers, overrides, named):
+    r, _, failed = _play(dp_setup, sglang_servers=servers, **overrides)
+    words = " ".join(r.stdout.split())
+    assert failed == 1 and named in words, words[-3000:]
+    assert "sglang_servers (default eagle3ops_sglang_servers) on localhost:" in words
+    assert "TASK [sglang : SGLang | Check the SGLang already installed" not in r.stdout
+    assert not list((dp_setup[0] / "units").glob("*-[0-9].service"))
+
+
+@pytest.mark.slow
+def test_manifest_ranks_count_the_servers_of_the_hosts_before(dp_setup, tmp_path):
+    """Two hosts in one play, two servers on the first and one on the second: the manifest ranks are 0, 1 and 2
+    (every server of every host its own manifest, so stores gathered into one never share a manifest name)."""
+    base, _, vars_ = dp_setup
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    hosts = {
+        "h0": {**local, "sglang_unit_dir": str(tmp_path / "h0"), "sglang_servers": 2},
+        "h1": {**local, "sglang_unit_dir": str(tmp_path / "h1"), "sglang_servers": 1},
+    }
+    for h in hosts:
+        (tmp_path / h).mkdir()
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": hosts}}}}))
+    common = {k: v for k, v in vars_.items() if k != "sglang_unit_dir"}
+    r, _, _ = _play((base, inv, common))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    ranks = {
+        p.name: _env(p.read_text(), "EAGLE3OPS_SGLANG_MANIFEST_RANK")
+        for h in hosts
+        for p in sorted((tmp_path / h).glob("*.service"))
+    }
+    assert ranks == {
+        "eagle3ops-sglang-extract-0.service": "0",
+        "eagle3ops-sglang-extract-1.service": "1",
+        "eagle3ops-sglang-extract.service": "2",
+    }, ranks

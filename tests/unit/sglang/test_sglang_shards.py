@@ -199,3 +199,18 @@ def test_a_lost_hosts_rows_taken_over_through_the_capture_server(tmp_path, tiny_
         assert store.path(i).read_bytes() == ref.path(i).read_bytes(), f"row {i}"
     shard = json.loads((a / "hidden_states" / "shard.json").read_text())
     assert shard["reassigned"]["lost_ranks"] == [1]
+
+
+def test_units_pair_with_the_servers():
+    """Several servers of one host, each its own systemd unit (the sglang role's sglang_servers): the units pair
+    with the URLs in order (each server's death is read from its own unit); one unit serves every URL; "" means
+    attach; a count that pairs with nothing is refused before anything is started."""
+    cfg = SGLangExtractConfig(data_dir="d", model_path="m", url=["a", "b"], server_unit=["u-0", "u-1"])
+    assert cfg.units == ["u-0", "u-1"] and [cfg.unit_for(u) for u in ("a", "b")] == ["u-0", "u-1"]
+    cfg.check_units()
+    one = SGLangExtractConfig(data_dir="d", model_path="m", url=["a", "b"], server_unit="u")
+    assert one.units == ["u"] and one.unit_for("b") == "u"
+    assert SGLangExtractConfig(data_dir="d", model_path="m", server_unit=[""]).units == []
+    bad = SGLangExtractConfig(data_dir="d", model_path="m", url=["a", "b", "c"], server_unit=["u-0", "u-1"])
+    with pytest.raises(SGLangClientError, match=r"2 server units .* for 3 server URLs"):
+        bad.check_units()
