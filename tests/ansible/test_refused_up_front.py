@@ -110,3 +110,21 @@ def test_a_phase_playbook_run_alone_is_not_asked_for_the_benchmarks_inputs(tmp_p
         (n, res) for _, n, res in tasks if CHECK in n
     ]
     assert not any(res.get("failed") for _, n, res in tasks if "Shared variables" in n)
+
+
+def test_a_malformed_server_layout_stops_the_run_in_its_first_play(tmp_path):
+    """eagle3ops_sglang_servers (several capture servers on one host) that is neither a count nor a list of GPU
+    groups is refused by the first play, naming the variable and the host, before any phase (an extract-only run
+    used to end with the client's "no server URL"); a good count and a good list pass that check."""
+    check = "Shared variables | Refuse an eagle3ops_sglang_servers"
+    for bad in ('"two"', "0", '"0"', "[]", "[[0, 1], []]", '["0,1"]'):  # JSON, as -e takes it
+        rc, out = _site(tmp_path, "-e", f'{{"eagle3ops_sglang_servers": {bad}}}')
+        failed = [(n, res) for _, n, res in _tasks(out) if res.get("failed")]
+        assert rc == 2 and len(failed) == 1 and check in failed[0][0], (bad, [n for n, _ in failed])
+        msg = failed[0][1]["msg"]
+        assert "eagle3ops_sglang_servers" in msg and "on localhost" in msg and "GPU groups" in msg, msg
+        assert len(out["plays"]) == 1, bad
+    for good in ("2", "[[0, 1], [2, 3]]"):
+        rc, out = _site(tmp_path, "--tags", "services", "-e", f'{{"eagle3ops_sglang_servers": {good}}}')
+        checks = [res for _, n, res in _tasks(out) if check in n]
+        assert checks and not any(r.get("failed") for r in checks), (good, checks)
