@@ -284,7 +284,9 @@ def _render_unit(version: str) -> str:
         sglang_capture_args=answer["sglang_capture_args"],
         sglang_dump_data_dir="/data",
     )
-    return tpl.render(**vars_)
+    # one server (roles/sglang/tasks/servers.yml's list for sglang_servers: 1)
+    server = {"unit": "eagle3ops-sglang-extract", "port": 30000, "gpus": [], "manifest_rank": 0}
+    return tpl.render(**vars_, sglang_server_list=[server], sglang_server=server)
 
 
 def test_the_server_flags_exist_in_each_sglang_version(version):
