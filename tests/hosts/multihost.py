@@ -102,3 +102,21 @@ def power_off_when(host, ready, timeout: float = 600) -> threading.Thread:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
+
+
+def one_host_reference(prepared: Path, model: Path, out: Path) -> Path:
+    """The rows of ``prepared`` extracted by one host's transformers backend on this machine, one row a batch and one
+    writer thread, as the stand-in capture servers compute them (another thread count sums in another order: other
+    low bits): the store every multi-host or multi-server run must equal byte for byte. Returns its data directory."""
+    import shutil
+    import subprocess
+
+    ref = shutil.copytree(prepared, out)
+    one = subprocess.run(
+        [sys.executable, "-m", "eagle3ops", "extract", "--data", str(ref), "--model", str(model), "--device",
+         "cpu", "--max-batch-tokens", "1", "--writer-threads", "1", "--json", "--no-progress"],
+        env={**os.environ, "PYTHONPATH": str(REPO / "python"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    return Path(ref)

@@ -16,9 +16,7 @@ for its /dev/nvidia<N> nodes (each unit's ``CUDA_VISIBLE_DEVICES`` is rendered, 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -102,14 +100,7 @@ def test_two_servers_on_one_host_through_their_units_equal_one_server(make_host,
         target.read_bytes() == pristine_deepseek_v2("0.5.23").read_bytes()
     )  # restored once the rows are done
 
-    ref = shutil.copytree(prepared, tmp_path / "ref")  # one server's bytes: one host, one row a batch
-    one = subprocess.run(
-        [sys.executable, "-m", "eagle3ops", "extract", "--data", str(ref), "--model", str(model), "--device",
-         "cpu", "--max-batch-tokens", "1", "--writer-threads", "1", "--json", "--no-progress"],
-        env={**os.environ, "PYTHONPATH": str(REPO / "python"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert one.returncode == 0, one.stderr[-3000:]
+    ref = multihost.one_host_reference(prepared, model, tmp_path / "ref")
     got, reference = hs_files(store), hs_files(ref)
     assert sorted(got) == sorted(reference)
     assert [n for n in reference if got[n] != reference[n]] == [], "differs from one server's run"

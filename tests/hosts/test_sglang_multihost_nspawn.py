@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from store_helpers import hs_files, manifest_rows
@@ -77,11 +76,12 @@ def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def test_two_hosts_extract_through_sglang_survive_a_power_off_and_end_pristine(
-    make_host, run_playbook, tmp_path
-):
-    from eagle3ops.sglang import patch as sglang_patch
-    from sglang_standin import pristine_deepseek_v2, site_packages
+def _cluster(make_host, tmp_path, host_vars: dict | None = None) -> SimpleNamespace:
+    """The two hosts of both tests: the real 0.5.23 wheel's files and the launch shim on each host's own disk, the
+    prepared rows in each one's data directory, the tiny target bound read-only; hostB's capture server held at its
+    5th ``os.replace`` by the fault hook (its port file, then rows renamed and in its manifest), so the power-off
+    lands mid-run. ``xv``: the extra vars of ``site.yml --tags sglang,extract`` on them."""
+    from sglang_standin import site_packages
     from tinymodels import build_prepared_dataset, build_tiny_target
 
     model = build_tiny_target(tmp_path / "model")
@@ -90,16 +90,16 @@ def test_two_hosts_extract_through_sglang_survive_a_power_off_and_end_pristine(
     ro = multihost.ro_binds({model: "/srv/model", REPO / "tests" / "fixtures": "/opt/e3/fixtures"})
     path = f"{SITE}:/opt/e3/python:/opt/e3/fixtures"
     env = {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    # hostB's server stops at its 5th os.replace (its port file, then rows renamed and in its manifest) and waits
     fault = {
         "PYTHONPATH": f"{path}:/opt/e3/faulthook",
         "E3_FAULT": "pause:replace:5",
         "E3_FAULT_GO": "/opt/e3/go",
     }
-    a = make_host(ro_binds=ro, groups=("gpu_hosts",),
-                  host_vars={**multihost.HOST_VARS, "sglang_environment": env})  # fmt: skip
-    b = make_host(ro_binds=ro, groups=("gpu_hosts",),
-                  host_vars={**multihost.HOST_VARS, "sglang_environment": {**env, **fault}})  # fmt: skip
+    common = {**multihost.HOST_VARS, **(host_vars or {})}
+    a = make_host(ro_binds=ro, groups=("gpu_hosts",), host_vars={**common, "sglang_environment": env})
+    b = make_host(
+        ro_binds=ro, groups=("gpu_hosts",), host_vars={**common, "sglang_environment": {**env, **fault}}
+    )
     hosts = [a, b]
     multihost.link(hosts)
     multihost.install_cli(hosts)
@@ -127,18 +127,37 @@ def test_two_hosts_extract_through_sglang_survive_a_power_off_and_end_pristine(
         "extract_sglang_health_timeout": 600,
         "extract_poll_interval": 1,
     }
-    store_a, store_b = a.merged / "srv/e3/data", b.merged / "srv/e3/data"
-    pristine = pristine_deepseek_v2("0.5.23").read_bytes()
-    target = Path(SITE.lstrip("/")) / sglang_patch.TARGET_RELPATH
+    return SimpleNamespace(a=a, b=b, hosts=hosts, inv=inv, xv=xv, env=env, model=model, prepared=prepared,
+                           store_a=a.merged / "srv/e3/data", store_b=b.merged / "srv/e3/data")  # fmt: skip
+
+
+def _power_off_b_mid_run(c: SimpleNamespace, run_playbook):
+    """``site.yml --tags sglang,extract`` on both hosts, hostB powered off (SIGKILL to its PID 1) once its server
+    is held with at least one row in its manifest; hostA finishes. The run's result."""
 
     def b_paused_mid_run():
-        return (b.merged / "opt/e3/go.paused").exists() and len(manifest_rows(store_b, torn_ok=True)) >= 1
+        return (c.b.merged / "opt/e3/go.paused").exists() and len(manifest_rows(c.store_b, torn_ok=True)) >= 1
 
-    killer = multihost.power_off_when(b, b_paused_mid_run, timeout=900)
-    r1 = run_playbook("site.yml", inv, extravars=xv, tags="sglang,extract")
+    killer = multihost.power_off_when(c.b, b_paused_mid_run, timeout=900)
+    r1 = run_playbook("site.yml", c.inv, extravars=c.xv, tags="sglang,extract")
     killer.join(timeout=60)
-    assert b.pid == 0, f"{b.name} was never seen extracting: {r1.summary()}"
-    assert r1.host(a.name)["failed"] == 0 and r1.host(a.name)["unreachable"] == 0, r1.summary()
+    assert c.b.pid == 0, f"{c.b.name} was never seen extracting: {r1.summary()}"
+    assert r1.host(c.a.name)["failed"] == 0 and r1.host(c.a.name)["unreachable"] == 0, r1.summary()
+    return r1
+
+
+def test_two_hosts_extract_through_sglang_survive_a_power_off_and_end_pristine(
+    make_host, run_playbook, tmp_path
+):
+    from eagle3ops.sglang import patch as sglang_patch
+    from sglang_standin import pristine_deepseek_v2
+
+    c = _cluster(make_host, tmp_path)
+    a, b, hosts, inv, xv, env = c.a, c.b, c.hosts, c.inv, c.xv, c.env
+    model, prepared, store_a, store_b = c.model, c.prepared, c.store_a, c.store_b
+    pristine = pristine_deepseek_v2("0.5.23").read_bytes()
+    target = Path(SITE.lstrip("/")) / sglang_patch.TARGET_RELPATH
+    r1 = _power_off_b_mid_run(c, run_playbook)
     assert r1.host(b.name)["failed"] + r1.host(b.name)["unreachable"] >= 1, r1.summary()
     summaries = r1.task_results(SUMMARY)
     assert len(summaries) == 1, r1.summary()
@@ -166,16 +185,7 @@ def test_two_hosts_extract_through_sglang_survive_a_power_off_and_end_pristine(
     rows_a, rows_b = manifest_rows(store_a), manifest_rows(store_b, torn_ok=True)  # b lost mid-append
     assert sorted(rows_a + rows_b) == list(range(len(LENGTHS))), (rows_a, rows_b)  # each row once
     assert all(i % 2 == 0 for i in rows_a) and all(i % 2 == 1 for i in rows_b)
-    # one host's run of the transformers backend, one row a batch and one thread as on the hosts (another thread
-    # count sums in another order: other low bits)
-    ref = shutil.copytree(prepared, tmp_path / "ref")
-    one = subprocess.run(
-        [sys.executable, "-m", "eagle3ops", "extract", "--data", str(ref), "--model", str(model), "--device",
-         "cpu", "--max-batch-tokens", "1", "--writer-threads", "1", "--json", "--no-progress"],
-        env={**os.environ, "PYTHONPATH": str(REPO / "python"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert one.returncode == 0, one.stderr[-3000:]
+    ref = multihost.one_host_reference(prepared, model, tmp_path / "ref")
     union, reference = {**hs_files(store_a), **hs_files(store_b)}, hs_files(ref)
     assert sorted(union) == sorted(reference)
     assert [n for n in reference if union[n] != reference[n]] == [], "differs from one host's run"
@@ -197,65 +207,15 @@ def test_a_powered_off_hosts_rows_reassigned_through_sglang_on_request(make_host
     sglang phase leaves it unpatched, the extract phase extracts nothing there and restores the patch the power-off
     left (once), its old part is left as it was; then changed=0 on both, SGLang pristine on both."""
     from eagle3ops.sglang import patch as sglang_patch
-    from sglang_standin import pristine_deepseek_v2, site_packages
-    from tinymodels import build_prepared_dataset, build_tiny_target
+    from sglang_standin import pristine_deepseek_v2
 
-    model = build_tiny_target(tmp_path / "model")
-    prepared = build_prepared_dataset(tmp_path / "prepared", LENGTHS)
-    site = site_packages(tmp_path / "sglang-site", "0.5.23")
-    ro = multihost.ro_binds({model: "/srv/model", REPO / "tests" / "fixtures": "/opt/e3/fixtures"})
-    path = f"{SITE}:/opt/e3/python:/opt/e3/fixtures"
-    env = {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    fault = {
-        "PYTHONPATH": f"{path}:/opt/e3/faulthook",
-        "E3_FAULT": "pause:replace:5",
-        "E3_FAULT_GO": "/opt/e3/go",
-    }
     # extract_workers: a host's rank count when it cannot be asked (one capture server each)
-    common = {**multihost.HOST_VARS, "extract_workers": 1}
-    a = make_host(ro_binds=ro, groups=("gpu_hosts",), host_vars={**common, "sglang_environment": env})
-    b = make_host(
-        ro_binds=ro, groups=("gpu_hosts",), host_vars={**common, "sglang_environment": {**env, **fault}}
-    )
-    hosts = [a, b]
-    multihost.link(hosts)
-    multihost.install_cli(hosts)
-    for name in ("sitecustomize.py", "faults.py"):
-        b.put(f"/opt/e3/faulthook/{name}", (REPO / "tests/reliability/faulthook" / name).read_text())
-    for h in hosts:
-        shutil.copytree(prepared, h.merged / "srv/e3/data")
-        shutil.copytree(site, h.merged / SITE.lstrip("/"))
-        h.put(f"{SITE}/sglang/launch_server.py", LAUNCH_SERVER)
-    inv = tmp_path / "inventory.ini"
-    inv.write_text(nspawn.inventory_ini(hosts))
-    xv = {
-        "eagle3ops_extract_backend": "sglang",
-        "eagle3ops_model_path": "/srv/model",
-        "eagle3ops_data_dir": "/srv/e3/data",
-        "eagle3ops_sglang_site_packages": SITE,
-        "eagle3ops_sglang_version": "0.5.23",
-        "eagle3ops_bin": multihost.EXE,
-        "runtime_eagle3ops_bin": multihost.EXE,
-        "sglang_enabled": True,
-        "sglang_python": f"{multihost.VENV}/bin/python",
-        "sglang_tp_size": 1,
-        "extract_sglang_python": f"{multihost.VENV}/bin/python",
-        "extract_sglang_concurrency": 2,
-        "extract_sglang_health_timeout": 600,
-        "extract_poll_interval": 1,
-    }
-    store_a, store_b = a.merged / "srv/e3/data", b.merged / "srv/e3/data"
+    c = _cluster(make_host, tmp_path, {"extract_workers": 1})
+    a, b, hosts, inv, xv, env = c.a, c.b, c.hosts, c.inv, c.xv, c.env
+    model, prepared, store_a, store_b = c.model, c.prepared, c.store_a, c.store_b
     pristine = pristine_deepseek_v2("0.5.23").read_bytes()
     target = Path(SITE.lstrip("/")) / sglang_patch.TARGET_RELPATH
-
-    def b_paused_mid_run():
-        return (b.merged / "opt/e3/go.paused").exists() and len(manifest_rows(store_b, torn_ok=True)) >= 1
-
-    killer = multihost.power_off_when(b, b_paused_mid_run, timeout=900)
-    r1 = run_playbook("site.yml", inv, extravars=xv, tags="sglang,extract")
-    killer.join(timeout=60)
-    assert b.pid == 0, f"{b.name} was never seen extracting: {r1.summary()}"
-    assert r1.host(a.name)["failed"] == 0, r1.summary()
+    _power_off_b_mid_run(c, run_playbook)
 
     take = {**xv, "eagle3ops_extract_reassign_from": [b.name]}
     r2 = run_playbook("site.yml", inv, extravars=take, tags="sglang,extract")  # hostB still powered off
@@ -280,7 +240,7 @@ def test_a_powered_off_hosts_rows_reassigned_through_sglang_on_request(make_host
     assert r4.host(a.name)["changed"] == 0, r4.changed_tasks(a.name)
     # on hostB: its unit's environment (the test dropped the fault hook from it) and the patch the power-off left
     assert r4.changed_tasks(b.name) == [
-        f"{b.name}: SGLang | Install the extraction server unit",
+        f"{b.name}: SGLang | Install the extraction server units (one per capture server)",
         f"{b.name}: Extract | Restore the capture patch byte-exact (SGLang as shipped; serving needs it)",
     ], r4.changed_tasks(b.name)
     r5 = run_playbook("site.yml", inv, extravars=take, tags="sglang,extract")
@@ -291,12 +251,5 @@ def test_a_powered_off_hosts_rows_reassigned_through_sglang_on_request(make_host
     for h in hosts:
         assert (h.merged / target).read_bytes() == pristine, h.name
 
-    ref = shutil.copytree(prepared, tmp_path / "ref")
-    one = subprocess.run(
-        [sys.executable, "-m", "eagle3ops", "extract", "--data", str(ref), "--model", str(model), "--device",
-         "cpu", "--max-batch-tokens", "1", "--writer-threads", "1", "--json", "--no-progress"],
-        env={**os.environ, "PYTHONPATH": str(REPO / "python"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert one.returncode == 0, one.stderr[-3000:]
+    ref = multihost.one_host_reference(prepared, model, tmp_path / "ref")
     assert hs_files(store_a) == hs_files(ref), "hostA's store differs from one host's run"

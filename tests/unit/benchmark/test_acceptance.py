@@ -298,6 +298,7 @@ def _serve_vars(**over):
         quote=shlex.quote,
         to_json=json.dumps,
         hash=lambda v, algo: hashlib.new(algo, str(v).encode()).hexdigest(),
+        regex_replace=lambda v, pattern, repl: re.sub(pattern, repl, str(v)),
     )
 
     def resolve(v, depth=0):

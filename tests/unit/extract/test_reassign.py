@@ -144,6 +144,7 @@ def _same_as_reference(stores, reference):
         assert HiddenStateStore(d).path(i).read_bytes() == ref.path(i).read_bytes(), f"row {i} ({d})"
 
 
+@pytest.mark.slow  # real extract processes for three "hosts" and the one-host reference
 def test_three_hosts_one_lost_with_its_part_readable(tmp_path, tiny_target, reference, capsys):
     """Hosts A, B, C (ranks 0, 1, 2 of 3). B finishes 3 of its 5 rows and is lost; A and C are asked to take over
     rank 1, and B's part is readable here: the rows B finished are copied (checked), not extracted again, the rest
@@ -179,6 +180,7 @@ def test_three_hosts_one_lost_with_its_part_readable(tmp_path, tiny_target, refe
     assert [(r["written"], r.get("imported", 0), r["changed"]) for r in again] == [(0, 0, False)] * 2
 
 
+@pytest.mark.slow  # real extract processes for three "hosts" and the one-host reference
 def test_two_hosts_one_lost_unreadable_and_the_refusals(tmp_path, tiny_target, reference, capsys):
     """Hosts A, B (ranks 0, 1 of 2). B extracts a few rows and is lost for good (its part cannot be read): A, asked
     to take over rank 1, extracts all of B's share into its own store. Refused before any work, exit 2: B itself

@@ -175,6 +175,7 @@ def test_routing_sends_the_rows_a_host_takes_over_to_its_servers():
     assert [server(i) for i in (2, 6, 14)] == ["x", "y", "x"] and server(5) == "y"
 
 
+@pytest.mark.slow  # two stand-in capture servers and the one-host reference
 def test_a_lost_hosts_rows_taken_over_through_the_capture_server(tmp_path, tiny_target, reference):
     """Issue 34, on request, through the real hook: host B (rank 1 of 2) finishes a few rows and is lost; host A's
     server takes over rank 1 with B's part readable - B's finished rows copied (not sent to a server), the rest
