@@ -101,5 +101,22 @@ options:
         far the run is (rows done of this host's, rows/s from the manifests' file times, ETA, the run's log),
         so a task that polls with C(until) shows the progress at each poll.
     type: path
+  reassign_ranks:
+    description:
+      - On request, the global ranks of lost hosts (docs/scale.md, "A host that stays lost") - their rows
+        are dealt over the surviving ranks of O(world_size) (the j-th lost row to the j mod S-th survivor),
+        so every row is still extracted exactly once. Needs O(world_size) and O(first_rank); this host's own
+        ranks must not be among them.
+      - The store records the re-assignment in C(hidden_states/shard.json); a later run with other lost ranks
+        or none fails naming them. The extract role computes them from C(extract_reassign_from).
+    type: list
+    elements: int
+  reassign_from_data:
+    description: With O(reassign_ranks) - the lost hosts' data directories as readable on this host (their
+      disk mounted, a shared path, a copy). The finished rows this host takes over are copied from there into
+      this store, each checked against its manifest line (size, content checksum, header), instead of extracted
+      again; the lost part is only read.
+    type: list
+    elements: path
   # END generated: fragment EXTRACT
 """

@@ -163,7 +163,17 @@ JOB_FILE = Option(
     ],
 )
 # the store options both extract modules document once (doc fragment eagle3ops.extract: make options writes it)
-STORE = [DATA, LAYER_CONVENTION, MARGIN, DISK_MARGIN_MIB, LIMIT, WAIT_RUNNING, JOB_FILE]
+STORE = [
+    DATA,
+    LAYER_CONVENTION,
+    MARGIN,
+    DISK_MARGIN_MIB,
+    LIMIT,
+    WAIT_RUNNING,
+    JOB_FILE,
+    REASSIGN_RANKS,
+    REASSIGN_FROM_DATA,
+]
 
 EXTRACT = Command(
     "extract",
