@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from proc_helpers import probe_records, run_together
@@ -41,9 +42,12 @@ HOST_VARS = {"extract_workers": 1, **multihost.HOST_VARS}
 SUMMARY = "Extract | Sum up the extraction over every host that shares the rows"
 
 
-def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
-    make_host, run_playbook, tmp_path
-):
+def _b_powered_off_mid_run(make_host, run_playbook, tmp_path) -> SimpleNamespace:
+    """Both tests' start: two hosts, each with the prepared rows on its own disk and the tiny target bound
+    read-only; the extract phase on both, hostB's extraction held at its 5th os.replace (extract_meta.json and 3
+    rows renamed, 2+ in its manifest: the power-off lands mid-run however fast the box is; a 2-core CI box once saw
+    hostB finish all 8 rows between the first manifest line and the kill) and powered off there (SIGKILL to its
+    PID 1); hostA finishes. The hosts, inventory, extra vars, stores and that first run."""
     from tinymodels import build_prepared_dataset, build_tiny_target
 
     model = build_tiny_target(tmp_path / "model")
@@ -54,9 +58,6 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     hosts = [a, b]
     multihost.link(hosts)
     multihost.install_cli(hosts)
-    # hostB's extraction stops at its 5th os.replace (extract_meta.json and 3 rows renamed, 2+ in its manifest)
-    # and waits there: the power-off lands mid-run however fast the box is (a 2-core CI box once saw hostB
-    # finish all 8 rows between the first manifest line and the kill)
     for name in ("sitecustomize.py", "faults.py"):
         b.put(f"/opt/e3/faulthook/{name}", (REPO / "tests/reliability/faulthook" / name).read_text())
     multihost.install_cli([b], pythonpath=("/opt/e3/faulthook",),
@@ -74,7 +75,7 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
         "extract_poll_interval": 1,
         "extract_executable": multihost.EXE,
     }
-    store_b = b.merged / "srv/e3/data"
+    store_a, store_b = a.merged / "srv/e3/data", b.merged / "srv/e3/data"
 
     def b_paused_mid_run():
         paused = (b.merged / "opt/e3/go.paused").exists()
@@ -87,6 +88,16 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     killer.join(timeout=60)
     assert b.pid == 0, f"{b.name} was never seen extracting: {r1.summary()}"
     assert r1.host(a.name)["failed"] == 0 and r1.host(a.name)["unreachable"] == 0, r1.summary()
+    return SimpleNamespace(a=a, b=b, hosts=hosts, inv=inv, xv=xv, model=model, prepared=prepared,
+                           store_a=store_a, store_b=store_b, r1=r1)  # fmt: skip
+
+
+def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
+    make_host, run_playbook, tmp_path
+):
+    c = _b_powered_off_mid_run(make_host, run_playbook, tmp_path)
+    a, b, hosts, inv, xv, model, prepared = c.a, c.b, c.hosts, c.inv, c.xv, c.model, c.prepared
+    store_a, store_b, r1 = c.store_a, c.store_b, c.r1
     assert r1.host(b.name)["failed"] + r1.host(b.name)["unreachable"] >= 1, r1.summary()
     (summary,) = r1.task_results(SUMMARY)
     assert f"missing on {b.name}" in json.dumps(summary["msg"]), summary
@@ -145,46 +156,9 @@ def test_a_powered_off_hosts_rows_reassigned_to_the_survivor_on_request(make_hos
     phase re-run with ``extract_reassign_from: [hostB]`` while it is down: hostA extracts hostB's whole share too
     (its disk cannot be read), so hostA's store alone is one host's run byte for byte; again: changed=0; hostB
     back: it extracts nothing, its old part is named as kept out and left as it was, changed=0 on both."""
-    from tinymodels import build_prepared_dataset, build_tiny_target
-
-    model = build_tiny_target(tmp_path / "model")
-    prepared = build_prepared_dataset(tmp_path / "prepared", LENGTHS)
-    ro = multihost.ro_binds({model: "/srv/model"})
-    a = make_host(ro_binds=ro, groups=("gpu_hosts",), host_vars=HOST_VARS)
-    b = make_host(ro_binds=ro, groups=("gpu_hosts",), host_vars=HOST_VARS)
-    hosts = [a, b]
-    multihost.link(hosts)
-    multihost.install_cli(hosts)
-    for name in ("sitecustomize.py", "faults.py"):
-        b.put(f"/opt/e3/faulthook/{name}", (REPO / "tests/reliability/faulthook" / name).read_text())
-    multihost.install_cli([b], pythonpath=("/opt/e3/faulthook",),
-                          env={"E3_FAULT": "pause:replace:5", "E3_FAULT_GO": "/opt/e3/go"})  # fmt: skip
-    for h in hosts:
-        shutil.copytree(prepared, h.merged / "srv/e3/data")
-    inv = tmp_path / "inventory.ini"
-    inv.write_text(nspawn.inventory_ini(hosts))
-    xv = {
-        "extract_model_path": "/srv/model",
-        "extract_data_dir": "/srv/e3/data",
-        "extract_device": "cpu",
-        "extract_max_batch_tokens": 1,
-        "extract_writer_threads": 1,
-        "extract_poll_interval": 1,
-        "extract_executable": multihost.EXE,
-    }
-    store_a, store_b = a.merged / "srv/e3/data", b.merged / "srv/e3/data"
-
-    def b_paused_mid_run():
-        paused = (b.merged / "opt/e3/go.paused").exists()
-        return (
-            paused and (store_b / "hidden_states").is_dir() and len(manifest_rows(store_b, torn_ok=True)) >= 1
-        )
-
-    killer = multihost.power_off_when(b, b_paused_mid_run)
-    r1 = run_playbook("playbooks/extract.yml", inv, extravars=xv)
-    killer.join(timeout=60)
-    assert b.pid == 0, f"{b.name} was never seen extracting: {r1.summary()}"
-    assert r1.host(a.name)["failed"] == 0, r1.summary()
+    c = _b_powered_off_mid_run(make_host, run_playbook, tmp_path)
+    a, b, hosts, inv, xv, model, prepared = c.a, c.b, c.hosts, c.inv, c.xv, c.model, c.prepared
+    store_a, store_b = c.store_a, c.store_b
 
     take = {**xv, "extract_reassign_from": [b.name]}
     r2 = run_playbook("playbooks/extract.yml", inv, extravars=take)  # hostB still powered off
