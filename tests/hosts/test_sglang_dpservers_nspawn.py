@@ -26,7 +26,15 @@ from store_helpers import hs_files, manifest_rows
 from hosts import multihost, nspawn
 from hosts.test_sglang_multihost_nspawn import LAUNCH_SERVER, SITE
 
-pytestmark = [pytest.mark.root, pytest.mark.nspawn, pytest.mark.slow]
+# one worker runs the SGLang nspawn tests one after the other: twice (a CI run, and -n 3 by hand) a survivor's
+# capture server stopped mid take-over while all three ran at once, never alone or under a CPU hog; cause not
+# found yet - the client's message now carries the unit's journal (eagle3ops.sglang.client.unit_log_tail)
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.nspawn,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("sglang-nspawn"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
@@ -108,3 +116,12 @@ def test_two_servers_on_one_host_through_their_units_equal_one_server(make_host,
     r2 = run_playbook("site.yml", inv, extravars=xv, tags="sglang,extract")
     assert r2.rc == 0 and r2.host(h.name)["changed"] == 0, r2.changed_tasks(h.name)
     assert target.read_bytes() == pristine_deepseek_v2("0.5.23").read_bytes()
+
+    # a capture server that stops: the client's message carries the end of its unit's journal (here the launch
+    # shim refusing SGLang as shipped), so the user reads why without another command
+    h.ssh(
+        f"systemctl start {UNITS[0]}; for i in $(seq 120); do systemctl is-failed -q {UNITS[0]} && break; sleep 1; done"
+    )
+    code = f"from eagle3ops.sglang.client import server_gone; print(server_gone(unit='{UNITS[0]}'))"
+    why = h.ssh(f'PYTHONPATH=/opt/e3/python {multihost.VENV}/bin/python -c "{code}"', check=False).stdout
+    assert f"its systemd unit {UNITS[0]} is failed" in why and "is not patched" in why, why

@@ -37,7 +37,15 @@ from store_helpers import hs_files, manifest_rows
 
 from hosts import multihost, nspawn
 
-pytestmark = [pytest.mark.root, pytest.mark.nspawn, pytest.mark.slow]
+# one worker runs the SGLang nspawn tests one after the other: twice (a CI run, and -n 3 by hand) a survivor's
+# capture server stopped mid take-over while all three ran at once, never alone or under a CPU hog; cause not
+# found yet - the client's message now carries the unit's journal (eagle3ops.sglang.client.unit_log_tail)
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.nspawn,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("sglang-nspawn"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
@@ -70,6 +78,21 @@ import sglang_standin_server  # noqa: E402
 
 sglang_standin_server.main()
 '''
+
+
+def _why(r, *hosts) -> str:
+    """The run's summary and, for each host still up, the capture unit's journal and the hook's error file: what
+    a failed assertion needs to say why a capture server stopped."""
+    out = [r.summary()]
+    for h in hosts:
+        if h.pid:
+            log = h.ssh(f"journalctl -a -u {UNIT} --no-pager | tail -60", check=False).stdout
+            err = h.merged / "srv/e3/data/hidden_states/sglang_hook_errors.jsonl"
+            out.append(f"--- {h.name}: journal of {UNIT} ---\n{log}")
+            out.append(
+                f"--- {h.name}: {err.name} ---\n{err.read_text()[-3000:] if err.exists() else '(none)'}"
+            )
+    return "\n".join(out)
 
 
 def _sha(p: Path) -> str:
@@ -219,7 +242,7 @@ def test_a_powered_off_hosts_rows_reassigned_through_sglang_on_request(make_host
 
     take = {**xv, "eagle3ops_extract_reassign_from": [b.name]}
     r2 = run_playbook("site.yml", inv, extravars=take, tags="sglang,extract")  # hostB still powered off
-    assert r2.host(a.name)["failed"] == 0 and r2.host(b.name)["unreachable"] >= 1, r2.summary()
+    assert r2.host(a.name)["failed"] == 0 and r2.host(b.name)["unreachable"] >= 1, _why(r2, a)
     (summary,) = r2.task_results(SUMMARY)
     text = json.dumps(summary["msg"])
     assert f"{b.name}: share RE-ASSIGNED to {a.name}" in text and "all hosts: 16/16 rows done" in text, text

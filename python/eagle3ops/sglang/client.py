@@ -163,8 +163,26 @@ def server_gone(pid: int | None = None, unit: str | None = None) -> str | None:
             return None  # cannot tell: keep waiting, the timeout still bounds it
         state = r.stdout.strip()
         if state in ("failed", "inactive"):
-            return f"its systemd unit {unit} is {state} (journalctl -u {unit} says why)"
+            return f"its systemd unit {unit} is {state}; {unit_log_tail(unit)}"
     return None
+
+
+def unit_log_tail(unit: str, lines: int = 12) -> str:
+    """The last ``lines`` lines of ``unit``'s journal as one clause of an error message (what the server printed
+    before it stopped: a traceback, an out-of-memory kill), or where to look when the journal cannot be read."""
+    try:
+        r = subprocess.run(
+            ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        r = None
+    tail = r.stdout.strip() if r is not None and r.returncode == 0 else ""
+    if not tail:
+        return f"journalctl -u {unit} says why"
+    return f"the end of its journal (journalctl -u {unit}):\n{tail}\n"
 
 
 def wait_health(
