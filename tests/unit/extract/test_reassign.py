@@ -4,20 +4,17 @@ lost").
 The plan (who extracts which row) is pure arithmetic: checked over many random worlds for the exactly-once
 property. The store's record and refusals: ``hidden_states/shard.json`` through ``check_shard`` and the CLI.
 The local multi-"host" runs: each host is a data directory of its own on this machine, each extraction a real
-``python -m eagle3ops extract`` process (the tiny CPU target of tests/unit/conftest.py); the union of the
-survivors' stores is compared byte for byte with a one-host extraction, and ``eagle3ops extract-status`` over every
-store says complete, nothing twice, the lost host's part kept out.
+``eagle3ops extract`` run (its CLI in the test's process, one worker each, so torch is imported once; the tiny
+CPU target of tests/unit/conftest.py); the union of the survivors' stores is compared byte for byte with a
+one-host extraction, and ``eagle3ops extract-status`` over every store says complete, nothing twice, the lost
+host's part kept out.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from eagle3ops.cli import main as cli_main
@@ -28,7 +25,6 @@ from sglang_inputs import transformers_reference
 from tinymodels import build_prepared_dataset
 
 LENGTHS = [5, 17, 33, 9, 12, 2, 21, 40, 7, 26, 3, 15, 11, 6]
-PYTHON = [sys.executable, "-m", "eagle3ops"]
 
 
 # ---------------------------------------------------------------------------------------------------- the plan
@@ -109,18 +105,19 @@ def reference(tmp_path_factory, tiny_target):
     return transformers_reference(tmp_path_factory, tiny_target, LENGTHS)
 
 
-def _run(data, model, *args, check=True) -> tuple[int, dict, str]:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3] / "python"))
-    p = subprocess.run(
-        [*PYTHON, "extract", "--data", str(data), "--model", str(model), "--max-batch-size", "1", "--json",
-         "--no-progress", *args],
-        capture_output=True, text=True, env=env, timeout=600,
+def _run(capsys, data, model, *args, check=True) -> tuple[int, dict, str]:
+    """``eagle3ops extract`` in this process (one worker: no child process; torch is imported once for the file)."""
+    capsys.readouterr()
+    rc = cli_main(
+        ["extract", "--data", str(data), "--model", str(model), "--max-batch-size", "1", "--json", "--no-progress",
+         *args]
     )  # fmt: skip
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    cap = capsys.readouterr()
+    lines = [ln for ln in cap.out.splitlines() if ln.startswith("{")]
     out = json.loads(lines[-1]) if lines else {}
     if check:
-        assert p.returncode == 0, (p.stdout, p.stderr)
-    return p.returncode, out, p.stderr
+        assert rc == 0, (cap.out, cap.err)
+    return rc, out, cap.err
 
 
 def _json(capsys, argv) -> tuple[int, dict]:
@@ -144,7 +141,7 @@ def _same_as_reference(stores, reference):
         assert HiddenStateStore(d).path(i).read_bytes() == ref.path(i).read_bytes(), f"row {i} ({d})"
 
 
-@pytest.mark.slow  # real extract processes for three "hosts" and the one-host reference
+@pytest.mark.slow  # real extractions for several "hosts" and the one-host reference
 def test_three_hosts_one_lost_with_its_part_readable(tmp_path, tiny_target, reference, capsys):
     """Hosts A, B, C (ranks 0, 1, 2 of 3). B finishes 3 of its 5 rows and is lost; A and C are asked to take over
     rank 1, and B's part is readable here: the rows B finished are copied (checked), not extracted again, the rest
@@ -155,16 +152,18 @@ def test_three_hosts_one_lost_with_its_part_readable(tmp_path, tiny_target, refe
         h: ["--world-size", "3", "--first-rank", str(r), "--workers", "1"]
         for h, r in zip("abc", range(3), strict=True)
     }
-    _run(a, tiny_target, *share["a"])
-    _run(b, tiny_target, *share["b"], "--limit", "10")  # B: rows 1, 4, 7 of its 1, 4, 7, 10, 13; then lost
+    _run(capsys, a, tiny_target, *share["a"])
+    _run(
+        capsys, b, tiny_target, *share["b"], "--limit", "10"
+    )  # B: rows 1, 4, 7 of its 1, 4, 7, 10, 13; then lost
     assert _rows(b) == {1, 4, 7}
     take = ["--reassign-ranks", "1", "--reassign-from-data", str(b)]
     # A takes B's rows 1, 7, 13; C takes 4, 10
-    _, plan_a, _ = _run(a, tiny_target, *share["a"], *take, "--check")
+    _, plan_a, _ = _run(capsys, a, tiny_target, *share["a"], *take, "--check")
     assert plan_a["importable"] == 2 and plan_a["to_extract"] == 1 and plan_a["changed"] is True, plan_a
     assert plan_a["total"] == 5 + 3 and plan_a["reassigned"] == {"lost_ranks": [1], "survivor_ranks": [0, 2]}
-    _, ra, _ = _run(a, tiny_target, *share["a"], *take)
-    _, rc_, _ = _run(c, tiny_target, *share["c"], *take)
+    _, ra, _ = _run(capsys, a, tiny_target, *share["a"], *take)
+    _, rc_, _ = _run(capsys, c, tiny_target, *share["c"], *take)
     assert (ra["imported"], ra["written"], ra["changed"]) == (2, 1, True), ra
     assert (rc_["imported"], rc_["written"]) == (1, 4 + 1), rc_
     assert _rows(a) == {0, 3, 6, 9, 12, 1, 7, 13} and _rows(c) == {2, 5, 8, 11, 4, 10}
@@ -176,11 +175,11 @@ def test_three_hosts_one_lost_with_its_part_readable(tmp_path, tiny_target, refe
     rc, st = _json(capsys, ["extract-status", "--data", str(a), "--data", str(b), "--data", str(c), "--json"])
     assert rc == 0 and st["complete"] and st["done_twice"] == 0 and st["not_covered"] == 0, st
     assert st["kept_out"] == [str(b)] and [s["kept_out"] for s in st["stores"]] == [False, True, False]
-    again = [_run(d, tiny_target, *share[h], *take)[1] for d, h in ((a, "a"), (c, "c"))]
+    again = [_run(capsys, d, tiny_target, *share[h], *take)[1] for d, h in ((a, "a"), (c, "c"))]
     assert [(r["written"], r.get("imported", 0), r["changed"]) for r in again] == [(0, 0, False)] * 2
 
 
-@pytest.mark.slow  # real extract processes for three "hosts" and the one-host reference
+@pytest.mark.slow  # real extractions for several "hosts" and the one-host reference
 def test_two_hosts_one_lost_unreadable_and_the_refusals(tmp_path, tiny_target, reference, capsys):
     """Hosts A, B (ranks 0, 1 of 2). B extracts a few rows and is lost for good (its part cannot be read): A, asked
     to take over rank 1, extracts all of B's share into its own store. Refused before any work, exit 2: B itself
@@ -189,7 +188,7 @@ def test_two_hosts_one_lost_unreadable_and_the_refusals(tmp_path, tiny_target, r
     a, b = (build_prepared_dataset(tmp_path / h / "data", LENGTHS) for h in "ab")
     sa = ["--world-size", "2", "--first-rank", "0", "--workers", "1"]
     sb = ["--world-size", "2", "--first-rank", "1", "--workers", "1"]
-    _run(b, tiny_target, *sb, "--limit", "4")
+    _run(capsys, b, tiny_target, *sb, "--limit", "4")
     assert _rows(b) == {1, 3}
     base = ["extract", "--model", str(tiny_target), "--json"]
     refusals = [
@@ -206,7 +205,7 @@ def test_two_hosts_one_lost_unreadable_and_the_refusals(tmp_path, tiny_target, r
         assert rc == 2 and res["failed"] and re.search(argv[1], res["msg"]), (argv, res)
     assert not (a / "hidden_states").exists(), "nothing was written by a refused run"
     assert _rows(b) == {1, 3}
-    _, ra, _ = _run(a, tiny_target, *sa, "--reassign-ranks", "1")
+    _, ra, _ = _run(capsys, a, tiny_target, *sa, "--reassign-ranks", "1")
     assert ra["written"] == len(LENGTHS) and ra.get("imported", 0) == 0
     _same_as_reference([a], reference)
     rc, res = _json(capsys, [*base, "--data", str(a), *sa])
