@@ -18,7 +18,9 @@ Everything outside the markers is written by hand and kept. The key says what th
 - ``defaults <role>``, ``argument_specs <role>``: the role variables the definitions' commands of that role feed;
 - ``task <module> <role>``: the ``param: "{{ <role variable> }}"`` lines of a task of that role calling the module;
 - ``readme <role>``: the table of those variables in the role's README (markers as HTML comments there);
-- ``bounds``: the table of every phase role's bounded variables (``roles/eagle3ops/vars/main.yml``).
+- ``bounds``: the table of every phase role's bounded variables (``roles/eagle3ops/vars/main.yml``);
+- ``choices sglang_versions``: the ``choices:`` of a role's SGLang version variable that no option definition
+  holds (``sglang_version``, ``eagle3ops_sglang_version``): :data:`eagle3ops.sglang.versions.KNOWN`.
 
 From each :class:`~eagle3ops.option_def.Option`: name, type, elements, choices, required, the module's default;
 ``doc`` (the module documentation's description; without it the ``help`` as a sentence), ``role_doc`` (the role's
@@ -405,6 +407,10 @@ def render(key: str, indent: int, text: str) -> list:
         return readme_lines(rest)
     if kind == "bounds":
         return bounds_lines(indent)
+    if kind == "choices" and rest == "sglang_versions":  # version variables no option definition holds
+        from eagle3ops.sglang.versions import KNOWN
+
+        return [" " * indent + f"choices: {_flow(list(KNOWN))}"]
     raise ValueError(f"unknown generated block {key!r}")
 
 

@@ -16,6 +16,7 @@ import pytest
 from eagle3ops.sglang import hook as sglang_hook
 from eagle3ops.sglang import patch as sglang_patch
 from eagle3ops.sglang.patch import PatchError
+from eagle3ops.sglang.versions import KNOWN
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 from sglang_standin import VERSIONS, pristine_deepseek_v2, sglang_wheel
@@ -233,7 +234,7 @@ def test_an_unknown_version_is_refused_with_the_known_ones(tmp_path):
         )
         out = json.loads(r.stdout.strip().splitlines()[-1])
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-        assert out["known"] == ["0.5.17", "0.5.23"] and "0.5.17, 0.5.23" in out["msg"], out
+        assert out["known"] == list(KNOWN) and ", ".join(KNOWN) in out["msg"], out
     assert _sha(f) == SPEC.pristine_sha256
 
 
