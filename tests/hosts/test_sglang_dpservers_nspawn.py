@@ -20,21 +20,12 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
 from store_helpers import hs_files, manifest_rows
 
 from hosts import multihost, nspawn
-from hosts.test_sglang_multihost_nspawn import LAUNCH_SERVER, SITE
+from hosts.test_sglang_multihost_nspawn import LAUNCH_SERVER, SGLANG_NSPAWN_MARKS, SITE
 
-# one worker runs the SGLang nspawn tests one after the other: twice (a CI run, and -n 3 by hand) a survivor's
-# capture server stopped mid take-over while all three ran at once, never alone or under a CPU hog; cause not
-# found yet - the client's message now carries the unit's journal (eagle3ops.sglang.client.unit_log_tail)
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.nspawn,
-    pytest.mark.slow,
-    pytest.mark.xdist_group("sglang-nspawn"),
-]
+pytestmark = SGLANG_NSPAWN_MARKS  # with the multi-host SGLang tests, on one worker (says why there)
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))

@@ -40,12 +40,13 @@ from hosts import multihost, nspawn
 # one worker runs the SGLang nspawn tests one after the other: twice (a CI run, and -n 3 by hand) a survivor's
 # capture server stopped mid take-over while all three ran at once, never alone or under a CPU hog; cause not
 # found yet - the client's message now carries the unit's journal (eagle3ops.sglang.client.unit_log_tail)
-pytestmark = [
+SGLANG_NSPAWN_MARKS = [
     pytest.mark.root,
     pytest.mark.nspawn,
     pytest.mark.slow,
     pytest.mark.xdist_group("sglang-nspawn"),
 ]
+pytestmark = SGLANG_NSPAWN_MARKS
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
