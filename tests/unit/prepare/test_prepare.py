@@ -11,15 +11,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
 from eagle3ops import demo as demo_mod
 from eagle3ops.prepare import dataset as prep_dataset
 from eagle3ops.prepare.dataset import load_rows_lengths, prepare

@@ -9,10 +9,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
 from eagle3ops.prepare.dataset import prepare
 from eagle3ops.prepare.errors import PrepareError
 from prepare_inputs import (
