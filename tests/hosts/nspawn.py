@@ -33,42 +33,24 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# imported as hosts.nspawn (the tests, bench/) or as plain nspawn (tests/hosts on sys.path): the sibling either
-# way; CACHE_DIR, RUN_DIR, _is_zombie, ensure_rootfs and unavailable_reason are re-exported (nspawn.<name>)
-if __package__:
-    from .nspawn_resources import (
-        CACHE_DIR,
-        RUN_DIR,
-        HostError,
-        LoopDevice,
-        _is_zombie,
-        _run,
-        _terminate,
-        _update_claim,
-        allocate_subnet,
-        ensure_rootfs,
-        host_name,
-        release_subnet,
-        subnet_ips,
-        unavailable_reason,
-    )
-else:
-    from nspawn_resources import (  # noqa: F401 - re-exported, as above
-        CACHE_DIR,
-        RUN_DIR,
-        HostError,
-        LoopDevice,
-        _is_zombie,
-        _run,
-        _terminate,
-        _update_claim,
-        allocate_subnet,
-        ensure_rootfs,
-        host_name,
-        release_subnet,
-        subnet_ips,
-        unavailable_reason,
-    )
+# the harness's resources (CACHE_DIR, RUN_DIR, _is_zombie, ensure_rootfs and unavailable_reason are re-exported:
+# nspawn.<name>); always imported as hosts.nspawn (tests/conftest.py puts tests/ on sys.path)
+from .nspawn_resources import (  # noqa: F401 - re-exported, as above
+    CACHE_DIR,
+    RUN_DIR,
+    HostError,
+    LoopDevice,
+    _is_zombie,
+    _run,
+    _terminate,
+    _update_claim,
+    allocate_subnet,
+    ensure_rootfs,
+    host_name,
+    release_subnet,
+    subnet_ips,
+    unavailable_reason,
+)
 
 
 class _InWorkdir:
