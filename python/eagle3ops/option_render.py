@@ -19,6 +19,7 @@ Everything outside the markers is written by hand and kept. The key says what th
 - ``task <module> <role>``: the ``param: "{{ <role variable> }}"`` lines of a task of that role calling the module;
 - ``readme <role>``: the table of those variables in the role's README (markers as HTML comments there);
 - ``bounds``: the table of every phase role's bounded variables (``roles/eagle3ops/vars/main.yml``);
+- ``returns extract``: the RETURN entries both extraction modules share (:data:`eagle3ops.extract.returns.RETURNS`);
 - ``choices sglang_versions``: the ``choices:`` of a role's SGLang version variable that no option definition
   holds (``sglang_version``, ``eagle3ops_sglang_version``): :data:`eagle3ops.sglang.versions.KNOWN`.
 
@@ -407,6 +408,10 @@ def render(key: str, indent: int, text: str) -> list:
         return readme_lines(rest)
     if kind == "bounds":
         return bounds_lines(indent)
+    if kind == "returns" and rest == "extract":
+        from eagle3ops.extract.returns import RETURNS
+
+        return [line for name, doc in RETURNS.items() for line in _entry(name, list(doc.items()), indent)]
     if kind == "choices" and rest == "sglang_versions":  # version variables no option definition holds
         from eagle3ops.sglang.versions import KNOWN
 

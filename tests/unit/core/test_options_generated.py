@@ -60,7 +60,7 @@ def test_every_module_and_role_of_a_definition_has_its_blocks():
 def test_each_block_is_in_its_own_kind_of_file():
     where = {"doc": "library/", "fragment": "doc_fragments/", "defaults": "/defaults/main.yml",
              "argument_specs": "/meta/argument_specs.yml", "task": "/tasks/", "readme": "/README.md", "bounds": "roles/eagle3ops/vars/",
-             "choices": "/meta/argument_specs.yml"}  # fmt: skip
+             "choices": "/meta/argument_specs.yml", "returns": "library/"}  # fmt: skip
     wrong = [(f, k) for f, k in _keys() if where[k.split()[0]] not in f]
     assert not wrong, wrong
 
