@@ -19,18 +19,6 @@ options:
     description: The new disk, by a stable name (C(/dev/disk/by-id/...)).
     type: path
     required: true
-  data_path:
-    description: The data directory to move onto the new disk.
-    type: path
-    default: /data
-  staging_path:
-    description: Where the new filesystem is mounted while copying.
-    type: path
-    default: /mnt/eagle3ops-storage-new
-  old_path:
-    description: Where the old data is kept as the rollback after the cut-over.
-    type: path
-    default: /data.old
   fstab:
     description: The fstab file consulted for /data.
     type: path
@@ -62,6 +50,7 @@ options:
   # END generated: doc eagle3ops_storage_plan
 extends_documentation_fragment:
   - eagle3ops.storage_state
+  - eagle3ops.storage_paths
 author: eagle3ops developers (@eagle3ops)
 """
 

@@ -28,18 +28,6 @@ options:
   partition:
     description: The new partition's device (for O(step=prepared)).
     type: path
-  data_path:
-    description: The data directory to move onto the new disk.
-    type: path
-    default: /data
-  staging_path:
-    description: Where the new filesystem is mounted while copying.
-    type: path
-    default: /mnt/eagle3ops-storage-new
-  old_path:
-    description: Where the old data is kept as the rollback after the cut-over.
-    type: path
-    default: /data.old
   fstype:
     description: Filesystem to create.
     type: str
@@ -51,6 +39,7 @@ options:
   # END generated: doc eagle3ops_storage_state
 extends_documentation_fragment:
   - eagle3ops.storage_state
+  - eagle3ops.storage_paths
 author: eagle3ops developers (@eagle3ops)
 """
 

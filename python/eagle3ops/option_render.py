@@ -72,6 +72,7 @@ GLOBS = ("library/*.py", "doc_fragments/*.py", "roles/*/defaults/main.yml", "rol
 FRAGMENTS = {
     "_EXECUTABLE": ("eagle3ops.options", "EXECUTABLE"),
     "STORAGE_STATE": ("eagle3ops.host.options", "STATE_FILE"),
+    "STORAGE_PATHS": ("eagle3ops.host.options", "PATHS"),
     "EXTRACT": ("eagle3ops.extract.options", "STORE"),
 }
 # what a module's extends_documentation_fragment brings: fragment name -> FRAGMENTS attributes
@@ -80,6 +81,7 @@ _FRAGMENT_PARTS = {
     "eagle3ops.no_diff": ["_EXECUTABLE"],
     "eagle3ops.diff": ["_EXECUTABLE"],
     "eagle3ops.storage_state": ["STORAGE_STATE"],
+    "eagle3ops.storage_paths": ["STORAGE_PATHS"],
     "eagle3ops.extract": ["EXTRACT"],
 }
 WIDTH = 110

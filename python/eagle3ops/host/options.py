@@ -49,6 +49,8 @@ OLD_PATH = Option(
     help="where the old data is kept as the rollback after the cut-over",
     role_doc="Where the old data is kept as the rollback.",
 )
+# the paths of the migration that storage plan and storage state both take (the doc fragment eagle3ops.storage_paths)
+PATHS = (DATA_PATH, STAGING_PATH, OLD_PATH)
 FSTAB = Option(
     "fstab",
     "path",
