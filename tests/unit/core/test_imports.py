@@ -38,6 +38,16 @@ DECLARED = {
         "eagle3ops.sglang.versions",
     ): "layer-ids --sglang-version answers the version's capture flags for the ids (the sglang role's unit takes "
     "them from it instead of a copy of the version table)",
+    (
+        "eagle3ops.option_render",
+        "eagle3ops.extract.returns",
+    ): "make options writes the RETURN entries both extraction modules share into each (a build tool reading "
+    "the definitions, as it reads every phase's options by name)",
+    (
+        "eagle3ops.option_render",
+        "eagle3ops.sglang.versions",
+    ): "make options writes the version table's keys into the choices of the version variables no option "
+    "definition holds",
 }
 # (importing package, imported package or module): every module of the one may use the other, why
 DECLARED_PACKAGES = {
