@@ -45,8 +45,9 @@ def setup(tmp_path_factory, tiny_target):
     return base, inv, vars_
 
 
-def _play(setup, *extra, **overrides):
+def _play(setup, *extra, inventory=None, **overrides):
     base, inv, vars_ = setup
+    inv = inventory or inv
     ev = base / f"vars-{len(list(base.glob('vars-*')))}.json"
     ev.write_text(json.dumps({**vars_, **overrides}))
     env = {
@@ -73,6 +74,30 @@ def _play(setup, *extra, **overrides):
     )
     m = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", r.stdout)
     return r, (int(m.group(2)) if m else None), (int(m.group(4)) if m else None)
+
+
+def _play_hosts(setup, cases: dict[str, dict]):
+    """One play over several local hosts, one a case: each case's variables are its host's (the setup's go as extra
+    variables, which a case must not set). Returns the run and, per host, its failed count and the words of its
+    failure (whitespace folded: the yaml result format wraps messages). One ansible-playbook instead of one per
+    case: each costs seconds of CPU, which the suite lacks."""
+    base = setup[0]
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inv = base / f"cases-{len(list(base.glob('cases-*')))}.json"
+    hosts = {name: {**local, **case} for name, case in cases.items()}
+    inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": hosts}}}}))
+    r, _, _ = _play(setup, inventory=inv)
+    chunks = re.split(
+        r"^(?=(?:fatal|ok|changed|skipping|included): \[|TASK \[|PLAY RECAP)", r.stdout, flags=re.M
+    )
+    by_host = {}
+    for name in cases:
+        recap = re.search(
+            rf"^{name}\s*:\s*ok=\d+\s+changed=\d+\s+unreachable=\d+\s+failed=(\d+)", r.stdout, re.M
+        )
+        fatal = " ".join(c for c in chunks if c.startswith(f"fatal: [{name}]"))
+        by_host[name] = (int(recap.group(1)) if recap else None, " ".join(fatal.split()))
+    return r, by_host
 
 
 def _target(setup):
@@ -151,61 +176,74 @@ def test_install_patch_idempotent_check_mode_restore_refuse(setup):
         target.write_bytes(original)
 
 
-def test_layer_ids_starting_at_1_are_refused_before_installing(setup):
-    r, _, failed = _play(setup, sglang_layer_ids=[1, 3, 5])
-    assert "TASK [sglang : SGLang | Install SGLang" not in r.stdout
-    assert failed == 1 and "adds 1 to every id" in r.stdout, r.stdout[-3000:]
+# sglang_extra_args asking for a layout inside one capture server that the hook cannot dump, the flag named
+PARALLEL = [
+    (["--enable-dp-attention"], "--enable-dp-attention"),
+    (["--dp-size", "2"], "--dp-size > 1"),
+    (["--ep-size=8"], "--ep-size > 1"),
+    (["--pp-size", "4"], "--pp-size > 1"),
+]
 
 
-@pytest.mark.parametrize(
-    ("args", "named"),
-    [
-        (["--enable-dp-attention"], "--enable-dp-attention"),
-        (["--dp-size", "2"], "--dp-size > 1"),
-        (["--ep-size=8"], "--ep-size > 1"),
-        (["--pp-size", "4"], "--pp-size > 1"),
-    ],
-)
-def test_parallel_layouts_the_hook_cannot_dump_are_refused_before_installing(setup, args, named):
+def test_layouts_and_layer_ids_the_hook_cannot_dump_are_refused_before_installing(setup):
     """Issue #34: DP attention, data/expert/pipeline parallel inside one capture server are refused by the role,
-    naming the flag, before SGLang is installed (tensor parallel is the supported layout: docs/sglang.md)."""
-    r, _, failed = _play(setup, sglang_extra_args=args)
-    assert failed == 1 and named in r.stdout and "sglang_extra_args asks for" in r.stdout, r.stdout[-3000:]
+    naming the flag, before SGLang is installed (tensor parallel is the supported layout: docs/sglang.md). Layer
+    ids starting at 1 are refused too (SGLang adds 1 to every id). The refusal reads sizes: --dp-size 1 and
+    --ep-size 1 are the defaults written out, not a layout: that host goes past the check (and stops at the layer
+    ids refused right after it, before installing anything). One play, a host a case."""
+    cases = {f"p{i}": {"sglang_extra_args": args} for i, (args, _) in enumerate(PARALLEL)}
+    cases["ids"] = {"sglang_layer_ids": [1, 3, 5]}
+    cases["ones"] = {"sglang_extra_args": ["--dp-size", "1", "--ep-size=1"], "sglang_layer_ids": [1, 3, 5]}
+    r, by_host = _play_hosts(setup, cases)
+    for i, (_, named) in enumerate(PARALLEL):
+        failed, words = by_host[f"p{i}"]
+        assert failed == 1 and named in words and "sglang_extra_args asks for" in words, (
+            named,
+            r.stdout[-3000:],
+        )
+    for name in ("ids", "ones"):
+        failed, words = by_host[name]
+        assert failed == 1 and "adds 1 to every id" in words, (name, r.stdout[-3000:])
+        assert "sglang_extra_args asks for" not in words, name
+    assert "TASK [sglang : SGLang | Install SGLang" not in r.stdout
     assert "TASK [sglang : SGLang | Install pinned SGLang" not in r.stdout
 
 
-def test_sizes_of_one_are_not_refused(setup):
-    """The refusal reads sizes: --dp-size 1 and --ep-size 1 are the defaults written out, not a layout; the play goes
-    past the check (and stops at the layer ids refused right after it, before installing anything)."""
-    r, _, failed = _play(
-        setup, sglang_extra_args=["--dp-size", "1", "--ep-size=1"], sglang_layer_ids=[1, 3, 5]
+def _on_site_packages(tmp_path_factory, name: str, version: str, model) -> tuple[Path, Path, dict]:
+    """A directory for a module's role runs on this machine: SGLang ``version`` as pip --target left it (its real
+    files), an inventory of localhost in gpu_hosts, a units directory (no systemd reload); the role's variables
+    for that (the caller adds its own)."""
+    base = tmp_path_factory.mktemp(name)
+    site = site_packages(base / "site", version)
+    inv = base / "hosts.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": {"localhost": local}}}}}))
+    (base / "units").mkdir()
+    return (
+        base,
+        inv,
+        {
+            "sglang_enabled": True,
+            "eagle3ops_sglang_site_packages": str(site),
+            "eagle3ops_sglang_version": version,
+            "sglang_eagle3ops_bin": str(BIN / "eagle3ops"),
+            "sglang_model_path": str(model),
+            "sglang_dump_data_dir": str(base / "data"),
+            "sglang_unit_dir": str(base / "units"),
+            "sglang_systemd_reload": False,
+        },
     )
-    assert "sglang_extra_args asks for" not in r.stdout
-    assert failed == 1 and "adds 1 to every id" in r.stdout, r.stdout[-3000:]
 
 
 @pytest.fixture(scope="module")
 def site_setup(tmp_path_factory, tiny_target):
     """sglang_site_packages: SGLang 0.5.17 as pip --target left it (its real files), no venv, no wheelhouse."""
-    base = tmp_path_factory.mktemp("sglang-site")
-    site = site_packages(base / "site", "0.5.17")
-    inv = base / "hosts.yml"
-    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": {"localhost": local}}}}}))
-    (base / "units").mkdir()
-    vars_ = {
-        "sglang_enabled": True,
-        "eagle3ops_sglang_site_packages": str(site),
-        "eagle3ops_sglang_version": "0.5.17",
+    base, inv, vars_ = _on_site_packages(tmp_path_factory, "sglang-site", "0.5.17", tiny_target)
+    vars_ |= {
         "eagle3ops_sglang_venv_dir": str(base / "no-venv"),  # must stay absent: nothing is installed
         "sglang_eagle3ops_wheel_dir": str(base / "no-wheels"),  # likewise never looked at
-        "sglang_eagle3ops_bin": str(BIN / "eagle3ops"),
-        "sglang_model_path": str(tiny_target),
         "sglang_tp_size": 1,
-        "sglang_dump_data_dir": str(base / "data"),
         "sglang_extract_backend": "sglang",
-        "sglang_unit_dir": str(base / "units"),
-        "sglang_systemd_reload": False,
     }
     return base, inv, vars_
 
@@ -259,24 +297,11 @@ def test_site_packages_install_is_patched_in_place_without_installing(site_setup
 def dp_setup(tmp_path_factory, tiny_target):
     """The role on an SGLang installed without a venv (nothing to install: fast), the patch only queried; the
     host's GPUs given as a number (no GPU here: sglang_gpu_count stands in for the /dev/nvidia<N> nodes)."""
-    base = tmp_path_factory.mktemp("sglang-dp")
-    site = site_packages(base / "site", "0.5.23")
-    inv = base / "hosts.yml"
-    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": {"localhost": local}}}}}))
-    (base / "units").mkdir()
-    vars_ = {
-        "sglang_enabled": True,
-        "eagle3ops_sglang_site_packages": str(site),
-        "eagle3ops_sglang_version": "0.5.23",
-        "sglang_eagle3ops_bin": str(BIN / "eagle3ops"),
-        "sglang_model_path": str(tiny_target),
+    base, inv, vars_ = _on_site_packages(tmp_path_factory, "sglang-dp", "0.5.23", tiny_target)
+    vars_ |= {
         "sglang_tp_size": 4,
         "sglang_gpu_count": 8,
-        "sglang_dump_data_dir": str(base / "data"),
         "sglang_capture_patch_state": "query",
-        "sglang_unit_dir": str(base / "units"),
-        "sglang_systemd_reload": False,
     }
     return base, inv, vars_
 
@@ -347,24 +372,30 @@ def test_several_servers_one_unit_each_idempotent_check_mode_and_a_layout_change
     assert _units(base) == one
 
 
-@pytest.mark.parametrize(
-    ("servers", "overrides", "named"),
-    [
-        ([[0, 1, 2, 3], [3, 4, 5, 6]], {}, "groups 0 and 1 share GPUs [3]"),
-        ([[0, 1], [2, 3]], {}, "has 2 GPUs, but each server is sglang_tp_size 4"),
-        (3, {}, "need GPU 11, but the host has 8 GPUs"),
-        ([[4, 5, 6, 7], [8, 9, 10, 11]], {}, "need GPU 11, but the host has 8 GPUs"),
-        (0, {}, "not a count of 1 or more"),
-        ("two", {}, "not a count of 1 or more"),
-        ([[0, 1, 2, "x"]], {}, "is not a list of GPU indices"),
-        (2, {"sglang_environment": {"CUDA_VISIBLE_DEVICES": "0"}}, "sets CUDA_VISIBLE_DEVICES"),
-    ],
-)
-def test_a_server_layout_that_does_not_fit_is_refused_before_installing(dp_setup, servers, overrides, named):
-    r, _, failed = _play(dp_setup, sglang_servers=servers, **overrides)
-    words = " ".join(r.stdout.split())
-    assert failed == 1 and named in words, words[-3000:]
-    assert "sglang_servers (default eagle3ops_sglang_servers) on localhost:" in words
+# sglang_servers that do not fit the host (sglang_gpu_count 8, sglang_tp_size 4), and what the refusal names
+LAYOUTS = [
+    ([[0, 1, 2, 3], [3, 4, 5, 6]], {}, "groups 0 and 1 share GPUs [3]"),
+    ([[0, 1], [2, 3]], {}, "has 2 GPUs, but each server is sglang_tp_size 4"),
+    (3, {}, "need GPU 11, but the host has 8 GPUs"),
+    ([[4, 5, 6, 7], [8, 9, 10, 11]], {}, "need GPU 11, but the host has 8 GPUs"),
+    (0, {}, "not a count of 1 or more"),
+    ("two", {}, "not a count of 1 or more"),
+    ([[0, 1, 2, "x"]], {}, "is not a list of GPU indices"),
+    (2, {"sglang_environment": {"CUDA_VISIBLE_DEVICES": "0"}}, "sets CUDA_VISIBLE_DEVICES"),
+]
+
+
+def test_server_layouts_that_do_not_fit_are_refused_before_installing(dp_setup):
+    """Each layout of LAYOUTS on a host of its own, in one play: each refused naming its fault and its host, before
+    anything is checked or installed; no unit written."""
+    cases = {
+        f"l{i}": {"sglang_servers": servers, **overrides} for i, (servers, overrides, _) in enumerate(LAYOUTS)
+    }
+    r, by_host = _play_hosts(dp_setup, cases)
+    for i, (_, _, named) in enumerate(LAYOUTS):
+        failed, words = by_host[f"l{i}"]
+        assert failed == 1 and named in words, (named, words[-3000:] or r.stdout[-3000:])
+        assert f"sglang_servers (default eagle3ops_sglang_servers) on l{i}:" in words, words[-3000:]
     assert "TASK [sglang : SGLang | Check the SGLang already installed" not in r.stdout
     assert not list((dp_setup[0] / "units").glob("*-[0-9].service"))
 
