@@ -114,7 +114,7 @@ def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path, tmp_pa
         "extract_device": "cpu",
         "extract_max_batch_tokens": 1,  # one row per batch: byte identity needs the same batch shapes
         "extract_writer_threads": 1,
-        "extract_poll_interval": 1,
+        "extract_poll_interval": 3,  # each poll is a module and a CLI run on the host: CPU, which the suite lacks
     }
     env = {**os.environ, **ENV}
     killed: dict = {}

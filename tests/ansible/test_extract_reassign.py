@@ -87,7 +87,7 @@ def test_a_lost_hosts_rows_go_to_the_survivor_on_request(tmp_path, tmp_path_fact
         "extract_device": "cpu",
         "extract_max_batch_tokens": 1,  # one row per batch: byte identity needs the same batch shapes
         "extract_writer_threads": 1,
-        "extract_poll_interval": 1,
+        "extract_poll_interval": 3,  # each poll is a module and a CLI run on the host: CPU, which the suite lacks
     }
     down = _inventory(tmp_path, a, b, b_reachable=False)
 

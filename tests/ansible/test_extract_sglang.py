@@ -61,7 +61,7 @@ def env(tmp_path_factory):
         "extract_sglang_server_unit": "",
         "extract_sglang_concurrency": 3,
         "extract_sglang_health_timeout": 120,
-        "extract_poll_interval": 1,
+        "extract_poll_interval": 3,  # each poll is a module and a CLI run on the host: CPU, which the suite lacks
     }
     return base, inv, model, xv
 

@@ -149,7 +149,7 @@ def _cluster(make_host, tmp_path, host_vars: dict | None = None) -> SimpleNamesp
         "extract_sglang_python": f"{multihost.VENV}/bin/python",
         "extract_sglang_concurrency": 2,
         "extract_sglang_health_timeout": 600,
-        "extract_poll_interval": 1,
+        "extract_poll_interval": 3,  # each poll is a module and a CLI run on the host: CPU, which the suite lacks
     }
     return SimpleNamespace(a=a, b=b, hosts=hosts, inv=inv, xv=xv, env=env, model=model, prepared=prepared,
                            store_a=a.merged / "srv/e3/data", store_b=b.merged / "srv/e3/data")  # fmt: skip
