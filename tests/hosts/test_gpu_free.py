@@ -39,7 +39,7 @@ SHIPPED = [
     "python/eagle3ops/errors.py",
     "python/eagle3ops/options.py",
     "python/eagle3ops/option_def.py",
-    "python/eagle3ops/commands/__init__.py",
+    "python/eagle3ops/tools/__init__.py",
     "python/eagle3ops/gpu_free/__init__.py",
     "python/eagle3ops/gpu_free/check.py",
     "python/eagle3ops/gpu_free/commands.py",

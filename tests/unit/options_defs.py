@@ -13,7 +13,7 @@ from eagle3ops import cli, options
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "python" / "eagle3ops"
 DEFINITIONS = sorted(p.parent.name for p in PKG.glob("*/options.py"))  # the phases with a definition
-TOOLS = "eagle3ops.commands._options"  # the tools of no phase (no module runs them: not shipped)
+TOOLS = "eagle3ops.tools._options"  # the tools of no phase (no module runs them: not shipped)
 
 
 def _defined(kind) -> list:

@@ -34,7 +34,7 @@ DECLARED = {
     ): "serve converts a SpecForge run's checkpoint, whose layout (its inputs, checkpoint link, exporter) the train "
     "phase's SpecForge backend owns",
     (
-        "eagle3ops.commands.layer_ids",
+        "eagle3ops.tools.layer_ids",
         "eagle3ops.sglang.versions",
     ): "layer-ids --sglang-version answers the version's capture flags for the ids (the sglang role's unit takes "
     "them from it instead of a copy of the version table)",
@@ -137,7 +137,7 @@ def _command_modules(pkg: Path, extra: dict[str, str]) -> set[str]:
         tree = _parse(text)
         if any(isinstance(n, ast.FunctionDef) and n.name == "register" for n in tree.body):
             out.add(_module_name(path, pkg))
-    return out | {"eagle3ops.commands"}
+    return out | {"eagle3ops.tools"}
 
 
 def violations(pkg: Path = PKG, extra: dict[str, str] | None = None) -> list[str]:

@@ -10,10 +10,10 @@ import json
 
 import pytest
 from eagle3ops import jsonl
-from eagle3ops.assets.sharegpt import load_mtbench_turns, read_json_rows
 from eagle3ops.benchmark.promptsets import load_set
 from eagle3ops.benchmark.report import read_sglang_bench
 from eagle3ops.conversations import Problem, iter_records, resolve_sources
+from eagle3ops.runtime.sharegpt import load_mtbench_turns, read_json_rows
 
 # every character str.splitlines() breaks at, a lone surrogate, and plain non-ASCII text
 NASTY = "a\nb\rc\r\nd\x0be\x0cf\x1cg\x1dh\x1ei\x85j\u2028k\u2029l \ud83d m \U0001f600 é 中文"

@@ -1,6 +1,6 @@
 """The assets tool's options, once: ``eagle3ops assets fetch|convert|sharegpt``, the ``eagle3ops_runtime_assets``
 module (one step per command, picked by ``step``) and the runtime role's ``runtime_assets_*`` variables come from
-here (eagle3ops.options says how; standard library only, shipped as module_utils/eagle3ops_assets_options.py)."""
+here (eagle3ops.options says how; standard library only, shipped as module_utils/eagle3ops_runtime_options.py)."""
 
 from __future__ import annotations
 

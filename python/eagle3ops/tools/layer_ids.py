@@ -13,7 +13,7 @@ from eagle3ops.command import CommandError, emit
 
 
 def register(sub) -> None:
-    from eagle3ops.commands._options import LAYER_IDS
+    from eagle3ops.tools._options import LAYER_IDS
 
     LAYER_IDS.add_parser(sub).set_defaults(func=cmd_layer_ids)
 

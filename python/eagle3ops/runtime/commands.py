@@ -8,7 +8,7 @@ from eagle3ops.command import CommandError, emit
 
 
 def register(subparsers) -> None:
-    from eagle3ops.assets.options import ASSETS
+    from eagle3ops.runtime.options import ASSETS
 
     parsers = ASSETS.add_parser(subparsers)
     parsers["fetch"].set_defaults(func=run_fetch)
@@ -21,7 +21,7 @@ def _log(msg: str) -> None:
 
 
 def run_fetch(args) -> int:
-    from eagle3ops.assets.fetch import AssetError, fetch
+    from eagle3ops.runtime.fetch import AssetError, fetch
 
     try:
         res = fetch(args.cache, args.asset, wheelhouse=args.wheelhouse, check=args.check, log=_log)
@@ -36,8 +36,8 @@ def run_fetch(args) -> int:
 
 
 def run_convert(args) -> int:
-    from eagle3ops.assets.fetch import AssetError
-    from eagle3ops.assets.gguf import convert
+    from eagle3ops.runtime.fetch import AssetError
+    from eagle3ops.runtime.gguf import convert
 
     try:
         res = convert(
@@ -64,8 +64,8 @@ def run_convert(args) -> int:
 
 
 def run_sharegpt(args) -> int:
-    from eagle3ops.assets.fetch import AssetError
-    from eagle3ops.assets.sharegpt import sharegpt_subset
+    from eagle3ops.runtime.fetch import AssetError
+    from eagle3ops.runtime.sharegpt import sharegpt_subset
 
     try:
         res = sharegpt_subset(

@@ -1,4 +1,4 @@
-"""eagle3ops.assets: registry wheels -> cache, GGUF -> safetensors, ShareGPT subset (fast tests, CPU).
+"""eagle3ops.runtime: registry wheels -> cache, GGUF -> safetensors, ShareGPT subset (fast tests, CPU).
 
 The conversion runs for real on a tiny llama GGUF written with the ``gguf`` package (tests/unit/tiny_gguf.py:
 SmolLM2's layout at 2 layers / hidden 64); the real SmolLM2 conversion is tests/ansible/test_real_profile.py
@@ -21,10 +21,10 @@ import pytest
 
 pytest.importorskip("gguf")
 
-from eagle3ops.assets import fetch as assets_fetch
-from eagle3ops.assets import gguf as assets_gguf
-from eagle3ops.assets import sharegpt as assets_sharegpt
-from eagle3ops.assets.fetch import AssetError
+from eagle3ops.runtime import fetch as assets_fetch
+from eagle3ops.runtime import gguf as assets_gguf
+from eagle3ops.runtime import sharegpt as assets_sharegpt
+from eagle3ops.runtime.fetch import AssetError
 from proc_helpers import HEAVY, cli_imports
 from tiny_gguf import write_tiny_gguf
 

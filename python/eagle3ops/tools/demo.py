@@ -8,7 +8,7 @@ from eagle3ops.command import CommandError, emit
 
 
 def register(subparsers) -> None:
-    from eagle3ops.commands._options import DEMO
+    from eagle3ops.tools._options import DEMO
 
     DEMO.add_parser(subparsers).set_defaults(func=run)
 

@@ -14,12 +14,12 @@ from collections import Counter
 from pathlib import Path
 
 from eagle3ops import jsonl
-from eagle3ops.assets.fetch import AssetError, log_default, read_stamp
 from eagle3ops.durable import (
     atomic_write_bytes,
     atomic_write_json,
     sha256_file,
 )
+from eagle3ops.runtime.fetch import AssetError, log_default, read_stamp
 
 SUBSET_STAMP = "subset.json"
 

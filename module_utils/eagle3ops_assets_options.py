@@ -1,1 +1,0 @@
-../python/eagle3ops/assets/options.py
