@@ -345,6 +345,11 @@ class _Runner:
                 continue
             if code in RETRY_STATUS:
                 last = f"HTTP {code}: {raw[:300].decode(errors='replace')}"
+                if code == 503:
+                    # up but not serving: a restarted server that listens before its model is loaded, or one
+                    # that says it is unhealthy. Wait for /health as for a closed port (at once when it is
+                    # healthy), so the restart's load time does not use up the row's few retries.
+                    self._wait_until_healthy()
                 continue
             if code != 200:
                 out.error = f"HTTP {code}: {raw[:500].decode(errors='replace')} (not retried)"

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import yaml
@@ -41,7 +42,10 @@ def test_control_requirements_are_pinned():
 def test_installed_packages_match_the_constraints():
     pins = _pins(ROOT / "requirements" / "constraints.txt")
     wrong = []
-    for dist in importlib.metadata.distributions():
+    # the venv's own site-packages, not sys.path: once a test in this worker has imported setuptools, its
+    # setuptools/_vendor (jaraco.*, zipp, tomli, wheel, ...) is on sys.path and would count as installed
+    site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    for dist in importlib.metadata.distributions(path=site):
         name = _norm(dist.metadata["Name"])
         if name in ("eagle3ops", "pip"):
             continue

@@ -206,7 +206,10 @@ def test_kill_9_of_the_client_mid_run_then_resume(tmp_path, data_dir, tiny_targe
 
 
 def test_the_server_restarting_mid_run_is_waited_for(tmp_path, data_dir, tiny_target, reference, monkeypatch):
-    """kill -9 of the SERVER mid-run, a new one on the same port: the client waits for /health and finishes."""
+    """kill -9 of the SERVER mid-run, a new one on the same port: the client waits for /health and finishes. The
+    new stand-in listens before it has loaded its model and answers 503 meanwhile: a request that meets it then
+    waits for /health too instead of spending its retries (CI of 4be1f0a, under load: two rows gave up after 4
+    attempts on "server is loading")."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
@@ -232,7 +235,9 @@ def test_the_server_restarting_mid_run_is_waited_for(tmp_path, data_dir, tiny_ta
     # real SGLang restarts (it loads the model for minutes before it binds). (A stand-in comes up in
     # milliseconds from its fork server: started at once, the client's retries could find it already back.)
     assert waiting.wait(timeout=120), "the client never noticed that the server was gone"
-    with standin_server(tmp_path, data_dir, tiny_target, *args):
+    with standin_server(
+        tmp_path, data_dir, tiny_target, *args, "--load-seconds", "2"
+    ):  # 503 "loading" for 2 s
         t.join(timeout=300)
     res = box["res"]
     assert res["failed"] == 0 and res["health_waits"] >= 1, res["errors"]
