@@ -41,13 +41,6 @@ _BIN = str(Path(sys.executable).parent)
 if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
-# torch._dynamo refuses to import once ansible-core's module_utils has replaced sys.intern (its SysInternPatch,
-# applied by importing ansible.module_utils.basic): `pytest tests/unit/core/test_options_generated.py
-# tests/unit/core/test_role_argument_specs.py` failed at collection with "substitute_in_graph expects a function".
-# Imported first here, every order of test modules works (the whole suite imports torch in every worker anyway).
-with contextlib.suppress(ImportError):
-    import torch._dynamo  # noqa: F401
-
 from hosts import nspawn
 from hosts.runner import run_playbook as _run_playbook
 

@@ -3,6 +3,7 @@ embedded demo (its model path and tokenizer); the stand-in OpenAI-compatible ser
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -19,6 +20,14 @@ if UNIT not in sys.path:
 
 import pytest
 import run_cache
+
+# torch._dynamo refuses to import once ansible-core's module_utils has replaced sys.intern (its SysInternPatch,
+# applied by importing ansible.module_utils.basic in a test module): `pytest tests/unit/core/test_options_generated.py
+# tests/unit/core/test_role_argument_specs.py` failed at collection with "substitute_in_graph expects a function".
+# Imported first, every order of the unit test modules works. Here, not in tests/conftest.py: that one is loaded by
+# every pytest process (the xdist controller, the child pytest of each tests/infra check), ~3 s of CPU each.
+with contextlib.suppress(ImportError):  # a venv without torch: nothing to collide with
+    import torch._dynamo  # noqa: F401
 
 # the gpu_free tests' fixtures (tests/unit/gpu_free/): a stand-in /dev, real holders, the injected clock
 from gpu_free_fixtures import clock, dev, spawn  # noqa: F401
