@@ -45,9 +45,8 @@ def setup(tmp_path_factory, tiny_target):
     return base, inv, vars_
 
 
-def _play(setup, *extra, inventory=None, **overrides):
+def _play(setup, *extra, **overrides):
     base, inv, vars_ = setup
-    inv = inventory or inv
     ev = base / f"vars-{len(list(base.glob('vars-*')))}.json"
     ev.write_text(json.dumps({**vars_, **overrides}))
     env = {
@@ -78,25 +77,21 @@ def _play(setup, *extra, inventory=None, **overrides):
 
 def _play_hosts(setup, cases: dict[str, dict]):
     """One play over several local hosts, one a case: each case's variables are its host's (the setup's go as extra
-    variables, which a case must not set). Returns the run and, per host, its failed count and the words of its
-    failure (whitespace folded: the yaml result format wraps messages). One ansible-playbook instead of one per
-    case: each costs seconds of CPU, which the suite lacks."""
-    base = setup[0]
+    variables, which a case must not set). Returns the run (tests/hosts/runner.py's result) and, per host, its
+    failed count and the words of its failures' messages. One ansible-playbook instead of one per case: each costs
+    seconds of CPU, which the suite lacks."""
+    from hosts.runner import run_playbook
+
+    base, _, vars_ = setup
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     inv = base / f"cases-{len(list(base.glob('cases-*')))}.json"
     hosts = {name: {**local, **case} for name, case in cases.items()}
     inv.write_text(json.dumps({"all": {"children": {"gpu_hosts": {"hosts": hosts}}}}))
-    r, _, _ = _play(setup, inventory=inv)
-    chunks = re.split(
-        r"^(?=(?:fatal|ok|changed|skipping|included): \[|TASK \[|PLAY RECAP)", r.stdout, flags=re.M
-    )
+    r = run_playbook("playbooks/sglang.yml", inv, extravars=vars_)
     by_host = {}
     for name in cases:
-        recap = re.search(
-            rf"^{name}\s*:\s*ok=\d+\s+changed=\d+\s+unreachable=\d+\s+failed=(\d+)", r.stdout, re.M
-        )
-        fatal = " ".join(c for c in chunks if c.startswith(f"fatal: [{name}]"))
-        by_host[name] = (int(recap.group(1)) if recap else None, " ".join(fatal.split()))
+        mine = [f for f in r.failures() if f.startswith(f"{name}: ")]
+        by_host[name] = (r.host(name)["failed"], " ".join(" ".join(mine).split()))
     return r, by_host
 
 
