@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
-from runner import run_playbook
+from runner import EXTRACT_POLL_S, run_playbook
 from store_helpers import hs_files, manifest_rows
 from tinymodels import build_prepared_dataset
 
@@ -114,7 +114,7 @@ def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path, tmp_pa
         "extract_device": "cpu",
         "extract_max_batch_tokens": 1,  # one row per batch: byte identity needs the same batch shapes
         "extract_writer_threads": 1,
-        "extract_poll_interval": 3,  # each poll is a module and a CLI run on the host: CPU, which the suite lacks
+        "extract_poll_interval": EXTRACT_POLL_S,
     }
     env = {**os.environ, **ENV}
     killed: dict = {}

@@ -32,7 +32,7 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 sys.path.insert(0, str(REPO / "tests"))
-from runner import run_playbook
+from runner import EXTRACT_POLL_S, run_playbook
 from store_helpers import hs_files, manifest_rows
 from tinymodels import build_prepared_dataset
 
@@ -87,7 +87,7 @@ def test_a_lost_hosts_rows_go_to_the_survivor_on_request(tmp_path, tmp_path_fact
         "extract_device": "cpu",
         "extract_max_batch_tokens": 1,  # one row per batch: byte identity needs the same batch shapes
         "extract_writer_threads": 1,
-        "extract_poll_interval": 3,  # each poll is a module and a CLI run on the host: CPU, which the suite lacks
+        "extract_poll_interval": EXTRACT_POLL_S,
     }
     down = _inventory(tmp_path, a, b, b_reachable=False)
 

@@ -31,7 +31,7 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
-from runner import run_playbook
+from runner import EXTRACT_POLL_S, run_playbook
 from sglang_standin import offline_role_inputs, pristine_deepseek_v2, standin_server
 from tinymodels import build_prepared_dataset
 
@@ -61,7 +61,7 @@ def env(tmp_path_factory):
         "extract_sglang_server_unit": "",
         "extract_sglang_concurrency": 3,
         "extract_sglang_health_timeout": 120,
-        "extract_poll_interval": 3,  # each poll is a module and a CLI run on the host: CPU, which the suite lacks
+        "extract_poll_interval": EXTRACT_POLL_S,
     }
     return base, inv, model, xv
 

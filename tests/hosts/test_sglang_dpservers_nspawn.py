@@ -23,6 +23,7 @@ from pathlib import Path
 from store_helpers import hs_files, manifest_rows
 
 from hosts import multihost, nspawn
+from hosts.runner import EXTRACT_POLL_S
 from hosts.test_sglang_multihost_nspawn import LAUNCH_SERVER, SGLANG_NSPAWN_MARKS, SITE
 
 pytestmark = SGLANG_NSPAWN_MARKS  # with the multi-host SGLang tests, on one worker (says why there)
@@ -71,7 +72,7 @@ def test_two_servers_on_one_host_through_their_units_equal_one_server(make_host,
         "extract_sglang_python": f"{multihost.VENV}/bin/python",
         "extract_sglang_concurrency": 2,
         "extract_sglang_health_timeout": 600,
-        "extract_poll_interval": 3,  # each poll is a module and a CLI run on the host: CPU, which the suite lacks
+        "extract_poll_interval": EXTRACT_POLL_S,
     }
     store = h.merged / "srv/e3/data"
     target = h.merged / SITE.lstrip("/") / sglang_patch.TARGET_RELPATH

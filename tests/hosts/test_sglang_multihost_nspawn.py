@@ -36,6 +36,7 @@ import pytest
 from store_helpers import hs_files, manifest_rows
 
 from hosts import multihost, nspawn
+from hosts.runner import EXTRACT_POLL_S
 
 # one worker runs the SGLang nspawn tests one after the other: twice (a CI run, and -n 3 by hand) a survivor's
 # capture server stopped mid take-over while all three ran at once, never alone or under a CPU hog; cause not
@@ -83,7 +84,7 @@ sglang_standin_server.main()
 
 def _why(r, *hosts) -> str:
     """The run's summary and, for each host still up, the capture unit's journal and the hook's error file: what
-    a failed assertion needs to say why a capture server stopped."""
+    a failed assertion of a run that had rows to extract needs to say why a capture server stopped."""
     out = [r.summary()]
     for h in hosts:
         if h.pid:
@@ -149,7 +150,7 @@ def _cluster(make_host, tmp_path, host_vars: dict | None = None) -> SimpleNamesp
         "extract_sglang_python": f"{multihost.VENV}/bin/python",
         "extract_sglang_concurrency": 2,
         "extract_sglang_health_timeout": 600,
-        "extract_poll_interval": 3,  # each poll is a module and a CLI run on the host: CPU, which the suite lacks
+        "extract_poll_interval": EXTRACT_POLL_S,
     }
     return SimpleNamespace(a=a, b=b, hosts=hosts, inv=inv, xv=xv, env=env, model=model, prepared=prepared,
                            store_a=a.merged / "srv/e3/data", store_b=b.merged / "srv/e3/data")  # fmt: skip
@@ -166,7 +167,7 @@ def _power_off_b_mid_run(c: SimpleNamespace, run_playbook):
     r1 = run_playbook("site.yml", c.inv, extravars=c.xv, tags="sglang,extract")
     killer.join(timeout=60)
     assert c.b.pid == 0, f"{c.b.name} was never seen extracting: {r1.summary()}"
-    assert r1.host(c.a.name)["failed"] == 0 and r1.host(c.a.name)["unreachable"] == 0, r1.summary()
+    assert r1.host(c.a.name)["failed"] == 0 and r1.host(c.a.name)["unreachable"] == 0, _why(r1, c.a)
     return r1
 
 
@@ -201,7 +202,7 @@ def test_two_hosts_extract_through_sglang_survive_a_power_off_and_end_pristine(
     assert 0 < len(died_with) < 8 and all(i % 2 == 1 for i in died_with), died_with  # it died with rows left
     assert _sha(b.merged / target) == sglang_patch.SPECS["0.5.23"].patched_sha256  # its rows were left
     r2 = run_playbook("site.yml", inv, extravars=xv, tags="sglang,extract")
-    assert r2.rc == 0, r2.summary()
+    assert r2.rc == 0, _why(r2, a, b)
     assert r2.host(a.name)["changed"] == 0, r2.changed_tasks(a.name)
     (summary,) = r2.task_results(SUMMARY)
     assert f"all hosts: {len(LENGTHS)}/{len(LENGTHS)} rows done" in json.dumps(summary["msg"]), summary
@@ -217,7 +218,7 @@ def test_two_hosts_extract_through_sglang_survive_a_power_off_and_end_pristine(
         assert (h.merged / target).read_bytes() == pristine, h.name
 
     r3 = run_playbook("site.yml", inv, extravars=xv, tags="sglang,extract")
-    assert r3.rc == 0, r3.summary()
+    assert r3.rc == 0, _why(r3, a, b)
     assert r3.host(a.name)["changed"] == 0 and r3.host(b.name)["changed"] == 0, r3.changed_tasks()
     for h in hosts:
         assert (h.merged / target).read_bytes() == pristine, h.name
@@ -260,7 +261,7 @@ def test_a_powered_off_hosts_rows_reassigned_through_sglang_on_request(make_host
     assert 0 < len(died_with) < 8, died_with
     b_files = hs_files(store_b)
     r4 = run_playbook("site.yml", inv, extravars=take, tags="sglang,extract")
-    assert r4.rc == 0, r4.summary()
+    assert r4.rc == 0, _why(r4, a, b)
     assert r4.host(a.name)["changed"] == 0, r4.changed_tasks(a.name)
     # on hostB: its unit's environment (the test dropped the fault hook from it) and the patch the power-off left
     assert r4.changed_tasks(b.name) == [
