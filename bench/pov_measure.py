@@ -80,7 +80,9 @@ def measure_all(a, servers, drafts, configs, tag, qs, heldout, render) -> None:
             return identical(a, base, wide_base, qs[: a.identity_prompts], render)
 
         ident()
-    for key in drafts:
+    # ours first: run 2 spent its budget before our draft's rounds on the widened target were reached
+    order = sorted(drafts, key=lambda k: k != "ours")
+    for key in order:
         s = servers.get(f"smol_{key}_3-1-4")
         if s:
 
@@ -93,7 +95,7 @@ def measure_all(a, servers, drafts, configs, tag, qs, heldout, render) -> None:
             acc()
     sub = qs[: a.speed_prompts]
     for c in configs:
-        for key in drafts:
+        for key in order:
             s = servers.get(f"wide_{key}_{tag[c]}")
             if not (s and wide_base):
                 continue
