@@ -330,6 +330,9 @@ class Run:
     def _start(self, name: str, model: Path, draft: Path | None, spec, mem: float, port: int):
         # every server of the widened target (with and without a draft) prefills in the same chunks
         extra = ("--chunked-prefill-size", str(self.a.wide_prefill)) if model == self.wide else ()
+        # every server alike, with and without a draft: the rounds repeat their prompts, and a radix-cache hit
+        # lowered the draft's acceptance in every run so far (run 3: 2.47 against 2.82 uncached, ours at 5/1/6)
+        extra += ("--disable-radix-cache",) if self.a.no_radix_cache else ()
         try:
             self.servers[name] = L.start_server(name, model, port, draft=draft, spec=spec, graph_bs=16, mem=mem,
                                                 max_tokens=self.a.kv_tokens, timeout=420, extra=extra)  # fmt: skip
@@ -504,6 +507,10 @@ def main() -> int:
         "--wide-prefill", type=int, default=1024,
         help="--chunked-prefill-size of a widened-target server: at 8192 (the default) its warm-up kept ~12.7 GB "
         "more (run 2), and five of them did not fit beside the rest",
+    )  # fmt: skip
+    ap.add_argument(
+        "--no-radix-cache", action="store_true",
+        help="--disable-radix-cache on every server (with and without a draft): rounds without prefix-cache hits",
     )  # fmt: skip
     ap.add_argument("--mem-smol", type=float, default=0.3, help="--mem-fraction-static of a SmolLM2 server")
     ap.add_argument(
