@@ -432,7 +432,7 @@ def run(a) -> None:
 def run_one_after_the_other(a, r: Run, train_sf, train_ours, sf_run: Path, ours_run: Path) -> list:
     """SpecForge first, alone on the GPU; then ours, with the baselines' and SpecForge's servers starting beside it
     (their load is on our trainer); our servers once it is done. The server threads still starting."""
-    if not a.smoke:
+    if not (a.smoke or a.only_ours):
         train_sf()
         r.convert_draft("specforge", sf_run)
     # while our trainer runs: the baselines and SpecForge's servers start (their load is on our trainer)
@@ -440,7 +440,8 @@ def run_one_after_the_other(a, r: Run, train_sf, train_ours, sf_run: Path, ours_
     train_ours()
     L.save("disk_after_training", disk("after training", [*r.paths, sf_run, ours_run]))
     r.convert_draft("ours", ours_run)
-    if a.smoke and "ours" in r.drafts:  # no SpecForge on a CPU: a copy of ours drives the same code paths
+    # no SpecForge on a CPU: a copy of ours drives the same code paths
+    if a.smoke and not a.only_ours and "ours" in r.drafts:
         shutil.copytree(r.drafts["ours"], r.d / "draft-specforge-standin", dirs_exist_ok=True)
         r.drafts["specforge"] = r.d / "draft-specforge-standin"
         L.save(
@@ -521,6 +522,10 @@ def main() -> int:
         action="store_true",
         help="both trainers at once on the one GPU, each with --train-s",
     )
+    ap.add_argument(
+        "--only-ours", action="store_true",
+        help="our trainer alone on the GPU, no SpecForge (the acceptance goal, with the whole budget for ours)",
+    )  # fmt: skip
     ap.add_argument("--sf-fc-norm", action="store_true", help="SpecForge's fc_norm on (off in its recipe)")
     ap.add_argument(
         "--sf-lr", type=float, default=0.0, help="SpecForge's learning rate (default: its recipe's)"
@@ -539,6 +544,8 @@ def main() -> int:
     ap.add_argument("--probe-budget-s", type=float, default=300)
     ap.add_argument("--smoke", action="store_true", help="CPU dry run with the stand-in server, tiny sizes")
     a = ap.parse_args()
+    if a.side_by_side and a.only_ours:
+        ap.error("--only-ours trains one draft: there is nothing to run beside it (drop --side-by-side)")
     L.W = Path(a.work)
     L.W.mkdir(parents=True, exist_ok=True)
     if a.smoke:
