@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
 import threading
 import time
 import urllib.error
@@ -36,11 +35,14 @@ from pathlib import Path
 from eagle3ops import jsonl
 from eagle3ops.http_retry import RETRY_STATUS, RetrySettings
 from eagle3ops.sglang import hook as sglang_hook
+from eagle3ops.sglang.server import (
+    SGLangClientError,
+    http_call,
+    server_gone,
+    systemctl,
+    wait_health,
+)
 from eagle3ops.store import HiddenStateStore, preflight_disk, read_safetensors_header
-
-
-class SGLangClientError(RuntimeError):
-    """A user-actionable failure of the SGLang backend (server unreachable, misconfigured...)."""
 
 
 @dataclass
@@ -135,95 +137,6 @@ def routing(
 
 
 # -------------------------------------------------------------------------------------------------- HTTP
-def _request(url: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        url, data=data, method="GET" if body is None else "POST", headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read() or b""
-
-
-def server_gone(pid: int | None = None, unit: str | None = None) -> str | None:
-    """Why the server cannot come back (its process is dead, its unit failed or stopped), or None.
-
-    A unit that is restarting (``activating``) or a live process is not gone: waiting for it is right."""
-    if pid:
-        from eagle3ops.runlock import pid_alive
-
-        if not pid_alive(int(pid)):
-            return f"its process (PID {pid}) is gone (exited, or a zombie its parent has not reaped)"
-    if unit:
-        try:
-            r = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None  # cannot tell: keep waiting, the timeout still bounds it
-        state = r.stdout.strip()
-        if state in ("failed", "inactive"):
-            return f"its systemd unit {unit} is {state}; {unit_log_tail(unit)}"
-    return None
-
-
-def unit_log_tail(unit: str, lines: int = 12) -> str:
-    """The last ``lines`` lines of ``unit``'s journal as one clause of an error message (what the server printed
-    before it stopped: a traceback, an out-of-memory kill), or where to look when the journal cannot be read."""
-    try:
-        r = subprocess.run(
-            ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        r = None
-    tail = r.stdout.strip() if r is not None and r.returncode == 0 else ""
-    if not tail:
-        return f"journalctl -u {unit} says why"
-    return f"the end of its journal (journalctl -u {unit}):\n{tail}\n"
-
-
-def wait_health(
-    url: str,
-    timeout: float,
-    *,
-    sleep=time.sleep,
-    poll: float = 1.0,
-    gone: Callable[[], str | None] | None = None,
-) -> float:
-    """Wait until ``GET /health`` answers 200; returns the seconds waited. ``gone`` says (cheaply) whether the
-    server can still come back; when it says why not, the wait ends at once instead of at ``timeout``."""
-    t0 = time.monotonic()
-    last = "no answer"
-    checked = 0.0
-    while True:
-        try:
-            code, body = _request(url.rstrip("/") + "/health", None, timeout=10)
-            if code == 200:
-                return time.monotonic() - t0
-            last = f"HTTP {code} {body[:200]!r}"
-        except (OSError, urllib.error.URLError) as e:
-            last = str(getattr(e, "reason", e))
-        if gone is not None and time.monotonic() - checked >= 2.0:
-            checked = time.monotonic()
-            why = gone()
-            if why:
-                raise SGLangClientError(
-                    f"the SGLang server at {url} stopped answering and cannot come back: {why} (last: {last}). "
-                    "Its log says why (a crash of the capture hook is in hidden_states/"
-                    f"{sglang_hook.ERRORS_NAME}); start it again and re-run: finished rows are kept."
-                )
-        if time.monotonic() - t0 > timeout:
-            raise SGLangClientError(
-                f"the SGLang server at {url} did not become healthy within {timeout:.0f} s (last: {last}). "
-                "Check its log (journalctl -u <unit>), the model path and GPU memory; a large model can need "
-                "more time (sglang_health_timeout)."
-            )
-        sleep(poll)
-
-
 def read_token_ids(path: str | os.PathLike) -> list[int]:
     """The ``token_ids`` of a sample file, reading only the header and those bytes (not the states)."""
     h = read_safetensors_header(path)
@@ -334,7 +247,7 @@ class _Runner:
             t_req = time.monotonic()
             try:
                 with self._in_flight:
-                    code, raw = _request(self.gen_url, body, cfg.request_timeout)
+                    code, raw = http_call(self.gen_url, body, cfg.request_timeout)
             except (TimeoutError, OSError, urllib.error.URLError) as e:
                 reason = getattr(e, "reason", e)
                 last = f"{type(e).__name__}: {reason}"
@@ -371,15 +284,6 @@ class _Runner:
             last = why
         out.error = f"gave up after {out.attempts} attempts: {last}"
         return out
-
-
-def _systemctl(*args: str) -> None:
-    r = subprocess.run(["systemctl", *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SGLangClientError(
-            f"systemctl {' '.join(args)} failed (exit {r.returncode}): {r.stderr.strip()}; "
-            "see journalctl -u for the unit"
-        )
 
 
 def run_sglang_extraction(
@@ -457,7 +361,7 @@ def run_sglang_extraction(
             if cfg.units:
                 store.clean_temp_files()  # no server of ours is running yet: temp files are leftovers
                 # one call: systemd starts the units in parallel (each loads the model: minutes for a large one)
-                _systemctl("start", *cfg.units)
+                systemctl("start", *cfg.units)
                 started = cfg.units
             result["health_wait_seconds"] = round(
                 sum(
@@ -486,7 +390,7 @@ def run_sglang_extraction(
                     close()
     finally:
         if started and cfg.stop_server:
-            _systemctl("stop", *started)
+            systemctl("stop", *started)
             result["server_stopped"] = started[0] if len(started) == 1 else started
         if cfg.restore_patch and (result["failed"] == 0 or cfg.restore_patch_always):
             from eagle3ops.sglang import patch as sglang_patch

@@ -22,7 +22,7 @@ import pytest
 from eagle3ops.sglang import patch as sglang_patch
 from eagle3ops.sglang.client import (
     SGLangClientError,
-    _request,
+    http_call,
     run_sglang_extraction,
 )
 from eagle3ops.store import HiddenStateStore
@@ -77,7 +77,7 @@ def _wait_for_rows(data_dir, n, writer) -> None:
 
 
 def _stats(url):
-    return json.loads(_request(url + "/standin/stats", None, 5)[1])
+    return json.loads(http_call(url + "/standin/stats", None, 5)[1])
 
 
 def _assert_equal_to_reference(data_dir, reference):

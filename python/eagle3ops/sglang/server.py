@@ -1,0 +1,118 @@
+"""The SGLang capture server as the extraction client sees it: its HTTP answers (``/health``), whether its process
+or systemd unit can still come back, the end of its unit's journal for an error message, and ``systemctl`` on its
+units. :mod:`eagle3ops.sglang.client` drives the rows; this module only asks the server and its host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from eagle3ops.sglang import hook as sglang_hook
+
+
+class SGLangClientError(RuntimeError):
+    """A user-actionable failure of the SGLang backend (server unreachable, misconfigured...)."""
+
+
+def http_call(url: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+    """One HTTP call (GET without a body, else a JSON POST): its status and body; an HTTP error is an answer too."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, method="GET" if body is None else "POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read() or b""
+
+
+def server_gone(pid: int | None = None, unit: str | None = None) -> str | None:
+    """Why the server cannot come back (its process is dead, its unit failed or stopped), or None.
+
+    A unit that is restarting (``activating``) or a live process is not gone: waiting for it is right."""
+    if pid:
+        from eagle3ops.runlock import pid_alive
+
+        if not pid_alive(int(pid)):
+            return f"its process (PID {pid}) is gone (exited, or a zombie its parent has not reaped)"
+    if unit:
+        try:
+            r = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None  # cannot tell: keep waiting, the timeout still bounds it
+        state = r.stdout.strip()
+        if state in ("failed", "inactive"):
+            return f"its systemd unit {unit} is {state}; {unit_log_tail(unit)}"
+    return None
+
+
+def unit_log_tail(unit: str, lines: int = 12) -> str:
+    """The last ``lines`` lines of ``unit``'s journal as one clause of an error message (what the server printed
+    before it stopped: a traceback, an out-of-memory kill), or where to look when the journal cannot be read."""
+    try:
+        r = subprocess.run(
+            ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        r = None
+    tail = r.stdout.strip() if r is not None and r.returncode == 0 else ""
+    if not tail:
+        return f"journalctl -u {unit} says why"
+    return f"the end of its journal (journalctl -u {unit}):\n{tail}\n"
+
+
+def wait_health(
+    url: str,
+    timeout: float,
+    *,
+    sleep=time.sleep,
+    poll: float = 1.0,
+    gone: Callable[[], str | None] | None = None,
+) -> float:
+    """Wait until ``GET /health`` answers 200; returns the seconds waited. ``gone`` says (cheaply) whether the
+    server can still come back; when it says why not, the wait ends at once instead of at ``timeout``."""
+    t0 = time.monotonic()
+    last = "no answer"
+    checked = 0.0
+    while True:
+        try:
+            code, body = http_call(url.rstrip("/") + "/health", None, timeout=10)
+            if code == 200:
+                return time.monotonic() - t0
+            last = f"HTTP {code} {body[:200]!r}"
+        except (OSError, urllib.error.URLError) as e:
+            last = str(getattr(e, "reason", e))
+        if gone is not None and time.monotonic() - checked >= 2.0:
+            checked = time.monotonic()
+            why = gone()
+            if why:
+                raise SGLangClientError(
+                    f"the SGLang server at {url} stopped answering and cannot come back: {why} (last: {last}). "
+                    "Its log says why (a crash of the capture hook is in hidden_states/"
+                    f"{sglang_hook.ERRORS_NAME}); start it again and re-run: finished rows are kept."
+                )
+        if time.monotonic() - t0 > timeout:
+            raise SGLangClientError(
+                f"the SGLang server at {url} did not become healthy within {timeout:.0f} s (last: {last}). "
+                "Check its log (journalctl -u <unit>), the model path and GPU memory; a large model can need "
+                "more time (sglang_health_timeout)."
+            )
+        sleep(poll)
+
+
+def systemctl(*args: str) -> None:
+    """``systemctl ARGS`` on the server units; a failure is the backend's error, naming the command."""
+    r = subprocess.run(["systemctl", *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SGLangClientError(
+            f"systemctl {' '.join(args)} failed (exit {r.returncode}): {r.stderr.strip()}; "
+            "see journalctl -u for the unit"
+        )
