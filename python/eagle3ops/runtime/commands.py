@@ -35,22 +35,20 @@ def run_fetch(args) -> int:
     return 0
 
 
-def run_convert(args) -> int:
+def _source_to_out(make, args, **options) -> dict:
+    """``make(args.source, args.out, ...)`` with the check flag and the log; an AssetError names both paths."""
     from eagle3ops.runtime.fetch import AssetError
-    from eagle3ops.runtime.gguf import convert
 
     try:
-        res = convert(
-            args.source,
-            args.out,
-            dtype=args.dtype,
-            check=args.check,
-            force=args.force,
-            verify_prompt=args.verify_prompt,
-            log=_log,
-        )
+        return make(args.source, args.out, check=args.check, log=_log, **options)
     except AssetError as e:
         raise CommandError(str(e), source=args.source, out=args.out) from e
+
+
+def run_convert(args) -> int:
+    from eagle3ops.runtime.gguf import convert
+
+    res = _source_to_out(convert, args, dtype=args.dtype, force=args.force, verify_prompt=args.verify_prompt)
     state = (
         ("would convert" if res["changed"] else "up to date")
         if args.check
@@ -64,22 +62,16 @@ def run_convert(args) -> int:
 
 
 def run_sharegpt(args) -> int:
-    from eagle3ops.runtime.fetch import AssetError
     from eagle3ops.runtime.sharegpt import sharegpt_subset
 
-    try:
-        res = sharegpt_subset(
-            args.source,
-            args.out,
-            limit=args.limit,
-            heldout=args.heldout,
-            seed=args.seed,
-            exclude_prompts=args.exclude_prompts,
-            check=args.check,
-            log=_log,
-        )
-    except AssetError as e:
-        raise CommandError(str(e), source=args.source, out=args.out) from e
+    res = _source_to_out(
+        sharegpt_subset,
+        args,
+        limit=args.limit,
+        heldout=args.heldout,
+        seed=args.seed,
+        exclude_prompts=args.exclude_prompts,
+    )
     if args.check:
         human = f"sharegpt: {res['out']} {'would change' if res['changed'] else 'is up to date'}"
     else:
