@@ -49,27 +49,16 @@ except ImportError:  # on a target, as module_utils/eagle3ops_storage.py: eagle3
     from ansible.module_utils import eagle3ops_fs as _fs
     from ansible.module_utils import eagle3ops_storage_probe as _probe
 try:
-    from eagle3ops.host.storage_rsync import (
-        ITEMIZE_FORMAT,
-        MARKER_NAME,
-        RSYNC_BASE,
-        RSYNC_EXCLUDES,
-        rsync_command,
-        rsync_failure,
-        run_rsync,
-        tree_size,
-    )
+    from eagle3ops.host import storage_rsync as _rsync
 except ImportError:  # on a target (or beside an installed eagle3ops older than this file): the shipped copy
-    from ansible.module_utils.eagle3ops_storage_rsync import (  # noqa: F401 - re-exported
-        ITEMIZE_FORMAT,
-        MARKER_NAME,
-        RSYNC_BASE,
-        RSYNC_EXCLUDES,
-        rsync_command,
-        rsync_failure,
-        run_rsync,
-        tree_size,
-    )
+    from ansible.module_utils import eagle3ops_storage_rsync as _rsync
+
+# what the phase uses of the rsync passes; the tests reach them through this module too
+MARKER_NAME = _rsync.MARKER_NAME
+rsync_command = _rsync.rsync_command
+rsync_failure = _rsync.rsync_failure
+run_rsync = _rsync.run_rsync
+tree_size = _rsync.tree_size
 
 StorageError = _probe.StorageError  # the phase's one error, raised by the probes too
 
