@@ -102,12 +102,8 @@ def cmd_extract(args) -> int:
                 cfg.ranks, cfg.rank = ranks, ranks[0]
             res = plan_extraction(cfg)
             # what a run would report
-            res["changed"] = (
-                res["to_extract"] > 0
-                or res.get("adoptable", 0) > 0
-                or res.get("importable", 0) > 0
-                or res.get("damaged", 0) > 0
-                or res.get("duplicate_manifest_lines", 0) > 0
+            res["changed"] = _any_count(
+                res, "to_extract", "adoptable", "importable", "damaged", "duplicate_manifest_lines"
             )
             note_running(res, args.data, running)
             emit(
@@ -147,16 +143,16 @@ def cmd_extract(args) -> int:
     except (ExtractError, StoreError, ValueError) as e:
         raise CommandError(str(e)) from e
     # an OSError (full disk, read-only, missing path) goes to eagle3ops.cli.main: one line naming the path
-    res["changed"] = (
-        res["written"] > 0
-        or res.get("adopted", 0) > 0
-        or res.get("imported", 0) > 0
-        or res.get("damaged", 0) > 0
-        or res.get("duplicate_manifest_lines", 0) > 0
-        or bool(res.get("discarded_store"))
-    )
+    res["changed"] = _any_count(
+        res, "written", "adopted", "imported", "damaged", "duplicate_manifest_lines"
+    ) or bool(res.get("discarded_store"))
     emit(args, res, _human_summary(res))
     return 0
+
+
+def _any_count(res: dict, first: str, *more: str) -> bool:
+    """Whether any of these counts is above 0: ``first`` is always in the result, the others where they apply."""
+    return res[first] > 0 or any(res.get(k, 0) > 0 for k in more)
 
 
 def _damaged_line(r: dict) -> str:
