@@ -17,16 +17,7 @@ from pathlib import Path
 
 from eagle3ops.durable import atomic_write_bytes, atomic_write_json
 from eagle3ops.train.planning import Plan, rdzv_id_for, torchrun_argv
-from eagle3ops.train.spec import (
-    CONFIG,
-    EXIT,
-    LOG,
-    METRICS,
-    PIDFILE,
-    STATE,
-    TRAINERS,
-    TrainError,
-)
+from eagle3ops.train.spec import CONFIG, EXIT, LOG, METRICS, PIDFILE, STATE, TRAINERS, TrainError
 
 TORCHRUN = "torch.distributed.run"  # the agent's module (planning.torchrun_argv), never a training process
 

@@ -56,16 +56,7 @@ from eagle3ops.train.launch import (
 from eagle3ops.train.metrics import progress as train_progress
 from eagle3ops.train.metrics import read_metrics
 from eagle3ops.train.planning import Plan, plan, rdzv_id_for
-from eagle3ops.train.spec import (
-    CONFIG,
-    EXIT,
-    LOG,
-    METRICS,
-    PIDFILE,
-    STATE,
-    TrainError,
-    TrainSpec,
-)
+from eagle3ops.train.spec import CONFIG, EXIT, LOG, METRICS, PIDFILE, STATE, TrainError, TrainSpec
 
 # ---------------------------------------------------------------- checkpoints: resume ---------------------
 
