@@ -13,15 +13,9 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from eagle3ops.conversations import (
-    InputError,
-    load_tokenizer,
-)
+from eagle3ops.conversations import InputError, load_tokenizer
 from eagle3ops.http_retry import RETRY_STATUS
-from eagle3ops.regenerate.config import (
-    RegenerateConfig,
-    RegenerateError,
-)
+from eagle3ops.regenerate.config import RegenerateConfig, RegenerateError
 from eagle3ops.regenerate.turns import Answer, Item, TurnError, conversation_steps
 
 
