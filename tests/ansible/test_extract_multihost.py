@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
-from runner import EXTRACT_POLL_S, run_playbook
+from runner import cpu_extract_vars, run_playbook
 from store_helpers import hs_files, manifest_rows
 from tinymodels import build_prepared_dataset
 
@@ -109,13 +109,7 @@ def test_two_hosts_share_the_rows_a_killed_host_resumes_its_own(tmp_path, tmp_pa
     # hostA brings 1 worker (global rank 0), hostB 2 (ranks 1, 2): world 3; hostB's workers pause mid-share
     paused_exe, go = _paused_eagle3ops(tmp_path)
     inv = _inventory(tmp_path, {"hostA": (a, 1), "hostB": (b, 2)}, {"hostB": paused_exe})
-    xv = {
-        "extract_model_path": str(model),
-        "extract_device": "cpu",
-        "extract_max_batch_tokens": 1,  # one row per batch: byte identity needs the same batch shapes
-        "extract_writer_threads": 1,
-        "extract_poll_interval": EXTRACT_POLL_S,
-    }
+    xv = cpu_extract_vars(model)
     env = {**os.environ, **ENV}
     killed: dict = {}
     killer = threading.Thread(

@@ -32,7 +32,7 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 sys.path.insert(0, str(REPO / "tests"))
-from runner import EXTRACT_POLL_S, run_playbook
+from runner import cpu_extract_vars, run_playbook
 from store_helpers import hs_files, manifest_rows
 from tinymodels import build_prepared_dataset
 
@@ -82,13 +82,7 @@ def test_a_lost_hosts_rows_go_to_the_survivor_on_request(tmp_path, tmp_path_fact
     assert part.returncode == 0, part.stderr[-3000:]
     assert manifest_rows(b) == [1, 3, 5]
     b_before = hs_files(b)
-    xv = {
-        "extract_model_path": str(model),
-        "extract_device": "cpu",
-        "extract_max_batch_tokens": 1,  # one row per batch: byte identity needs the same batch shapes
-        "extract_writer_threads": 1,
-        "extract_poll_interval": EXTRACT_POLL_S,
-    }
+    xv = cpu_extract_vars(model)
     down = _inventory(tmp_path, a, b, b_reachable=False)
 
     def play(name, inv, check=False, **more):

@@ -19,6 +19,19 @@ REPO = Path(__file__).resolve().parents[2]
 # host, CPU the 2-core suite lacks (1 s before; docs/conventions.md, "Session 18")
 EXTRACT_POLL_S = 3
 
+
+def cpu_extract_vars(model_path) -> dict:
+    """The extract role's variables of the multi-host extraction tests on this machine: the tiny model on CPU, one
+    row per batch (byte identity with a one-host reference needs the same batch shapes), one writer thread."""
+    return {
+        "extract_model_path": str(model_path),
+        "extract_device": "cpu",
+        "extract_max_batch_tokens": 1,
+        "extract_writer_threads": 1,
+        "extract_poll_interval": EXTRACT_POLL_S,
+    }
+
+
 _STAT_KEYS = {
     "ok": "ok",
     "changed": "changed",
