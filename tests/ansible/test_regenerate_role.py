@@ -18,12 +18,9 @@ import pytest
 import run_cache
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+from hosts.runner import LOCAL_INVENTORY, run_playbook
 from openai_standin import StandinServer
-from runner import run_playbook
-
-INVENTORY = REPO / "inventory" / "local"
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +55,7 @@ def test_regenerate_then_prepare_then_nothing_to_do(setup):
     demo, root, src, server = setup
     work = root / "work"
     ev = _vars(demo, work, src, server)
-    r = run_playbook(REPO / "site.yml", INVENTORY, extravars=ev, tags="regenerate,prepare")
+    r = run_playbook(REPO / "site.yml", LOCAL_INVENTORY, extravars=ev, tags="regenerate,prepare")
     h = r.host("localhost")
     assert r.rc == 0 and h["failed"] == 0, r.stdout[-4000:]
     changed = r.changed_tasks()
@@ -79,7 +76,7 @@ def test_regenerate_then_prepare_then_nothing_to_do(setup):
     assert meta["num_rows"] == turns
 
     n = len(server.requests)
-    again = run_playbook(REPO / "site.yml", INVENTORY, extravars=ev, tags="regenerate,prepare")
+    again = run_playbook(REPO / "site.yml", LOCAL_INVENTORY, extravars=ev, tags="regenerate,prepare")
     assert again.rc == 0 and again.host("localhost")["changed"] == 0, again.changed_tasks()
     assert len(server.requests) == n
 
@@ -89,7 +86,7 @@ def test_regenerate_then_prepare_then_nothing_to_do(setup):
     lines = done_log.read_bytes().splitlines(keepends=True)
     lines[1] = lines[1].replace(b'"i":', b'"I":', 1)  # the JSON body no longer matches its CRC
     done_log.write_bytes(b"".join(lines))
-    fixed = run_playbook(REPO / "site.yml", INVENTORY, extravars=ev, tags="regenerate")
+    fixed = run_playbook(REPO / "site.yml", LOCAL_INVENTORY, extravars=ev, tags="regenerate")
     assert fixed.rc == 0 and fixed.host("localhost")["failed"] == 0, fixed.stdout[-4000:]
     (res,) = fixed.task_results("Regenerate | Regenerate the assistant turns with the target")
     assert res["changed"] and res["unreadable_done_lines"] == 1 and res["num_readable"] == 5
@@ -102,7 +99,11 @@ def test_check_mode_predicts_and_writes_nothing(setup):
     work = root / "fresh"
     n = len(server.requests)
     r = run_playbook(
-        REPO / "site.yml", INVENTORY, extravars=_vars(demo, work, src, server), tags="regenerate", check=True
+        REPO / "site.yml",
+        LOCAL_INVENTORY,
+        extravars=_vars(demo, work, src, server),
+        tags="regenerate",
+        check=True,
     )
     assert r.rc == 0 and r.host("localhost")["failed"] == 0, r.stdout[-4000:]
     (plan,) = r.task_results("Regenerate | Work out what is left to regenerate")

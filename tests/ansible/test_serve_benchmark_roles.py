@@ -17,13 +17,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "hosts"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 from eagle3_draft_fixture import edit_config, make_draft_checkpoint
 from eagle3ops.train.fixtures import make_tiny_verifier
-from runner import run_playbook
-
-INVENTORY = REPO / "inventory" / "local"
+from hosts.runner import LOCAL_INVENTORY, run_playbook
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +53,7 @@ def _vars(root, verifier, prompts, checkpoint):
 def test_serve_and_benchmark_on_the_local_default(inputs):
     root, verifier, ckpt, prompts = inputs
     ev = _vars(root, verifier, prompts, root / "run")  # the train run dir: the newest checkpoint is found
-    r = run_playbook(REPO / "site.yml", INVENTORY, extravars=ev, tags="serve,benchmark")
+    r = run_playbook(REPO / "site.yml", LOCAL_INVENTORY, extravars=ev, tags="serve,benchmark")
     h = r.host("localhost")
     assert r.rc == 0 and h["failed"] == 0, r.stdout[-4000:]
     assert h["changed"] >= 4, r.changed_tasks()
@@ -70,7 +67,7 @@ def test_serve_and_benchmark_on_the_local_default(inputs):
     assert rep["offline"]["k"] == 2 and rep["offline"]["checkpoint"] == str(ckpt) and rep["sglang"] is None
     assert "| trained |" in r.stdout  # the table is printed at the end of the play
 
-    again = run_playbook(REPO / "site.yml", INVENTORY, extravars=ev, tags="serve,benchmark")
+    again = run_playbook(REPO / "site.yml", LOCAL_INVENTORY, extravars=ev, tags="serve,benchmark")
     assert again.rc == 0 and again.host("localhost")["changed"] == 0, again.changed_tasks()
 
 
@@ -78,7 +75,7 @@ def test_unservable_checkpoint_fails_the_play_with_what_to_do(inputs):
     root, verifier, ckpt, prompts = inputs
     bad = edit_config(ckpt, root / "bad", norm_before_residual=True)
     r = run_playbook(
-        REPO / "site.yml", INVENTORY, extravars=_vars(root, verifier, prompts, bad), tags="serve"
+        REPO / "site.yml", LOCAL_INVENTORY, extravars=_vars(root, verifier, prompts, bad), tags="serve"
     )
     assert r.rc != 0 and r.host("localhost")["failed"] == 1
     assert "norm_before_residual" in r.stdout and "retrain with norm_before_residual false" in r.stdout

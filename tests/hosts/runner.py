@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+LOCAL_INVENTORY = REPO / "inventory" / "local"  # the embedded local default (this machine)
 # extract_poll_interval of the multi-host and SGLang extraction tests: each poll is a module and a CLI run on the
 # host, CPU the 2-core suite lacks (1 s before; docs/conventions.md, "Session 18")
 EXTRACT_POLL_S = 3
