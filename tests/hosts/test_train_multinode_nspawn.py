@@ -97,6 +97,9 @@ def _kill_trainer(h) -> None:
 def test_two_nodes_gather_the_rows_and_restart_together_from_the_newest_checkpoint(
     make_host, run_playbook, tmp_path
 ):
+    """One scenario, in order (the module docstring says what it proves). Over 120 lines on purpose: each step
+    starts from the hosts, stores and checkpoints the one before left, and splitting it would hand that state
+    between functions instead of reading as one run."""
     from eagle3ops.extract.status import status_many
     from eagle3ops.train import fixtures as train_fixtures
 
