@@ -30,7 +30,7 @@ from proc_helpers import probe_records, run_together
 from store_helpers import hs_files, manifest_rows
 
 from hosts import multihost, nspawn
-from hosts.runner import EXTRACT_POLL_S
+from hosts.runner import cpu_extract_vars
 
 pytestmark = [pytest.mark.root, pytest.mark.nspawn, pytest.mark.slow]
 
@@ -66,12 +66,8 @@ def _b_powered_off_mid_run(make_host, run_playbook, tmp_path) -> SimpleNamespace
     inv = tmp_path / "inventory.ini"
     inv.write_text(nspawn.inventory_ini(hosts))
     xv = {
-        "extract_model_path": "/srv/model",
+        **cpu_extract_vars("/srv/model"),
         "extract_data_dir": "/srv/e3/data",
-        "extract_device": "cpu",
-        "extract_max_batch_tokens": 1,  # one row per batch: byte identity needs the same batch shapes
-        "extract_writer_threads": 1,
-        "extract_poll_interval": EXTRACT_POLL_S,
         "extract_executable": multihost.EXE,
     }
     store_a, store_b = a.merged / "srv/e3/data", b.merged / "srv/e3/data"

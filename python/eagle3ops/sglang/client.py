@@ -136,7 +136,7 @@ def routing(
     return rows_of_ranks(num_rows, world, ranks, cfg.limit, plan), ranks, lambda i: by_rank[owner(i)]
 
 
-# -------------------------------------------------------------------------------------------------- HTTP
+# -------------------------------------------------------------------------------------------- sample files
 def read_token_ids(path: str | os.PathLike) -> list[int]:
     """The ``token_ids`` of a sample file, reading only the header and those bytes (not the states)."""
     h = read_safetensors_header(path)
