@@ -84,8 +84,11 @@ def main(
                    label="SpecForge: training acc_0 every 10 steps (batch 8)")  # fmt: skip
     ax[2].set_xlabel("seconds since launch")
     ax[2].set_ylabel("top-1 agreement, first draft position")
-    how = "side by side" if args.get("side_by_side") else "one after the other"
-    ax[2].set_title(f"the two trainers, {args.get('train_s', '?'):.0f} s budget each, {how}")
+    if args.get("only_ours"):
+        ax[2].set_title(f"our trainer alone, {args.get('train_s', '?'):.0f} s budget")
+    else:
+        how = "side by side" if args.get("side_by_side") else "one after the other"
+        ax[2].set_title(f"the two trainers, {args.get('train_s', '?'):.0f} s budget each, {how}")
     ax[2].set_ylim(0, 1)
     ax[2].legend(fontsize=7)
     fig.suptitle(
