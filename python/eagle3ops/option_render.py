@@ -239,23 +239,29 @@ def _yaml_file(path: Path) -> dict:
     return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
 
 
+def trusted(value):
+    """``value`` as Ansible's own loader hands it to the templar: every string in it trusted as a template
+    (ansible-core's data tagging; tests/unit/core/test_role_argument_specs.py renders the role defaults with it
+    too). Needs ansible-core."""
+    from ansible.template import trust_as_template
+
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return {k: trusted(x) for k, x in value.items()}
+    if isinstance(value, list):
+        return [trusted(x) for x in value]
+    return value
+
+
 def _rendered(role: str, value):
     """A templated default as it renders with the shared defaults of roles/eagle3ops and the role's own (one host;
     not the role's vars, which only a play has); None when it does not render alone."""
     try:
         from ansible.parsing.dataloader import DataLoader
-        from ansible.template import Templar, trust_as_template
+        from ansible.template import Templar
     except ImportError:  # pragma: no cover - the controller's venv has ansible-core
         return None
-
-    def trusted(v):
-        if isinstance(v, str):
-            return trust_as_template(v)
-        if isinstance(v, dict):
-            return {k: trusted(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [trusted(x) for x in v]
-        return v
 
     roles = REPO / "roles"
     variables = {"inventory_hostname": "localhost", "ansible_play_hosts_all": ["localhost"], "hostvars": {}}

@@ -34,7 +34,10 @@ import yaml
 # that worker errors. Dynamo imported first has registered its substitutions already.
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
+from ansible.template import Templar
+
+# the values as Ansible's loader hands them to the templar (the renderer's own adapter; the rendering is this test's)
+from eagle3ops.option_render import trusted
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from library_docs import MODULES as MODULE_NAMES
@@ -103,17 +106,6 @@ def _templated(value) -> bool:
     return False
 
 
-def _trusted(value):
-    """The value as Ansible's own loader hands it to the templar (strings trusted as templates)."""
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, dict):
-        return {k: _trusted(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_trusted(v) for v in value]
-    return value
-
-
 def _spec_for_validator(options: dict) -> dict:
     """The options as ArgumentSpecValidator takes them: type, elements, choices and default (no ansible-doc
     keys; ``required`` left out, as only some of the values are checked at a time)."""
@@ -159,7 +151,7 @@ def test_templated_defaults_are_documented_verbatim_or_as_rendered(role):
     without a spec default are skipped."""
     options = _options(role)
     defaults = _defaults(role)
-    templar = Templar(loader=DataLoader(), variables=_trusted(_visible_defaults(role)))
+    templar = Templar(loader=DataLoader(), variables=trusted(_visible_defaults(role)))
     wrong = {}
     for k, v in defaults.items():
         if not _templated(v) or "default" not in options.get(k, {}):
@@ -168,7 +160,7 @@ def test_templated_defaults_are_documented_verbatim_or_as_rendered(role):
         if doc == v:
             continue
         try:
-            rendered = templar.template(_trusted(v))
+            rendered = templar.template(trusted(v))
         except Exception as e:  # an undefined variable: only the verbatim template can be documented then
             rendered = f"<does not render alone: {e}>"
         if doc != rendered:
@@ -226,9 +218,7 @@ def rendered(role: str, var: str):
     variable none of them has)."""
     one_host = {"inventory_hostname": "localhost", "ansible_play_hosts_all": ["localhost"], "hostvars": {}}
     variables = {**one_host, **_visible_defaults(role), **_role_vars(role)}
-    return Templar(loader=DataLoader(), variables=_trusted(variables)).template(
-        _trusted(_defaults(role)[var])
-    )
+    return Templar(loader=DataLoader(), variables=trusted(variables)).template(trusted(_defaults(role)[var]))
 
 
 @pytest.mark.parametrize("role", PHASE_ROLES)
