@@ -145,26 +145,33 @@ def health_ok(url: str, timeout: float = 5.0) -> bool:
 def wait_healthy(
     run_dir, name, url: str, timeout: float, *, interval: float = 2.0, pid: int | None = None
 ) -> float:
-    """Seconds until ``GET url/health`` answered 200; fail (with the log's tail) if the process exits first or
-    no health within ``timeout``."""
-    t0 = time.monotonic()
+    """Seconds until ``GET url/health`` answered 200 (:func:`eagle3ops.sglang.server.poll_health`); fail (with
+    the log's tail) if the process exits first or no health within ``timeout``."""
+    from eagle3ops.sglang.server import HealthWaitEnded, poll_health
+
     log = _paths(run_dir, name)["log"]
     st = read_state(run_dir, name)
-    while True:
-        if health_ok(url):
-            return round(time.monotonic() - t0, 2)
-        if pid is not None and running_pid(st) is None:
+
+    def exited() -> str | None:
+        return "exited" if running_pid(st) is None else None
+
+    try:
+        waited = poll_health(url, timeout, poll=interval, gone=exited if pid is not None else None, gone_every=0,
+                             request_timeout=5.0)  # fmt: skip
+    except HealthWaitEnded as e:
+        if e.why == "exited":
             raise ServeProcessError(
                 f"server {name!r} (PID {pid}) exited before {url}/health answered; last lines of {log}:\n"
                 f"{log_tail(log)}\nFix what the log says (model path, flags, GPU memory), then run again."
-            )
-        if time.monotonic() - t0 > timeout:
-            raise ServeProcessError(
-                f"server {name!r} (PID {pid}) gave no 200 on {url}/health within {timeout:g} s; last lines of "
-                f"{log}:\n{log_tail(log)}\nA large model may need a longer health timeout "
-                "(serve_health_timeout); otherwise fix what the log says."
-            )
-        time.sleep(interval)
+            ) from None
+        if e.why:
+            raise ServeProcessError(f"server {name!r} (PID {pid}): {e.why}") from None
+        raise ServeProcessError(
+            f"server {name!r} (PID {pid}) gave no 200 on {url}/health within {timeout:g} s; last lines of "
+            f"{log}:\n{log_tail(log)}\nA large model may need a longer health timeout "
+            "(serve_health_timeout); otherwise fix what the log says."
+        ) from None
+    return round(waited, 2)
 
 
 def stop(run_dir, name, *, grace: float = 60.0, check: bool = False) -> dict:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
@@ -69,6 +70,53 @@ def unit_log_tail(unit: str, lines: int = 12) -> str:
     return f"the end of its journal (journalctl -u {unit}):\n{tail}\n"
 
 
+class HealthWaitEnded(Exception):
+    """:func:`poll_health` ended without a 200: ``why`` the server cannot come back (None: the timeout), its
+    ``last`` answer, the seconds ``waited``. Each caller says it in its own error."""
+
+    def __init__(self, why: str | None, last: str, waited: float):
+        super().__init__(why or f"no 200 within {waited:.0f} s (last: {last})")
+        self.why, self.last, self.waited = why, last, waited
+
+
+def poll_health(
+    url: str,
+    timeout: float,
+    *,
+    sleep=time.sleep,
+    poll: float = 1.0,
+    gone: Callable[[], str | None] | None = None,
+    gone_every: float = 2.0,
+    request_timeout: float = 10.0,
+) -> float:
+    """Poll ``GET url/health`` until it answers 200; returns the seconds waited. ``gone`` (asked at most every
+    ``gone_every`` s) says whether the server can still come back; when it says why not, or ``timeout`` passes, or
+    the URL cannot be used, :class:`HealthWaitEnded`. The one health wait of the SGLang client and the serve
+    phase's processes (:func:`eagle3ops.serve.process.wait_healthy`)."""
+    t0 = time.monotonic()
+    last = "no answer"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:  # waiting cannot help
+        raise HealthWaitEnded(f"{url!r} is not a usable URL (http://HOST:PORT)", last, 0.0)
+    checked = None
+    while True:
+        try:
+            code, body = http_call(url.rstrip("/") + "/health", None, timeout=request_timeout)
+            if code == 200:
+                return time.monotonic() - t0
+            last = f"HTTP {code} {body[:200]!r}"
+        except (OSError, urllib.error.URLError) as e:
+            last = str(getattr(e, "reason", e))
+        if gone is not None and (checked is None or time.monotonic() - checked >= gone_every):
+            checked = time.monotonic()
+            why = gone()
+            if why:
+                raise HealthWaitEnded(why, last, time.monotonic() - t0)
+        if time.monotonic() - t0 > timeout:
+            raise HealthWaitEnded(None, last, time.monotonic() - t0)
+        sleep(poll)
+
+
 def wait_health(
     url: str,
     timeout: float,
@@ -77,35 +125,23 @@ def wait_health(
     poll: float = 1.0,
     gone: Callable[[], str | None] | None = None,
 ) -> float:
-    """Wait until ``GET /health`` answers 200; returns the seconds waited. ``gone`` says (cheaply) whether the
-    server can still come back; when it says why not, the wait ends at once instead of at ``timeout``."""
-    t0 = time.monotonic()
-    last = "no answer"
-    checked = 0.0
-    while True:
-        try:
-            code, body = http_call(url.rstrip("/") + "/health", None, timeout=10)
-            if code == 200:
-                return time.monotonic() - t0
-            last = f"HTTP {code} {body[:200]!r}"
-        except (OSError, urllib.error.URLError) as e:
-            last = str(getattr(e, "reason", e))
-        if gone is not None and time.monotonic() - checked >= 2.0:
-            checked = time.monotonic()
-            why = gone()
-            if why:
-                raise SGLangClientError(
-                    f"the SGLang server at {url} stopped answering and cannot come back: {why} (last: {last}). "
-                    "Its log says why (a crash of the capture hook is in hidden_states/"
-                    f"{sglang_hook.ERRORS_NAME}); start it again and re-run: finished rows are kept."
-                )
-        if time.monotonic() - t0 > timeout:
+    """Wait until the capture server's ``GET /health`` answers 200 (:func:`poll_health`); returns the seconds
+    waited. ``gone`` says (cheaply) whether the server can still come back; when it says why not, the wait ends at
+    once instead of at ``timeout``."""
+    try:
+        return poll_health(url, timeout, sleep=sleep, poll=poll, gone=gone)
+    except HealthWaitEnded as e:
+        if e.why:
             raise SGLangClientError(
-                f"the SGLang server at {url} did not become healthy within {timeout:.0f} s (last: {last}). "
-                "Check its log (journalctl -u <unit>), the model path and GPU memory; a large model can need "
-                "more time (sglang_health_timeout)."
-            )
-        sleep(poll)
+                f"the SGLang server at {url} stopped answering and cannot come back: {e.why} (last: {e.last}). "
+                "Its log says why (a crash of the capture hook is in hidden_states/"
+                f"{sglang_hook.ERRORS_NAME}); start it again and re-run: finished rows are kept."
+            ) from None
+        raise SGLangClientError(
+            f"the SGLang server at {url} did not become healthy within {timeout:.0f} s (last: {e.last}). "
+            "Check its log (journalctl -u <unit>), the model path and GPU memory; a large model can need "
+            "more time (sglang_health_timeout)."
+        ) from None
 
 
 def systemctl(*args: str) -> None:
