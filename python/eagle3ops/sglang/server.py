@@ -117,19 +117,12 @@ def poll_health(
         sleep(poll)
 
 
-def wait_health(
-    url: str,
-    timeout: float,
-    *,
-    sleep=time.sleep,
-    poll: float = 1.0,
-    gone: Callable[[], str | None] | None = None,
-) -> float:
-    """Wait until the capture server's ``GET /health`` answers 200 (:func:`poll_health`); returns the seconds
-    waited. ``gone`` says (cheaply) whether the server can still come back; when it says why not, the wait ends at
-    once instead of at ``timeout``."""
+def wait_health(url: str, timeout: float, **poll_args) -> float:
+    """Wait until the capture server's ``GET /health`` answers 200: :func:`poll_health` with the same arguments
+    (``gone``: whether the server can still come back; when it says why not, the wait ends at once instead of at
+    ``timeout``); returns the seconds waited, or the SGLang backend's error."""
     try:
-        return poll_health(url, timeout, sleep=sleep, poll=poll, gone=gone)
+        return poll_health(url, timeout, **poll_args)
     except HealthWaitEnded as e:
         if e.why:
             raise SGLangClientError(
