@@ -42,9 +42,9 @@ DECISIONS = {
         "train_nproc", "serve_tp_size", "serve_state", "benchmark_prompts", "eagle3ops_heldout_prompts",
     ],
     "group_vars/proxmox_hosts.yml": [
-        "proxmox_container_vmid", "proxmox_container_cores", "proxmox_container_memory_mb",
-        "proxmox_container_gpus", "proxmox_container_data_host_path", "proxmox_container_restart",
-        "proxmox_container_on_stale_mount",
+        "container_vmid", "container_cores", "container_memory_mb",
+        "container_gpus", "container_data_host_path", "container_restart",
+        "container_on_stale_mount",
     ],
     "host_vars/pve1.yml": ["storage_disk", "storage_fstype", "storage_cutover", "storage_force"],
 }  # fmt: skip
@@ -144,7 +144,7 @@ def test_example_passes_every_roles_argument_specs(tmp_path):
     # (eagle3ops: the shared variables, a dependency of every workload phase but services)
     roles = ["services", "runtime", "sglang", "regenerate", "prepare", "extract", "gpu_free", "train", "serve",
              "benchmark", "eagle3ops"]  # fmt: skip
-    assert ran == {("pve1", "proxmox_container"), ("pve1", "storage")} | {("ct129", x) for x in roles}, ran
+    assert ran == {("pve1", "container"), ("pve1", "storage")} | {("ct129", x) for x in roles}, ran
 
     # the same validation fails on a value of the wrong type (so the run above could have failed)
     bad = run_playbook(

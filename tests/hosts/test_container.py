@@ -31,10 +31,10 @@ PLAYBOOK = "playbooks/container.yml"
 NODES = [("nvidia0", 195, 0), ("nvidia1", 195, 1), ("nvidiactl", 195, 255), ("nvidia-uvm", 508, 0),
          ("nvidia-uvm-tools", 508, 1), ("nvidia-caps/nvidia-cap1", 234, 1)]  # fmt: skip
 PVE_VARS = {
-    "proxmox_container_vmid": 140,
-    "proxmox_container_proc_devices": "/srv/pve/proc-devices",
-    "proxmox_container_data_host_path": "/srv/data",
-    "proxmox_container_passthrough": "dev",
+    "container_vmid": 140,
+    "container_proc_devices": "/srv/pve/proc-devices",
+    "container_data_host_path": "/srv/data",
+    "container_passthrough": "dev",
 }
 
 
@@ -117,8 +117,8 @@ def test_snapshot_config_raw_lines_edited_in_main_section_only(make_host, run_pl
     """PVE < 8.1 style (raw lines) on a config with two snapshot sections, written for the previous kernel
     (nvidia-uvm was 509): --check --diff shows the lines and writes nothing; the run fixes the main section
     only — snapshot sections byte-for-byte unchanged, foreign raw lines kept — and says a restart is needed."""
-    h = make_pve_host(make_host, proxmox_container_vmid=129, proxmox_container_passthrough="raw",
-                      proxmox_container_cores=64, proxmox_container_memory_mb=524288)  # fmt: skip
+    h = make_pve_host(make_host, container_vmid=129, container_passthrough="raw",
+                      container_cores=64, container_memory_mb=524288)  # fmt: skip
     original = (FIX / "pve" / "129.conf").read_text()
     h.put("/etc/pve/lxc/129.conf", original, mode="0640")
     h.ssh("pct start 129")
@@ -157,7 +157,7 @@ def test_snapshot_config_raw_lines_edited_in_main_section_only(make_host, run_pl
 
 def test_new_gpu_on_running_container_waits_for_restart_flag(make_host, run_playbook):
     """A GPU appears on the host while the container runs: devN goes to [pve:pending], the run warns and
-    stays changed=0 on repeat; proxmox_container_restart=true restarts and applies it, once."""
+    stays changed=0 on repeat; container_restart=true restarts and applies it, once."""
     h = make_pve_host(make_host)
     assert run_playbook(PLAYBOOK, h.inventory).rc == 0
     h.ssh("mknod -m 0666 /dev/nvidia2 c 195 2")
@@ -170,11 +170,11 @@ def test_new_gpu_on_running_container_waits_for_restart_flag(make_host, run_play
     r = run_playbook(PLAYBOOK, h.inventory)
     assert r.host(h.name)["changed"] == 0 and module_result(r, h.name)["restart_needed"] is True
 
-    r = run_playbook(PLAYBOOK, h.inventory, extravars={"proxmox_container_restart": True})
+    r = run_playbook(PLAYBOOK, h.inventory, extravars={"container_restart": True})
     assert r.rc == 0 and module_result(r, h.name)["restarted"] is True, r.summary()
     text = conf(h, 140)
     assert "pve:pending" not in text and "\ndev6: /dev/nvidia2\n" in text
-    r = run_playbook(PLAYBOOK, h.inventory, extravars={"proxmox_container_restart": True})
+    r = run_playbook(PLAYBOOK, h.inventory, extravars={"container_restart": True})
     assert r.host(h.name)["changed"] == 0, r.changed_tasks()
 
 
@@ -188,7 +188,7 @@ def test_stale_device_node_and_missing_data_path_fail_with_the_fix(make_host, ru
     r = run_playbook(PLAYBOOK, h.inventory)
     assert r.rc != 0 and "nvidia-modprobe -u -c=0" in r.stdout and "major 509" in r.stdout, r.summary()
     h.ssh("rm /dev/nvidia-uvm && mknod -m 0666 /dev/nvidia-uvm c 508 0")
-    r = run_playbook(PLAYBOOK, h.inventory, extravars={"proxmox_container_data_host_path": "/srv/nope"})
+    r = run_playbook(PLAYBOOK, h.inventory, extravars={"container_data_host_path": "/srv/nope"})
     assert r.rc != 0 and "run the storage phase first" in r.stdout, r.summary()
     assert conf(h, 140) == before
 
@@ -197,7 +197,7 @@ def test_driver_user_space_must_match_the_host_driver(make_host, run_playbook):
     """STAND-IN driver: the host's /sys/module/nvidia/version is a file the test writes, and the container's
     user-space is an (empty) libnvidia-ml.so.<version> file. Missing or different -> the run fails naming
     the installer to use; the same version -> passes, changed=0."""
-    h = make_pve_host(make_host, proxmox_container_driver_version_file="/srv/pve/nvidia-version")
+    h = make_pve_host(make_host, container_driver_version_file="/srv/pve/nvidia-version")
     h.put("/srv/pve/nvidia-version", "580.159\n")
     lib = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so"
     r = run_playbook(PLAYBOOK, h.inventory)
@@ -274,7 +274,7 @@ def test_data_cutover_reaches_the_running_container(make_host, make_loop_device,
     # a reused loop device can carry the kernel's partitions of a previous user: drop them (ours now)
     subprocess.run(["partx", "-d", disk.device], capture_output=True, check=False)
     h = make_pve_host(
-        make_host, binds={disk.device: "/dev/vdb"}, proxmox_container_data_host_path="/data",
+        make_host, binds={disk.device: "/dev/vdb"}, container_data_host_path="/data",
         storage_disk="/dev/vdb", storage_disk_require_stable_name=False, storage_async_timeout=0,
     )  # fmt: skip
     h.ssh("mkdir -p /data/eagle3 /var/lib/pct-standin && echo seed > /data/eagle3/prepared.txt && "
@@ -303,7 +303,7 @@ def test_data_cutover_reaches_the_running_container(make_host, make_loop_device,
     assert h.ssh("test -e /data/eagle3/during-job.txt", check=False).returncode == 1
 
     h.ssh(f"kill {job_pid}")
-    r = run_playbook(PLAYBOOK, h.inventory, extravars={"proxmox_container_on_stale_mount": "fail"})
+    r = run_playbook(PLAYBOOK, h.inventory, extravars={"container_on_stale_mount": "fail"})
     assert r.rc != 0 and "Restart the container when nothing runs inside (pct reboot 140)" in r.stdout, (
         r.summary()
     )

@@ -75,8 +75,8 @@ def test_nvidia_smi_runs_when_a_gpu_exists(host, probe):
 
 
 def test_data_is_a_mount_point(host, phase_var):
-    path = phase_var("proxmox_container", "proxmox_container_data_path")
+    path = phase_var("container", "container_data_path")
     assert host.mount_point(path).exists, (
-        f"{path} is not a mount point in the container: set proxmox_container_data_host_path (mp0) and run "
+        f"{path} is not a mount point in the container: set container_data_host_path (mp0) and run "
         "the container phase; after a storage cut-over restart the container"
     )

@@ -171,7 +171,7 @@ def _stale_mounts(
         raise ContainerFailed(
             f"{what}. Everything written there inside the container lands in the old directory, not in "
             f"{paths}. Restart the container when nothing runs inside (pct reboot {vmid}), or set "
-            "on_stale_mount: restart (proxmox_container_on_stale_mount: restart)",
+            "on_stale_mount: restart (container_on_stale_mount: restart)",
             **result,
         )
     try:
@@ -281,7 +281,7 @@ def _converge(p: dict, path: str, host: Host, check_mode: bool) -> dict:
     result["restart_reason"] = (
         f"container {vmid} is running with its old device/mount config (changes wait in [pve:pending] or in "
         f"raw lxc lines read at start): restart it (pct reboot {vmid}) or set restart: true "
-        "(proxmox_container_restart: true)"
+        "(container_restart: true)"
         if restart_needed
         else ""
     )

@@ -308,14 +308,14 @@ CONTAINER_GPU = Command(
     help="GPUs, data mount, sizes and state of one PVE LXC container",
     cli=False,  # `eagle3ops pve plan` previews the same change offline
     module="eagle3ops_container_gpu",
-    role="proxmox_container",
+    role="container",
     options=[
         Option("vmid", "int", required=True, role_default=129, minimum=100, help="the container's id"),
         Option(
             "options",
             "dict",
             default={},
-            role=False,  # the role combines its sizes, mount and proxmox_container_options into it
+            role=False,  # the role combines its sizes, mount and container_options into it
             help="plain config keys to enforce, as pct set takes them (cores, memory, features, mp0, ...)",
             doc=[
                 (
@@ -425,7 +425,7 @@ CONTAINER_GPU = Command(
             "state",
             default="present",
             choices=["present", "started"],
-            role=False,  # the role's proxmox_container_start (a bool) picks it
+            role=False,  # the role's container_start (a bool) picks it
             help="started also starts a stopped container; present leaves it",
             doc=(
                 "C(started) also starts a stopped container (after the config is right); "

@@ -136,7 +136,7 @@ def select_devices(devices: list[Device], gpus) -> list[Device]:
     except (TypeError, ValueError):
         raise PveError(
             f'gpus {gpus!r} is not all, none or a list of GPU indices (e.g. [0, 1] or "0,1"): fix the gpus '
-            "option (proxmox_container_gpus)"
+            "option (container_gpus)"
         ) from None
     present = {d.gpu_index for d in devices if d.gpu_index is not None}
     missing = sorted(want - present)

@@ -5,7 +5,7 @@ and raw ``lxc.*`` lines. ``eagle3ops pve plan /etc/pve/lxc/129.conf`` computes w
 would change — ``pct set`` keys, raw lines added/removed in the main section, restart needed — from the
 host's ``/dev/nvidia*`` and ``/proc/devices``, or offline from a copy of them
 (``--dev-listing`` = output of ``stat -c '%n %Hr %Lr' /dev/nvidia* /dev/nvidia-caps/*``). The change itself
-is made by ``ansible-playbook site.yml --tags container`` (roles/proxmox_container).
+is made by ``ansible-playbook site.yml --tags container`` (roles/container).
 """
 
 from __future__ import annotations

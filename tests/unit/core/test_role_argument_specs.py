@@ -54,7 +54,7 @@ MODULES = {name: _argument_spec(REPO / "library" / f"{name}.py") for name in MOD
 RAW_OPTIONS = {
     # "all", "none", or a list of GPU indices (also "0,1"); eagle3ops.host.pve.select_devices refuses anything else
     # with a message naming the value (PveError -> fail_json), tests/unit/host/test_pve.py
-    "proxmox_container_gpus": "list of GPU indices",
+    "container_gpus": "list of GPU indices",
     # a count of capture servers, or a list of GPU groups; the sglang role refuses anything else naming the variable and
     # the host (roles/sglang/tasks/servers.yml, tests/unit/sglang/test_sglang_role.py)
     "eagle3ops_sglang_servers": "list of GPU groups",

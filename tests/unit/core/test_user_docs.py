@@ -34,9 +34,8 @@ def test_no_phase_is_called_a_branch_that_is_not_on_main():
              *REPO.glob("roles/*/README.md")]  # fmt: skip
     hits = [f"{f.relative_to(REPO)}: {m.group(0)}" for f in files for m in stale.finditer(f.read_text())]
     assert not hits
-    for tag in _site_tags():  # every phase site.yml imports has its role
-        role = {"container": "proxmox_container"}.get(tag, tag)
-        assert (REPO / "roles" / role / "tasks" / "main.yml").is_file(), tag
+    for tag in _site_tags():  # every phase site.yml imports has its role, of the same name
+        assert (REPO / "roles" / tag / "tasks" / "main.yml").is_file(), tag
 
 
 def test_the_unknown_sglang_version_message_names_files_and_a_variable_that_exist():

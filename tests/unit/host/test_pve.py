@@ -156,11 +156,9 @@ def test_select_devices():
     with pytest.raises(pve.PveError, match=r"GPU\(s\) \[9\]"):
         pve_pve_devices.select_devices(HOST, [9])
     assert pve_pve_devices.select_devices(HOST, "0,3") == two
-    # proxmox_container_gpus is type raw (a string or a list): a value of neither form is refused, named
+    # container_gpus is type raw (a string or a list): a value of neither form is refused, named
     for bad in ("gpu0", ["0", "one"], {"gpu": 0}):
-        with pytest.raises(
-            pve.PveError, match=r"is not all, none or a list of GPU indices.*proxmox_container_gpus"
-        ):
+        with pytest.raises(pve.PveError, match=r"is not all, none or a list of GPU indices.*container_gpus"):
             pve_pve_devices.select_devices(HOST, bad)
 
 
