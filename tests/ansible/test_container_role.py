@@ -74,3 +74,18 @@ def test_the_new_names_pass_the_refusal_quietly(run_playbook, pve):
     assert not res.get("failed") and not res.get("changed"), res
     assert "Container | Look for the container's config" in _ran(r), _ran(r)
     assert not calls.exists() and not any(config_dir.iterdir())
+
+
+def test_a_whole_site_run_refuses_an_old_name_before_its_storage_phase(run_playbook, pve):
+    """site.yml runs the storage phase on the PVE hosts before the container phase: its preflight refuses the old
+    name first, so not one task of a phase runs (check mode: nothing could be written anyway)."""
+    inv, extravars, calls, config_dir = pve
+    r = run_playbook("site.yml", inv, extravars={**extravars, "proxmox_container_vmid": 129}, check=True)
+    s = r.host("localhost")
+    assert r.rc != 0 and s["failed"] == 1 and s["changed"] == 0, r.summary()
+    (failure,) = r.failures()
+    assert f": {REFUSAL}: " in failure and "proxmox_container_vmid -> container_vmid" in failure, failure
+    ran = _ran(r)  # before it: the preflight's include of the refusal (and argument-spec validation) only
+    assert ran[-1] == REFUSAL and ran[-2] == "Preflight | The container phase's former variable names", ran
+    assert all(t.startswith("Validating arguments") for t in ran[:-2]), ran
+    assert not calls.exists() and not any(config_dir.iterdir())

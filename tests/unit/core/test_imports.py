@@ -44,6 +44,11 @@ DECLARED = {
     ): "make options writes the RETURN entries both extraction modules share into each (a build tool reading "
     "the definitions, as it reads every phase's options by name)",
     (
+        "eagle3ops.serve.process",
+        "eagle3ops.sglang.server",
+    ): "a served process's health wait is the SGLang server's (poll_health): one /health wait for the capture "
+    "server and the served one, each phase saying its own error",
+    (
         "eagle3ops.option_render",
         "eagle3ops.sglang.versions",
     ): "make options writes the version table's keys into the choices of the version variables no option "
