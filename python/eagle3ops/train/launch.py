@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from eagle3ops.durable import atomic_write_bytes, atomic_write_json
+from eagle3ops.durable import atomic_write_json
 from eagle3ops.train.planning import Plan, rdzv_id_for, torchrun_argv
 from eagle3ops.train.spec import CONFIG, EXIT, LOG, METRICS, PIDFILE, STATE, TRAINERS, TrainError
 
@@ -144,6 +144,15 @@ def _env(plan_: Plan) -> dict:
     return env
 
 
+def _writes_pid(pidfile: Path, cmd: list[str], *, systemd: bool = False) -> list[str]:
+    """``cmd`` behind a shell that writes its PID to ``pidfile`` and then becomes ``cmd`` (exec: the same PID).
+    ``systemd``: for an ExecStart line, where systemd itself expands ``$NAME`` and reads ``$$`` as one ``$``."""
+    script = 'echo $$ > "$0"; exec "$@"'
+    if systemd:
+        script = script.replace("$", "$$")
+    return ["sh", "-c", script, str(Path(pidfile).absolute()), *cmd]
+
+
 def _systemd_run(unit: str, run_dir: Path, log_path: Path, env: dict, cmd: list[str]):
     argv = [
         "systemd-run",
@@ -200,14 +209,14 @@ def launch(
                     f"systemd unit {old} is {active} but {run_dir / STATE} does not know it. Stop it "
                     f"(systemctl stop {old}) or set train_unit_name to another name."
                 )
-        r = _systemd_run(unit, run_dir, log_path, env, cmd)
+        r = _systemd_run(unit, run_dir, log_path, env, _writes_pid(pidfile, cmd, systemd=True))
         if r.returncode != 0 and "already loaded" in r.stderr:
             # an ended transient unit systemd keeps loaded (seen in containers whose cgroup kill fails with EIO:
             # it is never collected): this attempt runs under a name of its own, recorded in state.json
             stale, unit = unit, f"{unit.removesuffix('.service')}-a{attempt}-{int(started)}.service"
             log(f"{stale} is an ended unit systemd has not collected; this attempt runs as {unit}")
             free_unit_name(unit, log)
-            r = _systemd_run(unit, run_dir, log_path, env, cmd)
+            r = _systemd_run(unit, run_dir, log_path, env, _writes_pid(pidfile, cmd, systemd=True))
         if r.returncode != 0:
             shown = _systemctl("show", "-p", "LoadState,ActiveState,SubState,MainPID", unit).replace(
                 "\n", ", "
@@ -215,16 +224,23 @@ def launch(
             raise TrainError(
                 f"systemd-run could not start {unit} (exit {r.returncode}): {r.stderr.strip()} [{shown}]"
             )
+        # the unit's main process writes its own PID (as under setsid): a trainer that has already ended (a
+        # collected unit's MainPID reads 0 then; seen on a busy CI box) is still recorded by its PID
         pid = 0
-        for _ in range(50):
-            pid = int(_systemctl("show", "-P", "MainPID", unit) or 0)
+        for _ in range(300):
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(pidfile.read_text().strip() or 0)
             if pid:
                 break
             time.sleep(0.1)
-        atomic_write_bytes(pidfile, f"{pid}\n".encode())
+        if not pid:
+            raise TrainError(
+                f"the trainer of unit {unit} did not write its PID to {pidfile} within 30 s; see {log_path} "
+                f"(journalctl -u {unit})"
+            )
     else:
         full_env = {**os.environ, **env}
-        argv = ["setsid", "--fork", "sh", "-c", 'echo $$ > "$0"; exec "$@"', str(pidfile), *cmd]
+        argv = ["setsid", "--fork", *_writes_pid(pidfile, cmd)]
         with open(log_path, "ab") as out:
             subprocess.run(
                 argv,
