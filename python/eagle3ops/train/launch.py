@@ -153,6 +153,18 @@ def _writes_pid(pidfile: Path, cmd: list[str], *, systemd: bool = False) -> list
     return ["sh", "-c", script, str(Path(pidfile).absolute()), *cmd]
 
 
+def _written_pid(pidfile: Path, within: float, who: str, see: str) -> int:
+    """The PID ``_writes_pid``'s shell wrote to ``pidfile``, waited for up to ``within`` seconds (20 looks a
+    second), else the error naming ``who`` and where to ``see`` why."""
+    for _ in range(int(within * 20)):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pidfile.read_text().strip() or 0)
+            if pid:
+                return pid
+        time.sleep(0.05)
+    raise TrainError(f"{who} did not write its PID to {pidfile} within {within:g} s; see {see}")
+
+
 def _systemd_run(unit: str, run_dir: Path, log_path: Path, env: dict, cmd: list[str]):
     argv = [
         "systemd-run",
@@ -226,18 +238,7 @@ def launch(
             )
         # the unit's main process writes its own PID (as under setsid): a trainer that has already ended (a
         # collected unit's MainPID reads 0 then; seen on a busy CI box) is still recorded by its PID
-        pid = 0
-        for _ in range(300):
-            with contextlib.suppress(OSError, ValueError):
-                pid = int(pidfile.read_text().strip() or 0)
-            if pid:
-                break
-            time.sleep(0.1)
-        if not pid:
-            raise TrainError(
-                f"the trainer of unit {unit} did not write its PID to {pidfile} within 30 s; see {log_path} "
-                f"(journalctl -u {unit})"
-            )
+        pid = _written_pid(pidfile, 30.0, f"the trainer of unit {unit}", f"{log_path} (journalctl -u {unit})")
     else:
         full_env = {**os.environ, **env}
         argv = ["setsid", "--fork", *_writes_pid(pidfile, cmd)]
@@ -252,15 +253,7 @@ def launch(
                 check=True,
                 close_fds=True,
             )
-        pid = 0
-        for _ in range(100):
-            with contextlib.suppress(OSError, ValueError):
-                pid = int(pidfile.read_text().strip() or 0)
-            if pid:
-                break
-            time.sleep(0.05)
-        if not pid:
-            raise TrainError(f"the trainer did not write its PID to {pidfile} within 5 s; see {log_path}")
+        pid = _written_pid(pidfile, 5.0, "the trainer", str(log_path))
     state = {
         "version": 1,
         "attempt": attempt,
