@@ -14,6 +14,8 @@
 #                                                prompts; starts proof_of_value.py detached, polls
 #   call 5+ bench/pov.sh poll                    polls; packs $OUT each time
 # .pov: bench/pov_carry.sh; .sgl1/.sgl2: ../shared/gpu-box/sglang-wheelhouse.sh (all git-ignored).
+# Each call's carry plus the working tree must stay under 64 MiB: bench/pov_tree.sh size says whether they do,
+# and `hold` (before call 1) / `restore` (after the last poll) move the raw trainer metrics out of the tree meanwhile.
 # POV_POLL_S bounds one poll (default 560 s, under the tool's 600 s); POV_ARGS go to proof_of_value.py.
 set -u
 : "${OUT:=/tmp/pov-out}"
