@@ -159,7 +159,7 @@ def wait_healthy(
         waited = poll_health(url, timeout, poll=interval, gone=exited if pid is not None else None, gone_every=0,
                              request_timeout=5.0)  # fmt: skip
     except HealthWaitEnded as e:
-        if e.why == "exited":
+        if e.ended == "gone":
             raise ServeProcessError(
                 f"server {name!r} (PID {pid}) exited before {url}/health answered; last lines of {log}:\n"
                 f"{log_tail(log)}\nFix what the log says (model path, flags, GPU memory), then run again."

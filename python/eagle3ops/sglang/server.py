@@ -72,11 +72,12 @@ def unit_log_tail(unit: str, lines: int = 12) -> str:
 
 class HealthWaitEnded(Exception):
     """:func:`poll_health` ended without a 200: ``why`` the server cannot come back (None: the timeout), its
-    ``last`` answer, the seconds ``waited``. Each caller says it in its own error."""
+    ``last`` answer, the seconds ``waited``, and what ended the wait, ``ended``: ``"gone"`` (the caller's ``gone``
+    said why), ``"url"`` (the URL cannot be used) or ``"timeout"``. Each caller says it in its own error."""
 
-    def __init__(self, why: str | None, last: str, waited: float):
+    def __init__(self, why: str | None, last: str, waited: float, ended: str = "timeout"):
         super().__init__(why or f"no 200 within {waited:.0f} s (last: {last})")
-        self.why, self.last, self.waited = why, last, waited
+        self.why, self.last, self.waited, self.ended = why, last, waited, ended
 
 
 def poll_health(
@@ -97,7 +98,7 @@ def poll_health(
     last = "no answer"
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:  # waiting cannot help
-        raise HealthWaitEnded(f"{url!r} is not a usable URL (http://HOST:PORT)", last, 0.0)
+        raise HealthWaitEnded(f"{url!r} is not a usable URL (http://HOST:PORT)", last, 0.0, "url")
     checked = None
     while True:
         try:
@@ -111,7 +112,7 @@ def poll_health(
             checked = time.monotonic()
             why = gone()
             if why:
-                raise HealthWaitEnded(why, last, time.monotonic() - t0)
+                raise HealthWaitEnded(why, last, time.monotonic() - t0, "gone")
         if time.monotonic() - t0 > timeout:
             raise HealthWaitEnded(None, last, time.monotonic() - t0)
         sleep(poll)

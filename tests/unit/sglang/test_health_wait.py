@@ -52,6 +52,7 @@ def test_a_gone_server_ends_the_wait_at_once_with_its_reason():
     with pytest.raises(HealthWaitEnded) as e:
         poll_health(url, 3600, sleep=slept.append, poll=0.0, gone=gone, gone_every=0)
     assert e.value.why == "its process (PID 7) is gone" and len(asked) == 2 and len(slept) == 1
+    assert e.value.ended == "gone"
     assert e.value.last != "no answer", e.value.last  # the connection's own error is kept for the message
 
 
@@ -59,14 +60,15 @@ def test_the_timeout_names_the_last_answer():
     url = f"http://127.0.0.1:{_closed_port()}"
     with pytest.raises(HealthWaitEnded) as e:
         poll_health(url, 0, sleep=lambda s: None)  # one try: past a 0 s timeout at once
-    assert e.value.why is None and e.value.last != "no answer"
+    assert e.value.why is None and e.value.last != "no answer" and e.value.ended == "timeout"
     with pytest.raises(SGLangClientError, match=r"did not become healthy within 0 s \(last: "):
         wait_health(url, 0, sleep=lambda s: None)
 
 
 def test_a_url_urllib_cannot_call_is_refused_without_waiting():
-    with pytest.raises(HealthWaitEnded, match="not a usable URL"):
+    with pytest.raises(HealthWaitEnded, match="not a usable URL") as e:
         poll_health("127.0.0.1:30000", 3600, sleep=lambda s: pytest.fail("it waited"))
+    assert e.value.ended == "url"
 
 
 def test_the_serve_phase_names_its_server_and_log(tmp_path):
