@@ -24,7 +24,6 @@ import signal
 import subprocess
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 from eagle3ops.durable import atomic_write_json, atomic_write_text
@@ -135,9 +134,11 @@ def log_tail(path: str | os.PathLike, lines: int = 25) -> str:
 
 
 def health_ok(url: str, timeout: float = 5.0) -> bool:
+    """One ``GET url/health`` (the SGLang client's own call): 200 or not; a URL that cannot be called is not."""
+    from eagle3ops.sglang.server import http_call
+
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as r:
-            return r.status == 200
+        return http_call(url.rstrip("/") + "/health", None, timeout=timeout)[0] == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
