@@ -199,10 +199,14 @@ def sf_recipe(a) -> list[str]:
     return [*(["--specforge-fc-norm"] if a.sf_fc_norm else []), *(["--lr", str(a.sf_lr)] if a.sf_lr else [])]
 
 
+# our steps/s on the H200, the slowest measured (docs/performance.md): alone (run 5; run 4: 8.25), beside SpecForge
+OURS_RATE_ALONE, OURS_RATE_BESIDE = 7.48, 5.2
+
+
 def ours_plan(a, budget: float) -> dict:
     """Whether our trainer's epochs fit its budget, from measured figures (``--ours-rate``, ``--ours-startup-s``,
     ``--ours-steps-per-epoch``); side by side its rate defaults to the one measured side by side."""
-    rate = a.ours_rate or (5.2 if a.side_by_side else 7.48)
+    rate = a.ours_rate or (OURS_RATE_BESIDE if a.side_by_side else OURS_RATE_ALONE)
     need = a.ours_startup_s + a.epochs * a.ours_steps_per_epoch / rate
     return {"epochs": a.epochs, "steps_per_epoch": a.ours_steps_per_epoch, "steps_per_s": rate,
             "startup_s": a.ours_startup_s, "seconds_needed": round(need, 1), "budget_s": budget,
@@ -496,15 +500,11 @@ def main() -> int:
     ap.add_argument("--train-s", type=float, default=330, help="each trainer's wall-clock budget")
     ap.add_argument("--epochs", type=int, default=2, help="our trainer's epochs")
     ap.add_argument("--total-seq-len", type=int, default=8192)
-    # ours on this box (proof-of-value runs 2-5): ~1,266 steps an epoch of the 15,596 rows at 8,192 tokens a step;
-    # alone 7.48 steps/s (run 5; run 4: 8.25, run 1: 8.8), 5.1-5.2 beside SpecForge; 48-69 s to the first step.
-    # The plan takes the slowest alone: run 5 was planned from run 4's rate and its fifth epoch fell 8 % short
-    ap.add_argument("--ours-rate", type=float, default=0.0, help="our steps/s for the plan (default: 7.48 alone, "
-                    "5.2 with --side-by-side; measured)")  # fmt: skip
+    # ours (runs 2-5): ~1,266 steps an epoch of the 15,596 rows at 8,192 tokens a step; 48-69 s to the first step
+    ap.add_argument("--ours-rate", type=float, default=0.0, help=f"our steps/s for the plan (measured; default: "
+                    f"{OURS_RATE_ALONE} alone, {OURS_RATE_BESIDE} with --side-by-side)")  # fmt: skip
     ap.add_argument("--ours-startup-s", type=float, default=69, help="our start-up for the plan (measured)")
-    ap.add_argument(
-        "--ours-steps-per-epoch", type=int, default=1266, help="our steps an epoch for the plan (measured)"
-    )
+    ap.add_argument("--ours-steps-per-epoch", type=int, default=1266, help="our steps an epoch (measured)")
     # SpecForge at batch 8 on this box (2026-12-04): 7.67 steps/s on the probe's uniform 200-1400-token rows, 5.67 on
     # the 15,596 real conversation rows (long-tailed: a padded batch is as long as its longest row); 82-86 s start-up
     ap.add_argument(
