@@ -97,6 +97,27 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
             return units[0]
         return units[self.urls.index(url)]
 
+    def store_config(self, ranks: list[int] | None = None):
+        """The store's side of this run as the transformers backend's ``ExtractConfig`` (the store is the same
+        for both backends): what its meta, its plan and the import of a lost host's rows read. ``ranks``: this
+        host's global ranks (several hosts; :func:`routing`)."""
+        from eagle3ops.extract.session import ExtractConfig
+
+        return ExtractConfig(
+            data_dir=self.data_dir,
+            model_path=self.model_path,
+            layer_ids=self.layer_ids,
+            layer_convention=self.layer_convention,
+            dtype=self.dtype,
+            limit=self.limit,
+            margin_frac=self.margin_frac,
+            margin_bytes=self.margin_bytes,
+            world_size=self.world_size or 1,
+            ranks=ranks,
+            reassign_ranks=self.reassign_ranks,
+            reassign_from_data=self.reassign_from_data,
+        )
+
     def check_units(self) -> None:
         n, m = len(self.units), len(self.urls)
         if n > 1 and n != m:
@@ -291,7 +312,6 @@ def run_sglang_extraction(
 ) -> dict:
     """Extract every remaining row through the patched server; resumable; returns counts."""
     from eagle3ops.extract.session import (
-        ExtractConfig,
         build_meta,
         load_seq_lens,
         model_facts,
@@ -307,12 +327,7 @@ def run_sglang_extraction(
     num_states, hidden = len(layer_ids) + 1, facts["hidden_size"]
     cfg.check_units()
     store = HiddenStateStore(cfg.data_dir, rank=0)
-    meta = build_meta(
-        ExtractConfig(data_dir=cfg.data_dir, model_path=cfg.model_path, dtype=cfg.dtype),
-        facts,
-        layer_ids,
-        len(seq_lens),
-    )
+    meta = build_meta(cfg.store_config(), facts, layer_ids, len(seq_lens))
     meta["backend"] = "sglang"
     store.ensure_meta(meta)
     indices, ranks, server_for = routing(cfg, len(seq_lens))
@@ -321,17 +336,7 @@ def run_sglang_extraction(
 
         reassign = Reassignment.of(cfg.world_size, cfg.reassign_ranks)
         check_shard(cfg.data_dir, cfg.world_size, ranks, write=True, reassign=reassign)
-        imported = import_from_lost_parts(
-            ExtractConfig(
-                data_dir=cfg.data_dir,
-                model_path=cfg.model_path,
-                world_size=cfg.world_size,
-                ranks=ranks,
-                limit=cfg.limit,
-                reassign_ranks=cfg.reassign_ranks,
-                reassign_from_data=cfg.reassign_from_data,
-            )
-        )
+        imported = import_from_lost_parts(cfg.store_config(ranks))
     else:
         imported = {}
     plan = store.plan(seq_lens, num_states=num_states, hidden_size=hidden, dtype=cfg.dtype, indices=indices)

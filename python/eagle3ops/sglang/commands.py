@@ -88,7 +88,7 @@ def cmd_extract(args) -> int:
     )
     try:
         if args.check:
-            from eagle3ops.extract.session import ExtractConfig, plan_extraction
+            from eagle3ops.extract.session import plan_extraction
 
             running = holder(args.data)  # check mode takes no lock; it reports a run in progress
             if running and args.wait_running > 0:
@@ -96,16 +96,7 @@ def cmd_extract(args) -> int:
             from eagle3ops.sglang.client import routing
 
             _, ranks, _ = routing(cfg, 0)  # this host's global ranks (several hosts), as the run takes them
-            res = plan_extraction(
-                ExtractConfig(
-                    **pick(args, *_STORE_OPTIONS, **_STORE_RENAMED),
-                    margin_bytes=cfg.margin_bytes,
-                    world_size=cfg.world_size or 1,
-                    ranks=ranks,
-                    reassign_ranks=cfg.reassign_ranks,
-                    reassign_from_data=cfg.reassign_from_data,
-                )
-            )
+            res = plan_extraction(cfg.store_config(ranks))
             res.update(
                 backend="sglang",
                 check_mode=True,
