@@ -27,12 +27,9 @@ def num_workers(spec: str) -> int:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
             return max(1, len([d for d in visible.split(",") if d.strip()]))
-        try:
-            import torch
+        from eagle3ops.gpu_free.nvml import cuda_device_count
 
-            return max(1, torch.cuda.device_count())
-        except ImportError:
-            return 1
+        return max(1, cuda_device_count())
     n = int(spec)
     if n < 1:
         raise ValueError("--workers must be >= 1 or 'auto'")

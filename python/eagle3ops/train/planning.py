@@ -32,11 +32,11 @@ from eagle3ops.train.spec import (
 
 
 def visible_gpus() -> int:
-    try:
-        import torch
+    from eagle3ops.gpu_free.nvml import cuda_device_count
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
+    try:
+        return cuda_device_count()
+    except Exception:  # a broken CUDA set-up reads as no GPU (device=auto trains on the CPU; gpu is refused)
         return 0
 
 
