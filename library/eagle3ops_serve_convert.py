@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: eagle3ops_serve_convert
-short_description: Convert a speculators EAGLE-3 draft checkpoint into the layout SGLang serves (0.5.17, 0.5.23)
+short_description: Convert a speculators EAGLE-3 draft checkpoint into the layout SGLang serves
 description:
   - Writes C(config.json) (C(LlamaForCausalLMEagle3), C(draft_vocab_size), C(eagle_config.eagle_aux_hidden_state_layer_ids)
     in SGLang's convention for the target) and C(model.safetensors) (names SGLang's C(llama_eagle3.py) loads, C(d2t)
