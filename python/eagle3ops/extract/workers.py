@@ -27,7 +27,7 @@ def num_workers(spec: str) -> int:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
             return max(1, len([d for d in visible.split(",") if d.strip()]))
-        from eagle3ops.gpu_free.nvml import cuda_device_count
+        from eagle3ops.cuda import cuda_device_count
 
         return max(1, cuda_device_count())
     n = int(spec)

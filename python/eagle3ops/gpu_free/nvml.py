@@ -4,7 +4,6 @@ allowance for the driver's own reservation: :mod:`eagle3ops.gpu_free.check`'s do
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -23,26 +22,6 @@ class GpuFreeError(WithDetails, Exception):
 
 class NoDriver(GpuFreeError):
     """NVML cannot be loaded or initialised on this host."""
-
-
-# a GPU torch could use shows one of these: NVIDIA's driver (also inside a container it is passed to), WSL's GPU,
-# ROCm's (torch.cuda on AMD)
-GPU_DRIVER_NODES = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
-
-
-def cuda_device_count(driver_nodes: Sequence[str] = GPU_DRIVER_NODES) -> int:
-    """The CUDA devices torch sees (``torch.cuda.device_count()``, 0 without CUDA), without importing torch
-    (~1.5 s of CPU) where it could see none: ``CUDA_VISIBLE_DEVICES`` set empty, or no GPU driver node at all."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and not visible.strip():
-        return 0
-    if not any(os.path.exists(p) for p in driver_nodes):
-        return 0
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def load_nvml():

@@ -32,7 +32,7 @@ from eagle3ops.train.spec import (
 
 
 def visible_gpus() -> int:
-    from eagle3ops.gpu_free.nvml import cuda_device_count
+    from eagle3ops.cuda import cuda_device_count
 
     try:
         return cuda_device_count()

@@ -1,4 +1,4 @@
-"""``eagle3ops.gpu_free.nvml.cuda_device_count``: the CUDA devices torch sees, without importing torch where it
+"""``eagle3ops.cuda.cuda_device_count``: the CUDA devices torch sees, without importing torch where it
 could see none. Real parts: the real torch of the venv, real files standing in for a driver node (a path that
 exists is all the check reads), and a fresh interpreter to see what was imported."""
 
@@ -10,11 +10,11 @@ import subprocess
 import sys
 
 import pytest
-from eagle3ops.gpu_free import nvml
+from eagle3ops import cuda
 
 PROBE = """
 import json, sys
-from eagle3ops.gpu_free.nvml import cuda_device_count
+from eagle3ops.cuda import cuda_device_count
 from eagle3ops.extract.workers import num_workers
 from eagle3ops.train.planning import resolve_device
 from eagle3ops.train.spec import TrainSpec
@@ -41,7 +41,7 @@ def _probe(nodes: list[str], **env) -> dict:
 
 
 @pytest.mark.skipif(
-    any(os.path.exists(p) for p in nvml.GPU_DRIVER_NODES), reason="this machine has a GPU driver node"
+    any(os.path.exists(p) for p in cuda.GPU_DRIVER_NODES), reason="this machine has a GPU driver node"
 )
 def test_no_driver_node_is_no_gpu_and_torch_is_not_imported(tmp_path):
     # the extraction's workers=auto and the trainer's device=auto as the phases ask, on a machine with no GPU
@@ -62,5 +62,5 @@ def test_with_a_driver_node_torch_is_asked(tmp_path):
     import torch
 
     want = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    assert nvml.cuda_device_count([str(node)]) == want
+    assert cuda.cuda_device_count([str(node)]) == want
     assert "torch" in sys.modules
