@@ -45,6 +45,7 @@ __all__ = [
     "Option",
     "conversation_inputs",
     "count",
+    "data_dir",
     "one_of",
     "seconds",
     "seed",
@@ -369,6 +370,14 @@ def seed(**kw) -> Option:
 def target_model(name: str, use: str, **kw) -> Option:
     """The required path option naming the target model's directory; ``use``: what the command takes of it."""
     return Option(name, "path", required=True, help=f"target model directory ({use})", **kw)
+
+
+def data_dir(name: str, **kw) -> Option:
+    """The required path option naming the pipeline's data directory, one for every phase that reads or writes it
+    (prepare writes the Arrow rows, extract writes hidden_states/ inside it, train reads both); the role's default
+    is the shared ``eagle3ops_data_dir`` unless the phase says otherwise (``role_value``)."""
+    kw.setdefault("role_value", "{{ eagle3ops_data_dir }}")
+    return Option(name, "path", required=True, **kw)
 
 
 def conversation_inputs(role: str, **kw) -> Option:

@@ -11,7 +11,7 @@ except ImportError:  # on a target without eagle3ops: the copies Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
-one_of, target_model = _o.one_of, _o.target_model
+data_dir, one_of, target_model = _o.data_dir, _o.one_of, _o.target_model
 count, seconds = _o.count, _o.seconds
 
 
@@ -56,15 +56,12 @@ REASSIGN_FROM_DATA = Option(
         "lost part is only read."
     ),
 )
-DATA = Option(
+DATA = data_dir(
     "data",
-    "path",
-    required=True,
     param="data_dir",
     help="prepared data directory (Arrow dataset from `eagle3ops prepare`); hidden_states/ is written inside it",
     doc="Prepared data directory (output of the C(prepare) phase); C(hidden_states/) is written inside it.",
     role_doc="The prepared data directory; hidden_states/ is written inside it.",
-    role_value="{{ eagle3ops_data_dir }}",
 )
 MODEL = target_model(
     "model",

@@ -10,7 +10,12 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
-conversation_inputs, one_of, target_model = _o.conversation_inputs, _o.one_of, _o.target_model
+conversation_inputs, data_dir, one_of, target_model = (
+    _o.conversation_inputs,
+    _o.data_dir,
+    _o.one_of,
+    _o.target_model,
+)
 count, seconds, seed = _o.count, _o.seconds, _o.seed
 
 PREPARE = Command(
@@ -52,15 +57,12 @@ PREPARE = Command(
             ],
             role_value="{{ eagle3ops_conversations }}",
         ),
-        Option(
+        data_dir(
             "out",
-            "path",
-            required=True,
             metavar="DATA_DIR",
             role="prepare_output_dir",
             help="output data directory",
             role_doc="The data directory (Arrow dataset; extract writes hidden_states/ inside it).",
-            role_value="{{ eagle3ops_data_dir }}",
         ),
         Option(
             "max_length",

@@ -16,7 +16,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
-one_of, target_model = _o.one_of, _o.target_model
+data_dir, one_of, target_model = _o.data_dir, _o.one_of, _o.target_model
 count, seconds, seed = _o.count, _o.seconds, _o.seed
 
 DEFAULT_DRAFT_VOCAB = (
@@ -34,10 +34,8 @@ TRAIN = Command(
     module="eagle3ops_train",
     role="train",
     options=[
-        Option(
+        data_dir(
             "data_dir",
-            "path",
-            required=True,
             flag="--data",
             help="data dir: Arrow dataset + hidden_states/ + token_freq.pt",
             doc=(
