@@ -50,6 +50,7 @@ __all__ = [
     "seconds",
     "seed",
     "target_model",
+    "work_path",
 ]
 
 CHECK_FLAG = "--check"
@@ -378,6 +379,12 @@ def data_dir(name: str, **kw) -> Option:
     is the shared ``eagle3ops_data_dir`` unless the phase says otherwise (``role_value``)."""
     kw.setdefault("role_value", "{{ eagle3ops_data_dir }}")
     return Option(name, "path", required=True, **kw)
+
+
+def work_path(name: str, under: str, **kw) -> Option:
+    """A required path option for what a phase writes, by default ``under`` the shared work directory (the role's
+    default ``{{ eagle3ops_workdir }}/<under>``: one tree a run's outputs live in unless the inventory moves one)."""
+    return Option(name, "path", required=True, role_value="{{ eagle3ops_workdir }}/" + under, **kw)
 
 
 def conversation_inputs(role: str, **kw) -> Option:

@@ -12,7 +12,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
 
 Option, Command, Module, EXECUTABLE = _o.Option, _o.Command, _o.Module, _o.EXECUTABLE
 one_of, target_model = _o.one_of, _o.target_model
-count = _o.count
+count, work_path = _o.count, _o.work_path
 
 MODULE = "eagle3ops_benchmark"
 _EXE = EXECUTABLE.but(
@@ -216,10 +216,9 @@ REPORT = Command(
     module=MODULE,
     role="benchmark",
     options=[
-        Option(
+        work_path(
             "out_dir",
-            "path",
-            required=True,
+            "benchmark",
             param="out",
             role="benchmark_dir",
             help="the report's directory",
@@ -227,7 +226,6 @@ REPORT = Command(
                 "Where the acceptance result, the live measurements and report.{json,md,png} are "
                 "written. Default <eagle3ops_workdir>/benchmark."
             ),
-            role_value="{{ eagle3ops_workdir }}/benchmark",
         ),
         *(
             Option(

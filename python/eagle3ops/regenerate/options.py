@@ -10,7 +10,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
-count, seconds, seed = _o.count, _o.seconds, _o.seed
+count, seconds, seed, work_path = _o.count, _o.seconds, _o.seed, _o.work_path
 conversation_inputs, one_of = _o.conversation_inputs, _o.one_of
 
 REGENERATE = Command(
@@ -54,16 +54,14 @@ REGENERATE = Command(
                 "saved HF datasets)."
             ),
         ),
-        Option(
+        work_path(
             "out",
-            "path",
-            required=True,
+            "conversations/regenerated.jsonl",
             metavar="FILE",
             role="regenerate_output",
             help="the regenerated conversations (JSONL)",
             doc="The regenerated conversations (a JSONL file).",
             role_doc="The regenerated conversations (JSONL) that prepare reads.",
-            role_value="{{ eagle3ops_workdir }}/conversations/regenerated.jsonl",
         ),
         one_of(
             "backend",

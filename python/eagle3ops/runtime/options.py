@@ -10,7 +10,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
 Option, Command, Group, Module, EXECUTABLE = _o.Option, _o.Command, _o.Group, _o.Module, _o.EXECUTABLE
-count, seed = _o.count, _o.seed
+count, seed, work_path = _o.count, _o.seed, _o.work_path
 
 MODULE = "eagle3ops_runtime_assets"
 ROLE = dict(module=MODULE, role="runtime", role_prefix="runtime_assets")
@@ -36,16 +36,14 @@ FETCH = Command(
     check_help=CHECK_HELP,
     **ROLE,
     options=[
-        Option(
+        work_path(
             "cache",
-            "path",
-            required=True,
+            "assets",
             metavar="DIR",
             role="runtime_assets_dir",
             help="asset cache directory",
             doc="The asset cache directory (C(step=fetch)).",
             role_doc="The asset cache on the target (wheels/, files/<asset>/, models/).",
-            role_value="{{ eagle3ops_workdir }}/assets",
         ),
         Option(
             "asset",

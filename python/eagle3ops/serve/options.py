@@ -13,7 +13,7 @@ except ImportError:  # on a target without eagle3ops: the copies Ansible ships
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
 one_of = _o.one_of
-count, seconds = _o.count, _o.seconds
+count, seconds, work_path = _o.count, _o.seconds, _o.work_path
 
 CONVERT = Command(
     "serve-convert",
@@ -42,10 +42,9 @@ CONVERT = Command(
             ),
             role_value="{{ eagle3ops_checkpoint }}",
         ),
-        Option(
+        work_path(
             "out",
-            "path",
-            required=True,
+            "serve/draft",
             role="serve_draft_dir",
             help="output directory (--speculative-draft-model-path)",
             doc="Output directory (what C(--speculative-draft-model-path) gets).",
@@ -53,7 +52,6 @@ CONVERT = Command(
                 "Where the SGLang draft (config.json + model.safetensors) is written; "
                 "--speculative-draft-model-path. Default <eagle3ops_workdir>/serve/draft."
             ),
-            role_value="{{ eagle3ops_workdir }}/serve/draft",
         ),
         count(
             "serve_window",
