@@ -129,7 +129,6 @@ LIMIT = count(
     "limit",
     help="only the first N rows",
     doc="Only the first N rows (smoke runs).",
-    role_doc="Only the first N rows (smoke runs).",
     role_value="{{ eagle3ops_extract_limit }}",
 )
 WAIT_RUNNING = seconds(
