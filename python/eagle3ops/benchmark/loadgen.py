@@ -172,6 +172,11 @@ def guard(res: dict, floor: float, url: str) -> str | None:
     )
 
 
+def request_mean(per_request: list | None) -> float | None:
+    """The mean of the per-request acceptance lengths (each request once), beside the pooled length."""
+    return round(statistics.fmean(per_request), 4) if per_request else None
+
+
 def _percentile(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -288,7 +293,10 @@ def run_load(
             statistics.median(t["completion_tokens"] / t["latency_s"] for t in turns if t["latency_s"] > 0), 3
         ),
         "spec_verify_ct": verify if spec else None,
+        # pooled: Σ completion tokens / Σ verify steps (a long answer weighs more); the mean of the per-request
+        # values weighs each request once (what some tools report as "the" acceptance: say which, give both)
         "acceptance_length": round(comp_spec / verify, 4) if verify else None,
+        "acceptance_length_request_mean": request_mean(per_acc),
         "acceptance_per_request": per_acc,
         "time_budget_hit": nxt[0] < len(requests),
         "max_new_tokens": max_new_tokens,

@@ -11,9 +11,11 @@ import hashlib
 import io
 import json
 import os
+import statistics
 from pathlib import Path
 
 from eagle3ops import jsonl
+from eagle3ops.benchmark.loadgen import request_mean
 from eagle3ops.durable import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 REPORT_VERSION = 1
@@ -70,6 +72,7 @@ def build_live(live: dict, offline: dict | None) -> dict:
                     "without_draft_tok_s": to,
                     "speedup": round(tw / to, 3) if tw and to else None,
                     "acceptance_length": w.get("acceptance_length"),
+                    "acceptance_length_request_mean": request_mean(w.get("acceptance_per_request")),
                     "acceptance_per_request": w.get("acceptance_per_request"),
                     "with_draft_median_latency_s": (w.get("latency_s") or {}).get("median"),
                     "without_draft_median_latency_s": (wo.get("latency_s") or {}).get("median"),
@@ -268,7 +271,7 @@ def markdown(rep: dict) -> str:
         out += [
             "Live SGLang server (eagle3ops load generator, greedy, same prompts with and without the draft):",
             "",
-            "| prompt set | concurrency | tok/s with draft | tok/s without | speed-up | acceptance length (server) "
+            "| prompt set | concurrency | tok/s with draft | tok/s without | speed-up | acceptance length (server, pooled) "
             "| median latency with / without (s) |",
             "|---|---|---|---|---|---|---|",
         ]
@@ -282,12 +285,15 @@ def markdown(rep: dict) -> str:
                 )
         out.append("")
         for name, st in lv["sets"].items():
-            per = st["rows"][0]["acceptance_per_request"] if st["rows"] else None
+            first = st["rows"][0] if st["rows"] else {}
+            per = first.get("acceptance_per_request")
             if per:
                 out.append(
-                    f"Acceptance per request, {name}, concurrency {st['rows'][0]['concurrency']}: "
-                    f"min {min(per):.2f}, median {sorted(per)[len(per) // 2]:.2f}, max {max(per):.2f} "
-                    f"({len(per)} requests)"
+                    f"Acceptance per request, {name}, concurrency {first['concurrency']}: "
+                    f"min {min(per):.2f}, median {statistics.median(per):.2f}, max {max(per):.2f}, "
+                    f"mean {request_mean(per):.3f} ({len(per)} requests; the table's pooled value "
+                    f"{_fmt(first['acceptance_length'], 3)} weighs each request by its verify steps, the mean "
+                    "weighs each request once)"
                 )
         ov = lv.get("offline_vs_server")
         if ov:

@@ -233,6 +233,7 @@ def test_live_benchmark_and_report_with_and_without_the_draft(files, tmp_path, c
         assert r["speedup"] == round(r["with_draft_tok_s"] / r["without_draft_tok_s"], 3)
         assert r["speedup"] > 1.3, key  # 2.5 tokens per step vs 1, from real timings
         assert r["acceptance_length"] == 2.5 and set(r["acceptance_per_request"]) == {2.5}
+        assert r["acceptance_length_request_mean"] == 2.5  # every request alike: pooled = mean
     ov = live["offline_vs_server"]
     assert ov == {
         "offline_acceptance_length": 2.2,
