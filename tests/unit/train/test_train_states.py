@@ -153,3 +153,34 @@ def test_stop(inputs, tmp_path):
     assert s["changed"] and s["stopped_pid"] == r["pid"] and s["status"] == "killed"
     assert not train_launch.is_our_trainer(r["pid"], run / train_spec.CONFIG)
     assert train_run.stop(str(run))["changed"] is False
+
+
+def test_new_token_frequencies_are_a_changed_configuration_not_a_silent_resume(inputs, tmp_path):
+    """A run resumed over a rewritten token_freq.pt would build other d2t/t2d maps under a draft trained with the
+    old ones: training looks fine, serving accepts ~nothing (users' pain 14). The rendered config names the file's
+    sha256 and the maps' directory keyed by it, so the changed file is a changed configuration: refused, with the
+    diff, and the finished run and its maps are left as they are."""
+    import torch
+
+    verifier, _, py = inputs
+    data = make_data_dir(tmp_path / "data", verifier, num_samples=8, real=False)
+    mine = (verifier, data, py)
+    run = tmp_path / "run"
+    _behave(run, "finish")
+    r = train_run.ensure_run(_spec(mine, run, epochs=1), wait=True, timeout=60, poll_s=0.1)
+    assert r["status"] == "finished", r
+    config_before = (run / train_spec.CONFIG).read_text()
+    again = train_run.ensure_run(_spec(mine, run, epochs=1), check=True)
+    assert not again["changed"]  # the same inputs: nothing to do
+
+    freq = torch.load(data / "token_freq.pt")
+    top = max(freq, key=freq.get)
+    freq[top] += 1000  # the same tokens, other counts (a re-prepared dataset)
+    torch.save(freq, data / "token_freq.pt")
+    with pytest.raises(train_spec.TrainError, match=r"configuration changed") as e:
+        train_run.ensure_run(_spec(mine, run, epochs=1), check=True)
+    diff = e.value.details["config_diff"]
+    changed = [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert any("token frequencies" in line and "sha256" in line for line in changed), diff
+    assert any("d2t" in line for line in changed) and any("t2d" in line for line in changed), diff
+    assert (run / train_spec.CONFIG).read_text() == config_before
