@@ -1,6 +1,6 @@
 """What a new user reads says what the code does (issue #32): the README's phase table is site.yml's phases in
-site.yml's order, no inventory or doc calls a phase that is on main "the branch's phase", and an error message
-that names a file or a variable names one that exists."""
+site.yml's order, no inventory or doc calls a phase that is on main "the branch's phase", an error message
+that names a file or a variable names one that exists, and every test a doc names exists."""
 
 from __future__ import annotations
 
@@ -45,3 +45,39 @@ def test_the_unknown_sglang_version_message_names_files_and_a_variable_that_exis
     (var,) = re.findall(r"Set (\w+) ", msg)
     defaults = yaml.safe_load((REPO / "roles" / "eagle3ops" / "defaults" / "main.yml").read_text())
     assert var in defaults, f"{var} is no variable a user sets (the shared one is eagle3ops_sglang_version)"
+
+
+_TEST_REF = re.compile(r"(tests/[\w/]+\.py)?::(test_\w+|Test\w+)")
+
+
+def _named_tests(text: str) -> list[tuple[int, str, str]]:
+    """(line, file, test) of every ``tests/...py::name`` in ``text``; a bare ``::name`` after one on the same line
+    is in that file (docs/known-pains.md lists several tests of one file that way)."""
+    out = []
+    for no, line in enumerate(text.splitlines(), 1):
+        path = None
+        for m in _TEST_REF.finditer(line):
+            path = m.group(1) or path
+            if path:
+                out.append((no, path, m.group(2)))
+    return out
+
+
+def test_the_tests_the_docs_name_exist():
+    # a test moved to another file, or renamed, leaves the docs pointing at nothing (docs/reliability.md named the
+    # regenerate kill test in test_regenerate.py after it had moved to test_regenerate_output.py)
+    files = [
+        *REPO.glob("docs/*.md"),
+        REPO / "README.md",
+        REPO / "tests" / "README.md",
+        *REPO.glob("roles/*/README.md"),
+    ]
+    named = [(f, *ref) for f in files for ref in _named_tests(f.read_text())]
+    assert len(named) > 50  # the reliability table and docs/known-pains.md alone name more
+    missing = []
+    for f, no, path, test in named:
+        src = REPO / path
+        text = src.read_text() if src.is_file() else ""
+        if not re.search(rf"^\s*(async def|def|class) {test}\b", text, re.M):
+            missing.append(f"{f.relative_to(REPO)}:{no}: {path}::{test}")
+    assert not missing, "\n".join(missing)
