@@ -159,30 +159,27 @@ class SGLangVersion:
     draft_architecture: str = "LlamaForCausalLMEagle3"
 
 
-VERSIONS: dict[str, SGLangVersion] = {
-    "0.5.17": SGLangVersion(
-        version="0.5.17",
-        capture_only_flag=False,
-        server_args_files=("sglang/srt/server_args.py",),
-        patch=PatchSpec(
-            sglang_version="0.5.17",
-            pristine_sha256="e73c033416e8746bb435dd4e7d39ead521039c511182b5f8b536a40a3308d08a",
-            patched_sha256="5882916012b84618fd75bd36dd1063715b5b7d339104ed504f04fb27fb2c9b12",
-            hunks=_HUNKS_0_5_17,
-        ),
-    ),
-    "0.5.23": SGLangVersion(
-        version="0.5.23",
-        capture_only_flag=True,
-        server_args_files=("sglang/srt/arg_groups/fields/",),
-        patch=PatchSpec(
-            sglang_version="0.5.23",
-            pristine_sha256="f61f93019bf1e7680f45a1fe227244433e1b22021cb955e53d25b9cf900473f9",
-            patched_sha256="e24f567db45dbbff7baa6af2c6d061083df0b7e47f695f8fcd9f7f7f8d7d2e16",
-            hunks=_HUNKS_0_5_23,
-        ),
-    ),
-}
+def _version(
+    version: str, capture_only_flag: bool, server_args_files: tuple, pristine: str, patched: str, hunks
+):
+    """One row of the table below: the version is named once, and its patch carries the same name."""
+    patch = PatchSpec(version, pristine_sha256=pristine, patched_sha256=patched, hunks=hunks)
+    return SGLangVersion(version, capture_only_flag, server_args_files=server_args_files, patch=patch)
+
+
+# One row a version: version, capture_only_flag, server_args_files, then deepseek_v2.py's sha256 pristine and
+# patched, and the capture patch's hunks.
+# fmt: off
+_ROWS = (
+    _version("0.5.17", False, ("sglang/srt/server_args.py",),
+             "e73c033416e8746bb435dd4e7d39ead521039c511182b5f8b536a40a3308d08a",
+             "5882916012b84618fd75bd36dd1063715b5b7d339104ed504f04fb27fb2c9b12", _HUNKS_0_5_17),
+    _version("0.5.23", True, ("sglang/srt/arg_groups/fields/",),
+             "f61f93019bf1e7680f45a1fe227244433e1b22021cb955e53d25b9cf900473f9",
+             "e24f567db45dbbff7baa6af2c6d061083df0b7e47f695f8fcd9f7f7f8d7d2e16", _HUNKS_0_5_23),
+)
+# fmt: on
+VERSIONS: dict[str, SGLangVersion] = {row.version: row for row in _ROWS}
 DEFAULT_VERSION = "0.5.23"
 KNOWN = tuple(sorted(VERSIONS, key=lambda v: tuple(int(x) for x in v.split("."))))
 
