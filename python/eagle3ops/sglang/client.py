@@ -212,7 +212,8 @@ class _Runner:
     def _gone(self) -> str | None:
         return server_gone(self.cfg.server_pid, self.cfg.unit_for(self.url))
 
-    def _server_error_for(self, index: int, since: float) -> str | None:
+    def _server_error_for(self, index: int, since: float) -> dict | None:
+        """The server's newest error line for this row since ``since`` ({"error", "retry"?}), or None."""
         if not self.errors_path.exists():
             return None
         try:
@@ -228,23 +229,27 @@ class _Runner:
             except ValueError:
                 continue
             if d.get("t", 0) >= since and index in d.get("rows", []):
-                return d.get("error")
+                return d
         return None
 
-    def _confirm(self, index: int, ids: list[int], since: float) -> str | None:
-        """None once the row's file is complete and holds these tokens; else why not (after the timeout)."""
+    def _confirm(self, index: int, ids: list[int], since: float) -> tuple[str | None, bool]:
+        """(None, _) once the row's file is complete and holds these tokens; else (why not, whether sending the
+        row again can help), after the timeout or at once when the server's writer failed it."""
         reason = "file never appeared"
         for _ in _looks(self.cfg.confirm_timeout):
             reason = self.store.validate_header(index, len(ids), self.num_states, self.hidden, self.cfg.dtype)
             if reason is None:
                 got = read_token_ids(self.store.path(index))
                 if got == ids:
-                    return None
+                    return None, False
                 reason = f"token_ids in {self.store.path(index)} differ from the row's input_ids"
             err = self._server_error_for(index, since)
             if err:
-                return f"the server's writer failed: {err}"
-        return f"{self.store.path(index)} not confirmed within {self.cfg.confirm_timeout:.0f} s: {reason}"
+                return f"the server's writer failed: {err.get('error')}", err.get("retry", True) is not False
+        return (
+            f"{self.store.path(index)} not confirmed within {self.cfg.confirm_timeout:.0f} s: {reason}",
+            True,
+        )
 
     def one(self, index: int, ids: list[int]) -> _Outcome:
         cfg = self.cfg
@@ -296,11 +301,14 @@ class _Runner:
                 out.error = f"the server counted {meta['prompt_tokens']} prompt tokens, the row has {n}"
                 return out
             t_ans = time.monotonic()
-            why = self._confirm(index, ids, since)
+            why, retry = self._confirm(index, ids, since)
             if why is None:
                 out.request_s, out.confirm_s = t_ans - t_req, time.monotonic() - t_ans
                 out.ok, out.tokens = True, n
                 out.nbytes = self.store.path(index).stat().st_size
+                return out
+            if not retry:
+                out.error = f"{why} (not retried: the same request gives the same states)"
                 return out
             last = why
         out.error = f"gave up after {out.attempts} attempts: {last}"

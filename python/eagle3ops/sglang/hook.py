@@ -22,7 +22,9 @@ then writes whole batches in parallel with the transformers backend's batch step
 (:func:`eagle3ops.extract.writer.write_batch`): each sample as :func:`eagle3ops.store.sample_parts` (identical
 bytes whatever the backend) through :class:`eagle3ops.store.HiddenStateStore` (temp file + fsync + ``os.replace``,
 one directory fsync per batch, then the batch's manifest lines). The
-forward thread only blocks when ``max_pending`` batches are already queued.
+forward thread only blocks when ``max_pending`` batches are already queued. A row with a NaN/Inf state is not
+written: the device reduces one finite flag a token beside the copy, the dispatcher reads it, and the row is
+failed in the errors file as not to be retried (the transformers backend's ``check_finite`` refuses the same rows).
 
 Configuration comes from the server's environment (the role's systemd unit sets it):
 
@@ -126,6 +128,7 @@ class _Job:
     token_ids: object  # CPU int64 tensor [N]
     event: object | None
     buffer: object | None  # pinned buffer to give back after the write
+    finite: object  # CPU bool tensor [N]: the token's K+1 states are all finite (read after the copy's event)
 
 
 @dataclass
@@ -180,6 +183,7 @@ class DumpHook:
         self._checked_model = False
         self._partial: dict[int, list] = {}  # writer thread: index -> [(prefix, tokens, states)] of chunks
         self._progress: dict[int, int] = {}  # forward thread: index -> tokens seen of a chunked prefill
+        self._nonfinite: set[int] = set()  # dispatcher: rows already failed whose later chunks are dropped
         self.stats = HookStats()
 
     # ------------------------------------------------------------------ set-up (lazy: first real batch)
@@ -332,25 +336,32 @@ class DumpHook:
         block[:, k].copy_(last)
         # an owned copy, made on the compute stream: SGLang reuses input_ids' buffer for the next batch
         ids = forward_batch.input_ids[:n_rows].to(torch.int64, copy=True)
+        # one flag a token, reduced on the device and copied with the states: checking it costs the forward
+        # thread no synchronisation (the dispatcher reads it after the copy's event)
+        finite = torch.isfinite(block).flatten(1).all(dim=1)
         nbytes = block.numel() * block.element_size()
         ids_at = (nbytes + 7) // 8 * 8  # int64 view needs an 8-byte aligned offset
-        buf = self._pool.acquire(ids_at + 8 * n_rows)
+        finite_at = ids_at + 8 * n_rows
+        buf = self._pool.acquire(finite_at + n_rows)
         host = buf[:nbytes].view(self._dtype).view(n_rows, k + 1, hidden)
-        host_ids = buf[ids_at : ids_at + 8 * n_rows].view(torch.int64)
+        host_ids = buf[ids_at:finite_at].view(torch.int64)
+        host_finite = buf[finite_at : finite_at + n_rows].view(torch.bool)
         event = None
         if self._copy_stream is not None:
             self._copy_stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self._copy_stream):
                 host.copy_(block, non_blocking=True)
                 host_ids.copy_(ids, non_blocking=True)
+                host_finite.copy_(finite, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self._copy_stream)
-            block.record_stream(self._copy_stream)
-            ids.record_stream(self._copy_stream)
+            for t in (block, ids, finite):
+                t.record_stream(self._copy_stream)
         else:
             host.copy_(block)
             host_ids.copy_(ids)
-        job = _Job(pieces, host, host_ids, event, buf)
+            host_finite.copy_(finite)
+        job = _Job(pieces, host, host_ids, event, buf, host_finite)
         t0 = time.perf_counter()
         with self._cond:
             self._inflight += 1
@@ -442,6 +453,8 @@ class DumpHook:
             job.event.synchronize()
         out = []
         for pc in job.pieces:
+            if not self._finite_piece(job, pc):
+                continue
             states = job.host[pc.offset : pc.offset + pc.length]
             tokens = job.token_ids[pc.offset : pc.offset + pc.length]
             if pc.prefix == 0 and pc.length == pc.seq_len:
@@ -467,6 +480,35 @@ class DumpHook:
             out.append((pc.index, pc.seq_len, tok, hs))
         self.stats.partial = {i: sum(int(t.shape[0]) for _, t, _ in v) for i, v in self._partial.items()}
         return out
+
+    def _finite_piece(self, job: _Job, pc: _Piece) -> bool:
+        """False when the piece's row must not be written: a token of this piece has a NaN/Inf state (the row
+        is failed here, not retried: the same input gives the same states), or an earlier chunk of it had one."""
+        last_chunk = pc.prefix + pc.length >= pc.seq_len
+        if pc.prefix == 0:
+            self._nonfinite.discard(pc.index)  # a new request for the row
+        elif pc.index in self._nonfinite:
+            if last_chunk:
+                self._nonfinite.discard(pc.index)
+            return False
+        flags = job.finite[pc.offset : pc.offset + pc.length]
+        bad = int(flags.numel() - int(flags.sum()))
+        if not bad:
+            return True
+        self._partial.pop(pc.index, None)
+        if not last_chunk:
+            self._nonfinite.add(pc.index)
+        first = pc.prefix + int((~flags).nonzero()[0])
+        self._record_error(
+            [pc.index],
+            HookError(
+                f"row {pc.index}: non-finite hidden states (NaN/Inf) at {bad} of its tokens {pc.prefix}.."
+                f"{pc.prefix + pc.length - 1} (first at token {first}); nothing was written for it. Check the "
+                "served model's dtype and weights (the transformers backend refuses the same rows)"
+            ),
+            retry=False,
+        )
+        return False
 
     def _write_units(self) -> None:
         while True:
@@ -497,13 +539,19 @@ class DumpHook:
                 self._pool.release(job.buffer)
                 self._done()
 
-    def _record_error(self, indices, exc) -> None:
+    def _record_error(self, indices, exc, *, retry: bool = True) -> None:
+        """One line in the errors file: the client fails these rows naming the error, and sends them again
+        unless ``retry`` is False (a fault that the same request would meet again)."""
+        error = f"{type(exc).__name__}: {exc}"
         with self._cond:
             self.stats.errors += 1
-            self.stats.last_error = f"{type(exc).__name__}: {exc}"
-        log.error("eagle3ops dump failed for rows %s: %s", indices, self.stats.last_error)
+            self.stats.last_error = error
+        log.error("eagle3ops dump failed for rows %s: %s", indices, error)
+        record = {"t": time.time(), "rows": indices, "error": error}
+        if not retry:
+            record["retry"] = False
         try:
-            line = json.dumps({"t": time.time(), "rows": indices, "error": self.stats.last_error}) + "\n"
+            line = json.dumps(record) + "\n"
             with open(self.data_dir / HS_DIR / ERRORS_NAME, "a") as f:
                 f.write(line)
         except OSError:

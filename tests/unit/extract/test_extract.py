@@ -12,6 +12,7 @@ from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.session import ExtractConfig, plan_extraction, resolve_layer_ids
 from eagle3ops.extract.transformers_backend import make_batches, run_extraction
 from eagle3ops.store import HiddenStateStore
+from eagle3ops.store.errors import ModelChangedError
 from safetensors.torch import load_file
 from tinymodels import build_prepared_dataset
 from transformers import AutoModelForCausalLM
@@ -225,3 +226,52 @@ def test_cli_error_names_the_thing(tmp_path):
     assert p.returncode == 2
     res = json.loads(p.stdout.splitlines()[-1])
     assert res["failed"] is True and str(tmp_path / "missing") in res["msg"] and "prepare" in res["msg"]
+
+
+def test_non_finite_states_stop_the_run_naming_the_row_and_a_sound_model_resumes(
+    tmp_path, tiny_target, capsys
+):
+    """Users' pain 3 (NaN not caught), end to end through the transformers backend: a copy of the target whose
+    embedding row of one token is NaN gives non-finite states for exactly the rows holding that token. The run
+    stops at the first of them, exit 2 naming the row and the model, without a traceback; the rows it ran
+    before are written, nothing of it is (no file, no manifest line, no temp file). With the weights mended in place,
+    a plain re-run is refused (the model changed under the store), ``on_model_change=discard`` writes every row
+    again, and every file equals a sound model's."""
+    import shutil
+
+    import datasets
+    from eagle3ops.cli import main as cli_main
+
+    data = build_prepared_dataset(tmp_path / "data", LENGTHS)
+    rows = [list(r) for r in datasets.load_from_disk(str(data))["input_ids"]]
+    # the run's order (longest first, one row a batch): the fourth row gets the token, the three before it do not
+    order = [b[0] for b in make_batches(range(len(LENGTHS)), LENGTHS, 10**9, 1)]
+    first_bad, before = order[3], order[:3]
+    tok = next(t for t in rows[first_bad] if all(t not in rows[i] for i in before))
+    bad = {i for i, r in enumerate(rows) if tok in r}
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_target, model_dir)
+    m = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    with torch.no_grad():
+        m.get_input_embeddings().weight[tok] = float("nan")
+    m.save_pretrained(str(model_dir))
+    argv = ["extract", "--data", str(data), "--model", str(model_dir), "--max-batch-size", "1", "--json"]
+    assert cli_main(argv) == 2
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["failed"] is True and "Traceback" not in res["msg"]
+    assert f"non-finite hidden states for rows [{first_bad}]" in res["msg"] and str(model_dir) in res["msg"]
+    store = HiddenStateStore(data)
+    assert sorted(store.scan_manifest().entries) == sorted(before)
+    assert not any(store.path(i).exists() for i in bad)
+    assert not list(store.dir.rglob("*.tmp"))
+    shutil.rmtree(model_dir)
+    shutil.copytree(tiny_target, model_dir)  # the weights mended
+    # states written by the broken model are not mixed with the mended one's (ModelChangedError names the way)
+    with pytest.raises(ModelChangedError, match="the target model changed"):
+        _run(data, model_dir, max_batch_size=1)
+    again = _run(data, model_dir, max_batch_size=1, on_model_change="discard")
+    assert again["written"] == len(LENGTHS) and again["done_before"] == 0
+    ref = build_prepared_dataset(tmp_path / "ref", LENGTHS)
+    _run(ref, tiny_target, max_batch_size=1)
+    for i in range(len(LENGTHS)):
+        assert store.path(i).read_bytes() == HiddenStateStore(ref).path(i).read_bytes(), i

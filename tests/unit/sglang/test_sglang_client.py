@@ -182,6 +182,30 @@ def test_a_permanent_error_fails_its_row_only(tmp_path, data_dir, tiny_target):
     assert res["retries"] == 0
 
 
+def test_a_row_with_non_finite_states_is_failed_once_and_written_by_a_sound_server(
+    tmp_path, data_dir, tiny_target, reference
+):
+    """A row whose states the server computes with a NaN (``--nan-rows``: the real hook sees it) is failed by the
+    hook, not written, and not sent again (the same input gives the same states); every other row is written.
+    A later run against a sound server writes just that row, and the store ends equal to the transformers
+    backend's: nothing of the failed row was left behind."""
+    with standin_server(tmp_path, data_dir, tiny_target, "--nan-rows", "3") as url:
+        res = run_sglang_extraction(_cfg(data_dir, tiny_target, url))
+        calls = _stats(url)["calls"]
+    assert res["failed"] == 1 and res["written"] == len(LENGTHS) - 1 and res["retries"] == 0
+    (err,) = res["errors"]
+    assert err["index"] == 3 and "non-finite hidden states" in err["error"] and "not retried" in err["error"]
+    assert calls == len(LENGTHS)  # one request a row: the NaN row was not sent again
+    store = HiddenStateStore(data_dir)
+    assert 3 not in store.scan_manifest().entries and not store.path(3).exists()
+    assert not [p for p in store.dir.rglob("*.tmp")]
+    with standin_server(tmp_path, data_dir, tiny_target) as url:
+        again = run_sglang_extraction(_cfg(data_dir, tiny_target, url))
+        assert _stats(url)["calls"] == 1
+    assert again["written"] == 1 and again["failed"] == 0 and again["done_before"] == len(LENGTHS) - 1
+    _assert_equal_to_reference(data_dir, reference)
+
+
 def test_kill_9_of_the_client_mid_run_then_resume(tmp_path, data_dir, tiny_target, reference):
     """The killed client's server holds the last row's request until the client gives up (its default timeout
     is 600 s), so the client cannot finish before it is killed, however slow the test's own polling is (with a

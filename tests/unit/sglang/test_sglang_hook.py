@@ -225,3 +225,41 @@ def test_a_fault_inside_the_hook_fails_its_rows_and_the_server_goes_on(tmp_path,
     store = HiddenStateStore(d)
     assert sorted(store.scan_manifest().entries) == [0, 1, 4]
     assert not store.path(2).exists() and not store.path(3).exists()
+
+
+def test_a_row_with_non_finite_states_is_failed_not_written_and_its_later_chunks_dropped(
+    tmp_path, tiny_target, reference, states
+):
+    """NaN/Inf in a row's states (here one aux value of row 1, and an Inf in the first chunk of row 2's chunked
+    prefill): the row is recorded in the errors file as not to be retried, nothing is written for it, its later
+    chunks are dropped without a chunk-order error, and the batch's other rows are written as usual. A padding
+    row's garbage is not looked at."""
+    import json
+
+    d = _fresh_store(tmp_path, tiny_target)
+    rows = _rows(d)
+    hook, model = DumpHook(d, LAYERS), StandInModel(LAYERS)
+    fb, aux, last = sglang_like_forward([_req(rows, 0), _req(rows, 1)], states, pad_rows=2)
+    aux[len(rows[0]) + 3, 5] = float("nan")
+    aux[-1, 0] = float("nan")  # padding
+    run_patched_calls(hook, model, fb, aux, last)
+    fb, aux, last = sglang_like_forward([_req(rows, 2, 0, 16), _req(rows, 4)], states)
+    last[7, 1] = float("inf")
+    run_patched_calls(hook, model, fb, aux, last)
+    for batch in ([_req(rows, 2, 16, 16)], [_req(rows, 2, 32, 1), _req(rows, 5)]):
+        run_patched_calls(hook, model, *sglang_like_forward(batch, states))
+    hook.flush(timeout=60)
+    hook.close()
+    errs = [json.loads(x) for x in (d / "hidden_states" / sglang_hook.ERRORS_NAME).read_text().splitlines()]
+    assert [(e["rows"], e.get("retry")) for e in errs] == [([1], False), ([2], False)]
+    assert (
+        "row 1: non-finite hidden states (NaN/Inf) at 1 of its tokens 0..16 (first at token 3)"
+        in errs[0]["error"]
+    )
+    assert "at 1 of its tokens 0..15 (first at token 7)" in errs[1]["error"]
+    assert hook.stats.errors == 2 and not hook._partial and not hook._nonfinite
+    store, ref = HiddenStateStore(d), HiddenStateStore(reference)
+    assert sorted(store.scan_manifest().entries) == [0, 4, 5]
+    for i in (0, 4, 5):
+        assert store.path(i).read_bytes() == ref.path(i).read_bytes()
+    assert not store.path(1).exists() and not store.path(2).exists()
