@@ -14,6 +14,7 @@ from eagle3ops.store.layout import TOKEN_FREQ
 from eagle3ops.train.inputs import (
     check_samples,
     check_verifier_matches,
+    data_limited_warning,
     draft_vocab,
     layer_ids_from_meta,
     read_extract_meta,
@@ -244,6 +245,9 @@ def plan(spec: TrainSpec) -> Plan:
     facts = verifier_facts(spec.verifier_path)
     warnings = check_verifier_matches(meta, meta_path, facts, spec.verifier_path)
     samples = check_samples(str(data), meta, spec.on_missing)
+    small = data_limited_warning(samples)
+    if small:
+        warnings.append(small)
     tf_path = Path(spec.token_freq_path) if spec.token_freq_path else data / TOKEN_FREQ
     freq = read_token_freq(tf_path)
     size, capped = draft_vocab(spec.draft_vocab_size, len(freq), facts["vocab_size"])

@@ -153,6 +153,25 @@ def test_draft_vocab_cap():
         train_inputs.draft_vocab(0, 10, 10)
 
 
+def test_a_small_store_is_warned_about_before_training(inputs, tmp_path):
+    """Users' pain 5/16 (low acceptance from too little data, found after training and serving): a store under
+    DATA_LIMITED_TOKENS carries a warning in the plan and the check-mode result (the module turns it into an
+    Ansible warning), naming its token count and the measured curve; one at the bound carries none."""
+    limit = train_inputs.DATA_LIMITED_TOKENS
+    assert train_inputs.data_limited_warning({"tokens": limit, "samples_with_states": 9}) is None
+    w = train_inputs.data_limited_warning({"tokens": limit - 1, "samples_with_states": 9})
+    assert (
+        f"{limit - 1:,} tokens in 9 samples" in w
+        and "data-limited draft" in w
+        and "1.55 M tokens gave 1.66" in w
+    )
+    p = train_planning.plan(spec(inputs, tmp_path))
+    (small,) = [x for x in p.warnings if "data-limited" in x]
+    assert f"{p.samples['tokens']:,} tokens in {p.samples['samples_with_states']} samples" in small
+    r = train_run.ensure_run(spec(inputs, tmp_path), check=True)
+    assert small in r["warnings"]
+
+
 def test_vocab_maps_match_speculators_algorithm(inputs, tmp_path):
     import numpy as np
     import torch
