@@ -6,6 +6,11 @@ import json
 import os
 import shutil
 
+try:  # the controller's tests import the package; the target gets module_utils/eagle3ops_progress.py
+    from eagle3ops.progress import async_job_finished
+except ImportError:
+    from ansible.module_utils.eagle3ops_progress import async_job_finished
+
 
 def find_executable(module, executable=None):
     if executable and "/" not in executable:
@@ -29,18 +34,6 @@ def find_executable(module, executable=None):
             "(ansible-playbook site.yml --tags runtime) or set the executable option."
         )
     return found
-
-
-def async_job_finished(path):
-    """Whether the Ansible async job whose results file is ``path`` has ended, read as ansible.builtin.async_status
-    reads it: the wrapper writes ``started`` into the file while the job runs and replaces the file by the
-    module's own result at the end. A file not written yet, or caught mid-write, is a job still running."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return bool(isinstance(data, dict) and ("started" not in data or data.get("finished")))
 
 
 def with_job_progress(module, result):

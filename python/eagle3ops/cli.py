@@ -67,7 +67,7 @@ PHASES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ),
     ),
     ("gpu_free", "the checkpoint before training: every GPU's memory free", ("gpu-free",)),
-    ("train", "the EAGLE-3 draft", ("train", "train-status", "train-stop")),
+    ("train", "the EAGLE-3 draft", ("train", "train-verify", "train-status", "train-stop")),
     ("serve", "the draft served by SGLang", ("serve-convert", "serve-process")),
     (
         "benchmark",

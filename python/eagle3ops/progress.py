@@ -4,11 +4,13 @@ The long phases run detached from the task that started them (extract as an Ansi
 systemd-run or setsid); each poll of the role asks a read-only command how far the run is, and that command
 describes it with :func:`describe`. Rates come from what the run left on disk (the manifests' file times, the
 trainer's metrics), never from the poller's own clock, so two polls agree and a fresh poller knows as much as
-an old one. Standard library only; imports nothing of eagle3ops.
+an old one. Standard library only; imports nothing of eagle3ops (the modules import it on the target as
+``module_utils/eagle3ops_progress.py``, for :func:`async_job_finished`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 
@@ -64,3 +66,15 @@ def describe(
         "log": log,
         "line": line,
     }
+
+
+def async_job_finished(path):
+    """Whether the Ansible async job whose results file is ``path`` has ended, read as ansible.builtin.async_status
+    reads it: the wrapper writes ``started`` into the file while the job runs and replaces the file by the
+    module's own result at the end. A file not written yet, or caught mid-write, is a job still running."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(data, dict) and ("started" not in data or data.get("finished")))

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 INVENTORY = REPO / "inventory" / "local"
 TAGS = "runtime,prepare,extract,gpu_free,train"
 NOTHING_TO_EXTRACT = "Extract | Report that every row was already extracted"
+CONTENT_CHECKED = "Train | Collect the content check's result (a damaged file is refused here, by name)"
 
 
 def _vars(workdir: Path) -> dict:
@@ -49,7 +50,7 @@ def test_first_run_builds_everything(pipeline):
     work, first = pipeline
     s = first.host("localhost")
     assert first.rc == 0 and s["failed"] == 0, first.summary()
-    assert s["changed"] == 4, first.changed_tasks()  # demo, prepare, extract, train
+    assert s["changed"] == 5, first.changed_tasks()  # demo, prepare, extract, train's content check, train
     demo = json.loads((work / "demo" / "demo.json").read_text())  # built with the role's demo variables
     assert (
         demo["params"]["num_conversations"] == 20
@@ -89,6 +90,13 @@ def test_first_run_builds_everything(pipeline):
     (done,) = [r for r in first.task_results("Train | Read the finished run") if r]
     assert done.get("status") == "finished" and done["changed"] is False, done
     assert tr.get("layer_ids") == done.get("layer_ids") == [2, 4, 5], (tr, done)
+    # the content check ran as a detached step of its own, polled, and recorded every file; the launch then read
+    # none of them again (it sat silent inside the launch task for the whole first check: users' pain 2)
+    (cc,) = [r for r in first.task_results(CONTENT_CHECKED) if r.get("stdout")]
+    checked = json.loads(cc["stdout_lines"][-1])
+    assert cc["changed"] and checked["verified"] == checked["files_total"] == rows, checked
+    assert checked["progress"]["line"].startswith(f"train content check: {rows}/{rows} files (100%)"), checked
+    assert tr["content_check"]["verified"] == 0 and tr["content_check"]["already_verified"] == rows, tr
 
 
 @pytest.mark.slow  # a whole site.yml run (~35 s alone); the marks also start this module first (tests/conftest.py)
@@ -100,6 +108,7 @@ def test_second_run_changes_nothing(pipeline):
     assert second.rc == 0 and s["failed"] == 0, second.summary()
     assert s["changed"] == 0, second.changed_tasks()
     assert _files(work) == before  # not a byte rewritten
+    assert not [r for r in second.task_results(CONTENT_CHECKED) if r.get("stdout")]  # nothing left to verify
     rows = json.loads((work / "data" / "prepare_meta.json").read_text())["num_rows"]
     (said,) = [r["msg"] for r in second.task_results(NOTHING_TO_EXTRACT) if r.get("msg")]
     assert f"nothing to extract: {rows} of {rows} rows already in the manifests" in said, said

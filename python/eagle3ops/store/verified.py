@@ -15,15 +15,17 @@ that were verified. Corruption below the file system (a disk returning other byt
 found by the first verification of each file, not by later ones: ``eagle3ops verify --level checksum`` re-reads
 everything whatever the record says.
 
-The record is append-only JSON lines ``{"i": index, "k": [ino, size, mtime_ns, ctime_ns]}`` (the last line of
-an index wins; a torn last line is ignored); it is rewritten compactly when it holds more than twice as many
-lines as indices. Cost: docs/performance.md, "Content verification before training".
+The record is append-only JSON lines ``{"i": index, "k": [ino, size, mtime_ns, ctime_ns], "t": time}`` (the
+last line of an index wins; a torn last line is ignored; ``t``, when the file was found intact, gives a poller the
+rate: :func:`progress`), written a file at a time so a poll sees how far a check is; it is rewritten compactly
+when it holds more than twice as many lines as indices. Cost: docs/performance.md, "Content verification before training".
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -38,8 +40,9 @@ def _key(st: os.stat_result) -> list[int]:
     return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def read_record(hs_dir: str | os.PathLike) -> tuple[dict[int, list[int]], int]:
-    """({index: key} of the files verified, lines read) from ``hs_dir/verified.jsonl`` (empty when absent)."""
+def read_record(hs_dir: str | os.PathLike, stamps: list | None = None) -> tuple[dict[int, list[int]], int]:
+    """({index: key} of the files verified, lines read) from ``hs_dir/verified.jsonl`` (empty when absent);
+    ``stamps``, when given, gets every line's time (``t``) in file order."""
     record: dict[int, list[int]] = {}
     lines = 0
     try:
@@ -53,7 +56,44 @@ def read_record(hs_dir: str | os.PathLike) -> tuple[dict[int, list[int]], int]:
             lines += 1
         except (ValueError, KeyError, TypeError):
             continue  # a torn last line (killed mid-append)
+        if stamps is not None and isinstance(d.get("t"), (int, float)):
+            stamps.append(float(d["t"]))
     return record, lines
+
+
+# a check writes a record line every file (seconds apart at most, even for 10 GB files on a slow disk): a gap
+# longer than this between two lines is a pause between two checks
+RUN_GAP_S = 600.0
+
+
+def progress(hs_dir: str | os.PathLike, rows: Iterable[dict]) -> dict:
+    """How far content verification is, read from the record only (a poll of a check running elsewhere): files
+    (and bytes) of ``rows`` whose record matches them now, of those that have a checksum to compare, and the
+    files-per-second rate of the newest run of record lines (no gap over RUN_GAP_S between them)."""
+    d = Path(hs_dir)
+    stamps: list[float] = []
+    record, _ = read_record(d, stamps)
+    out = {"files_verified": 0, "files_total": 0, "bytes_verified": 0, "bytes_total": 0}
+    for r in rows:
+        if r.get("h") is None and r.get("c") is None:
+            continue  # nothing to compare with (verify_content's unchecked)
+        try:
+            st = os.stat(d / f"hs_{r['i']}.safetensors")
+        except FileNotFoundError:
+            continue
+        out["files_total"] += 1
+        out["bytes_total"] += st.st_size
+        if record.get(r["i"]) == _key(st):
+            out["files_verified"] += 1
+            out["bytes_verified"] += st.st_size
+    run = stamps[-1:]
+    for t in reversed(stamps[:-1]):
+        if run[-1] - t > RUN_GAP_S:
+            break
+        run.append(t)
+    span = (max(run) - min(run)) if len(run) > 1 else 0.0
+    out["files_per_s"] = (len(run) - 1) / span if span > 0 else None
+    return out
 
 
 def verify_content(
@@ -114,7 +154,8 @@ def verify_content(
                 continue
             fresh[i] = key
             out["verified"] += 1
-            fh.write(json.dumps({"i": i, "k": key}, separators=(",", ":")) + "\n")
+            fh.write(json.dumps({"i": i, "k": key, "t": round(time.time(), 3)}, separators=(",", ":")) + "\n")
+            fh.flush()  # a poll (progress) sees each file as it is verified
     record.update(fresh)
     if lines + len(fresh) > 2 * max(len(record), 1):
         atomic_write_text(

@@ -7,11 +7,12 @@ import sys
 
 
 def register(sub) -> None:
-    from eagle3ops.train.options import TRAIN, TRAIN_STATUS, TRAIN_STOP
+    from eagle3ops.train.options import TRAIN, TRAIN_STATUS, TRAIN_STOP, TRAIN_VERIFY
 
     TRAIN.add_parser(sub).set_defaults(func=cmd_train)
     TRAIN_STATUS.add_parser(sub).set_defaults(func=cmd_status)
     TRAIN_STOP.add_parser(sub).set_defaults(func=cmd_stop)
+    TRAIN_VERIFY.add_parser(sub).set_defaults(func=cmd_verify)
 
 
 def _spec(args):
@@ -82,4 +83,20 @@ def cmd_stop(args) -> int:
         emit(args, stop(args.run_dir, args.grace, args.check))
     except TrainError as e:
         raise CommandError(str(e), **e.details) from e
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from eagle3ops.command import CommandError, emit
+    from eagle3ops.train.inputs import content_status
+    from eagle3ops.train.spec import TrainError
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        res = content_status(args.data_dir, check=args.check, job_file=args.job_file, log=log)
+    except TrainError as e:
+        raise CommandError(str(e), **e.details) from e
+    emit(args, res, res["progress"]["line"])
     return 0

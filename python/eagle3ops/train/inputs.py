@@ -14,6 +14,7 @@ from eagle3ops import layers
 from eagle3ops.durable import atomic_write_bytes
 from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore, human_bytes, verify_content
 from eagle3ops.store.layout import DATASET_FILES
+from eagle3ops.store.verified import progress as verify_progress
 from eagle3ops.train.spec import (
     DEFAULT_DRAFT_VOCAB,
     TrainError,
@@ -203,6 +204,34 @@ def check_content(data_dir: str | os.PathLike, *, check: bool, log) -> dict:
             f"content check: {res['verified']} files ({human_bytes(res['bytes_read'])}) match their checksums, "
             f"{human_bytes(rate)}/s; recorded in {store.dir}/verified.jsonl"
         )
+    return res
+
+
+def content_status(data_dir: str | os.PathLike, *, check: bool, job_file=None, log=print) -> dict:
+    """``eagle3ops train-verify``: the content check :func:`check_content` runs before a launch, as a step of its
+    own (the role runs it detached and polls it, so a first check of a large store shows how far it is). Not
+    ``check``: verify what the record does not vouch for (``changed`` when a file was newly recorded). ``check``:
+    read nothing; what a check would read, and the progress of one running now (from the record); ``job_file``:
+    also whether the Ansible async job running it has ended (``job_finished``)."""
+    from eagle3ops.progress import async_job_finished, describe
+
+    store = HiddenStateStore(data_dir)
+    rows = store.scan_manifest().rows() if store.dir.is_dir() else {}
+    res = check_content(data_dir, check=check, log=log) if rows else {"to_verify": 0, "bytes_to_verify": 0}
+    res["changed"] = bool(res.get("verified"))
+    p = verify_progress(store.dir, rows.values())
+    res.update(p)
+    res["progress"] = describe(
+        "train content check",
+        p["files_verified"],
+        p["files_total"],
+        "files",
+        p["files_per_s"],
+        None,
+        extra=f"{human_bytes(p['bytes_verified'])} of {human_bytes(p['bytes_total'])} match their checksums",
+    )
+    if job_file:
+        res["job_finished"] = async_job_finished(job_file)
     return res
 
 

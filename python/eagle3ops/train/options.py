@@ -1,4 +1,5 @@
-"""The train phase's options, once: ``eagle3ops train``'s CLI (and ``train-status``, ``train-stop``), the
+"""The train phase's options, once: ``eagle3ops train``'s CLI (and ``train-status``, ``train-stop``,
+``train-verify``), the
 ``eagle3ops_train`` module's parameters and the ``train`` role's variables come from here (eagle3ops.options says
 how; standard library only, shipped as module_utils/eagle3ops_train_options.py).
 
@@ -487,5 +488,28 @@ TRAIN_STOP = Command(
     options=[
         Option("run_dir", "path", required=True, help="the run directory"),
         seconds("grace", default=60, help="seconds between SIGTERM and SIGKILL"),
+    ],
+)
+
+TRAIN_VERIFY = Command(
+    "train-verify",
+    help=(
+        "check the content of every hidden-state file not verified since it last changed (what train_verify: "
+        "checksum does before a launch), recording each; --check: how far it is, reading nothing"
+    ),
+    description=(
+        "The train role runs it detached before the launch and polls it with --check --job-file, so a first check "
+        "of a large store shows its progress; the launch then reads only what changed since. A damaged file is "
+        "refused by name (exit 2)."
+    ),
+    check_help="read nothing: say what a check would read and how far a running one is",
+    options=[
+        data_dir("data_dir", flag="--data", help="data dir holding hidden_states/"),
+        Option(
+            "job_file",
+            "path",
+            help="with --check: the results file of the Ansible async job running the check; the result's "
+            "job_finished says whether it has ended",
+        ),
     ],
 )

@@ -138,3 +138,56 @@ def test_check_mode_predicts_the_read_and_size_skips_it(store, tmp_path):
     assert r["content_check"]["bytes_read"] == 0 and not (data / "hidden_states" / VERIFIED_NAME).exists()
     r = train_run.ensure_run(_spec(verifier, data, tmp_path / "run", verify="size"), check=True)
     assert "content_check" not in r
+
+
+def test_train_verify_is_a_step_of_its_own_that_a_poll_can_follow(store, capsys):
+    """Users' pain 2: the first content check of a large store ran inside the launch task, silent in the play for
+    45-104 min at 4.6 TB. ``eagle3ops train-verify`` is that check as a step of its own (the role runs it detached
+    and polls ``--check --job-file``): a poll made while it runs sees the files verified so far (the record is
+    written a file at a time), the job file says when the job has ended, a damaged file is refused by name with
+    exit 2, and the launch afterwards reads nothing again."""
+    from eagle3ops.progress import async_job_finished
+
+    _, data = store
+    hs = HiddenStateStore(data).dir
+    seen = []
+
+    def poll_while_reading(_n):
+        seen.append(train_inputs.content_status(data, check=True)["files_verified"])
+
+    verify_content(hs, list(_rows(data).values())[:4], on_bytes=poll_while_reading)
+    assert seen[0] == 0 and max(seen) == 3 and sorted(seen) == seen  # the 4th file is being read: 3 recorded
+    job = data.parent / "job.json"
+    job.write_text(json.dumps({"started": 1, "finished": 0, "ansible_job_id": "j1"}))
+    assert cli_main(["train-verify", "--data", str(data), "--check", "--job-file", str(job), "--json"]) == 0
+    polled = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert polled["job_finished"] is False and polled["changed"] is False
+    assert (polled["files_verified"], polled["files_total"], polled["to_verify"]) == (4, ROWS, ROWS - 4)
+    assert polled["progress"]["line"].startswith(f"train content check: 4/{ROWS} files (50%), ")
+    _flip(HiddenStateStore(data).path(6))
+    assert cli_main(["train-verify", "--data", str(data), "--json"]) == 2
+    refused = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert str(HiddenStateStore(data).path(6)) in refused["msg"] and "row 6" in refused["msg"]
+    assert "6" in refused["damaged_files"] and len(refused["damaged_files"]) == 1
+    job.write_text(json.dumps({"rc": 2, "failed": True}))  # what the async wrapper leaves when the job ended
+    assert async_job_finished(job) and not async_job_finished(data.parent / "no-such-job")
+    # the good files the refused run read are recorded: only the damaged one is left to read
+    assert train_inputs.content_status(data, check=True)["to_verify"] == 1
+
+
+def test_the_polled_rate_is_the_newest_run_of_record_lines(tmp_path):
+    """The files/s a poll reports comes from the record's own times, not the poller's clock, and only from the
+    newest run of lines (a gap over RUN_GAP_S ends a run): an old check's lines do not slow today's rate."""
+    from eagle3ops.store import verified
+
+    hs = tmp_path / "hs"
+    hs.mkdir()
+    t0 = 1_000_000.0
+    times = [t0, t0 + 1, t0 + 2, t0 + 5000, t0 + 5001, t0 + 5003]
+    (hs / VERIFIED_NAME).write_text(
+        "".join(json.dumps({"i": i, "k": [i, 1, 1, 1], "t": t}) + "\n" for i, t in enumerate(times))
+        + '{"i": 9, "k": [9'  # a torn last line
+    )
+    assert verified.progress(hs, [])["files_per_s"] == pytest.approx(2 / 3)
+    (hs / VERIFIED_NAME).write_text(json.dumps({"i": 0, "k": [0, 1, 1, 1], "t": t0}) + "\n")
+    assert verified.progress(hs, [])["files_per_s"] is None  # one line: not measured yet

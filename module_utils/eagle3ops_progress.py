@@ -1,0 +1,1 @@
+../python/eagle3ops/progress.py
