@@ -99,7 +99,8 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
     # 1. launch, detached (wait: false returns at once)
     rc, out = playbook(vars_file)
     assert rc == 0, out[-3000:]
-    assert changed_count(out) == 1
+    assert changed_count(out) == 2  # the content check recorded every file (its own step), the launch
+    assert "Train | Collect the content check's result" in out
     state = json.loads((run_dir / train_spec.STATE).read_text())
     pid = state["pid"]
     assert state["attempt"] == 1 and state["launcher"] == "setsid"
