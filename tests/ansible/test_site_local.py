@@ -94,7 +94,7 @@ def test_first_run_builds_everything(pipeline):
     # none of them again (it sat silent inside the launch task for the whole first check: users' pain 2)
     (cc,) = [r for r in first.task_results(CONTENT_CHECKED) if r.get("stdout")]
     checked = json.loads(cc["stdout_lines"][-1])
-    assert cc["changed"] and checked["verified"] == checked["files_total"] == rows, checked
+    assert cc["changed"] and checked["verified"] == checked["progress"]["total"] == rows, checked
     assert checked["progress"]["line"].startswith(f"train content check: {rows}/{rows} files (100%)"), checked
     assert tr["content_check"]["verified"] == 0 and tr["content_check"]["already_verified"] == rows, tr
 

@@ -17,7 +17,7 @@ everything whatever the record says.
 
 The record is append-only JSON lines ``{"i": index, "k": [ino, size, mtime_ns, ctime_ns], "t": time}`` (the
 last line of an index wins; a torn last line is ignored; ``t``, when the file was found intact, gives a poller the
-rate: :func:`progress`), written a file at a time so a poll sees how far a check is; it is rewritten compactly
+rate: :func:`newest_run_rate`), written a file at a time so a poll sees how far a check is; it is rewritten compactly
 when it holds more than twice as many lines as indices. Cost: docs/performance.md, "Content verification before training".
 """
 
@@ -66,34 +66,16 @@ def read_record(hs_dir: str | os.PathLike, stamps: list | None = None) -> tuple[
 RUN_GAP_S = 600.0
 
 
-def progress(hs_dir: str | os.PathLike, rows: Iterable[dict]) -> dict:
-    """How far content verification is, read from the record only (a poll of a check running elsewhere): files
-    (and bytes) of ``rows`` whose record matches them now, of those that have a checksum to compare, and the
-    files-per-second rate of the newest run of record lines (no gap over RUN_GAP_S between them)."""
-    d = Path(hs_dir)
-    stamps: list[float] = []
-    record, _ = read_record(d, stamps)
-    out = {"files_verified": 0, "files_total": 0, "bytes_verified": 0, "bytes_total": 0}
-    for r in rows:
-        if r.get("h") is None and r.get("c") is None:
-            continue  # nothing to compare with (verify_content's unchecked)
-        try:
-            st = os.stat(d / f"hs_{r['i']}.safetensors")
-        except FileNotFoundError:
-            continue
-        out["files_total"] += 1
-        out["bytes_total"] += st.st_size
-        if record.get(r["i"]) == _key(st):
-            out["files_verified"] += 1
-            out["bytes_verified"] += st.st_size
+def newest_run_rate(stamps: list[float]) -> float | None:
+    """Files per second of the newest run of record lines (no gap over RUN_GAP_S between two of them): the rate
+    of the check running now, or of the last one; None with fewer than two lines or no time between them."""
     run = stamps[-1:]
     for t in reversed(stamps[:-1]):
         if run[-1] - t > RUN_GAP_S:
             break
         run.append(t)
     span = (max(run) - min(run)) if len(run) > 1 else 0.0
-    out["files_per_s"] = (len(run) - 1) / span if span > 0 else None
-    return out
+    return (len(run) - 1) / span if span > 0 else None
 
 
 def verify_content(
@@ -112,9 +94,12 @@ def verify_content(
     (listed, not on disk: the cheap check reports those). ``check``: read nothing, write nothing; ``to_verify``
     and ``bytes_to_verify`` say what a real run would read."""
     d = Path(hs_dir)
-    record, lines = read_record(d)
+    stamps: list[float] = []
+    record, lines = read_record(d, stamps)
     damaged: dict[int, str] = {}
-    out = {"verified": 0, "already_verified": 0, "bytes_read": 0, "unchecked": 0, "missing": 0}
+    out = {"verified": 0, "already_verified": 0, "bytes_already_verified": 0, "bytes_read": 0, "unchecked": 0}
+    out["missing"] = 0
+    out["files_per_s"] = newest_run_rate(stamps)  # of the record as read now: a poll's rate
     todo = []
     for r in rows:
         i = r["i"]
@@ -126,6 +111,7 @@ def verify_content(
         key = _key(st)
         if record.get(i) == key:
             out["already_verified"] += 1
+            out["bytes_already_verified"] += key[1]
             continue
         want = {k: r[k] for k in ("h", "c") if r.get(k) is not None}
         if not want:

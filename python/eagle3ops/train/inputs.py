@@ -14,7 +14,6 @@ from eagle3ops import layers
 from eagle3ops.durable import atomic_write_bytes
 from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore, human_bytes, verify_content
 from eagle3ops.store.layout import DATASET_FILES
-from eagle3ops.store.verified import progress as verify_progress
 from eagle3ops.train.spec import (
     DEFAULT_DRAFT_VOCAB,
     TrainError,
@@ -216,19 +215,25 @@ def content_status(data_dir: str | os.PathLike, *, check: bool, job_file=None, l
     from eagle3ops.progress import async_job_finished, describe
 
     store = HiddenStateStore(data_dir)
-    rows = store.scan_manifest().rows() if store.dir.is_dir() else {}
-    res = check_content(data_dir, check=check, log=log) if rows else {"to_verify": 0, "bytes_to_verify": 0}
-    res["changed"] = bool(res.get("verified"))
-    p = verify_progress(store.dir, rows.values())
-    res.update(p)
+    if store.dir.is_dir():
+        res = check_content(data_dir, check=check, log=log)
+    else:  # nothing extracted yet: nothing to verify
+        res = {"verified": 0, "already_verified": 0, "bytes_already_verified": 0, "bytes_read": 0}
+        res.update(to_verify=0, bytes_to_verify=0, files_per_s=None)
+    res["changed"] = bool(res["verified"])
+    # after a check, what it read is verified too (a damaged file raised before this)
+    done = res["already_verified"] + (0 if check else res["verified"])
+    done_bytes = res["bytes_already_verified"] + (0 if check else res["bytes_read"])
+    total = res["already_verified"] + res["to_verify"]
+    total_bytes = res["bytes_already_verified"] + res["bytes_to_verify"]
     res["progress"] = describe(
         "train content check",
-        p["files_verified"],
-        p["files_total"],
+        done,
+        total,
         "files",
-        p["files_per_s"],
+        res["files_per_s"],
         None,
-        extra=f"{human_bytes(p['bytes_verified'])} of {human_bytes(p['bytes_total'])} match their checksums",
+        extra=f"{human_bytes(done_bytes)} of {human_bytes(total_bytes)} match their checksums",
     )
     if job_file:
         res["job_finished"] = async_job_finished(job_file)

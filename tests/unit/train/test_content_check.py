@@ -153,7 +153,7 @@ def test_train_verify_is_a_step_of_its_own_that_a_poll_can_follow(store, capsys)
     seen = []
 
     def poll_while_reading(_n):
-        seen.append(train_inputs.content_status(data, check=True)["files_verified"])
+        seen.append(train_inputs.content_status(data, check=True)["progress"]["done"])
 
     verify_content(hs, list(_rows(data).values())[:4], on_bytes=poll_while_reading)
     assert seen[0] == 0 and max(seen) == 3 and sorted(seen) == seen  # the 4th file is being read: 3 recorded
@@ -162,7 +162,11 @@ def test_train_verify_is_a_step_of_its_own_that_a_poll_can_follow(store, capsys)
     assert cli_main(["train-verify", "--data", str(data), "--check", "--job-file", str(job), "--json"]) == 0
     polled = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert polled["job_finished"] is False and polled["changed"] is False
-    assert (polled["files_verified"], polled["files_total"], polled["to_verify"]) == (4, ROWS, ROWS - 4)
+    assert (polled["progress"]["done"], polled["progress"]["total"], polled["to_verify"]) == (
+        4,
+        ROWS,
+        ROWS - 4,
+    )
     assert polled["progress"]["line"].startswith(f"train content check: 4/{ROWS} files (50%), ")
     _flip(HiddenStateStore(data).path(6))
     assert cli_main(["train-verify", "--data", str(data), "--json"]) == 2
@@ -178,8 +182,6 @@ def test_train_verify_is_a_step_of_its_own_that_a_poll_can_follow(store, capsys)
 def test_the_polled_rate_is_the_newest_run_of_record_lines(tmp_path):
     """The files/s a poll reports comes from the record's own times, not the poller's clock, and only from the
     newest run of lines (a gap over RUN_GAP_S ends a run): an old check's lines do not slow today's rate."""
-    from eagle3ops.store import verified
-
     hs = tmp_path / "hs"
     hs.mkdir()
     t0 = 1_000_000.0
@@ -188,6 +190,6 @@ def test_the_polled_rate_is_the_newest_run_of_record_lines(tmp_path):
         "".join(json.dumps({"i": i, "k": [i, 1, 1, 1], "t": t}) + "\n" for i, t in enumerate(times))
         + '{"i": 9, "k": [9'  # a torn last line
     )
-    assert verified.progress(hs, [])["files_per_s"] == pytest.approx(2 / 3)
+    assert verify_content(hs, [], check=True)["files_per_s"] == pytest.approx(2 / 3)
     (hs / VERIFIED_NAME).write_text(json.dumps({"i": 0, "k": [0, 1, 1, 1], "t": t0}) + "\n")
-    assert verified.progress(hs, [])["files_per_s"] is None  # one line: not measured yet
+    assert verify_content(hs, [], check=True)["files_per_s"] is None  # one line: not measured yet
