@@ -77,6 +77,22 @@ def cli(*args: str) -> tuple[int, dict]:
     return r.returncode, json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def assert_watch_polls(out: str, run_dir) -> None:
+    """Every poll line of the watch names the step, steps/s, ETA and the log (issue #32)."""
+    polls = re.findall(
+        rf"^  \[localhost\] (train: .*; log: {re.escape(str(run_dir / 'train.log'))})$", out, re.M
+    )
+    # the trainer imports torch for seconds before its first step: it is polled while it runs
+    assert polls, out[-3000:]
+    for line in polls:
+        assert re.fullmatch(
+            r"train: \d+(/\d+ steps \(\d+%\)| steps \(of a total not known yet\)), ([\d.e+-]+ steps/s|steps/s not "
+            r"measured yet), ETA (\d+:\d\d:\d\d|\?); running(; epoch \d+ of 4)?(; total from max_steps|; total ~\d+ steps/epoch x 4 epochs)?; "
+            r"log: .*",
+            line,
+        ), line
+
+
 def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_changes(tmp_path_factory):
     base = tmp_path_factory.mktemp("train_run")
     verifier = make_tiny_verifier(base / "verifier")
@@ -133,18 +149,7 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
     # the relaunch's diff: killed -> running
     assert '"status": "killed"' in out and '"status": "running"' in out
     assert f"run {run_dir}: finished" in out  # the report, once the watch saw it end
-    polls = re.findall(
-        rf"^  \[localhost\] (train: .*; log: {re.escape(str(run_dir / 'train.log'))})$", out, re.M
-    )
-    # the trainer imports torch for seconds before its first step: it is polled while it runs
-    assert polls, out[-3000:]
-    for line in polls:
-        assert re.fullmatch(
-            r"train: \d+(/\d+ steps \(\d+%\)| steps \(of a total not known yet\)), ([\d.e+-]+ steps/s|steps/s not "
-            r"measured yet), ETA (\d+:\d\d:\d\d|\?); running(; epoch \d+ of 4)?(; total from max_steps|; total ~\d+ steps/epoch x 4 epochs)?; "
-            r"log: .*",
-            line,
-        ), line
+    assert_watch_polls(out, run_dir)
     state = json.loads((run_dir / train_spec.STATE).read_text())
     assert state["attempt"] == 2
     resumed = state["resume_from"]
