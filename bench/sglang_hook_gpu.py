@@ -13,6 +13,7 @@ Checks and measures:
   - writer throughput (GB/s) to the local disk, the queue wait of the forward thread.
 
 Usage (GPU machine, no internet): PYTHONPATH=python python3 bench/sglang_hook_gpu.py --out "$OUT" [--batches 24]
+[--dtype float8_e4m3fn]  (fp8: the files are checked bit for bit against the CPU quantisation of what was handed in)
 Writes OUT/sglang_hook_gpu.json and prints a summary. ``--tiny`` runs a small CPU/GPU smoke version.
 """
 
@@ -40,6 +41,9 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--work-dir", default=None, help="where the files go (default: a temp dir on local disk)")
     ap.add_argument(
         "--writers", type=int, default=4, help="the hook's writer threads (EAGLE3OPS_SGLANG_WRITERS)"
+    )
+    ap.add_argument(
+        "--dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3fn"], help="the store dtype"
     )
     ap.add_argument("--tiny", action="store_true")
     return ap.parse_args()
@@ -104,9 +108,11 @@ def _one_batch(hook, model, plan, bufs, expected: dict, device: str, k: int, h: 
     return sync_s, hook_s
 
 
-def _verify(store, expected: dict) -> tuple[list[int], int]:
-    """The samples whose file differs from what was handed in, and the bytes of all files."""
+def _verify(store, expected: dict, fp8: bool) -> tuple[list[int], int]:
+    """The samples whose file differs from what was handed in (fp8: from its quantisation on the CPU, bit for
+    bit, states and scales), and the bytes of all files."""
     import torch
+    from eagle3ops.store.sample import FP8_SCALES_KEY, quantize_fp8
     from safetensors.torch import load_file
 
     bad = []
@@ -114,7 +120,14 @@ def _verify(store, expected: dict) -> tuple[list[int], int]:
     for idx, (tok, hs) in expected.items():
         f = load_file(str(store.path(idx)))
         total_bytes += store.path(idx).stat().st_size
-        if not (torch.equal(f["token_ids"], tok) and torch.equal(f["hidden_states"], hs)):
+        if fp8:
+            q, sc = quantize_fp8(hs)
+            same = torch.equal(f["hidden_states"].view(torch.uint8), q.view(torch.uint8)) and torch.equal(
+                f[FP8_SCALES_KEY], sc
+            )
+        else:
+            same = torch.equal(f["hidden_states"], hs)
+        if not (torch.equal(f["token_ids"], tok) and same):
             bad.append(idx)
     return bad, total_bytes
 
@@ -138,7 +151,7 @@ def main() -> int:
         {
             "layer_ids": layers,
             "hidden_size": h,
-            "dtype": "bfloat16",
+            "dtype": args.dtype,
             "num_layers": 61,
             "model_fingerprint": "bench",
             "dataset_fingerprint": "bench",
@@ -167,10 +180,11 @@ def main() -> int:
     wall = time.perf_counter() - t_all
     hook.close()
 
-    bad, total_bytes = _verify(store, expected)
+    bad, total_bytes = _verify(store, expected, args.dtype == "float8_e4m3fn")
     tokens = sum(ln for plan in plans for _, ln in plan)
     res = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "dtype": args.dtype,
         "hidden": h,
         "aux_layers": k,
         "writers": hook.writers,
@@ -192,7 +206,9 @@ def main() -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sglang_hook_gpu.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / f"sglang_hook_gpu{'' if args.dtype == 'bfloat16' else '_fp8'}.json").write_text(
+        json.dumps(res, indent=2) + "\n"
+    )
     print(json.dumps(res, indent=2))
     if not args.work_dir:
         import shutil

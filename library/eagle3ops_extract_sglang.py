@@ -55,10 +55,13 @@ options:
     type: list
     elements: int
   dtype:
-    description: Stored dtype.
+    description:
+      - Stored dtype of the hidden states.
+      - C(float8_e4m3fn) halves the bytes; it stores e4m3 plus a float32 scale per token and state (C(hidden_states_scales)),
+        which speculators 0.9.0 reads with C(data.hidden_states_backend=fp8).
     type: str
     default: bfloat16
-    choices: [bfloat16, float16, float32]
+    choices: [bfloat16, float16, float32, float8_e4m3fn]
   concurrency:
     description: Requests in flight.
     type: int

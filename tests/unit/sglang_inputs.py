@@ -12,10 +12,11 @@ from eagle3ops.sglang.client import SGLangExtractConfig
 from tinymodels import build_prepared_dataset
 
 
-def transformers_reference(tmp_path_factory, model, lengths: list[int]) -> Path:
+def transformers_reference(tmp_path_factory, model, lengths: list[int], dtype: str = "bfloat16") -> Path:
     """A prepared dataset of ``lengths`` whose every row the transformers backend extracted from ``model``."""
     d = build_prepared_dataset(tmp_path_factory.mktemp("ref") / "data", lengths)
-    run_extraction(ExtractConfig(data_dir=str(d), model_path=str(model), progress=False, max_batch_size=1))
+    cfg = ExtractConfig(data_dir=str(d), model_path=str(model), progress=False, max_batch_size=1, dtype=dtype)
+    run_extraction(cfg)
     return d
 
 

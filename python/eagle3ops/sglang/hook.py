@@ -15,7 +15,8 @@ SGLang 0.5.17 has no flag that captures aux states without a draft, so its patch
 ``--enable-return-aux-hidden-states`` does, with the ids taken as given: no +1 shift).
 
 For a batch carrying our requests (``rid`` = ``e3o-<row index>-<seq_len>[-<attempt>]``, see :func:`make_rid`)
-the hook packs ``[tokens, K+1, H]`` on the device in the store dtype, copies it GPU→CPU asynchronously on a side
+the hook packs ``[tokens, K+1, H]`` on the device in the store dtype (fp8: quantised there, a state at a time,
+with one float32 scale a token and state, as the transformers backend stores it), copies it GPU→CPU asynchronously on a side
 stream into a reused pinned buffer (the extraction's :class:`eagle3ops.extract.writer.PinnedPool`), and queues it. A dispatcher thread waits for the copy, splits the batch per
 request by ``extend_seq_lens``/``rids`` and stitches chunked prefills (in batch order); a pool of writer threads
 then writes whole batches in parallel with the transformers backend's batch step
@@ -59,8 +60,10 @@ from pathlib import Path
 
 from eagle3ops import layers
 from eagle3ops.extract.writer import PinnedPool, write_batch
+from eagle3ops.sglang.hook_copy import copy_to_host, device_block
 from eagle3ops.store import HiddenStateStore
 from eagle3ops.store.layout import HS_DIR, SGLANG_ERRORS
+from eagle3ops.store.sample import FP8_DTYPE
 
 log = logging.getLogger("eagle3ops.sglang_hook")
 
@@ -129,6 +132,7 @@ class _Job:
     event: object | None
     buffer: object | None  # pinned buffer to give back after the write
     finite: object  # CPU bool tensor [N]: the token's K+1 states are all finite (read after the copy's event)
+    scales: object | None = None  # fp8 stores: CPU float32 tensor [N, K+1, 1], one scale a token and state
 
 
 @dataclass
@@ -170,7 +174,11 @@ class DumpHook:
         self._rank: int | None = None
         self._store: HiddenStateStore | None = None
         self._meta: dict | None = None
-        self._dtype = None
+        self._dtype = None  # the store dtype (torch)
+        self._work_dtype = (
+            None  # what the device block is built in: the store dtype, or for fp8 the model's own
+        )
+        self._fp8 = False
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None  # the dispatcher: waits for copies, splits, stitches
         self._units: queue.Queue | None = None  # dispatcher -> writer threads: (job, complete samples)
@@ -233,6 +241,10 @@ class DumpHook:
             )
         self._meta = meta
         self._dtype = getattr(torch, meta["dtype"])
+        # fp8: quantised on the device from the model's own states, as the transformers backend does, so both
+        # backends write the same bytes (store.sample.quantize_fp8: e4m3 + one float32 scale a token and state)
+        self._fp8 = meta["dtype"] == FP8_DTYPE
+        self._work_dtype = None if self._fp8 else self._dtype
         cuda = torch.cuda.is_available()
         self._pool = PinnedPool(pin=cuda)
         self._copy_stream = torch.cuda.Stream() if cuda else None
@@ -267,8 +279,9 @@ class DumpHook:
             self._start()
 
         def capture(residual):
-            # borrowed storage: take an owned copy in the store dtype now (device-side, stream-ordered)
-            self._last = (forward_batch, residual.to(self._dtype, copy=True))
+            # borrowed storage: take an owned copy in the store dtype now (device-side, stream-ordered); fp8 keeps
+            # the model's dtype until the block is quantised
+            self._last = (forward_batch, residual.to(self._work_dtype or residual.dtype, copy=True))
 
         return capture
 
@@ -331,37 +344,13 @@ class DumpHook:
     def _queue_batch(self, forward_batch, pieces, aux, last, n_rows: int, k: int, hidden: int) -> None:
         import torch
 
-        block = torch.empty((n_rows, k + 1, hidden), dtype=self._dtype, device=last.device)
-        block[:, :k].copy_(aux.view(n_rows, k, hidden))
-        block[:, k].copy_(last)
+        # one flag a token is reduced on the device and copied with the states: checking it costs the forward
+        # thread no synchronisation (the dispatcher reads it after the copy's event)
+        block, scales, finite = device_block(aux, last, k=k, hidden=hidden, dtype=self._dtype, fp8=self._fp8)
         # an owned copy, made on the compute stream: SGLang reuses input_ids' buffer for the next batch
         ids = forward_batch.input_ids[:n_rows].to(torch.int64, copy=True)
-        # one flag a token, reduced on the device and copied with the states: checking it costs the forward
-        # thread no synchronisation (the dispatcher reads it after the copy's event)
-        finite = torch.isfinite(block).flatten(1).all(dim=1)
-        nbytes = block.numel() * block.element_size()
-        ids_at = (nbytes + 7) // 8 * 8  # int64 view needs an 8-byte aligned offset
-        finite_at = ids_at + 8 * n_rows
-        buf = self._pool.acquire(finite_at + n_rows)
-        host = buf[:nbytes].view(self._dtype).view(n_rows, k + 1, hidden)
-        host_ids = buf[ids_at:finite_at].view(torch.int64)
-        host_finite = buf[finite_at : finite_at + n_rows].view(torch.bool)
-        event = None
-        if self._copy_stream is not None:
-            self._copy_stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._copy_stream):
-                host.copy_(block, non_blocking=True)
-                host_ids.copy_(ids, non_blocking=True)
-                host_finite.copy_(finite, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self._copy_stream)
-            for t in (block, ids, finite):
-                t.record_stream(self._copy_stream)
-        else:
-            host.copy_(block)
-            host_ids.copy_(ids)
-            host_finite.copy_(finite)
-        job = _Job(pieces, host, host_ids, event, buf, host_finite)
+        hb = copy_to_host(self._pool, self._copy_stream, block, scales, ids, finite)
+        job = _Job(pieces, hb.states, hb.token_ids, hb.event, hb.buffer, hb.finite, hb.scales)
         t0 = time.perf_counter()
         with self._cond:
             self._inflight += 1
@@ -446,7 +435,7 @@ class DumpHook:
             self._units.put((job, samples))
 
     def _split(self, job: _Job) -> list:
-        """[(index, seq_len, token_ids, states)] of the requests this batch completes."""
+        """[(index, seq_len, token_ids, states, fp8 scales or None)] of the requests this batch completes."""
         import torch
 
         if job.event is not None:
@@ -455,30 +444,34 @@ class DumpHook:
         for pc in job.pieces:
             if not self._finite_piece(job, pc):
                 continue
-            states = job.host[pc.offset : pc.offset + pc.length]
-            tokens = job.token_ids[pc.offset : pc.offset + pc.length]
+            rows = slice(pc.offset, pc.offset + pc.length)
+            states, tokens = job.host[rows], job.token_ids[rows]
+            scales = None if job.scales is None else job.scales[rows]
             if pc.prefix == 0 and pc.length == pc.seq_len:
-                tok, hs = tokens, states  # views of the pinned buffer, released after the write
+                tok, hs, sc = tokens, states, scales  # views of the pinned buffer, released after the write
             else:  # a chunk of a chunked prefill: keep an owned copy until the request is complete
                 parts = self._partial.setdefault(pc.index, [])
-                have = sum(int(t.shape[0]) for _, t, _ in parts)
+                have = sum(int(p[1].shape[0]) for p in parts)
                 if pc.prefix != have:
                     self._partial.pop(pc.index, None)
                     raise HookError(
                         f"row {pc.index}: chunk at prefix {pc.prefix} but {have} tokens were seen "
                         "before (out-of-order or cached prefix); use --disable-radix-cache"
                     )
-                parts.append((pc.prefix, tokens.clone(), states.clone()))
+                parts.append(
+                    (pc.prefix, tokens.clone(), states.clone(), None if scales is None else scales.clone())
+                )
                 if have + pc.length < pc.seq_len:
                     continue
                 self._partial.pop(pc.index)
-                tok, hs = torch.cat([t for _, t, _ in parts]), torch.cat([s for _, _, s in parts])
+                tok, hs = torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+                sc = None if scales is None else torch.cat([p[3] for p in parts])
             if int(tok.shape[0]) != pc.seq_len:
                 raise HookError(
                     f"row {pc.index}: the server computed {tok.shape[0]} tokens, the client sent {pc.seq_len}"
                 )
-            out.append((pc.index, pc.seq_len, tok, hs))
-        self.stats.partial = {i: sum(int(t.shape[0]) for _, t, _ in v) for i, v in self._partial.items()}
+            out.append((pc.index, pc.seq_len, tok, hs, sc))
+        self.stats.partial = {i: sum(int(p[1].shape[0]) for p in v) for i, v in self._partial.items()}
         return out
 
     def _finite_piece(self, job: _Job, pc: _Piece) -> bool:
@@ -521,7 +514,7 @@ class DumpHook:
                 # time, no checksum, one directory fsync per batch before the manifest names the files
                 entries, _, _ = write_batch(
                     self._store,
-                    [(index, tok, hs, None) for index, _seq_len, tok, hs in samples],
+                    [(index, tok, hs, sc) for index, _seq_len, tok, hs, sc in samples],
                     fsync=self.fsync,
                     checksum=False,
                     batch_sync=False,

@@ -112,12 +112,7 @@ SGLANG_EXTRACT = Command(
             ),
         ),
         LAYER_CONVENTION.but(role="extract_layer_convention"),
-        DTYPE.but(
-            choices=["bfloat16", "float16", "float32"],
-            role="extract_dtype",
-            help="stored dtype (the server's hook writes only these three; the transformers backend also stores fp8)",
-            doc="Stored dtype.",
-        ),
+        DTYPE.but(role="extract_dtype"),
         count(
             "concurrency",
             default=8,

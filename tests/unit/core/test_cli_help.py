@@ -101,8 +101,8 @@ def test_every_command_has_a_one_line_help_and_a_description_without_markup():
 
 
 def test_an_option_names_no_choice_it_refuses():
-    """``extract-sglang --dtype`` said float8_e4m3fn in its help, which its choices refuse (the SGLang hook
-    writes three dtypes): an option's help names none of the values the same option takes elsewhere but not
+    """``extract-sglang --dtype`` once said float8_e4m3fn in its help, which its choices refused (the SGLang hook
+    wrote three dtypes then): an option's help names none of the values the same option takes elsewhere but not
     here."""
     by_dest: dict[str, set] = {}
     options = []

@@ -301,6 +301,37 @@ def test_a_server_that_died_ends_the_run_at_once(tmp_path, data_dir, tiny_target
     assert len(HiddenStateStore(data_dir).scan_manifest().entries) >= 2
 
 
+def test_an_fp8_store_through_the_cli_equals_the_transformers_backends_at_about_half_the_bytes(
+    tmp_path, tmp_path_factory, data_dir, tiny_target, reference
+):
+    """``--dtype float8_e4m3fn`` end to end (client process, stand-in server, the real hook): every file equals
+    the transformers backend's fp8 file for the row, the plan's byte estimate is fp8's, and the store takes a bit
+    over half the bf16 store's bytes (e4m3 + a float32 scale a token and state)."""
+    ref8 = transformers_reference(tmp_path_factory, tiny_target, LENGTHS, dtype="float8_e4m3fn")
+    fp8 = ("--dtype", "float8_e4m3fn")
+    plan = subprocess.run(
+        _cli(data_dir, tiny_target, "http://127.0.0.1:9", *fp8, "--plan"), capture_output=True
+    )
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    with standin_server(tmp_path, data_dir, tiny_target) as url:
+        r = subprocess.run(
+            _cli(data_dir, tiny_target, url, *fp8, "--no-progress"), capture_output=True, text=True
+        )
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["written"] == len(LENGTHS) and res["failed"] == 0
+    _assert_equal_to_reference(data_dir, ref8)
+    got, bf16 = HiddenStateStore(data_dir), HiddenStateStore(reference)
+    size = sum(got.path(i).stat().st_size for i in range(len(LENGTHS)))
+    size_bf16 = sum(bf16.path(i).stat().st_size for i in range(len(LENGTHS)))
+    assert 0.5 < size / size_bf16 < 0.6, (size, size_bf16)
+    planned = json.loads(plan.stdout.strip().splitlines()[-1])["bytes_needed"]
+    assert size <= planned < size_bf16, (size, planned, size_bf16)
+    assert (
+        json.loads((data_dir / "hidden_states" / "extract_meta.json").read_text())["dtype"] == "float8_e4m3fn"
+    )
+
+
 def test_plan_contacts_no_server(data_dir, tiny_target):
     r = subprocess.run(
         _cli(data_dir, tiny_target, "http://127.0.0.1:9", "--plan"), capture_output=True, text=True

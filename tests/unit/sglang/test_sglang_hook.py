@@ -27,6 +27,10 @@ LENGTHS = [5, 17, 33, 9, 12, 2, 21]
 LAYERS = [2, 4, 5]  # the 8-layer target's default [2, N//2, N-3]
 
 
+def _hidden(states) -> int:
+    return states.model.config.hidden_size
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_target):
     """The transformers backend's files for these rows (bf16 store, fp32 compute on CPU)."""
@@ -35,6 +39,17 @@ def reference(tmp_path_factory, tiny_target):
         ExtractConfig(data_dir=str(d), model_path=str(tiny_target), progress=False, max_batch_size=1)
     )
     assert res["written"] == len(LENGTHS) and res["layer_ids"] == LAYERS
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference_fp8(tmp_path_factory, tiny_target):
+    """The transformers backend's fp8 files (e4m3 + a float32 scale a token and state) for these rows."""
+    d = build_prepared_dataset(tmp_path_factory.mktemp("ref8") / "data", LENGTHS)
+    cfg = ExtractConfig(
+        data_dir=str(d), model_path=str(tiny_target), progress=False, max_batch_size=1, dtype="float8_e4m3fn"
+    )
+    assert run_extraction(cfg)["written"] == len(LENGTHS)
     return d
 
 
@@ -49,9 +64,9 @@ def _rows(data_dir):
     return [list(r) for r in datasets.load_from_disk(str(data_dir))["input_ids"]]
 
 
-def _fresh_store(tmp_path, tiny_target):
+def _fresh_store(tmp_path, tiny_target, dtype="bfloat16"):
     d = build_prepared_dataset(tmp_path / "data", LENGTHS)
-    cfg = ExtractConfig(data_dir=str(d), model_path=str(tiny_target))
+    cfg = ExtractConfig(data_dir=str(d), model_path=str(tiny_target), dtype=dtype)
     meta = build_meta(cfg, model_facts(tiny_target), LAYERS, len(LENGTHS))
     meta["backend"] = "sglang"
     HiddenStateStore(d).ensure_meta(meta)
@@ -263,3 +278,44 @@ def test_a_row_with_non_finite_states_is_failed_not_written_and_its_later_chunks
     for i in (0, 4, 5):
         assert store.path(i).read_bytes() == ref.path(i).read_bytes()
     assert not store.path(1).exists() and not store.path(2).exists()
+
+
+def test_an_fp8_store_gets_the_transformers_backends_fp8_bytes(tmp_path, tiny_target, reference_fp8, states):
+    """extract_dtype float8_e4m3fn through SGLang (users' pain 1: the production path could not halve the bytes):
+    the hook quantises on the device, a state at a time, and writes what the transformers backend writes for the
+    same rows, byte for byte, whole requests and a chunked prefill alike; a row with a NaN is failed through its
+    scale's flag, the others of its batch written."""
+    import json
+
+    from eagle3ops.store.sample import load_sample
+
+    d = _fresh_store(tmp_path, tiny_target, dtype="float8_e4m3fn")
+    rows = _rows(d)
+    hook, model = DumpHook(d, LAYERS), StandInModel(LAYERS)
+    plan = [
+        [_req(rows, 2, 0, 16), _req(rows, 0), _req(rows, 1)],
+        [_req(rows, 2, 16, 16), _req(rows, 3)],
+        [_req(rows, 4), _req(rows, 2, 32, 1), _req(rows, 5)],
+    ]
+    for batch in plan:
+        run_patched_calls(hook, model, *sglang_like_forward(batch, states, pad_rows=2))
+    fb, aux, last = sglang_like_forward([_req(rows, 6)], states)
+    aux[4, 1] = float("nan")
+    run_patched_calls(hook, model, fb, aux, last)
+    hook.flush(timeout=60)
+    hook.close()
+    errs = [json.loads(x) for x in (d / "hidden_states" / sglang_hook.ERRORS_NAME).read_text().splitlines()]
+    assert [(e["rows"], e.get("retry")) for e in errs] == [([6], False)]
+    assert (
+        "row 6: non-finite hidden states (NaN/Inf) at 1 of its tokens 0..20 (first at token 4)"
+        in errs[0]["error"]
+    )
+    store, ref = HiddenStateStore(d), HiddenStateStore(reference_fp8)
+    assert sorted(store.scan_manifest().entries) == [0, 1, 2, 3, 4, 5]
+    for i in range(6):
+        assert store.path(i).read_bytes() == ref.path(i).read_bytes(), f"row {i} differs"
+        assert store.validate_header(i, LENGTHS[i], len(LAYERS) + 1, _hidden(states), "float8_e4m3fn") is None
+    # about half the bf16 bytes (e4m3 + a float32 scale per token and state), and it loads as states again
+    loaded = load_sample(store.path(2))
+    assert loaded["hidden_states"].shape == (LENGTHS[2], len(LAYERS) + 1, _hidden(states))
+    assert not store.path(6).exists()
