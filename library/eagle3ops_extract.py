@@ -46,7 +46,8 @@ options:
     type: str
     default: auto
   max_batch_tokens:
-    description: Padded tokens per forward batch.
+    description: Padded tokens per forward batch (one the GPU cannot hold is split, and the report says what
+      fit).
     type: int
     default: 16384
   workers:
@@ -213,6 +214,17 @@ damaged_files:
   description: Row index -> C(file) and C(reason) of every damaged or missing file.
   returned: always
   type: dict
+oom_splits:
+  description:
+    - Batches split in two because the GPU ran out of memory on them (transformers backend); the run goes on
+      with smaller batches and warns with the size to set (C(max_batch_tokens)). A row that does not fit alone
+      fails the run, naming it.
+  returned: success
+  type: int
+max_batch_tokens_used:
+  description: The padded tokens a batch could hold at the end (lower than O(max_batch_tokens) after a split).
+  returned: success, transformers backend on one host
+  type: int
 duplicate_manifest_lines:
   description: Surplus manifest lines (a row recorded more than once by an older run); a real run collapses them.
   returned: always
@@ -250,6 +262,8 @@ def main():
         result.setdefault("failed", 0)
         result.setdefault("damaged", 0)
         fail_unless_it_fits(module, result)
+    for warning in result.pop("warnings", None) or []:  # e.g. batches split after a CUDA out-of-memory error
+        module.warn(warning)
     module.exit_json(**result)
 
 

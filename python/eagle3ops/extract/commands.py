@@ -173,6 +173,7 @@ def _human_summary(r: dict) -> str:
         + (f" ({r['tokens_per_second']:,.0f} tok/s)" if r.get("tokens_per_second") else "")
         + f"\n  -> {Path(r['data_dir']) / 'hidden_states'}"
         + _damaged_line(r)
+        + "".join(f"\n  warning: {w}" for w in r.get("warnings", []))
     )
 
 

@@ -196,7 +196,12 @@ EXTRACT = Command(
             doc="C(auto) (CUDA when present), C(cpu), C(cuda), C(cuda:N).",
             role_doc="auto, cpu, cuda, cuda:N.",
         ),
-        count("max_batch_tokens", default=16384, no_log=False, help="padded tokens per forward batch"),
+        count(
+            "max_batch_tokens",
+            default=16384,
+            no_log=False,
+            help="padded tokens per forward batch (one the GPU cannot hold is split, and the report says what fit)",
+        ),
         count("max_batch_size", default=64, param=False, help="rows per forward batch"),
         Option(
             "workers",

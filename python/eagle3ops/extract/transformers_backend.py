@@ -160,6 +160,8 @@ class _Loop:
     copy_stream: object
     pool: PinnedPool | None
     writer: SampleWriter
+    token_cap: int | None = None  # padded tokens a batch may hold after a CUDA out-of-memory error
+    oom_splits: int = 0  # batches split in two after one
 
 
 def run_extraction(cfg: ExtractConfig) -> dict:
@@ -220,7 +222,7 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     try:
         with torch.inference_mode():
             for batch in batches:
-                t_compute += _extract_batch(loop, batch)
+                t_compute += _extract_fitting(loop, batch)
         writer.finish()
         ok = True
     except BaseException:
@@ -254,8 +256,21 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         device=device,
         compute_dtype=compute_dtype,
         batches=len(batches),
+        oom_splits=loop.oom_splits,
+        max_batch_tokens_used=loop.token_cap or cfg.max_batch_tokens,
     )
+    if loop.oom_splits:
+        result["warnings"] = [oom_warning(loop.oom_splits, loop.token_cap, cfg.max_batch_tokens)]
     return result
+
+
+def oom_warning(splits: int, cap: int, planned: int) -> str:
+    """What the report says after batches were split because the GPU ran out of memory."""
+    return (
+        f"the GPU ran out of memory on {splits} batch(es): each was split in two and the run went on with at "
+        f"most {cap} padded tokens a batch (planned: {planned}). Set extract_max_batch_tokens (--max-batch-tokens) "
+        f"to {cap} or less to skip the failed tries next time"
+    )
 
 
 def _pinned_pool(cfg: ExtractConfig, batches, seq_lens, num_states: int, hidden: int, store_dtype, fp8: bool):
@@ -333,6 +348,49 @@ def _check_rows(cfg: ExtractConfig, batch, rows, lens, limits: dict) -> None:
             "prepared with another tokenizer. Re-run prepare with this model (prepare_model_path = "
             "extract_model_path). Rows finished before are kept."
         )
+
+
+def _padded(loop: _Loop, batch: list[int]) -> int:
+    return len(batch) * max(loop.seq_lens[i] for i in batch)
+
+
+def _extract_fitting(loop: _Loop, batch: list[int]) -> float:
+    """A planned batch, split in two (by rows, length-sorted) when the GPU runs out of memory on it, and so on
+    down to one row; afterwards every batch of the padded size that failed or more is split before it is
+    tried, so the run pays for one failed forward a size, not one a batch (users' pain 9). A row that does not fit alone fails,
+    naming it. Nothing was handed to the writer for a batch that failed: its rows are simply done again."""
+    import torch
+
+    oom_error = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    pending, seconds = [batch], 0.0
+    while pending:
+        b = pending.pop(0)
+        if len(b) > 1 and loop.token_cap is not None and _padded(loop, b) > loop.token_cap:
+            pending[:0] = [b[: len(b) // 2], b[len(b) // 2 :]]
+            continue
+        failed = None
+        try:
+            seconds += _extract_batch(loop, b)
+        except oom_error as e:
+            failed = str(e).splitlines()[0][:300]
+        if failed is None:
+            continue
+        # the exception and its frames (the batch's activations) are gone now: give their memory back
+        loop.capture.captured = {}
+        if loop.cuda:
+            torch.cuda.empty_cache()
+        if len(b) == 1:
+            n = loop.seq_lens[b[0]]
+            raise ExtractError(
+                f"row {b[0]} ({n} tokens) does not fit in GPU memory even alone ({failed}). Prepare with a "
+                f"smaller --max-length (prepare_max_length, now at least {n}), or give the target more GPU "
+                "memory (device, compute_dtype); the rows written so far are kept"
+            )
+        # what failed is too big; anything smaller may fit (a failure there lowers the cap again)
+        loop.token_cap = min(loop.token_cap or _padded(loop, b), _padded(loop, b) - 1)
+        loop.oom_splits += 1
+        pending[:0] = [b[: len(b) // 2], b[len(b) // 2 :]]
+    return seconds
 
 
 def _extract_batch(loop: _Loop, batch: list[int]) -> float:

@@ -141,8 +141,12 @@ def spawn_workers(
         _stop_workers(procs)
         for s, h in old.items():
             signal.signal(s, h)
-    keys = ("total", "done_before", "adopted", "written", "failed", "tokens", "bytes")
+    keys = ("total", "done_before", "adopted", "written", "failed", "tokens", "bytes", "oom_splits")
     merged = {k: sum(r.get(k, 0) for r in results) for k in keys}
+    if warnings := [
+        f"worker {r.get('rank', i)}: {w}" for i, r in enumerate(results) for w in r.get("warnings", [])
+    ]:
+        merged["warnings"] = warnings
     merged.update(imported)
     # what the repair above adopted, the workers count as done before (as a single process counts its adopted
     # files in done_before too); adopted says this run recorded them
