@@ -57,6 +57,14 @@ options:
   token_freq_path:
     description: Token frequencies; default O(data_dir)/token_freq.pt.
     type: path
+  init_from:
+    description:
+      - Warm start - fine-tune this speculators EAGLE-3 draft (a checkpoint directory, a speculators save
+        directory or a train run directory) instead of a new one.
+      - Its own vocabulary maps (C(d2t)/C(t2d) in its C(model.safetensors)) are the run's, unchanged, and
+        its shape is kept (O(num_layers), O(attention), O(draft_vocab_size) do not apply). Refused before
+        launch when its aux layer ids differ from the store's or it was made for another target.
+    type: path
   epochs:
     description: Training epochs.
     type: int
@@ -270,6 +278,10 @@ draft_vocab_size:
   description: Draft vocabulary size used; C(draft_vocab_capped) says whether it was capped.
   returned: always
   type: int
+init_from:
+  description: The checkpoint a warm start fine-tunes (O(init_from) resolved), or null for a new draft.
+  returned: always
+  type: str
 resume_from:
   description: The checkpoint a relaunch resumes from (epoch, global_step).
   returned: on relaunch

@@ -115,6 +115,24 @@ TRAIN = Command(
             doc="Token frequencies; default O(data_dir)/token_freq.pt.",
             role_doc="Token frequencies; empty for <train_data_dir>/token_freq.pt.",
         ),
+        Option(
+            "init_from",
+            "path",
+            role_default="",
+            help="warm start: fine-tune this speculators EAGLE-3 draft (a checkpoint, save or run directory); its "
+            "layers, attention and vocabulary maps (d2t/t2d) are kept",
+            doc=[
+                "Warm start - fine-tune this speculators EAGLE-3 draft (a checkpoint directory, a speculators save "
+                "directory or a train run directory) instead of a new one.",
+                "Its own vocabulary maps (C(d2t)/C(t2d) in its C(model.safetensors)) are the run's, unchanged, "
+                "and its shape is kept (O(num_layers), O(attention), O(draft_vocab_size) do not apply). Refused "
+                "before launch when its aux layer ids differ from the store's or it was made for another target.",
+            ],
+            role_doc=(
+                "Warm start from this speculators EAGLE-3 draft (checkpoint, save or run dir); empty = a new "
+                "draft. Its shape and d2t/t2d maps are kept."
+            ),
+        ),
         count(
             "epochs",
             default=3,

@@ -163,6 +163,7 @@ class Plan:
     target_vocab: int
     warnings: list = field(default_factory=list)
     samples: dict = field(default_factory=dict)
+    init: dict | None = None  # a warm start's draft (eagle3ops.train.warm_start.read_init), with its maps
 
 
 def prepared_max_length(data: Path) -> int:
@@ -250,12 +251,8 @@ def plan(spec: TrainSpec) -> Plan:
         warnings.append(small)
     tf_path = Path(spec.token_freq_path) if spec.token_freq_path else data / TOKEN_FREQ
     freq = read_token_freq(tf_path)
-    size, capped = draft_vocab(spec.draft_vocab_size, len(freq), facts["vocab_size"])
-    if capped:
-        warnings.append(
-            f"draft vocab capped at {size}: {tf_path} counts only {len(freq)} distinct tokens "
-            f"(requested {spec.draft_vocab_size or DEFAULT_DRAFT_VOCAB})"
-        )
+    init = _warm_start(spec, layer_ids, facts, warnings)
+    size, capped = _draft_vocab_size(spec, freq, tf_path, facts, init, warnings)
     tf_sha = sha256_file(tf_path)
     device, nproc = resolve_device(spec)
     check_nodes(spec, device)
@@ -268,7 +265,8 @@ def plan(spec: TrainSpec) -> Plan:
         # speculators resolves it from the verifier's tokenizer; EAGLE-3 does not use it
         mask = facts["pad_token_id"] if isinstance(facts["pad_token_id"], int) else 0
     save_path = Path(spec.save_path).resolve() if spec.save_path else run_dir / "checkpoints"
-    vocab_dir = run_dir / "vocab" / tf_sha[:12]
+    # the maps' directory is keyed by what they come from: the token counts, or a warm start's draft
+    vocab_dir = run_dir / "vocab" / (f"init-{init['sha256'][:12]}" if init else tf_sha[:12])
     values = {
         "speculators_version": speculators_version(),
         "trainer_module": TRAINERS[spec.trainer],
@@ -313,6 +311,8 @@ def plan(spec: TrainSpec) -> Plan:
         "max_steps": spec.max_steps,
         "log_dir": str(run_dir / "logs"),
         "extra": spec.extra or {},
+        "init_from": init["checkpoint"] if init else None,
+        "init_sha256": init["sha256"] if init else None,
         # fp8 stores (extract dtype float8_e4m3fn: e4m3 + hidden_states_scales) are read by hs_connectors'
         # FP8Transfer; the default file backend would hand the trainer unscaled e4m3 values
         "hidden_states_backend": "fp8" if meta.get("dtype") == "float8_e4m3fn" else "file",
@@ -335,4 +335,37 @@ def plan(spec: TrainSpec) -> Plan:
         target_vocab=int(facts["vocab_size"]),
         warnings=warnings,
         samples=samples,
+        init=init,
     )
+
+
+def _draft_vocab_size(spec: TrainSpec, freq: dict, tf_path: Path, facts: dict, init, warnings: list):
+    """(size, capped): a warm start's own, or the requested size capped at the distinct tokens counted."""
+    if init:
+        return init["draft_vocab_size"], False
+    size, capped = draft_vocab(spec.draft_vocab_size, len(freq), facts["vocab_size"])
+    if capped:
+        warnings.append(
+            f"draft vocab capped at {size}: {tf_path} counts only {len(freq)} distinct tokens "
+            f"(requested {spec.draft_vocab_size or DEFAULT_DRAFT_VOCAB})"
+        )
+    return size, capped
+
+
+def _warm_start(spec: TrainSpec, layer_ids: list[int], facts: dict, warnings: list) -> dict | None:
+    """The pretrained draft of ``init_from``, checked (eagle3ops.train.warm_start); None for a new draft."""
+    if not spec.init_from:
+        return None
+    if spec.trainer != "speculators":
+        raise TrainError(
+            f"train init_from is for trainer speculators (its draft.from_pretrained), not {spec.trainer!r}"
+        )
+    from eagle3ops.train.warm_start import read_init
+
+    init = read_init(spec.init_from, layer_ids, facts)
+    if spec.draft_vocab_size and spec.draft_vocab_size != init["draft_vocab_size"]:
+        warnings.append(
+            f"train draft_vocab_size {spec.draft_vocab_size} does not apply to a warm start: the draft "
+            f"{init['checkpoint']} keeps its own {init['draft_vocab_size']} tokens and their maps"
+        )
+    return init

@@ -293,6 +293,7 @@ def _base_result(p: Plan, cfg_path: Path) -> dict:
         "layer_ids": p.values["layer_ids"],
         "draft_vocab_size": p.values["draft_vocab_size"],
         "draft_vocab_capped": p.values["draft_vocab_capped"],
+        "init_from": p.values.get("init_from"),
         "device": p.device,
         "nproc": p.nproc,
         "nnodes": p.spec.nnodes,
@@ -300,7 +301,9 @@ def _base_result(p: Plan, cfg_path: Path) -> dict:
         "config_sha256": p.config_sha256,
         "warnings": p.warnings,
         "samples": p.samples,
-        "serve_window_size": p.spec.sliding_window if p.spec.attention == "sliding" else None,
+        "serve_window_size": p.init["window"]
+        if p.init
+        else (p.spec.sliding_window if p.spec.attention == "sliding" else None),
     }
 
 
@@ -381,9 +384,14 @@ def _launch(spec: TrainSpec, p: Plan, cfg_path: Path, state: dict | None, result
     scheduler = (spec.extra.get("scheduler") or {}).get("scheduler_type", "linear") != "none"
     result["quarantined_checkpoints"] = quarantine_incomplete(p.save_path, scheduler)
     result["resume_from"] = resume_point(p.save_path)
-    write_vocab_maps(
-        p.token_freq, p.values["draft_vocab_size"], p.target_vocab, Path(p.values["d2t_path"]).parent
-    )
+    if p.init:  # a warm start trains with its draft's own maps (users' pain 14: rebuilt maps misalign it)
+        from eagle3ops.train.warm_start import write_init_maps
+
+        write_init_maps(p.init, Path(p.values["d2t_path"]), Path(p.values["t2d_path"]))
+    else:
+        write_vocab_maps(
+            p.token_freq, p.values["draft_vocab_size"], p.target_vocab, Path(p.values["d2t_path"]).parent
+        )
     if spec.trainer == "specforge":  # its inputs beside the config: target view, draft config, pointers
         from eagle3ops.train import specforge
 

@@ -66,6 +66,7 @@ MANAGED_KEYS = {
         "full_attention_indices",
         "mask_token_id",
         "token_freq_path",
+        "from_pretrained",  # train_init_from (eagle3ops.train.warm_start)
     },
     "data": {
         "data_path",
@@ -99,6 +100,7 @@ class TrainSpec:
     layer_ids: list[int] | None = _D["layer_ids"]
     draft_vocab_size: int | None = _D["draft_vocab_size"]
     token_freq_path: str | None = _D["token_freq_path"]
+    init_from: str | None = _D["init_from"]  # a speculators draft to fine-tune (eagle3ops.train.warm_start)
     epochs: int = _D["epochs"]
     lr: float | None = _D["lr"]  # None: the trainer's own (TRAINER_DEFAULTS)
     ttt_steps: int | None = _D["ttt_steps"]
