@@ -56,10 +56,9 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from datasets import Dataset
     from eagle3ops.store import HiddenStateStore
+    from fp8_gpu import random_target  # the same random Llama and rows as the fp8 bench
     from safetensors.torch import load_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -69,20 +68,7 @@ def main() -> int:
     res.update(rows=rows, seq_len=seq, hidden=hidden, layers=layers, headroom=args.headroom)
     with tempfile.TemporaryDirectory(prefix="oom-gpu-", dir="/var/tmp") as tmp:
         t = Path(tmp)
-        torch.manual_seed(0)
-        cfg = LlamaConfig(
-            hidden_size=hidden,
-            intermediate_size=hidden * 2 if args.tiny else 5632,
-            num_hidden_layers=layers,
-            num_attention_heads=4 if args.tiny else 16,
-            num_key_value_heads=4 if args.tiny else 16,
-            vocab_size=1000 if args.tiny else 32000,
-            max_position_embeddings=4096,
-        )
-        LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(t / "model"))
-        g = torch.Generator().manual_seed(1)
-        ids = torch.randint(0, cfg.vocab_size, (rows, seq), generator=g).tolist()
-        ds = Dataset.from_dict({"input_ids": ids, "loss_mask": [[1] * seq] * rows, "seq_len": [seq] * rows})
+        ds = random_target(t / "model", rows, seq, args.tiny)
         for name in ("reference", "capped"):
             ds.save_to_disk(str(t / name))
         if cuda:

@@ -24,6 +24,31 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 
+def random_target(model_dir: Path, rows: int, seq: int, tiny: bool):
+    """A random-init bf16 Llama saved in ``model_dir`` (hidden 2048, 16 layers; ``tiny``: hidden 64, 8 layers)
+    and ``rows`` random rows of ``seq`` tokens as a prepared dataset (input_ids, loss_mask, seq_len), not saved.
+    Shared with bench/extract_oom_gpu.py."""
+    import torch
+    from datasets import Dataset
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    hidden = 64 if tiny else 2048
+    cfg = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=hidden * 2 if tiny else 5632,
+        num_hidden_layers=8 if tiny else 16,
+        num_attention_heads=4 if tiny else 16,
+        num_key_value_heads=4 if tiny else 16,
+        vocab_size=1000 if tiny else 32000,
+        max_position_embeddings=4096,
+    )
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(model_dir))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, cfg.vocab_size, (rows, seq), generator=g).tolist()
+    return Dataset.from_dict({"input_ids": ids, "loss_mask": [[1] * seq] * rows, "seq_len": [seq] * rows})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -34,11 +59,9 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from datasets import Dataset
     from eagle3ops.extract.session import ExtractConfig
     from eagle3ops.extract.transformers_backend import run_extraction
     from eagle3ops.store import FP8_SCALES_KEY, HiddenStateStore, load_sample, read_safetensors_header
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     hidden, layers, seq = (64, 8, 64) if args.tiny else (2048, 16, args.seq_len)
@@ -53,20 +76,7 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="fp8-gpu-") as tmp:
         t = Path(tmp)
-        torch.manual_seed(0)
-        cfg = LlamaConfig(
-            hidden_size=hidden,
-            intermediate_size=hidden * 2 if args.tiny else 5632,
-            num_hidden_layers=layers,
-            num_attention_heads=4 if args.tiny else 16,
-            num_key_value_heads=4 if args.tiny else 16,
-            vocab_size=1000 if args.tiny else 32000,
-            max_position_embeddings=4096,
-        )
-        LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(t / "model"))
-        g = torch.Generator().manual_seed(1)
-        ids = torch.randint(0, cfg.vocab_size, (rows, seq), generator=g).tolist()
-        ds = Dataset.from_dict({"input_ids": ids, "loss_mask": [[1] * seq] * rows, "seq_len": [seq] * rows})
+        ds = random_target(t / "model", rows, seq, args.tiny)
         for dt in ("bfloat16", "float8_e4m3fn"):
             ds.save_to_disk(str(t / dt))
             t0 = time.perf_counter()
