@@ -22,6 +22,11 @@ from eagle3ops.train.spec import CONFIG, EXIT, LOG, METRICS, PIDFILE, STATE, TRA
 TORCHRUN = "torch.distributed.run"  # the agent's module (planning.torchrun_argv), never a training process
 
 
+# the line the launcher writes into the log before each attempt's output (eagle3ops.train.run.oom_hint reads
+# only the last attempt's part)
+ATTEMPT_MARK = "===== eagle3ops train: attempt "
+
+
 def _proc_state(pid: int) -> str | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -207,7 +212,7 @@ def launch(
         f.write(json.dumps({"kind": "attempt", "attempt": attempt, "time": round(started, 3)}) + "\n")
     with open(log_path, "a") as f:
         f.write(
-            f"\n===== eagle3ops train: attempt {attempt} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} "
+            f"\n{ATTEMPT_MARK}{attempt} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} "
             f"({launcher}): {' '.join(cmd)}\n"
         )
     unit = None

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ from eagle3ops.train.inputs import (
     write_vocab_maps,
 )
 from eagle3ops.train.launch import (
+    ATTEMPT_MARK,
     is_our_trainer,
     launch,
     stop_run,
@@ -141,6 +143,37 @@ def log_tail(run_dir: Path, n: int = 40) -> str:
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - 16384))
         return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+
+
+# what CUDA's caching allocator (and ROCm's) says when a trainer runs out of GPU memory
+OOM_MARKERS = ("CUDA out of memory", "HIP out of memory", "OutOfMemoryError")
+
+
+def oom_hint(run_dir: Path, ex: dict | None) -> str | None:
+    """What to change when the last attempt ran out of GPU memory (users' pain 9), from its exit record and its
+    own part of the log (another rank's OOM reaches rank 0 only as a torchrun error); None otherwise."""
+    text = " ".join(str((ex or {}).get(k, "")) for k in ("error", "traceback"))
+    p = run_dir / LOG
+    if p.exists():
+        with open(p, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            text += f.read().decode(errors="replace").rsplit(ATTEMPT_MARK, 1)[-1]
+    if not any(m in text for m in OOM_MARKERS):
+        return None
+    m = re.search(r"^\s*total_seq_len:\s*(\d+)", _read_text(run_dir / CONFIG), re.M)
+    now = f", now {m.group(1)}" if m else ""
+    return (
+        f"the GPU ran out of memory: lower train_total_seq_len (the tokens of one packed batch a GPU{now}), or "
+        "train the same batches on more GPUs; a re-run resumes from the last checkpoint"
+    )
+
+
+def _read_text(p: Path) -> str:
+    try:
+        return p.read_text()
+    except OSError:
+        return ""
 
 
 @contextlib.contextmanager
@@ -430,9 +463,11 @@ def wait_for(run_dir: Path, state: dict, *, timeout: float, poll_s: float, log) 
     ex = read_exit(run_dir)
     if not ex or ex.get("status") != "finished":
         why = "was killed (no exit record)" if not ex else f"ended {ex.get('status')}: {ex.get('error', '')}"
+        hint = oom_hint(run_dir, ex)
         raise TrainError(
-            f"the trainer (PID {pid}) {why}. Log: {run_dir / LOG}. Re-running the phase resumes from the last "
-            f"checkpoint. Last log lines:\n{log_tail(run_dir, 25)}",
+            f"the trainer (PID {pid}) {why}.{f' {hint[0].upper()}{hint[1:]}.' if hint else ''} Log: "
+            f"{run_dir / LOG}. Re-running the phase resumes from the last checkpoint. Last log lines:\n"
+            f"{log_tail(run_dir, 25)}",
             pid=pid,
             status=(ex or {}).get("status", "killed"),
             exit=ex,
@@ -456,6 +491,7 @@ def status(run_dir: str) -> dict:
         "resume_from": resume_point(save),
         "metrics": read_metrics(rd),
         "log_path": str(rd / LOG),
+        "hint": oom_hint(rd, ex) if st in ("failed", "killed", "interrupted") else None,
         # what a poll of the train role prints (callback_plugins/eagle3ops_progress.py)
         "progress": train_progress(rd, st, cfg.read_text() if cfg.exists() else None),
     }

@@ -433,3 +433,33 @@ def test_gpu_config_defaults_to_eager_loss_and_flex_attention(inputs, tmp_path, 
         chosen_cfg["loss"]["loss_implementation"] == "fused"
         and chosen_cfg["draft"]["draft_attn_impl"] == "sdpa"
     )
+
+
+def test_a_run_that_ran_out_of_gpu_memory_says_which_variable_to_lower(tmp_path):
+    """Users' pain 9 (training side): a trainer that died of a CUDA out-of-memory error, seen in its exit record
+    or only in its own part of the log (another rank's error reaches rank 0 as a torchrun failure), gets a hint
+    naming train_total_seq_len and its value; an OOM of an earlier attempt says nothing about the last one."""
+    from eagle3ops.train.launch import ATTEMPT_MARK
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / train_spec.CONFIG).write_text("train:\n  data:\n    total_seq_len: 8192\n")
+    (rd / train_spec.STATE).write_text(json.dumps({"pid": 2**22 + 7, "attempt": 2}))
+    exit_oom = {
+        "status": "failed",
+        "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    }
+    (rd / train_spec.EXIT).write_text(json.dumps(exit_oom))
+    st = train_run.status(str(rd))
+    assert st["status"] == "failed"
+    assert "lower train_total_seq_len (the tokens of one packed batch a GPU, now 8192)" in st["hint"]
+    # the exit record says only that torchrun failed; the OOM is in this attempt's part of the log
+    (rd / train_spec.EXIT).write_text(json.dumps({"status": "failed", "error": "ChildFailedError: rank 1"}))
+    log = f"{ATTEMPT_MARK}1 at x\nok\n{ATTEMPT_MARK}2 at y\n[rank1] torch.OutOfMemoryError: CUDA out of memory.\n"
+    (rd / train_spec.LOG).write_text(log)
+    assert "train_total_seq_len" in train_run.status(str(rd))["hint"]
+    # an earlier attempt's OOM, then a failure of another kind: no hint
+    (rd / train_spec.LOG).write_text(
+        f"{ATTEMPT_MARK}1 at x\nCUDA out of memory\n{ATTEMPT_MARK}2 at y\nKeyError\n"
+    )
+    assert train_run.status(str(rd))["hint"] is None
