@@ -357,8 +357,8 @@ def _padded(loop: _Loop, batch: list[int]) -> int:
 def _extract_fitting(loop: _Loop, batch: list[int]) -> float:
     """A planned batch, split in two (by rows, length-sorted) when the GPU runs out of memory on it, and so on
     down to one row; afterwards every batch of the padded size that failed or more is split before it is
-    tried, so the run pays for one failed forward a size, not one a batch (users' pain 9). A row that does not fit alone fails,
-    naming it. Nothing was handed to the writer for a batch that failed: its rows are simply done again."""
+    tried, so the run pays for one failed forward a size, not one a batch (users' pain 9). A row that does not
+    fit alone fails, naming it. Nothing was handed to the writer for a batch that failed: its rows are simply done again."""
     import torch
 
     oom_error = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)

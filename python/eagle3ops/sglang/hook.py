@@ -175,9 +175,8 @@ class DumpHook:
         self._store: HiddenStateStore | None = None
         self._meta: dict | None = None
         self._dtype = None  # the store dtype (torch)
-        self._work_dtype = (
-            None  # what the device block is built in: the store dtype, or for fp8 the model's own
-        )
+        # what the device block is built in: the store dtype, or for fp8 the model's own
+        self._work_dtype = None
         self._fp8 = False
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None  # the dispatcher: waits for copies, splits, stitches

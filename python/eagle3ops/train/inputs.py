@@ -281,16 +281,22 @@ def draft_vocab(requested: int | None, distinct: int, target_vocab: int | None) 
 
 def write_vocab_maps(freq: dict[int, int], size: int, target_vocab: int, out_dir: Path) -> tuple[Path, Path]:
     """d2t/t2d with speculators' own algorithm, into the run directory (atomic writes)."""
-    import io
-
-    import numpy as np
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
     d2t, t2d = build_vocab_mappings_from_distribution(freq, size, target_vocab)
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = (out_dir / f"d2t-{size}.npy", out_dir / f"t2d-{size}.npy")
     for path, arr in zip(paths, (d2t, t2d), strict=True):
-        buf = io.BytesIO()
-        np.save(buf, arr.cpu().numpy())
-        atomic_write_bytes(path, buf.getvalue())
+        write_npy(path, arr.cpu().numpy())
     return paths
+
+
+def write_npy(path: Path, arr) -> None:
+    """One vocabulary map as a .npy file, written atomically (its directory made if missing)."""
+    import io
+
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    atomic_write_bytes(path, buf.getvalue())

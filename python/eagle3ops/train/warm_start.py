@@ -14,12 +14,12 @@ that resume refuses unless ``restart_on_change``.
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 from eagle3ops.checkpoints import CheckpointError, resolve_checkpoint
-from eagle3ops.durable import atomic_write_bytes, sha256_file
+from eagle3ops.durable import sha256_file
+from eagle3ops.train.inputs import write_npy
 from eagle3ops.train.spec import TrainError
 
 WEIGHTS = "model.safetensors"
@@ -101,10 +101,5 @@ def read_init(path: str, layer_ids: list[int], facts: dict) -> dict:
 
 def write_init_maps(init: dict, d2t_path: Path, t2d_path: Path) -> None:
     """The pretrained draft's own maps, as the .npy files the config names (atomic writes)."""
-    import numpy as np
-
-    for path, arr in ((d2t_path, init["d2t"]), (t2d_path, init["t2d"])):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        np.save(buf, arr)
-        atomic_write_bytes(path, buf.getvalue())
+    write_npy(d2t_path, init["d2t"])
+    write_npy(t2d_path, init["t2d"])
