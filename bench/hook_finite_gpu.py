@@ -5,9 +5,10 @@ states on the compute stream, then reduces one "all finite" flag a token beside 
 that reduction is GPU time the forward pass waits for. This script measures it with CUDA events, at the shapes
 that matter, for each way of writing the flag, against the block build the hook already does:
 
-  isfinite_all   ``torch.isfinite(block).flatten(1).all(dim=1)`` (what the hook does now: a bool temporary of the
+  isfinite_all   ``torch.isfinite(block).flatten(1).all(dim=1)`` (the hook's first form: a bool temporary of the
                  block's size, then a reduction)
-  aminmax        ``torch.aminmax(block.view(n, -1), dim=1)``, then both ends finite (one read, no temporary:
+  aminmax        ``eagle3ops.sglang.hook_copy.rows_finite``, what the hook runs since 2026-12-07:
+                 ``torch.aminmax(block.flatten(1), dim=1)``, then both ends finite (one read, no temporary:
                  NaN propagates through min/max, +Inf shows in the max, -Inf in the min)
   block_build    the two copies that build the block (the hook's own cost before the check, for scale)
 
@@ -48,10 +49,9 @@ def isfinite_all(block):
 
 
 def aminmax(block):
-    import torch
+    from eagle3ops.sglang.hook_copy import rows_finite  # what the hook runs now
 
-    lo, hi = torch.aminmax(block.view(block.shape[0], -1), dim=1)
-    return torch.isfinite(lo) & torch.isfinite(hi)
+    return rows_finite(block)
 
 
 FORMS = {"isfinite_all": isfinite_all, "aminmax": aminmax}

@@ -5,7 +5,7 @@ backend, the SGLang hook, the train fixtures).
 ``hidden_states`` [T, K+1, H] (K aux states in layer order, then the pre-norm output of the last decoder layer);
 the header JSON is padded with spaces to a multiple of 8, as the safetensors format asks. Any safetensors reader
 loads it. fp8 (``float8_e4m3fn``) stores one float32 scale per row (one token's one state): ``scale =
-amax(|row|) / 448``, what speculators' ``hs_connectors.FP8Transfer`` dequantises as ``fp8.to(bf16) * scale``.
+amax(|row|) * float32(1/448)``, what speculators' ``hs_connectors.FP8Transfer`` dequantises as ``fp8.to(bf16) * scale``.
 
 Sizes and headers are computed here without torch (the planner checks 100k files by their first bytes); only
 :func:`quantize_fp8`, :func:`sample_parts` and :func:`load_sample` import torch.
@@ -20,6 +20,11 @@ import struct
 
 FP8_DTYPE = "float8_e4m3fn"
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+# the scale is amax times this float32 constant, never amax / FP8_MAX: CUDA divides a tensor by a Python scalar
+# as a multiply by its reciprocal, the CPU divides; the two rounded ~45 % of the scales one float32 step apart
+# (H100, 2026-12-07), so the same states made other bytes on each device. A multiply by the same float32 is
+# rounded the same way by every IEEE device.
+FP8_INV_MAX = struct.unpack("<f", struct.pack("<f", 1.0 / FP8_MAX))[0]
 # the key hs_connectors 0.9.0 (speculators' loader, `hidden_states_backend: fp8`) dequantises with
 FP8_SCALES_KEY = "hidden_states_scales"
 # bytes per element for the dtypes we write
@@ -135,7 +140,8 @@ def load_sample(path: str | os.PathLike, dtype=None) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 def quantize_fp8(states):
     """``states`` [..., K+1, H] (any float dtype, any device) -> (float8_e4m3fn [..., K+1, H], float32 scale
-    [..., K+1, 1]) with one scale per row (one token's one state): ``scale = amax(|row|) / 448``.
+    [..., K+1, 1]) with one scale per row (one token's one state): ``scale = amax(|row|) * float32(1/448)``, the
+    same bits on every device (:data:`FP8_INV_MAX`).
 
     Stored as ``hidden_states`` + ``hidden_states_scales``: exactly what ``hs_connectors.FP8Transfer`` (selected in
     speculators 0.9.0 by ``data.hidden_states_backend: fp8``) reads and dequantises as ``fp8.to(bf16) * scale``
@@ -145,7 +151,7 @@ def quantize_fp8(states):
     import torch
 
     x = states.float()
-    scale = (x.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
+    scale = (x.abs().amax(dim=-1, keepdim=True) * FP8_INV_MAX).clamp(min=1e-12)
     return (x / scale).to(torch.float8_e4m3fn), scale
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from eagle3ops.extract.session import ExtractConfig, plan_extraction
@@ -51,6 +52,21 @@ def test_quantize_per_row_scale_and_error():
     amax = x.abs().amax(dim=(1, 2), keepdim=True) / 448.0
     per_token = (x / amax).to(torch.float8_e4m3fn).float() * amax
     assert _rel_err(per_token[:, 0], x[:, 0]) > 0.1
+
+
+def test_the_scale_is_one_ieee_multiply_so_every_device_writes_the_same_bits():
+    """scale = amax * float32(1/448), checked against numpy's float32 multiply (any IEEE device rounds one
+    multiply alike). The division form it replaced (amax / 448) is rounded differently by CUDA, which divides by
+    a scalar as a multiply by its reciprocal: on an H100 ~45 % of scales came out one float32 step away from the
+    CPU's; here the two forms are shown to differ on the CPU too, so the test fails if the division comes back."""
+    from eagle3ops.store.sample import FP8_INV_MAX
+
+    x = torch.randn(512, 4, 96, generator=torch.Generator().manual_seed(5), dtype=torch.bfloat16)
+    _q, s = quantize_fp8(x)
+    amax = x.float().abs().amax(dim=-1, keepdim=True).numpy()
+    want = np.maximum(amax * np.float32(FP8_INV_MAX), np.float32(1e-12))
+    assert np.array_equal(s.numpy(), want)
+    assert not np.array_equal(s.numpy(), amax / np.float32(448.0))
 
 
 def test_non_finite_row_gives_non_finite_scale():

@@ -319,3 +319,21 @@ def test_an_fp8_store_gets_the_transformers_backends_fp8_bytes(tmp_path, tiny_ta
     loaded = load_sample(store.path(2))
     assert loaded["hidden_states"].shape == (LENGTHS[2], len(LAYERS) + 1, _hidden(states))
     assert not store.path(6).exists()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_finite_flag_marks_exactly_the_rows_with_nan_or_inf(dtype):
+    """hook_copy.rows_finite (min and max of a row, both finite) flags the same rows as the plain isfinite
+    reduction it replaced: NaN, +Inf, -Inf, and both infinities in one row; a batch of no rows gives no flags."""
+    import torch
+    from eagle3ops.sglang.hook_copy import rows_finite
+
+    block = torch.randn(40, 4, 24, generator=torch.Generator().manual_seed(3)).to(getattr(torch, dtype))
+    planted = {2: float("nan"), 11: float("inf"), 29: float("-inf")}
+    for row, value in planted.items():
+        block[row, row % 4, row % 24] = value
+    block[35, 0, 0], block[35, 3, 23] = float("inf"), float("-inf")
+    flags = rows_finite(block)
+    assert torch.equal(flags, torch.isfinite(block).flatten(1).all(dim=1))
+    assert torch.nonzero(~flags).flatten().tolist() == [2, 11, 29, 35]
+    assert rows_finite(block[:0]).shape == (0,)
