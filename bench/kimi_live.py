@@ -1,0 +1,214 @@
+"""The Kimi-K2.5-format fixture through the box's real SGLang (0.5.17): served, captured, a draft on it.
+
+One detached process on the lent GPU box (bench/kimi_live.sh starts and polls it), SGLang installed under
+/tmp/sglsite. Stages, each bounded by ``--budget-s``, each result in WORK/res/<stage>.json (bench/sglang_live.py's
+``stage``/``save``/``cli``/``Server``), failures recorded and the next stage run:
+
+  fixture      ``eagle3ops demo-kimi``: the KimiK25ForConditionalGeneration wrapper, ``language_model.`` weights in
+               shards + index, INT4 compressed-tensors routed experts (group 32), the remote-code tiktoken
+               tokenizer, the processor files, the chat template with thinking and tool calls
+  tokenizers   the same rendered conversations through SGLang's own ``get_tokenizer(trust_remote_code=True)``,
+               transformers with trust_remote_code and without it (the native substitute): ids equal or not
+  serve        the wrapper served plain with ``--trust-remote-code --reasoning-parser kimi_k2
+               --tool-call-parser kimi_k2`` (the INT4 experts through SGLang's compressed-tensors W4A16 MoE):
+               time to health, chat completions with thinking on and off and with a tool, and the server's
+               prompt token count against the remote tokenizer's rendering of the same messages
+  capture      ``eagle3ops prepare`` (remote template) -> ``sglang-patch apply`` -> the capture server ->
+               ``eagle3ops extract-sglang`` -> ``sglang-patch restore`` (byte-exact); the same rows through the
+               transformers backend on CUDA (the INT4 experts dequantised) and the two stores compared
+  draft        ``eagle3ops train`` (speculators on the GPU) on the SGLang store, then the draft served with
+               EAGLE3 on the wrapper and measured by ``eagle3ops benchmark-live`` through the remote template
+
+The fixture's weights are random: acceptance says nothing about quality here, only that every part runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sglang_live as L
+from sglang_live_demo import capture_env, capture_server, compare
+
+SGLANG_VERSION = "0.5.17"
+KIMI_FLAGS = ["--trust-remote-code", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2"]
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def _args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", default="/tmp/kimi")
+    ap.add_argument("--site", default="/tmp/sglsite")
+    ap.add_argument("--budget-s", type=float, default=840)
+    ap.add_argument(
+        "--health-s", type=float, default=420, help="a bare box compiles the INT4 MoE kernels first"
+    )
+    ap.add_argument("--moe-runner", default=None, help="--moe-runner-backend (default: SGLang's choice)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--rows", type=int, default=64)
+    return ap.parse_args()
+
+
+def _messages(conv: dict) -> list[dict]:
+    """A fixture conversation (ShareGPT-like, eagle3ops.kimi_fixture.chats) as chat messages."""
+    role = {"human": "user", "gpt": "assistant", "system": "system", "user": "user", "assistant": "assistant"}
+    turns = conv.get("conversations") or conv.get("messages") or []
+    return [{"role": role.get(t.get("from") or t.get("role"), "user"), "content": t.get("value") or t.get("content")}
+            for t in turns]  # fmt: skip
+
+
+@L.stage("tokenizers", need_s=60)
+def tokenizers(model: Path, convs: list[dict]) -> dict:
+    from transformers import AutoTokenizer
+
+    try:
+        from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+    except ImportError:
+        from sglang.srt.hf_transformers_utils import get_tokenizer
+    sgl = get_tokenizer(str(model), trust_remote_code=True)
+    remote = AutoTokenizer.from_pretrained(str(model), trust_remote_code=True)
+    native = AutoTokenizer.from_pretrained(str(model), trust_remote_code=False)
+    same_remote = same_native = 0
+    first_native_diff = None
+    for c in convs:
+        text = remote.apply_chat_template(_messages(c), tokenize=False)
+        a, b, n = (t.encode(text, add_special_tokens=False) for t in (sgl, remote, native))
+        same_remote += a == b
+        same_native += a == n
+        if a != n and first_native_diff is None:
+            k = next((i for i, (x, y) in enumerate(zip(a, n, strict=False)) if x != y), min(len(a), len(n)))
+            first_native_diff = {"position": k, "sglang": sgl.convert_ids_to_tokens(a[k : k + 3]),
+                                 "native": native.convert_ids_to_tokens(n[k : k + 3])}  # fmt: skip
+    return {"conversations": len(convs), "sglang_eq_remote": same_remote, "sglang_eq_native": same_native,
+            "sglang_class": type(sgl).__name__, "native_class": type(native).__name__,
+            "first_native_difference": first_native_diff}  # fmt: skip
+
+
+def _chat(url: str, messages: list[dict], **extra) -> dict:
+    body = {"model": "default", "messages": messages, "max_tokens": 24, "temperature": 0, **extra}
+    t = time.time()
+    r = L.http(url + "/v1/chat/completions", body, timeout=300)
+    msg = r["choices"][0]["message"]
+    return {"s": round(time.time() - t, 2), "usage": r.get("usage"), "content": (msg.get("content") or "")[:200],
+            "reasoning_content": (msg.get("reasoning_content") or "")[:200],
+            "tool_calls": msg.get("tool_calls"), "finish_reason": r["choices"][0].get("finish_reason")}  # fmt: skip
+
+
+@L.stage("serve", need_s=120)
+def serve(a, model: Path, convs: list[dict]) -> dict:
+    from transformers import AutoTokenizer
+
+    remote = AutoTokenizer.from_pretrained(str(model), trust_remote_code=True)
+    extra = [*KIMI_FLAGS, *(["--moe-runner-backend", a.moe_runner] if a.moe_runner else [])]
+    srv = L.Server("kimi_plain", model, 30100, extra=extra, cuda_graph=False, mem=0.3, max_tokens=32768)
+    out: dict = {"argv": srv.argv}
+    with srv.start(timeout=a.health_s):
+        out["healthy_after_s"] = srv.ready_s
+        msgs = [{"role": "user", "content": "What is the capital of France?"}]
+        out["thinking_default"] = _chat(srv.url, msgs)
+        out["thinking_off"] = _chat(srv.url, msgs, chat_template_kwargs={"thinking": False})
+        out["with_tool"] = _chat(srv.url, [{"role": "user", "content": "Weather in Paris?"}], tools=[TOOL])
+        counts = []
+        for c in convs[:8]:
+            m = [t for t in _messages(c) if t["role"] != "assistant"][:1]
+            ours = len(remote.apply_chat_template(m, tokenize=True, add_generation_prompt=True))
+            theirs = _chat(srv.url, m, max_tokens=1)["usage"]["prompt_tokens"]
+            counts.append([ours, theirs])
+        out["prompt_tokens_ours_vs_server"] = counts
+        out["prompt_tokens_agree"] = all(x == y for x, y in counts)
+    return out
+
+
+@L.stage("capture", need_s=180)
+def capture(a, model: Path, conv_path: Path) -> dict:
+    w = Path(a.work)
+    tf, sg = w / "data_tf", w / "data_sg"
+    out: dict = {}
+    out["prepare"] = L.cli("prepare", "--model", str(model), "--input", str(conv_path), "--out", str(tf),
+                           "--max-length", "512", "--trust-remote-code", name="prepare")  # fmt: skip
+    if out["prepare"].get("rc"):
+        return out
+    import shutil
+
+    shutil.copytree(tf, sg)
+    out["extract_tf"] = L.cli("extract", "--data", str(tf), "--model", str(model), "--device", a.device,
+                              "--trust-remote-code", name="extract_tf")  # fmt: skip
+    meta = json.loads((tf / "hidden_states" / "extract_meta.json").read_text())
+    ids = [int(i) for i in meta["layer_ids"]]
+    site = ["--site-packages", a.site, "--sglang-version", SGLANG_VERSION]
+    target = Path(a.site) / "sglang/srt/models/deepseek_v2.py"
+    before = hashlib.sha256(target.read_bytes()).hexdigest()
+    out["patch_apply"] = L.cli("sglang-patch", "apply", *site, name="patch_apply")
+    srv = capture_server(a, model, ids, name="kimi_capture", port=30110, mem=0.3, max_tokens=32768)
+    srv.argv += KIMI_FLAGS
+    srv.cuda_graph = False
+    srv.argv.append("--disable-cuda-graph")
+    try:
+        with srv.start(timeout=a.health_s, env=capture_env(sg, ids)):
+            out["capture_healthy_after_s"] = srv.ready_s
+            out["extract_sglang"] = L.cli("extract-sglang", "--data", str(sg), "--model", str(model), "--url",
+                                          srv.url, "--keep-server", "--trust-remote-code",
+                                          name="extract_sglang")  # fmt: skip
+    finally:
+        out["patch_restore"] = L.cli("sglang-patch", "restore", *site, name="patch_restore")
+        out["restored_byte_exact"] = hashlib.sha256(target.read_bytes()).hexdigest() == before
+    out["compare"] = compare(tf, sg)
+    return out
+
+
+@L.stage("draft", need_s=240)
+def draft(a, model: Path, fixture: Path) -> dict:
+    w = Path(a.work)
+    data = w / "data_sg" if (w / "data_sg" / "hidden_states").exists() else w / "data_tf"
+    run = w / "run"
+    out = {"data": str(data)}
+    out["train"] = L.cli("train", "--data", str(data), "--verifier", str(model), "--run-dir", str(run), "--device",
+                         "gpu", "--epochs", "3", "--total-seq-len", "2048", "--launcher", "setsid", "--wait",
+                         "--timeout", str(int(max(60, min(240, L.left() - 200)))), "--no-gpu-free-check",
+                         "--trust-remote-code", name="train")  # fmt: skip
+    conv = w / "draft_sglang"
+    out["convert"] = L.cli("serve-convert", "--checkpoint", str(run), "--target", str(model), "--out", str(conv),
+                           name="convert")  # fmt: skip
+    srv = L.Server("kimi_eagle3", model, 30120, draft=str(conv), extra=KIMI_FLAGS, cuda_graph=False, mem=0.3,
+                   max_tokens=32768)  # fmt: skip
+    with srv.start(timeout=a.health_s):
+        out["eagle3_healthy_after_s"] = srv.ready_s
+        out["benchmark"] = L.cli("benchmark-live", "--url", srv.url, "--model", str(model), "--prompts",
+                                 str(fixture / "heldout.jsonl"), "--max-new-tokens", "64", "--trust-remote-code",
+                                 name="benchmark")  # fmt: skip
+    return out
+
+
+def main() -> int:
+    a = _args()
+    w = Path(a.work)
+    L.W = w
+    L.DEADLINE[0] = L.T0 + a.budget_s
+    w.mkdir(parents=True, exist_ok=True)
+    fixture = w / "fixture"
+    L.save("fixture", L.cli("demo-kimi", "--out", str(fixture), name="fixture"))
+    model = fixture / "model"
+    conv_path = fixture / "conversations.jsonl"
+    convs = [json.loads(x) for x in conv_path.read_text().splitlines() if x.strip()]
+    tokenizers(model, convs)
+    serve(a, model, convs)
+    capture(a, model, conv_path)
+    draft(a, model, fixture)
+    L.log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
