@@ -90,3 +90,60 @@ def test_the_comparison_gives_ours_over_specforge_at_equal_epochs_and_equal_wall
     # a seed whose SpecForge draft was not measured drops out of the ratios instead of failing
     del res["specforge_ttt3_s1_e2"]
     assert pov_equal.compare(res, p["jobs"])["ttt3"]["mt"]["equal_epochs"]["ratio"] == [1.2]
+
+
+def test_the_pov_measurements_run_against_stand_in_servers(tmp_path):
+    """bench/pov_measure.py's issue-45 measurements against two STAND-IN SGLang servers (no GPU here: real
+    processes and HTTP, stand-in tokens): the stratified speed prompts from an 8-category question.jsonl, the
+    interleaved rounds with acceptance with/without the prefill token per category, the batch curve's points, and
+    the lossless check finding the planted mismatch (a runner-up 3 nats below: a real mismatch)."""
+    import json
+    from types import SimpleNamespace
+
+    import pov_measure
+    import sglang_live as L
+    from eagle3ops.serve import process as sp
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from serve_standin import free_port, standin_argv
+
+    cats = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+    rows = [{"question_id": 81 + 10 * j + i, "category": c, "turns": [f"Please answer {c} question {i}."]}
+            for j, c in enumerate(cats) for i in range(3)]  # fmt: skip
+    (tmp_path / "mtbench_question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.json").write_text("{}")
+    L.W = tmp_path / "work"
+    a = SimpleNamespace(assets=str(tmp_path), per_category=1, seed=0, rounds=2, tokens=10, curve="1,2",
+                        curve_rounds=2, lossless_sample=4)  # fmt: skip
+    urls = {}
+    try:
+        for name, draft, extra in (("o", None, ()), ("d", tmp_path, ("--standin-diverge-at", "0"))):
+            port = free_port()
+            urls[name] = f"http://127.0.0.1:{port}"
+            argv = standin_argv(tmp_path, port, draft, "--standin-step-seconds", "0.002", *extra)
+            sp.start(
+                tmp_path / "run", name, sp.make_spec(argv, {}, urls[name]), health_timeout=30, interval=0.1
+            )
+        base, spec = SimpleNamespace(url=urls["o"]), SimpleNamespace(url=urls["d"])
+        sub, cs = pov_measure.speed_prompts(a)
+        assert sorted(cs) == sorted(cats) and len(sub) == 8
+        r = pov_measure.rounds(a, spec, base, sub, None, cs)
+        assert (
+            len(r["with_tok_s"]) == 2
+            and r["acceptance"] == [2.5, 2.5]
+            and r["acceptance_without_prefill"] == [2.25, 2.25]
+        )
+        assert set(r["per_category"]["categories"]) == set(cats)
+        pts = pov_measure.batch_curve(a, spec, base, sub, None)
+        assert [p["concurrency"] for p in pts] == [1, 2] and all(p["rounds"] == 2 for p in pts)
+        lp = pov_measure.lossless_prompts(sub, a.lossless_sample)
+        assert [p["id"] for p in lp] == [0, 2, 4, 6]  # spread over the categories
+        from eagle3ops.benchmark.loadgen import greedy_sample
+
+        plain = greedy_sample(base.url, lp, max_new_tokens=a.tokens)
+        res = pov_measure.lossless_check(a, spec, base, lp, None, plain)
+        assert res["identical"] == 0 and res["mismatches"] == 4 and res["lossless"] is False
+        assert res["divergences"][0]["position"] == 0 and res["divergences"][0]["gap"] == pytest.approx(3.0)
+    finally:
+        for name in urls:
+            sp.stop(tmp_path / "run", name, grace=10)
