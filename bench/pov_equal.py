@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -238,6 +239,7 @@ def main() -> int:
     L.W = Path(a.work)
     L.W.mkdir(parents=True, exist_ok=True)
     L.DEADLINE[0] = L.T0 + a.budget_s
+    os.environ["PYTHONPATH"] = f"{L.ROOT / 'python'}:{os.environ.get('PYTHONPATH', '')}"  # the CLI's children
     L.log(f"pov_equal: {' '.join(sys.argv[1:])}")
     run(a, p)
     return 0

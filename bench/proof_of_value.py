@@ -329,7 +329,7 @@ class Run:
 
             ckpt = run_dir
             ended = ((L.SUMMARY.get(f"train_{key}") or {}).get("train_status") or {}).get("status")
-            if key == "ours" and ended not in ("finished", "done"):
+            if key.startswith("ours") and ended not in ("finished", "done"):  # (pov_equal: ours_ttt3_...)
                 ckpt = newest_checkpoint(run_dir) or run_dir
             r = L.cli("serve-convert", "--checkpoint", str(ckpt), "--out", str(self.d / f"draft-{key}"), "--sglang-version",
                       "0.5.17", name=f"convert_{key}")  # fmt: skip
