@@ -331,7 +331,7 @@ def markdown(rep: dict) -> str:
                     f"{_fmt(first['acceptance_length'], 3)} weighs each request by its verify steps, the mean "
                     "weighs each request once)"
                 )
-        out += ["", *rs.markdown(lv)]
+        out += ["", *rs.markdown(lv), "![the report's plots](report.png)", ""]
         ov = lv.get("offline_vs_server")
         if ov:
             out.append(

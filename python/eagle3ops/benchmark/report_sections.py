@@ -94,6 +94,10 @@ def lossless_check(live: dict) -> dict | None:
         # measured with lossless_sample 0 (the key there, empty); results from before the check have no key
         off = any("lossless" in r and not r["lossless"] for r in (w, o))
         return {"off": True} if off else None
+    nw, no = w["lossless"].get("max_new_tokens"), o["lossless"].get("max_new_tokens")
+    if nw != no:
+        return {"error": f"the servers' samples were cut at different lengths ({no} / {nw} tokens): measure both "
+                "with the same benchmark_output_len"}  # fmt: skip
     try:
         res = lossless.compare(so, sw)
     except ValueError as e:

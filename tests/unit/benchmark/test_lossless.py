@@ -195,3 +195,21 @@ def test_the_benchmark_phase_compares_both_servers_greedy_ids_and_finds_a_plante
     assert d["gap"] == pytest.approx(0.05) and d["gap_from"] == "plain" and d["verdict"] == "near_tie"
     md = (out / "report.md").read_text()
     assert "0/4 identical (0.0 %); every divergence a numerical near-tie" in md and "gap 0.050 nats" in md
+
+
+def test_the_report_refuses_to_compare_samples_of_different_lengths_and_says_when_the_check_was_off():
+    from eagle3ops.benchmark import report_sections as rs
+
+    def side(n, items):
+        return {"runs": [], "lossless": {"sample": len(items or []), "max_new_tokens": n, "items": items}}
+
+    items = [_entry([1, 2])]
+    assert (
+        "different lengths (12 / 16 tokens)"
+        in rs.lossless_check({"with_draft": side(16, items), "without_draft": side(12, items)})["error"]
+    )
+    off = {"with_draft": {"runs": [], "lossless": None}, "without_draft": {"runs": [], "lossless": None}}
+    assert rs.lossless_check(off) == {"off": True}
+    assert (
+        rs.lossless_check({"with_draft": {"runs": []}, "without_draft": {"runs": []}}) is None
+    )  # older results
