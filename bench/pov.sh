@@ -16,7 +16,8 @@
 # .pov: bench/pov_carry.sh; .sgl1/.sgl2: ../shared/gpu-box/sglang-wheelhouse.sh (all git-ignored).
 # Each call's carry plus the working tree must stay under 64 MiB: bench/pov_tree.sh size says whether they do,
 # and `hold` (before call 1) / `restore` (after the last poll) move the raw trainer metrics out of the tree meanwhile.
-# POV_POLL_S bounds one poll (default 560 s, under the tool's 600 s); POV_ARGS go to proof_of_value.py.
+# POV_POLL_S bounds one poll (default 560 s, under the tool's 600 s); POV_ARGS go to proof_of_value.py, or to
+# POV_SCRIPT (e.g. pov_equal.py: the equal-footing comparison with SpecForge, run by `start` the same way).
 set -u
 : "${OUT:=/tmp/pov-out}"
 C=/tmp/e3c S=/tmp/sglsite E=/tmp/e3site W=/tmp/pov
@@ -113,7 +114,7 @@ case "${1:-}" in
     (nohup python3 -m compileall -q -j 0 "$S/sglang" > "$W/compileall.log" 2>&1 &)
     rm -f "$W/done"
     # shellcheck disable=SC2086
-    setsid bash -c "python3 bench/proof_of_value.py --work $W ${POV_ARGS:-} > $W/pov.log 2>&1; touch $W/done" \
+    setsid bash -c "python3 bench/${POV_SCRIPT:-proof_of_value.py} --work $W ${POV_ARGS:-} > $W/pov.log 2>&1; touch $W/done" \
       < /dev/null > /dev/null 2>&1 &
     sleep 5
     poll

@@ -17,9 +17,8 @@ One extraction, two trainers, one server per (target, draft, steps/topk/draft to
 4. ``eagle3ops convert`` of each run (SpecForge's through its own exporter), then every EAGLE3 server.
 5. Measured one server at a time: the widened target's greedy answers against SmolLM2's, token by token; on
    SmolLM2, both drafts' acceptance on MT-bench (80 first turns) at batch 1 and concurrency 8 and on held-out
-   ShareGPT; on the widened target, both drafts at every steps/topk/draft setting in interleaved batch-1 rounds
-   (with, without, with, without, ...), the speed-up from the medians, and the time of one EAGLE3 cycle split
-   from the measured rates (draft step, verify, the rest).
+   ShareGPT; on the widened target, each draft and setting: bench/pov_measure.py (speed per MT-bench category,
+   batch curve, lossless check, the cycle split).
 
 ``--probe`` is the first device call (before the SGLang wheels travel): SpecForge trained through our train phase
 on synthetic states of SmolLM2's shape (a random target of its config), its step rate and start-up time measured,
@@ -48,8 +47,8 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pov_measure as M  # the measurements
 import sglang_live as L  # the live harness: servers, stages, budget
-from pov_measure import measure_all
 
 ROOT = L.ROOT
 PY = sys.executable
@@ -330,7 +329,7 @@ class Run:
 
             ckpt = run_dir
             ended = ((L.SUMMARY.get(f"train_{key}") or {}).get("train_status") or {}).get("status")
-            if key == "ours" and ended not in ("finished", "done"):
+            if key.startswith("ours") and ended not in ("finished", "done"):  # (pov_equal: ours_ttt3_...)
                 ckpt = newest_checkpoint(run_dir) or run_dir
             r = L.cli("serve-convert", "--checkpoint", str(ckpt), "--out", str(self.d / f"draft-{key}"), "--sglang-version",
                       "0.5.17", name=f"convert_{key}")  # fmt: skip
@@ -443,7 +442,7 @@ def run(a) -> None:
     for t in waiting:
         t.join()
     L.save("servers", {"ready_s": r.starts, "data_s": r.data_s})
-    measure_all(a, r.servers, r.drafts, r.configs, r.tag, r.qs, r.heldout, r.render)
+    M.measure_all(a, r.servers, r.drafts, r.configs, r.tag, r.qs, r.heldout, r.render)
     for s in r.servers.values():
         s.stop()
     L.save("time_to_served", {k: {"data_s": r.data_s, "train_s": (L.SUMMARY.get(f"train_{k}") or {}).get("wall_s"),
@@ -524,7 +523,7 @@ def main() -> int:
     ap.add_argument("--configs", default="3-1-4,5-1-6")
     ap.add_argument("--mt-prompts", type=int, default=80)
     ap.add_argument("--heldout-prompts", type=int, default=64)
-    ap.add_argument("--speed-prompts", type=int, default=8)
+    M.add_args(ap)  # the speed prompts per category, the batch curve, the lossless check
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--identity-prompts", type=int, default=16)
@@ -581,8 +580,9 @@ def main() -> int:
         os.environ["LIVE_SERVER_CMD"] = shlex.join(L.SERVER_CMD)
         for k, v in {"device": "cpu", "n_conv": 12, "max_length": 256, "epochs": 1, "total_seq_len": 512,
                      "train_s": 400, "draft_vocab": 512, "mt_prompts": 4, "heldout_prompts": 3, "tokens": 16,
-                     "speed_prompts": 2, "identity_prompts": 2, "identity_tokens": 8, "wide_intermediate": 3072,
-                     "prepare_workers": 2, "stagger_s": 0.5, "kv_tokens": 4096}.items():  # fmt: skip
+                     "per_category": 1, "curve": "1,2", "curve_rounds": 1, "lossless_sample": 2, "identity_prompts": 2,
+                     "identity_tokens": 8, "wide_intermediate": 3072, "prepare_workers": 2, "stagger_s": 0.5,
+                     "kv_tokens": 4096}.items():  # fmt: skip
             setattr(a, k, v)
     L.DEADLINE[0] = L.T0 + a.budget_s
     os.environ["PYTHONPATH"] = f"{ROOT / 'python'}:{os.environ.get('PYTHONPATH', '')}"

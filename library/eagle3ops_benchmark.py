@@ -136,7 +136,7 @@ options:
     description: Requests in flight, one run each; C(live) only.
     type: list
     elements: int
-    default: [1, 8]
+    default: [1, 4, 16, 64]
   num_requests:
     description: Requests per prompt set and concurrency - the first N prompts, repeated when the set is smaller;
       default each prompt once. C(live) only.
@@ -156,6 +156,25 @@ options:
   template_model:
     description: Render prompts with this model's chat template; C(live) only.
     type: path
+  rounds:
+    description: Rounds per set and concurrency (interleaved); the report gives medians and spread; C(live)
+      only.
+    type: int
+    default: 1
+  per_category:
+    description: MT-bench sets - this many prompts of each category, drawn with I(seed) (0 - every prompt);
+      C(live) only.
+    type: int
+    default: 0
+  seed:
+    description: Seed of the per-category sample; C(live) only.
+    type: int
+    default: 0
+  lossless_sample:
+    description: 'Prompts answered once more, greedy, with output ids and top log probabilities: the report
+      compares them between the servers with and without the draft (0 - off); C(live) only.'
+    type: int
+    default: 16
   server_key:
     description: Identity of the measured server (its command line); a new one measures again; C(live) only.
     type: str

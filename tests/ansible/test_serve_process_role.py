@@ -147,7 +147,8 @@ def test_serve_as_a_process_guard_idempotence_and_stop(env):
 def test_benchmark_live_with_and_without_the_draft_then_nothing_to_do(env):
     """The benchmark phase against the serve phase's process servers: per prompt set and concurrency, tok/s with
     and without the draft (the baseline is started from servers.json while the draft server is stopped, then the
-    draft server is started again as the serve phase left it); a second serve+benchmark run changes nothing;
+    draft server is started again as the serve phase left it), in interleaved rounds, with the lossless check of
+    both servers' greedy ids (the stand-in's); a second serve+benchmark run changes nothing;
     an MT-bench question found in the training data fails the phase."""
     root, ev = env
     mt = root / "question.jsonl"
@@ -195,6 +196,13 @@ def test_benchmark_live_with_and_without_the_draft_then_nothing_to_do(env):
     assert sp.status(run_dir, "eagle3ops-sglang-serve")["running"]  # started again after the baseline
     assert not sp.status(run_dir, "eagle3ops-sglang-baseline")["running"]
     assert "| mtbench (mtbench) | 2 |" in (bench / "report.md").read_text()
+    # the role's defaults: 3 interleaved rounds, and the lossless check over the distinct prompts sent (first
+    # turns: 2 held-out, benchmark_num_requests 2, and the one MT-bench question)
+    assert {row["rounds"] for s in rep["sets"].values() for row in s["rows"]} == {3}
+    ll = rep["lossless"]
+    assert (ll["compared"], ll["identical"], ll["lossless"]) == (3, 3, True) and ll["servers"]["dtype"][
+        "same"
+    ]
 
     again = run_playbook(REPO / "site.yml", INVENTORY, extravars=bv, tags="serve,benchmark")
     assert again.rc == 0 and again.host("localhost")["changed"] == 0, again.changed_tasks()

@@ -5,5 +5,8 @@
 - :mod:`.acceptance`: offline acceptance (transformers target, speculators draft, greedy chain);
 - :mod:`.loadgen`: load on a live SGLang server, the speculative-decoding probe and its guard;
 - :mod:`.promptsets`: benchmark prompt sets and the contamination check against the training data;
-- :mod:`.report`: the report (JSON, Markdown, plot).
+- :mod:`.lossless`: the speculative server's greedy output ids against the plain server's (first divergence, gap);
+- :mod:`.curve`: the batch curve, its crossover and the setting to serve per concurrency;
+- :mod:`.report`: the report (JSON, Markdown, plot); :mod:`.report_sections`: its curve, per-category and
+  lossless sections.
 """

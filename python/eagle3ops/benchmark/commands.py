@@ -233,8 +233,45 @@ def _live_inputs(args) -> dict:
             "time_budget": args.time_budget,
             "ignore_eos": args.ignore_eos,
             "template_model": args.template_model,
+            "rounds": args.rounds,
+            "per_category": args.per_category,
+            "seed": args.seed,
+            "lossless_sample": args.lossless_sample,
         },
     )
+
+
+def _requests(args, sets: dict) -> tuple[dict, dict]:
+    """Per set: its items (MT-bench sampled per category with ``--per-category``), and what the sample took."""
+    from eagle3ops.benchmark import promptsets as ps
+
+    chosen, sampled = {}, {}
+    for name, s in sets.items():
+        items = s["items"]
+        if args.per_category and any(it.get("category") for it in items):
+            st = ps.stratified(items, args.per_category, args.seed)
+            items = st["items"]
+            sampled[name] = {k: st[k] for k in ("per_category", "seed", "counts", "short", "missing")}
+        if (
+            args.num_requests
+        ):  # exactly N: the first N prompts, repeated from the start when the set is smaller
+            items = [items[i % len(items)] for i in range(args.num_requests)]
+        chosen[name] = items
+    return chosen, sampled
+
+
+def _lossless_prompts(chosen: dict, n: int) -> list[dict]:
+    """``n`` prompts for the lossless check, taken from the sets in turn (first turns, each prompt once)."""
+    queues = {name: list({id(it): it for it in items}.values()) for name, items in chosen.items()}
+    out: list[dict] = []
+    while len(out) < n and any(queues.values()):
+        for name, q in queues.items():
+            if q and len(out) < n:
+                it = q.pop(0)
+                out.append(
+                    {"set": name, "id": it["id"], "category": it.get("category"), "text": it["turns"][0]}
+                )
+    return out
 
 
 def cmd_live(args) -> int:
@@ -259,32 +296,41 @@ def cmd_live(args) -> int:
                     f"benchmark-live: {args.template_model} has no chat template; plain prompts",
                     file=sys.stderr,
                 )
+        chosen, sampled = _requests(args, sets)
         runs = []
-        for name, s in sets.items():
-            reqs = [it["turns"] for it in s["items"]]
-            if (
-                args.num_requests
-            ):  # exactly N: the first N prompts, repeated from the start when the set is smaller
-                reqs = [reqs[i % len(reqs)] for i in range(args.num_requests)]
-            for conc in args.concurrency:
-                r = loadgen.run_load(
-                    args.url,
-                    reqs,
-                    concurrency=conc,
-                    max_new_tokens=args.max_new_tokens,
-                    time_budget=args.time_budget,
-                    timeout=args.timeout,
-                    ignore_eos=args.ignore_eos,
-                    render=render,
-                )
-                r["set"] = name
-                r["format"] = s["format"]
-                print(
-                    f"{args.label} {name} c={conc}: {r['output_tok_s']} tok/s over {r['turns']} turns, acceptance "
-                    f"{r['acceptance_length']}",
-                    file=sys.stderr,
-                )
-                runs.append(r)
+        # a round measures every set and concurrency once: the rounds interleave them
+        for rnd in range(args.rounds):
+            for name, items in chosen.items():
+                for conc in args.concurrency:
+                    r = loadgen.run_load(
+                        args.url,
+                        [it["turns"] for it in items],
+                        concurrency=conc,
+                        max_new_tokens=args.max_new_tokens,
+                        time_budget=args.time_budget,
+                        timeout=args.timeout,
+                        ignore_eos=args.ignore_eos,
+                        render=render,
+                    )
+                    r |= {"set": name, "format": sets[name]["format"], "round": rnd + 1}
+                    r["categories"] = [it.get("category") for it in items]
+                    print(
+                        f"{args.label} {name} c={conc} round {rnd + 1}: {r['output_tok_s']} tok/s over {r['turns']} "
+                        f"turns, acceptance {r['acceptance_length']}",
+                        file=sys.stderr,
+                    )
+                    runs.append(r)
+        lossless = None
+        if args.lossless_sample:
+            prompts = _lossless_prompts(chosen, args.lossless_sample)
+            lossless = {
+                "sample": len(prompts),
+                "max_new_tokens": args.max_new_tokens,
+                "items": loadgen.greedy_sample(
+                    args.url, prompts, max_new_tokens=args.max_new_tokens, render=render, timeout=args.timeout
+                ),
+            }
+        info = loadgen.server_info(args.url)
     except (ps.PromptSetError, loadgen.LiveError) as e:
         raise CommandError(str(e)) from None
     result = {
@@ -292,6 +338,9 @@ def cmd_live(args) -> int:
         "url": args.url,
         "rendering": "chat_template" if render else "plain",
         "runs": runs,
+        "sampled": sampled,
+        "lossless": lossless,
+        "server": {k: info.get(k) for k in loadgen.SERVER_KEYS} if info else None,
         "inputs": inputs,
     }
     write_result(out, result)

@@ -52,13 +52,16 @@ def _split(url: str) -> tuple[str, int, str]:
     return u.hostname, u.port or 80, u.path.rstrip("/")
 
 
-def generate(url: str, text: str, sampling: dict, *, timeout: float = 600.0, conn=None) -> dict:
-    """One ``POST /generate``; returns the JSON answer. ``conn``: a reusable http.client connection."""
+def generate(
+    url: str, text: str, sampling: dict, *, timeout: float = 600.0, conn=None, extra: dict | None = None
+) -> dict:
+    """One ``POST /generate``; returns the JSON answer. ``conn``: a reusable http.client connection; ``extra``:
+    more top-level request fields (``return_logprob``, ``top_logprobs_num``)."""
     host, port, base = _split(url)
     own = conn is None
     if own:
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    body = json.dumps({"text": text, "sampling_params": sampling})
+    body = json.dumps({"text": text, "sampling_params": sampling, **(extra or {})})
     try:
         conn.request("POST", base + "/generate", body=body, headers={"Content-Type": "application/json"})
         r = conn.getresponse()
@@ -80,6 +83,20 @@ def server_speculative(url: str, *, timeout: float = 30.0) -> str | bool | None:
     """The server's ``speculative_algorithm`` from ``GET /server_info`` (0.5.17 and 0.5.23; ``/get_server_info``
     is the older, deprecated name): the algorithm's name, None when the server runs without a draft, False when
     the server does not say (endpoint missing or unreadable)."""
+    info = server_info(url, timeout=timeout)
+    if info is None or "speculative_algorithm" not in info:
+        return False
+    return info["speculative_algorithm"] or None
+
+
+# what a lossless comparison must hold equal on both servers, and the draft setting, as /server_info gives them
+# (SGLang's server args after it resolved its defaults: attention_backend is the backend it chose)
+SERVER_KEYS = ("dtype", "attention_backend", "sampling_backend", "speculative_algorithm",
+               "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")  # fmt: skip
+
+
+def server_info(url: str, *, timeout: float = 30.0) -> dict | None:
+    """``GET /server_info`` (or the older ``/get_server_info``) as a dict, None when neither answers."""
     host, port, base = _split(url)
     for path in ("/server_info", "/get_server_info"):
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
@@ -94,9 +111,33 @@ def server_speculative(url: str, *, timeout: float = 30.0) -> str | bool | None:
             continue
         finally:
             conn.close()
-        if isinstance(info, dict) and "speculative_algorithm" in info:
-            return info["speculative_algorithm"] or None
-    return False
+        if isinstance(info, dict):
+            return info
+    return None
+
+
+def greedy_sample(url: str, prompts: list[dict], *, max_new_tokens: int, render=None, timeout: float = 600.0,
+                  top_logprobs: int = 5) -> list[dict]:  # fmt: skip
+    """The lossless check's sample (:mod:`.lossless`): each prompt (``{"set", "id", "category", "text"}``) once,
+    greedy, one at a time, with its output ids and the top ``top_logprobs`` log probabilities per output
+    position. A server that refuses log probabilities is asked again without them (the ids alone still compare)."""
+    from eagle3ops.benchmark.lossless import sample_entry
+
+    render = render or plain_render
+    sampling = {"temperature": 0, "max_new_tokens": max_new_tokens}
+    ask = {"return_logprob": True, "top_logprobs_num": top_logprobs}
+    out = []
+    for p in prompts:
+        text = render([{"role": "user", "content": p["text"]}])
+        try:
+            ans = generate(url, text, sampling, timeout=timeout, extra=ask)
+        except LiveError as e:
+            if "logprob" not in str(e).lower():
+                raise
+            ask = {}  # refused: ids only from here on
+            ans = generate(url, text, sampling, timeout=timeout)
+        out.append({"set": p["set"], "id": p["id"], "category": p.get("category"), **sample_entry(ans)})
+    return out
 
 
 def spec_probe(
@@ -296,6 +337,9 @@ def run_load(
         # pooled: Σ completion tokens / Σ verify steps (a long answer weighs more); the mean of the per-request
         # values weighs each request once (what some tools report as "the" acceptance: say which, give both)
         "acceptance_length": round(comp_spec / verify, 4) if verify else None,
+        # the first completion token comes from the prefill, not from a verify step: without it, what the verify
+        # steps themselves committed (Σ (completion - 1) / Σ verify steps)
+        "acceptance_length_without_prefill": round((comp_spec - len(spec)) / verify, 4) if verify else None,
         "acceptance_length_request_mean": request_mean(per_acc),
         "acceptance_per_request": per_acc,
         "time_budget_hit": nxt[0] < len(requests),

@@ -12,7 +12,7 @@ except ImportError:  # on a target without eagle3ops: the copy Ansible ships
 
 Option, Command, Module, EXECUTABLE = _o.Option, _o.Command, _o.Module, _o.EXECUTABLE
 one_of, target_model = _o.one_of, _o.target_model
-count, work_path = _o.count, _o.work_path
+count, work_path, seed = _o.count, _o.work_path, _o.seed
 
 MODULE = "eagle3ops_benchmark"
 _EXE = EXECUTABLE.but(
@@ -352,14 +352,17 @@ LIVE = Command(
             "concurrency",
             "list",
             elements="int",
-            default=[1, 8],
-            help="requests in flight, one run per value",
+            default=[1, 4, 16, 64],
+            help="requests in flight, one run per value (the batch curve)",
             doc="Requests in flight, one run each; C(live) only.",
-            role_doc="Requests in flight; one run per value, with and without the draft.",
+            role_doc=(
+                "Requests in flight; one run per value, with and without the draft: the report's batch curve, "
+                "its crossover and the setting to serve per concurrency."
+            ),
         ),
         count(
             "num_requests",
-            role_default=32,  # a bounded run per set in the playbook; a CLI call sends each prompt once
+            role_default=64,  # a bounded run per set in the playbook (64: concurrency 64 full once); a CLI call sends each prompt once
             help="requests per set and concurrency: the first N prompts, repeated when the set is smaller "
             "(default: each once)",
             doc=(
@@ -414,6 +417,52 @@ LIVE = Command(
             role=False,
             help="render prompts with this model's chat template (tokenizer dir)",
             doc="Render prompts with this model's chat template; C(live) only.",
+        ),
+        count(
+            "rounds",
+            default=1,
+            role_default=3,  # medians and spread in the playbook's report; a CLI call measures once
+            help="rounds: every set and concurrency measured once a round, the concurrencies interleaved",
+            doc="Rounds per set and concurrency (interleaved); the report gives medians and spread; C(live) only.",
+            role_doc="Rounds per prompt set and concurrency (interleaved); the report gives medians and spread.",
+        ),
+        Option(
+            "per_category",
+            "int",
+            default=0,
+            minimum=0,
+            help="MT-bench: this many prompts from each category, seeded (0: every prompt, in file order)",
+            doc=(
+                "MT-bench sets - this many prompts of each category, drawn with I(seed) (0 - every prompt); "
+                "C(live) only."
+            ),
+            role_doc=(
+                "MT-bench sets - this many prompts of each of its 8 categories, drawn with benchmark_seed (0 - "
+                "every prompt); the report gives acceptance and speed-up per category."
+            ),
+            role_default=3,  # the playbook's run covers every category (>= 3 each); a CLI call sends the file as is
+        ),
+        seed(
+            default=0,
+            help="seed of the per-category sample",
+            doc="Seed of the per-category sample; C(live) only.",
+            role_doc="Seed of the per-category sample of MT-bench prompts.",
+        ),
+        Option(
+            "lossless_sample",
+            "int",
+            default=16,
+            minimum=0,
+            help="prompts also answered once greedily with output ids and log probabilities, for the lossless "
+            "check against the other server (0: off)",
+            doc=(
+                "Prompts answered once more, greedy, with output ids and top log probabilities: the report "
+                "compares them between the servers with and without the draft (0 - off); C(live) only."
+            ),
+            role_doc=(
+                "Prompts whose greedy output ids the report compares between the servers with and without the "
+                "draft (lossless check; 0 - off)."
+            ),
         ),
         Option(
             "server_key",

@@ -19,12 +19,24 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import unicodedata
 from pathlib import Path
 
 from eagle3ops import jsonl
 
+# MT-bench's eight categories (FastChat llm_judge question.jsonl, ten questions each)
+MTBENCH_CATEGORIES = (
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+)
 MIN_CONTAINED_CHARS = 40  # a benchmark turn this long (normalised) found inside a training turn counts too
 
 
@@ -94,6 +106,39 @@ def load_set(
     if not items and not skipped:
         raise PromptSetError(f"{p}: no prompts")
     return {"format": fmt or "heldout", "items": items, "skipped": skipped}
+
+
+def stratified(items: list[dict], per_category: int, seed: int = 0) -> dict:
+    """``per_category`` items from each category (the ``category`` of MT-bench rows), chosen at random with
+    ``seed`` and kept in the file's order: the same items for the same file, count and seed. A category with fewer
+    items gives all it has (``short``); MT-bench categories absent from the file are named (``missing``). Items
+    without a category are not sampled (a held-out set has none: use it as it is)."""
+    if per_category < 1:
+        raise PromptSetError(f"per_category {per_category}: must be >= 1")
+    groups: dict[str, list[int]] = {}
+    for i, it in enumerate(items):
+        if it.get("category"):
+            groups.setdefault(str(it["category"]), []).append(i)
+    if not groups:
+        raise PromptSetError("no item has a category: a stratified sample needs MT-bench rows ('category')")
+    chosen: list[int] = []
+    counts, short = {}, {}
+    for cat in sorted(groups):
+        idx = groups[cat]
+        rng = random.Random(f"{seed}:{cat}")  # one stream per category: adding a category moves no other
+        pick = sorted(rng.sample(idx, min(per_category, len(idx))))
+        chosen += pick
+        counts[cat] = len(pick)
+        if len(idx) < per_category:
+            short[cat] = len(idx)
+    return {
+        "items": [items[i] for i in sorted(chosen)],
+        "per_category": per_category,
+        "seed": seed,
+        "counts": counts,
+        "short": short,
+        "missing": [c for c in MTBENCH_CATEGORIES if c not in groups],
+    }
 
 
 def _turns(row: dict) -> list[tuple[str, str]]:

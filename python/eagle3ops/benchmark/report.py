@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 
 from eagle3ops import jsonl
+from eagle3ops.benchmark import report_sections as rs
 from eagle3ops.benchmark.loadgen import request_mean
 from eagle3ops.durable import atomic_write_bytes, atomic_write_json, atomic_write_text
 
@@ -51,6 +52,38 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _live_row(c: int, ws: list[dict], wos: list[dict]) -> dict:
+    """One set's row at concurrency ``c`` from its rounds with and without the draft: medians of the output
+    tok/s, the speed-up from the medians, acceptance from the first round (greedy: every round alike)."""
+    tw_r = [r["output_tok_s"] for r in ws if r.get("output_tok_s")]
+    to_r = [r["output_tok_s"] for r in wos if r.get("output_tok_s")]
+    tw = statistics.median(tw_r) if tw_r else None
+    to = statistics.median(to_r) if to_r else None
+    w, wo = (ws or [{}])[0], (wos or [{}])[0]
+    ratios = [x / y for x, y in zip(tw_r, to_r, strict=False) if y]
+    return {
+        "concurrency": c,
+        "rounds": max(len(ws), len(wos)),
+        "with_draft_tok_s": tw,
+        "without_draft_tok_s": to,
+        "with_draft_tok_s_rounds": tw_r,
+        "without_draft_tok_s_rounds": to_r,
+        "speedup": round(tw / to, 3) if tw and to else None,
+        "ratio_min": round(min(ratios), 4) if ratios else None,
+        "ratio_max": round(max(ratios), 4) if ratios else None,
+        "acceptance_length": w.get("acceptance_length"),
+        "acceptance_length_without_prefill": w.get("acceptance_length_without_prefill"),
+        "acceptance_length_request_mean": request_mean(w.get("acceptance_per_request")),
+        "acceptance_per_request": w.get("acceptance_per_request"),
+        "with_draft_median_latency_s": (w.get("latency_s") or {}).get("median"),
+        "without_draft_median_latency_s": (wo.get("latency_s") or {}).get("median"),
+        "turns": w.get("turns", wo.get("turns")),
+        "completion_tokens": w.get("completion_tokens"),
+        "failed": sum(r.get("failed") or 0 for r in [*ws, *wos]),
+        "time_budget_hit": any(r.get("time_budget_hit") for r in [*ws, *wos]),
+    }
+
+
 def build_live(live: dict, offline: dict | None) -> dict:
     """Per prompt set and concurrency: output tok/s with and without the draft, the speed-up, the server's
     acceptance length (overall and per request); the server's acceptance on held-out prompts next to the offline
@@ -58,33 +91,28 @@ def build_live(live: dict, offline: dict | None) -> dict:
     runs: dict = {}
     for key in ("with_draft", "without_draft"):
         for r in (live.get(key) or {}).get("runs", []):
-            runs.setdefault(r["set"], {}).setdefault(r["concurrency"], {})[key] = r
+            runs.setdefault(r["set"], {}).setdefault(r["concurrency"], {}).setdefault(key, []).append(r)
+    setting = rs.draft_setting((live.get("with_draft") or {}).get("server"))
     sets = {}
     for name, by_c in runs.items():
-        rows = []
-        for c in sorted(by_c):
-            w, wo = by_c[c].get("with_draft") or {}, by_c[c].get("without_draft") or {}
-            tw, to = w.get("output_tok_s"), wo.get("output_tok_s")
-            rows.append(
-                {
-                    "concurrency": c,
-                    "with_draft_tok_s": tw,
-                    "without_draft_tok_s": to,
-                    "speedup": round(tw / to, 3) if tw and to else None,
-                    "acceptance_length": w.get("acceptance_length"),
-                    "acceptance_length_request_mean": request_mean(w.get("acceptance_per_request")),
-                    "acceptance_per_request": w.get("acceptance_per_request"),
-                    "with_draft_median_latency_s": (w.get("latency_s") or {}).get("median"),
-                    "without_draft_median_latency_s": (wo.get("latency_s") or {}).get("median"),
-                    "turns": w.get("turns", wo.get("turns")),
-                    "completion_tokens": w.get("completion_tokens"),
-                    "failed": (w.get("failed") or 0) + (wo.get("failed") or 0),
-                    "time_budget_hit": bool(w.get("time_budget_hit") or wo.get("time_budget_hit")),
-                }
-            )
-        fmt = next(iter(next(iter(by_c.values())).values())).get("format")
-        sets[name] = {"format": fmt, "rows": rows}
-    out: dict = {"sets": sets, "offline_vs_server": None, "contamination": None}
+        rows = [
+            _live_row(c, by_c[c].get("with_draft") or [], by_c[c].get("without_draft") or [])
+            for c in sorted(by_c)
+        ]
+        fmt = next(iter(next(iter(by_c.values())).values()))[0].get("format")
+        sets[name] = {"format": fmt, "rows": rows, "batch": rs.batch(rows, setting)}
+        pc = rs.per_category(
+            [r for rs_ in by_c.values() for r in rs_.get("with_draft", [])],
+            [r for rs_ in by_c.values() for r in rs_.get("without_draft", [])],
+        )
+        if pc:
+            sets[name]["per_category"] = pc
+    out: dict = {
+        "sets": sets,
+        "offline_vs_server": None,
+        "contamination": None,
+        "lossless": rs.lossless_check(live),
+    }
     if offline and "heldout" in sets:
         first = sets["heldout"]["rows"][0]
         srv = first["acceptance_length"]
@@ -269,19 +297,27 @@ def markdown(rep: dict) -> str:
         out += [_contamination_line(c), ""]
     if lv and _live_sets(lv):
         out += [
-            "Live SGLang server (eagle3ops load generator, greedy, same prompts with and without the draft):",
+            "Live SGLang server (eagle3ops load generator, greedy, same prompts with and without the draft; tok/s: "
+            "the median of the rounds, the speed-up the ratio of the medians, in brackets the per-round range; "
+            "acceptance pooled over the requests, with the prefill token counted and without it):",
             "",
-            "| prompt set | concurrency | tok/s with draft | tok/s without | speed-up | acceptance length (server, pooled) "
-            "| median latency with / without (s) |",
-            "|---|---|---|---|---|---|---|",
+            "| prompt set | concurrency | rounds | tok/s with draft | tok/s without | speed-up | acceptance with / "
+            "without prefill token | median latency with / without (s) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for name, st in lv["sets"].items():
             for r in st["rows"]:
+                spread = (
+                    f" ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})"
+                    if r.get("rounds", 1) > 1 and r.get("ratio_min") is not None
+                    else ""
+                )
                 out.append(
-                    f"| {name} ({st['format']}) | {r['concurrency']} | {_fmt(r['with_draft_tok_s'], 1)} | "
-                    f"{_fmt(r['without_draft_tok_s'], 1)} | {_fmt(r['speedup'], 3)} | "
-                    f"{_fmt(r['acceptance_length'], 3)} | {_fmt(r['with_draft_median_latency_s'], 3)} / "
-                    f"{_fmt(r['without_draft_median_latency_s'], 3)} |"
+                    f"| {name} ({st['format']}) | {r['concurrency']} | {r.get('rounds', 1)} | "
+                    f"{_fmt(r['with_draft_tok_s'], 1)} | {_fmt(r['without_draft_tok_s'], 1)} | "
+                    f"{_fmt(r['speedup'], 3)}{spread} | {_fmt(r['acceptance_length'], 3)} / "
+                    f"{_fmt(r.get('acceptance_length_without_prefill'), 3)} | "
+                    f"{_fmt(r['with_draft_median_latency_s'], 3)} / {_fmt(r['without_draft_median_latency_s'], 3)} |"
                 )
         out.append("")
         for name, st in lv["sets"].items():
@@ -295,6 +331,7 @@ def markdown(rep: dict) -> str:
                     f"{_fmt(first['acceptance_length'], 3)} weighs each request by its verify steps, the mean "
                     "weighs each request once)"
                 )
+        out += ["", *rs.markdown(lv), "![the report's plots](report.png)", ""]
         ov = lv.get("offline_vs_server")
         if ov:
             out.append(
@@ -325,7 +362,12 @@ def plot(rep: dict, path: str | os.PathLike) -> None:
 
     s = rep.get("sglang")
     lv = rep.get("live") if _live_sets(rep.get("live")) else None  # no live results: no empty panel
-    ncols = 1 + bool(s) + bool(lv)
+    curves = {
+        n: st["batch"]
+        for n, st in (lv or {}).get("sets", {}).items()
+        if len((st.get("batch") or {}).get("points", [])) > 1
+    }
+    ncols = 1 + bool(s) + bool(lv) + bool(curves)
     fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols, 4), squeeze=False)
     ax = axes[0][0]
     off = rep.get("offline")
@@ -360,8 +402,10 @@ def plot(rep: dict, path: str | os.PathLike) -> None:
         ax2.bar(["without draft", "with draft"], [v or 0 for v in vals], color=["#999999", "#3070b0"])
         ax2.set_ylabel("output tok/s")
         ax2.set_title("SGLang output throughput")
+    if curves:
+        _plot_curves(axes[0][ncols - 1], curves)
     if lv:
-        ax3 = axes[0][ncols - 1]
+        ax3 = axes[0][ncols - 1 - bool(curves)]
         labels, w, wo = [], [], []
         for name, st in lv["sets"].items():
             for r in st["rows"]:
@@ -381,6 +425,30 @@ def plot(rep: dict, path: str | os.PathLike) -> None:
     fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
     atomic_write_bytes(path, png.getvalue())
+
+
+def _plot_curves(ax, curves: dict) -> None:
+    """Speed-up against concurrency per prompt set (log2 axis), the per-round range as error bars, 1.0 marked,
+    and each set's crossover where it was interpolated."""
+    for name, b in curves.items():
+        pts = b["points"]
+        xs = [p["concurrency"] for p in pts]
+        ys = [p["speedup"] for p in pts]
+        err = [[y - p["ratio_min"] for y, p in zip(ys, pts, strict=True)],
+               [p["ratio_max"] - y for y, p in zip(ys, pts, strict=True)]]  # fmt: skip
+        line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{name} ({b['setting']})")
+        at = b["crossover"].get("at")
+        if at:
+            ax.axvline(at, linestyle=":", color=line[0].get_color())
+            ax.annotate(
+                f"crossover ~{at:g}", (at, 1.0), textcoords="offset points", xytext=(4, 6), fontsize=8
+            )
+    ax.axhline(1.0, color="#999999", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("speed-up (output tok/s, with / without)")
+    ax.set_title("Batch curve: where speculation stops paying")
+    ax.legend(fontsize=8)
 
 
 def write(

@@ -1,6 +1,8 @@
 """bench/proof_of_value.py's plan of our trainer's epochs (issue #31): the run is planned from measured figures,
 so a plan that does not fit its budget says so before any training (run 4's 4 epochs needed ~666 s for 650 s;
-run 5 was planned at run 4's 8.25 steps/s, ran at 7.48 and stopped at 92 % of its fifth epoch)."""
+run 5 was planned at run 4's 8.25 steps/s, ran at 7.48 and stopped at 92 % of its fifth epoch). And
+bench/pov_equal.py's plan of the equal-footing comparison (issue 45): each job's time from the same measured
+rates, the device sessions it needs, and ours / SpecForge at equal epochs and equal wall-clock."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+import pov_equal
 import proof_of_value
 
 
@@ -36,3 +41,109 @@ def test_the_default_rate_is_the_slowest_measured_alone_and_the_side_by_side_one
     assert alone["steps_per_s"] == 7.48
     assert beside["steps_per_s"] == 5.2
     assert beside["seconds_needed"] > alone["seconds_needed"]
+
+
+# bench/pov_equal.py (issue 45, item 1): the equal-footing comparison's plan and its comparison, synthetic inputs
+
+
+def test_the_equal_footing_plan_times_each_job_from_the_measured_rates():
+    assert pov_equal.rate("ours", 3) == {"steps_per_s": 7.48, "measured": True, "assumed": False}
+    # more TTT steps: the rate falls in proportion (assumed, said so); fewer: the measured rate, not faster
+    assert pov_equal.rate("ours", 7) == {
+        "steps_per_s": round(7.48 * 3 / 7, 3),
+        "measured": False,
+        "assumed": True,
+    }
+    assert pov_equal.rate("specforge", 3)["steps_per_s"] == 5.67
+    p = pov_equal.plan([3], [0], 2)
+    jobs = {j["name"]: j for j in p["jobs"]}
+    assert jobs["ours_ttt3_s0_e2"]["seconds"] == round(69 + 2 * 1266 / 7.48, 1)  # 407.5
+    assert jobs["specforge_ttt3_s0_e2"]["seconds"] == round(86 + 2 * 1755 / 5.67, 1)  # 705.0
+    # equal wall-clock: ours (faster) gets the whole epochs that fit SpecForge's 705 s: (705 - 69) x 7.48 / 1266
+    wall = jobs["ours_ttt3_s0_e3"]
+    assert wall["role"] == "equal_wall" and wall["budget_of"] == "specforge_ttt3_s0_e2"
+    # 2,979 s of device time: it does not fit one 1,800 s session; every job fits one of its own
+    assert p["fits_one_session"] is False and p["longer_than_a_session"] == [] and len(p["sessions"]) == 2
+    assert sorted(n for s in p["sessions"] for n in s["jobs"]) == sorted(jobs)
+    assert all(s["seconds"] <= pov_equal.SESSION_S for s in p["sessions"])
+    # at TTT 7 ours is the slower: SpecForge fits no third epoch in ours' time, so no extra job
+    p7 = pov_equal.plan([7], [0, 1], 2)
+    assert {j["role"] for j in p7["jobs"]} == {"equal_epochs"} and len(p7["jobs"]) == 4
+    with pytest.raises(ValueError, match="at least 2"):
+        pov_equal.plan([3], [0], 1)
+
+
+def test_the_comparison_gives_ours_over_specforge_at_equal_epochs_and_equal_wall_clock_per_seed():
+    p = pov_equal.plan([3], [0, 1], 2)
+    res = {
+        "ours_ttt3_s0_e2": {"mt": 2.4},
+        "ours_ttt3_s1_e2": {"mt": 2.2},
+        "specforge_ttt3_s0_e2": {"mt": 2.0},
+        "specforge_ttt3_s1_e2": {"mt": 2.2},
+        "ours_ttt3_s0_e3": {"mt": 2.5},
+        "ours_ttt3_s1_e3": {"mt": 2.64},
+    }
+    c = pov_equal.compare(res, p["jobs"])["ttt3"]["mt"]
+    assert c["equal_epochs"]["ratio"] == [1.2, 1.0] and c["equal_epochs"]["epochs"] == (2, 2)
+    assert c["equal_epochs"]["ratio_stats"] == {"mean": 1.1, "min": 1.0, "max": 1.2, "n": 2}
+    assert c["equal_wall_clock"]["ratio"] == [1.25, 1.2] and c["equal_wall_clock"]["epochs"] == (3, 2)
+    # a seed whose SpecForge draft was not measured drops out of the ratios instead of failing
+    del res["specforge_ttt3_s1_e2"]
+    assert pov_equal.compare(res, p["jobs"])["ttt3"]["mt"]["equal_epochs"]["ratio"] == [1.2]
+
+
+def test_the_pov_measurements_run_against_stand_in_servers(tmp_path):
+    """bench/pov_measure.py's issue-45 measurements against two STAND-IN SGLang servers (no GPU here: real
+    processes and HTTP, stand-in tokens): the stratified speed prompts from an 8-category question.jsonl, the
+    interleaved rounds with acceptance with/without the prefill token per category, the batch curve's points, and
+    the lossless check finding the planted mismatch (a runner-up 3 nats below: a real mismatch)."""
+    import json
+    from types import SimpleNamespace
+
+    import pov_measure
+    import sglang_live as L
+    from eagle3ops.serve import process as sp
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from serve_standin import free_port, standin_argv
+
+    cats = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+    rows = [{"question_id": 81 + 10 * j + i, "category": c, "turns": [f"Please answer {c} question {i}."]}
+            for j, c in enumerate(cats) for i in range(3)]  # fmt: skip
+    (tmp_path / "mtbench_question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.json").write_text("{}")
+    L.W = tmp_path / "work"
+    a = SimpleNamespace(assets=str(tmp_path), per_category=1, seed=0, rounds=2, tokens=10, curve="1,2",
+                        curve_rounds=2, lossless_sample=4)  # fmt: skip
+    urls = {}
+    try:
+        for name, draft, extra in (("o", None, ()), ("d", tmp_path, ("--standin-diverge-at", "0"))):
+            port = free_port()
+            urls[name] = f"http://127.0.0.1:{port}"
+            argv = standin_argv(tmp_path, port, draft, "--standin-step-seconds", "0.002", *extra)
+            sp.start(
+                tmp_path / "run", name, sp.make_spec(argv, {}, urls[name]), health_timeout=30, interval=0.1
+            )
+        base, spec = SimpleNamespace(url=urls["o"]), SimpleNamespace(url=urls["d"])
+        sub, cs = pov_measure.speed_prompts(a)
+        assert sorted(cs) == sorted(cats) and len(sub) == 8
+        r = pov_measure.rounds(a, spec, base, sub, None, cs)
+        assert (
+            len(r["with_tok_s"]) == 2
+            and r["acceptance"] == [2.5, 2.5]
+            and r["acceptance_without_prefill"] == [2.25, 2.25]
+        )
+        assert set(r["per_category"]["categories"]) == set(cats)
+        pts = pov_measure.batch_curve(a, spec, base, sub, None)
+        assert [p["concurrency"] for p in pts] == [1, 2] and all(p["rounds"] == 2 for p in pts)
+        lp = pov_measure.lossless_prompts(sub, a.lossless_sample)
+        assert [p["id"] for p in lp] == [0, 2, 4, 6]  # spread over the categories
+        from eagle3ops.benchmark.loadgen import greedy_sample
+
+        plain = greedy_sample(base.url, lp, max_new_tokens=a.tokens)
+        res = pov_measure.lossless_check(a, spec, base, lp, None, plain)
+        assert res["identical"] == 0 and res["mismatches"] == 4 and res["lossless"] is False
+        assert res["divergences"][0]["position"] == 0 and res["divergences"][0]["gap"] == pytest.approx(3.0)
+    finally:
+        for name in urls:
+            sp.stop(tmp_path / "run", name, grace=10)

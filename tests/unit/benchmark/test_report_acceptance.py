@@ -34,8 +34,10 @@ def test_the_report_gives_the_pooled_length_and_the_per_request_mean_and_says_wh
     (row,) = rep["live"]["sets"]["mtbench"]["rows"]
     assert row["acceptance_length"] == 2.1154 and row["acceptance_length_request_mean"] == 3.5
     md = rp.markdown(rep)
-    assert "| speed-up | acceptance length (server, pooled) |" in md
-    assert "| mtbench (mtbench) | 1 | 200.0 | 100.0 | 2.000 | 2.115 |" in md
+    assert (
+        "| speed-up | acceptance with / without prefill token |" in md and "acceptance pooled over the" in md
+    )
+    assert "| mtbench (mtbench) | 1 | 1 | 200.0 | 100.0 | 2.000 | 2.115 / – |" in md
     # (the median of an even count is the middle two's mean: it read the upper one, 5.00, before)
     assert (
         "Acceptance per request, mtbench, concurrency 1: min 2.00, median 3.50, max 5.00, mean 3.500 (2 requests; "

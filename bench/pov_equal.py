@@ -1,0 +1,249 @@
+"""Equal-footing proof of value (issue 45, item 1): our draft against SpecForge's with nothing but the trainer
+different, served and measured alike.
+
+Both trainers on the same store (one prepare, one extraction: the same rows, max length 2048), the same draft
+vocabulary (``--draft-vocab``), the same aux layer ids (``LAYER_IDS``, given to both explicitly), the same TTT
+steps (each of ``--ttt``, 3 and 7 by default: speculators' default is 3, SpecForge's 7) and the same whole number
+of epochs (``--epochs``, at least 2), each alone on the GPU and each with its full schedule: no step cap and no
+budget stop (SpecForge sizes its cosine schedule from its epochs, so it ends inside the run; the budget given
+to each job is the plan's time with a margin, a guard only). Each seed of ``--seeds`` trains each pair again.
+At equal wall-clock: the faster trainer again, as many whole epochs as fit the slower one's time (its schedule
+full too). Each draft is served by SGLang against SmolLM2 at 3/1/4 and 5/1/6 and measured on all 80 MT-bench
+first turns (batch 1) and held-out ShareGPT (concurrency 8).
+
+``--plan`` prints how long that takes from the measured rates (:func:`plan`; nothing runs) and how it splits
+into device sessions; ``--jobs`` runs a subset (the plan's job names), so each session lands what it trained.
+The result JSON (``WORK/res/equal.json``) gives ours / SpecForge at equal epochs and at equal wall-clock side
+by side, per TTT: the mean over the seeds and the spread (:func:`compare`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proof_of_value as P
+import sglang_live as L
+
+# measured alone on the H200 (docs/performance.md, proof of value): ours at TTT 3, 8,192 packed tokens a step,
+# 1,266 steps an epoch of the 15,596 rows (run 5: 7.48 steps/s, 69 s to the first step); SpecForge at TTT 7,
+# batch 8 padded rows, 14,036 training rows = 1,755 steps an epoch (run 1: 5.67 steps/s, 86 s)
+RATES = {
+    "ours": {"steps_per_s": P.OURS_RATE_ALONE, "ttt": 3, "startup_s": 69.0, "steps_per_epoch": 1266},
+    "specforge": {"steps_per_s": 5.67, "ttt": 7, "startup_s": 86.0, "steps_per_epoch": 1755},
+}
+DATA_S = 370.0  # carries, conversion, prepare, extraction before any training (runs 3-5)
+SERVE_S = 110.0  # one group of servers started 8 s apart, ready (runs 3-5: 74-102 s each)
+MEASURE_S = 55.0  # one server: 80 MT-bench prompts at batch 1 + 64 held-out at concurrency 8, 256 tokens
+SESSION_S = 1800.0  # device time of one session
+MARGIN = 1.3  # a job's budget: the plan's time x this (a guard; a full schedule is never cut on plan)
+
+
+def rate(trainer: str, ttt: int) -> dict:
+    """Steps/s of ``trainer`` at ``ttt`` TTT steps: measured at its default TTT; at more steps assumed to fall in
+    proportion (every step's cost grows with the positions trained: an upper bound of the cost, not measured);
+    at fewer, the measured rate (not assumed faster)."""
+    m = RATES[trainer]
+    r = m["steps_per_s"] * min(1.0, m["ttt"] / ttt)
+    return {"steps_per_s": round(r, 3), "measured": ttt == m["ttt"], "assumed": ttt > m["ttt"]}
+
+
+def train_s(trainer: str, ttt: int, epochs: int) -> float:
+    m = RATES[trainer]
+    return m["startup_s"] + epochs * m["steps_per_epoch"] / rate(trainer, ttt)["steps_per_s"]
+
+
+def plan(
+    ttts: list[int], seeds: list[int], epochs: int, *, wall_clock: bool = True, configs: int = 2
+) -> dict:
+    """Every training job (trainer, TTT, seed, epochs) with its time from the measured rates, the serving and
+    measuring after it, and a split into device sessions of ``SESSION_S`` (each session prepares the store again:
+    /dev/shm does not outlive the box). Equal wall-clock adds, per TTT and seed, the faster trainer for as many
+    whole epochs as fit the slower one's time."""
+    if epochs < 2:
+        raise ValueError(f"--epochs {epochs}: equal footing wants at least 2 (full schedules of both)")
+    jobs = []
+    for ttt in ttts:
+        for seed in seeds:
+            t = {k: train_s(k, ttt, epochs) for k in RATES}
+            for k in RATES:
+                jobs.append({"name": f"{k}_ttt{ttt}_s{seed}_e{epochs}", "trainer": k, "ttt": ttt, "seed": seed,
+                             "epochs": epochs, "seconds": round(t[k], 1), "role": "equal_epochs"})  # fmt: skip
+            if wall_clock:
+                fast, slow = sorted(RATES, key=lambda k: t[k])
+                m = RATES[fast]
+                fit = math.floor(
+                    (t[slow] - m["startup_s"]) * rate(fast, ttt)["steps_per_s"] / m["steps_per_epoch"]
+                )
+                if fit > epochs:
+                    jobs.append({"name": f"{fast}_ttt{ttt}_s{seed}_e{fit}", "trainer": fast, "ttt": ttt, "seed": seed,
+                                 "epochs": fit, "seconds": round(train_s(fast, ttt, fit), 1), "role": "equal_wall",
+                                 "budget_of": f"{slow}_ttt{ttt}_s{seed}_e{epochs}"})  # fmt: skip
+    per_draft = configs * MEASURE_S
+    sessions: list[dict] = []
+    for j in sorted(jobs, key=lambda j: -j["seconds"]):  # first fit, longest first
+        need = j["seconds"] + per_draft
+        cur = next((s for s in sessions if s["seconds"] + need <= SESSION_S), None)
+        if cur is None:
+            cur = {"jobs": [], "seconds": DATA_S + SERVE_S}
+            sessions.append(cur)
+        cur["jobs"].append(j["name"])
+        cur["seconds"] = round(cur["seconds"] + need, 1)
+    too_long = [j["name"] for j in jobs if DATA_S + SERVE_S + j["seconds"] + per_draft > SESSION_S]
+    total = round(sum(s["seconds"] for s in sessions), 1)
+    return {"jobs": jobs, "sessions": sessions, "device_s": total, "session_s": SESSION_S,
+            "fits_one_session": len(sessions) == 1 and not too_long, "longer_than_a_session": too_long,
+            "rates": {k: {str(t): rate(k, t) for t in ttts} for k in RATES}}  # fmt: skip
+
+
+def _stats(xs: list[float]) -> dict:
+    return (
+        {"mean": round(statistics.fmean(xs), 4), "min": min(xs), "max": max(xs), "n": len(xs)} if xs else {}
+    )
+
+
+def compare(results: dict, jobs: list[dict]) -> dict:
+    """Ours / SpecForge per TTT and measure (``results``: job name -> {measure -> acceptance}), at equal epochs
+    (the two ``equal_epochs`` jobs of a seed) and at equal wall-clock (the slower one's equal-epochs job against
+    the faster one's ``equal_wall`` job): the per-seed ratios, their mean and spread, and each side's mean."""
+    out: dict = {}
+    by = {j["name"]: j for j in jobs}
+    for j in jobs:
+        if j["role"] != "equal_epochs" or j["trainer"] != "ours":
+            continue
+        sf = f"specforge_ttt{j['ttt']}_s{j['seed']}_e{j['epochs']}"
+        pairs = {"equal_epochs": (j["name"], sf)}
+        wall = [
+            w for w in jobs if w["role"] == "equal_wall" and w["ttt"] == j["ttt"] and w["seed"] == j["seed"]
+        ]
+        if wall:
+            w = wall[0]
+            pairs["equal_wall_clock"] = (w["name"], sf) if w["trainer"] == "ours" else (j["name"], w["name"])
+        for kind, (a, b) in pairs.items():
+            ra, rb = results.get(a) or {}, results.get(b) or {}
+            for measure in sorted(set(ra) & set(rb)):
+                if ra[measure] and rb[measure]:
+                    slot = out.setdefault(f"ttt{j['ttt']}", {}).setdefault(measure, {}).setdefault(kind, {
+                        "ours": [], "specforge": [], "ratio": [], "epochs": (by[a]["epochs"], by[b]["epochs"])})  # fmt: skip
+                    slot["ours"].append(ra[measure])
+                    slot["specforge"].append(rb[measure])
+                    slot["ratio"].append(round(ra[measure] / rb[measure], 4))
+    for per_ttt in out.values():
+        for per_measure in per_ttt.values():
+            for slot in per_measure.values():
+                slot.update({f"{k}_stats": _stats(slot[k]) for k in ("ours", "specforge", "ratio")})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+
+def _train_flags(a, j: dict) -> list[str]:
+    common = ["--epochs", str(j["epochs"]), "--ttt-steps", str(j["ttt"]), "--seed", str(j["seed"]),
+              "--layer-ids", *map(str, P.LAYER_IDS)]  # fmt: skip
+    if j["trainer"] == "ours":
+        return [*common, *P.ours_flags(a)]
+    return ["--trainer", "specforge", *common, "--extra", P.sf_extra(a), *P.sf_recipe(a)]
+
+
+def run(a, p: dict) -> None:
+    """The jobs asked (``--jobs``, default all), one after the other, each alone; then each draft's servers and
+    measurements; then the comparison of what was measured."""
+    r = P.Run(a)
+    if not r.inputs():
+        return
+    names = a.jobs.split(",") if a.jobs else [j["name"] for j in p["jobs"]]
+    jobs = [j for j in p["jobs"] if j["name"] in names]
+    for j in jobs:
+        run_dir = r.d / f"run-{j['name']}"
+
+        @L.stage(f"train_{j['name']}", 60)
+        def tr(j=j, run_dir=run_dir):
+            res = P.train(a, j["name"], r.data, r.m, run_dir, _train_flags(a, j), j["seconds"] * MARGIN)
+            return {**res, "job": j}
+
+        tr()
+        r.convert_draft(j["name"], run_dir)
+    configs = [tuple(int(x) for x in c.split("-")) for c in a.configs.split(",")]
+    group = [
+        (f"smol_{k}_{'-'.join(map(str, c))}", r.m, d, c, a.mem_smol)
+        for k, d in r.drafts.items()
+        for c in configs
+    ]
+    for t in r.start_group(group):
+        t.join()
+    results: dict = {}
+    for name, _, _, c, _ in group:
+        s = r.servers.get(name)
+        if not s:
+            continue
+        key = name.removeprefix("smol_").rsplit("_", 1)[0]
+
+        @L.stage(name, 60)
+        def acc(s=s):
+            return {"mtbench_batch1": L.measure(s.url, r.qs, a.tokens, 1, r.render),
+                    "heldout_conc8": L.measure(s.url, r.heldout, a.tokens, 8, r.render) if r.heldout else None}  # fmt: skip
+
+        m = acc() or {}
+        tag = "-".join(map(str, c))
+        for measure, v in m.items():
+            if isinstance(v, dict) and v.get("acceptance_length"):
+                results.setdefault(key, {})[f"{measure}_{tag}"] = v["acceptance_length"]
+    for s in r.servers.values():
+        s.stop()
+    L.save("equal", {"plan": p, "acceptance": results, "compare": compare(results, p["jobs"]),
+                     "jobs_run": [j["name"] for j in jobs], "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ttt", default="3,7", help="TTT steps, each trained by both")
+    ap.add_argument("--seeds", default="0,1", help="training seeds, each trained by both")
+    ap.add_argument("--epochs", type=int, default=2, help="whole epochs of each (>= 2)")
+    ap.add_argument("--no-wall-clock", action="store_true", help="equal epochs only")
+    ap.add_argument(
+        "--plan", action="store_true", help="print the plan and the sessions it needs; run nothing"
+    )
+    ap.add_argument("--jobs", default="", help="the plan's job names to run (comma-separated; default all)")
+    ap.add_argument("--work", default="/tmp/pov-equal")
+    ap.add_argument("--assets", default="/tmp/assets")
+    ap.add_argument("--smol-dir", default="/dev/shm/pov")
+    ap.add_argument("--budget-s", type=float, default=1700)
+    ap.add_argument("--configs", default="3-1-4,5-1-6")
+    a = ap.parse_args()
+    try:
+        p = plan([int(x) for x in a.ttt.split(",")], [int(x) for x in a.seeds.split(",")], a.epochs,
+                 wall_clock=not a.no_wall_clock, configs=len(a.configs.split(",")))  # fmt: skip
+    except ValueError as e:
+        print(f"pov_equal: {e}", file=sys.stderr)
+        return 2
+    if a.plan:
+        print(json.dumps(p, indent=1))
+        return 0
+    # what proof_of_value.Run and train read: the same data, store, vocabulary and servers as its runs 1-5
+    fixed = {"wide_dir": "/tmp/pov-wide", "conversations": "smollm2-regenerated-sharegpt-15600.jsonl.xz",
+             "n_conv": 15600, "max_length": 2048, "prepare_workers": 8, "draft_vocab": 32768, "total_seq_len": 8192,
+             "sf_batch": 8, "sf_save_interval": 250, "sf_max_checkpoints": 2, "sf_fc_norm": False, "sf_lr": 0.0,
+             "wide_late": True, "wide_intermediate": 153600, "mt_prompts": 80, "heldout_prompts": 64,
+             "tokens": 256, "kv_tokens": 65536, "port0": 30100, "stagger_s": 8.0, "wide_prefill": 1024,
+             "no_radix_cache": True, "mem_smol": 0.12, "device": "cuda", "smoke": False}  # fmt: skip
+    for k, v in fixed.items():
+        setattr(a, k, v)
+    L.W = Path(a.work)
+    L.W.mkdir(parents=True, exist_ok=True)
+    L.DEADLINE[0] = L.T0 + a.budget_s
+    os.environ["PYTHONPATH"] = f"{L.ROOT / 'python'}:{os.environ.get('PYTHONPATH', '')}"  # the CLI's children
+    L.log(f"pov_equal: {' '.join(sys.argv[1:])}")
+    run(a, p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
