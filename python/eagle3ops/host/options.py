@@ -362,6 +362,35 @@ CONTAINER_GPU = Command(
             role_doc="Extra options of each devN entry (mode=0666, uid=, gid=).",
         ),
         Option(
+            "mp_replace",
+            "bool",
+            default=False,
+            help="replace a mount point (mpN) the config already has with another volume or path",
+            doc=[
+                (
+                    "Replace a mount point (C(mpN)) that the config already has with the one in O(options). "
+                    "Without it a different C(mpN) is refused, naming both, and nothing is changed."
+                ),
+                (
+                    "PVE keeps a replaced storage volume as C(unusedN) (the rollback); a host path is left "
+                    "as it is. Diff mode shows the change; check mode predicts it."
+                ),
+            ],
+            role_doc=(
+                "Replace the container's data mount point when the config already has a different one "
+                "(otherwise the run refuses it, naming both); the diff shows the change."
+            ),
+        ),
+        Option(
+            "pvesm",
+            "path",
+            default="/usr/sbin/pvesm",
+            command=True,
+            help="path of pvesm (a mount point on a PVE storage volume is checked with it)",
+            doc="Path of C(pvesm); a mount point on a PVE storage volume is checked with it.",
+            role_doc="Path of pvesm.",
+        ),
+        Option(
             "prune_unregistered_majors",
             "bool",
             default=True,
