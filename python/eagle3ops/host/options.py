@@ -505,3 +505,67 @@ CONTAINER_GPU = Command(
         ),
     ],
 )
+
+# ---- extract's disk preflight, the PVE side: how full the storage under the data directory is ---------------
+PVE_STORAGE_USAGE = Command(
+    "pve-storage-usage",
+    help="how full the PVE storage under a path of an LXC container is (pvesm status; a thin pool's lvs)",
+    check=False,  # it only reads
+    cli=False,
+    module="eagle3ops_pve_storage_usage",
+    role="extract",
+    options=[
+        Option(
+            "vmid",
+            "int",
+            required=True,
+            minimum=100,
+            why="PVE guest ids start at 100",
+            role=False,  # the role passes extract_pve_vmid (the inventory's proxmox_vmid)
+            help="the container's id",
+        ),
+        Option(
+            "path",
+            "path",
+            required=True,
+            role=False,  # the role passes extract_data_dir
+            help="a path inside the container (the data directory); its mount point's volume is looked up",
+        ),
+        Option(
+            "pvesm",
+            "path",
+            default="/usr/sbin/pvesm",
+            command=True,
+            role="extract_pve_pvesm",
+            help="path of pvesm",
+            doc="Path of C(pvesm).",
+            role_doc="Path of pvesm on the PVE host.",
+        ),
+        Option(
+            "lvs",
+            "path",
+            default="/sbin/lvs",
+            command=True,
+            role="extract_pve_lvs",
+            help="path of lvs (an LVM-thin pool's metadata%)",
+            doc="Path of C(lvs), asked for an LVM-thin pool's metadata% (C(pvesm status) gives its data% only).",
+            role_doc="Path of lvs on the PVE host.",
+        ),
+        Option(
+            "config_dir",
+            "path",
+            default="/etc/pve/lxc",
+            role="extract_pve_config_dir",
+            help="where the container configs live",
+            role_doc="Container configs on the PVE host (test hook).",
+        ),
+        Option(
+            "storage_cfg",
+            "path",
+            default="/etc/pve/storage.cfg",
+            role="extract_pve_storage_cfg",
+            help="the PVE storage configuration (a thin pool's volume group and pool)",
+            role_doc="The PVE storage configuration (test hook).",
+        ),
+    ],
+)

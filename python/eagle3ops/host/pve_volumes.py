@@ -238,3 +238,41 @@ def pool_usage(volume: str, status: StorageStatus, thin: dict | None = None) -> 
         if thin["metadata_percent"] >= 100:
             u.avail = 0
     return u
+
+
+def storage_usage(keys: dict[str, str], path: str, run, *, pvesm: str, lvs: str, storage_cfg: dict) -> dict:
+    """How full the PVE storage under ``path`` (inside the container whose config ``keys`` are) is: the result of
+    the module ``eagle3ops_pve_storage_usage``. ``usage`` is None when that mount point is a host path (a bind
+    mount: ``statvfs`` inside the container sees its filesystem) or no mount point holds ``path``. ``run(argv)``
+    -> (rc, stdout, stderr)."""
+    found = volume_for_path(keys, path)
+    if found is None:
+        return {
+            "mount": None,
+            "volume": None,
+            "usage": None,
+            "why": f"no mount point of the container holds {path}",
+        }
+    key, volume = found
+    kind, storage, _name = split_volume(volume)
+    if kind == "path":
+        return {"mount": key, "volume": volume, "usage": None,
+                "why": f"{key} is a bind mount of the host path {volume}: statvfs inside the container sees it"}  # fmt: skip
+    rc, out, err = run([pvesm, "status", "--storage", storage])
+    if rc != 0:
+        raise PveError(
+            f"`{pvesm} status --storage {storage}` failed ({key} of {path}): {(err or out).strip()[-500:]}"
+        )
+    status = parse_pvesm_status(out).get(storage)
+    if status is None:
+        raise PveError(f"`pvesm status --storage {storage}` does not list {storage} ({key}: {volume})")
+    thin = None
+    cfg = storage_cfg.get(storage, {})
+    if status.type == "lvmthin" and cfg.get("vgname") and cfg.get("thinpool"):
+        argv = [lvs, "--noheadings", "--units", "b", "--nosuffix", "--separator", ":",
+                "-o", "lv_size,data_percent,metadata_percent", f"{cfg['vgname']}/{cfg['thinpool']}"]  # fmt: skip
+        rc, out, err = run(argv)
+        if rc != 0:
+            raise PveError(f"`{' '.join(argv)}` failed: {(err or out).strip()[-500:]}")
+        thin = parse_lvs_thinpool(out)
+    return {"mount": key, "volume": volume, "usage": pool_usage(volume, status, thin).to_dict(), "why": ""}

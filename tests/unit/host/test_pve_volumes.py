@@ -222,3 +222,41 @@ def test_a_volume_attached_to_another_container_is_refused(pve):
     with pytest.raises(container.ContainerFailed, match=r"attached to container 130 \(mp0\)"):
         container.converge(params(pve, options={"mp0": "local-lvm:vm-129-disk-1,mp=/data"}), container.Host())
     assert "mp0" not in conf(pve)
+
+
+def test_the_usage_under_the_data_directory_comes_from_its_storage(pve):
+    """What eagle3ops_pve_storage_usage reports (run against the stand-ins) for a path on an rbd volume, on a thin
+    pool (its metadata% from lvs), and on a bind mount (none: statvfs inside sees it); the preflight then refuses
+    bytes the pool cannot take while this filesystem has room."""
+    cfg = pve_volumes.parse_storage_cfg(
+        "lvmthin: local-lvm\n\tthinpool data\n\tvgname pve\n\tcontent rootdir\n"
+    )
+    keys = {"rootfs": "local-lvm:vm-129-disk-0,size=8G", "mp0": "ceph-rbd:vm-129-disk-2,mp=/data,size=5G",
+            "mp1": "/srv/scratch,mp=/scratch"}  # fmt: skip
+
+    def run_(argv):
+        p = subprocess.run(argv, capture_output=True, text=True, check=False)
+        return p.returncode, p.stdout, p.stderr
+
+    ask = dict(pvesm=str(FIX / "pvesm"), lvs=str(pve / "lvs"), storage_cfg=cfg)
+    rbd = pve_volumes.storage_usage(keys, "/data/eagle3", run_, **ask)
+    assert rbd["mount"] == "mp0" and rbd["usage"]["avail"] == GiB and rbd["usage"]["type"] == "rbd"
+    thin = pve_volumes.storage_usage(keys, "/root", run_, **ask)["usage"]
+    assert (
+        thin["storage"] == "local-lvm" and thin["metadata_percent"] == 12.5 and thin["avail"] == 450 * 2**20
+    )
+    assert pve_volumes.storage_usage(keys, "/scratch/x", run_, **ask)["usage"] is None
+    from eagle3ops.store import DiskSpaceError, preflight_disk
+
+    assert (
+        preflight_disk(pve, GiB // 2, margin_bytes=0, pool=rbd["usage"])["pve_storage"]["storage"]
+        == "ceph-rbd"
+    )
+    with pytest.raises(
+        DiskSpaceError, match=r"PVE storage 'ceph-rbd' \(rbd, volume ceph-rbd:vm-129-disk-2\)"
+    ):
+        preflight_disk(pve, 2 * GiB, margin_bytes=0, pool=rbd["usage"])
+    full_meta = pve_volumes.pool_usage("local-lvm:vm-129-disk-0", pve_volumes.StorageStatus(
+        "local-lvm", "lvmthin", "active", 100 * GiB, GiB, 99 * GiB), {"metadata_percent": 100.0})  # fmt: skip
+    with pytest.raises(DiskSpaceError, match=r"thin-pool metadata 100.0%"):
+        preflight_disk(pve, 1, margin_bytes=0, pool=full_meta.to_dict())
