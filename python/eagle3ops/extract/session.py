@@ -234,7 +234,8 @@ class ExtractConfig:
     model_hash: bool = _D["model_hash"]  # hash every weight byte for the model check (slow; on request)
     margin_frac: float = _D["margin"]
     margin_bytes: int = 64 * 1024 * 1024
-    pve_storage: dict = field(default_factory=dict)  # the PVE storage underneath the data directory (store.pool)
+    # the PVE storage underneath the data directory (store.pool); {} = not a PVE storage volume
+    pve_storage: dict = field(default_factory=dict)
     check_finite: bool = True
     limit: int | None = _D["limit"]  # only the first N rows (testing / smoke runs)
     progress: bool = _D["progress"]

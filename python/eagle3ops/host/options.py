@@ -303,6 +303,13 @@ SERVICES_BACKUP = Command(
 )
 
 # ---- container: the LXC container on the PVE host ------------------------------------------------------------
+# the PVE tools and configs, as the container, storage (a volume source) and extract (the preflight) modules take them
+PCT = Option("pct", "path", default="/usr/sbin/pct", command=True, help="path of pct", doc="Path of C(pct).",
+             role_doc="Path of pct.")  # fmt: skip
+PVESM = Option("pvesm", "path", default="/usr/sbin/pvesm", command=True, help="path of pvesm",
+               doc="Path of C(pvesm).", role_doc="Path of pvesm.")  # fmt: skip
+PVE_CONFIG_DIR = Option("config_dir", "path", default="/etc/pve/lxc", help="where the container configs live",
+                        role_doc="Container configs (test hook).")  # fmt: skip
 CONTAINER_GPU = Command(
     "container-gpu",
     help="GPUs, data mount, sizes and state of one PVE LXC container",
@@ -381,15 +388,7 @@ CONTAINER_GPU = Command(
                 "(otherwise the run refuses it, naming both); the diff shows the change."
             ),
         ),
-        Option(
-            "pvesm",
-            "path",
-            default="/usr/sbin/pvesm",
-            command=True,
-            help="path of pvesm (a mount point on a PVE storage volume is checked with it)",
-            doc="Path of C(pvesm); a mount point on a PVE storage volume is checked with it.",
-            role_doc="Path of pvesm.",
-        ),
+        PVESM.but(doc="Path of C(pvesm); a mount point on a PVE storage volume is checked with it."),
         Option(
             "prune_unregistered_majors",
             "bool",
@@ -461,22 +460,8 @@ CONTAINER_GPU = Command(
                 "C(present) leaves it."
             ),
         ),
-        Option(
-            "pct",
-            "path",
-            default="/usr/sbin/pct",
-            command=True,
-            help="path of pct",
-            doc="Path of C(pct).",
-            role_doc="Path of pct.",
-        ),
-        Option(
-            "config_dir",
-            "path",
-            default="/etc/pve/lxc",
-            help="where the container configs live",
-            role_doc="Container configs (test hook).",
-        ),
+        PCT,
+        PVE_CONFIG_DIR,
         Option(
             "dev_root",
             "path",
@@ -531,16 +516,7 @@ PVE_STORAGE_USAGE = Command(
             role=False,  # the role passes extract_data_dir
             help="a path inside the container (the data directory); its mount point's volume is looked up",
         ),
-        Option(
-            "pvesm",
-            "path",
-            default="/usr/sbin/pvesm",
-            command=True,
-            role="extract_pve_pvesm",
-            help="path of pvesm",
-            doc="Path of C(pvesm).",
-            role_doc="Path of pvesm on the PVE host.",
-        ),
+        PVESM.but(role="extract_pve_pvesm", role_doc="Path of pvesm on the PVE host."),
         Option(
             "lvs",
             "path",
@@ -551,13 +527,8 @@ PVE_STORAGE_USAGE = Command(
             doc="Path of C(lvs), asked for an LVM-thin pool's metadata% (C(pvesm status) gives its data% only).",
             role_doc="Path of lvs on the PVE host.",
         ),
-        Option(
-            "config_dir",
-            "path",
-            default="/etc/pve/lxc",
-            role="extract_pve_config_dir",
-            help="where the container configs live",
-            role_doc="Container configs on the PVE host (test hook).",
+        PVE_CONFIG_DIR.but(
+            role="extract_pve_config_dir", role_doc="Container configs on the PVE host (test hook)."
         ),
         Option(
             "storage_cfg",
@@ -567,5 +538,46 @@ PVE_STORAGE_USAGE = Command(
             help="the PVE storage configuration (a thin pool's volume group and pool)",
             role_doc="The PVE storage configuration (test hook).",
         ),
+    ],
+)
+
+# ---- storage: the old data on a PVE storage volume ---------------------------------------------------------
+STORAGE_VOLUME = Command(
+    "storage-volume",
+    help="the old data on a PVE storage volume: refuse what is unsafe, say how to mount it at the data path",
+    check=False,  # it only reads; the role mounts (ansible.posix.mount)
+    cli=False,
+    module="eagle3ops_storage_volume",
+    role="storage",
+    options=[
+        Option(
+            "volume",
+            required=True,
+            role="storage_source_volume",
+            role_default="",
+            help="the PVE volume that holds the old data (<storage>:vm-<vmid>-disk-<n>)",
+            doc="The PVE storage volume that holds the old data (C(<storage>:vm-<vmid>-disk-<n>)).",
+            role_doc=(
+                "The PVE storage volume that holds the old data (ceph-rbd:vm-129-disk-1): it is mounted at "
+                "storage_data_path and migrated from there; the volume is the rollback. Empty: the old data is "
+                "a host directory."
+            ),
+        ),
+        Option(
+            "vmid",
+            "int",
+            required=True,
+            minimum=0,
+            role="storage_source_vmid",
+            role_default=0,
+            help="the container that owns the volume (it must be stopped)",
+            doc="The container that owns the volume; it must be stopped.",
+            role_doc="The container that owns storage_source_volume (stopped while the phase runs).",
+        ),
+        DATA_PATH,
+        STATE_FILE,
+        PVESM.but(role="storage_pvesm"),
+        PCT.but(role="storage_pct"),
+        PVE_CONFIG_DIR.but(role="storage_pve_config_dir"),
     ],
 )

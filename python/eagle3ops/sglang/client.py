@@ -68,7 +68,8 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
     limit: int | None = None
     margin_frac: float = 0.05
     margin_bytes: int = 64 * 1024 * 1024
-    pve_storage: dict = field(default_factory=dict)  # the PVE storage underneath the data directory (store.pool)
+    # the PVE storage underneath the data directory (store.pool); {} = not a PVE storage volume
+    pve_storage: dict = field(default_factory=dict)
     # systemd units to start: one, or one per URL in the same order (several servers of one host); None = attach
     server_unit: str | list[str] | None = None
     server_pid: int | None = None  # the attached server's PID: its death ends a wait for /health at once
