@@ -133,22 +133,26 @@ def volume_owner(name: str) -> int | None:
 
 
 def same_mount(current: str | None, wanted: str) -> bool:
-    """Whether the config's ``current`` mount point already is the ``wanted`` one: equal property strings, or a
-    wanted new volume (``local-lvm:500,mp=/data``) that ``pct set`` allocated (``local-lvm:vm-129-disk-1,
-    mp=/data,size=500G``: same storage, same size, the other properties equal)."""
+    """Whether the config's ``current`` mount point already is the ``wanted`` one: equal property strings, where
+    PVE's own ``size=`` counts only when asked for; a wanted new volume (``local-lvm:500,mp=/data``) is the one
+    ``pct set`` allocated (``local-lvm:vm-129-disk-1,mp=/data,size=500G``: same storage, same size)."""
     if current is None:
         return False
     have, want = parse_property_string(current), parse_property_string(wanted)
     if have == want:
         return True
     try:
-        kind, storage, size = split_volume(wanted)
-        have_kind, have_storage, _name = split_volume(current)
+        kind, storage, name = split_volume(wanted)
+        have_kind, have_storage, have_name = split_volume(current)
     except PveError:
         return False
-    if kind != "new" or have_kind != "volume" or have_storage != storage:
-        return False
-    if size_bytes(have.get("size", "")) != int(float(size) * 2**30):
+    if kind == "new":
+        same_volume = have_kind == "volume" and have_storage == storage
+        want_size = int(float(name) * 2**30)
+    else:  # an existing volume or a host path: the same one; a size only when the wanted string gives one
+        same_volume = (kind, storage, name) == (have_kind, have_storage, have_name)
+        want_size = size_bytes(want["size"]) if "size" in want else size_bytes(have.get("size", ""))
+    if not same_volume or size_bytes(have.get("size", "")) != want_size:
         return False
     rest = lambda d: {k: v for k, v in d.items() if k not in ("_", "size")}  # noqa: E731
     return rest(have) == rest(want)

@@ -147,6 +147,9 @@ def test_mount_points_compare_as_pve_writes_them_back():
     assert not same("ceph-rbd:vm-129-disk-1,mp=/data,size=500G", "local-lvm:500,mp=/data")
     assert not same("local-lvm:vm-129-disk-1,mp=/data,size=500G", "local-lvm:500,mp=/other")
     assert same("/mnt/a,mp=/data,backup=0", "/mnt/a,backup=false,mp=/data") and not same(None, "/a,mp=/b")
+    assert same("ceph-rbd:vm-129-disk-1,mp=/data,size=64M", "ceph-rbd:vm-129-disk-1,mp=/data")  # PVE's size=
+    assert not same("ceph-rbd:vm-129-disk-1,mp=/data,size=64M", "ceph-rbd:vm-129-disk-1,mp=/data,size=2G")
+    assert not same("ceph-rbd:vm-129-disk-1,mp=/data,size=64M", "ceph-rbd:vm-129-disk-2,mp=/data")
     keys = {"rootfs": "local-lvm:vm-129-disk-0,size=8G", "mp0": "ceph-rbd:vm-129-disk-2,mp=/data,size=5G"}
     assert pve_volumes.volume_for_path(keys, "/data/eagle3/hidden_states") == (
         "mp0",
