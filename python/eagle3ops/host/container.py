@@ -143,19 +143,8 @@ def _check_mounts(host: Host, p: dict, config, options: dict) -> dict:
         if kind == "volume" and storage in status:
             volumes = pve_volumes.parse_pvesm_list(_pct(host, [p["pvesm"], "list", storage], "volumes"))
         if others is None:
-            others = _other_configs(p)
+            others = pve_volumes.other_configs(p["config_dir"], p["vmid"])
         pve_volumes.check_volume(key, str(value), p["vmid"], status, volumes, others)
-    return out
-
-
-def _other_configs(p: dict) -> dict[int, list[tuple[str, str]]]:
-    """vmid -> (key, value) of every section (snapshots too) of every other container config on this node."""
-    out = {}
-    for name in sorted(os.listdir(p["config_dir"])):
-        stem = name[: -len(".conf")]
-        if name.endswith(".conf") and stem.isdigit() and int(stem) != p["vmid"]:
-            cfg = pve.read_config(os.path.join(p["config_dir"], name))
-            out[int(stem)] = [(k, v) for s in cfg.sections for k, v in s.keys().items()]
     return out
 
 

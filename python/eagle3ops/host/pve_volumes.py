@@ -13,13 +13,14 @@ metadata% needs ``lvs`` beside it. Standard library only (shipped as ``module_ut
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass
 
 try:
-    from eagle3ops.host.pve import PveError, parse_property_string
+    from eagle3ops.host.pve import PveError, parse_property_string, read_config
 except ImportError:  # on the PVE host, as module_utils/eagle3ops_pve_volumes.py
-    from ansible.module_utils.eagle3ops_pve import PveError, parse_property_string
+    from ansible.module_utils.eagle3ops_pve import PveError, parse_property_string, read_config
 
 MP_RE = re.compile(r"^mp\d+$")
 # PVE's own volume names: vm-<vmid>-disk-<n> (lvm, lvmthin, rbd, zfs zvols), subvol-<vmid>-disk-<n> (zfs
@@ -164,11 +165,11 @@ def check_volume(
     vmid: int,
     storages: dict[str, StorageStatus],
     volumes: list[Volume] | None,
-    other_configs: dict[int, list[tuple[str, str]]],
+    others: dict[int, list[tuple[str, str]]],
 ) -> None:
     """Refuse a ``mpN`` volume that cannot be this container's: its storage unknown or not active, an existing
     volume that ``pvesm list`` does not show, that another guest owns, or that another container's config
-    names. ``volumes``: ``pvesm list <storage>`` (None for a new volume); ``other_configs``: vmid -> (key, value) of its sections."""
+    names. ``volumes``: ``pvesm list <storage>`` (None for a new volume); ``others``: :func:`other_configs`."""
     kind, storage, name = split_volume(value)
     if kind == "path":
         return
@@ -193,13 +194,25 @@ def check_volume(
             f"{key}: volume {volid} belongs to guest {owner}, not to container {vmid}: attach a volume of this "
             f"container, or move it first (pct move-volume {owner} <mpN> --target-vmid {vmid}); nothing was changed"
         )
-    for other, keys in sorted(other_configs.items()):
+    for other, keys in sorted(others.items()):
         for k, v in keys:
             named = MP_RE.match(k) or k == "rootfs" or k.startswith("unused")
             if other != vmid and named and parse_property_string(v).get("_") == volid:
                 raise PveError(
                     f"{key}: volume {volid} is attached to container {other} ({k}); nothing was changed"
                 )
+
+
+def other_configs(config_dir: str, vmid: int) -> dict[int, list[tuple[str, str]]]:
+    """vmid -> (key, value) of every section (snapshots too) of every other container config in ``config_dir``:
+    what :func:`check_volume` looks through for a volume attached elsewhere."""
+    out = {}
+    for name in sorted(os.listdir(config_dir)):
+        stem = name[: -len(".conf")]
+        if name.endswith(".conf") and stem.isdigit() and int(stem) != vmid:
+            cfg = read_config(os.path.join(config_dir, name))
+            out[int(stem)] = [(k, v) for s in cfg.sections for k, v in s.keys().items()]
+    return out
 
 
 def volume_for_path(keys: dict[str, str], path: str) -> tuple[str, str] | None:

@@ -33,16 +33,6 @@ def _out(run, argv: list[str], what: str) -> str:
     return out
 
 
-def _other_configs(config_dir: str, vmid: int) -> dict[int, list[tuple[str, str]]]:
-    out = {}
-    for name in sorted(os.listdir(config_dir)):
-        stem = name[: -len(".conf")]
-        if name.endswith(".conf") and stem.isdigit() and int(stem) != vmid:
-            cfg = pve.read_config(os.path.join(config_dir, name))
-            out[int(stem)] = [(k, v) for s in cfg.sections for k, v in s.keys().items()]
-    return out
-
-
 def plan_source_volume(p: dict, run, mounts: list[dict] | None = None) -> dict:
     """What the storage phase must do to read the old data from the volume ``p['volume']`` of container
     ``p['vmid']`` at ``p['data_path']``: ``action`` ``mount`` (with ``device``, ``fstype``, ``opts``) or ``none``
@@ -63,7 +53,12 @@ def plan_source_volume(p: dict, run, mounts: list[dict] | None = None) -> dict:
     if storage in status:
         listed = pve_volumes.parse_pvesm_list(_out(run, [p["pvesm"], "list", storage], "volumes"))
     pve_volumes.check_volume(
-        "storage_source_volume", volume, vmid, status, listed, _other_configs(p["config_dir"], vmid)
+        "storage_source_volume",
+        volume,
+        vmid,
+        status,
+        listed,
+        pve_volumes.other_configs(p["config_dir"], vmid),
     )
     ct = pve.parse_pct_status(_out(run, [p["pct"], "status", str(vmid)], "container state"))
     if ct != "stopped":
