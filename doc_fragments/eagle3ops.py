@@ -104,6 +104,16 @@ options:
       - Free space kept on top of the exact need and O(margin), in MiB (the preflight refuses below it).
     type: float
     default: 64.0
+  pve_storage:
+    description:
+      - The PVE storage underneath the data directory, as C(eagle3ops_pve_storage_usage) reports it on the
+        PVE host (C(storage), C(type), C(total), C(used), C(avail) in bytes; C(metadata_percent) for a thin
+        pool).
+      - 'The disk preflight then also refuses an extraction whose bytes (with the margins) do not fit the
+        storage''s available bytes, naming the storage and the numbers: C(statvfs) inside a container cannot
+        see an LVM-thin or Ceph pool running out underneath its volume.'
+    type: dict
+    default: {}
   limit:
     description: Only the first N rows (smoke runs).
     type: int

@@ -58,6 +58,18 @@ options:
     description: Extra options appended to every C(devN) entry, e.g. C(mode=0666) or C(uid=0,gid=44).
     type: str
     default: ""
+  mp_replace:
+    description:
+      - Replace a mount point (C(mpN)) that the config already has with the one in O(options). Without it
+        a different C(mpN) is refused, naming both, and nothing is changed.
+      - PVE keeps a replaced storage volume as C(unusedN) (the rollback); a host path is left as it is. Diff
+        mode shows the change; check mode predicts it.
+    type: bool
+    default: false
+  pvesm:
+    description: Path of C(pvesm); a mount point on a PVE storage volume is checked with it.
+    type: path
+    default: /usr/sbin/pvesm
   prune_unregistered_majors:
     description: Remove C(lxc.cgroup2.devices.allow) lines whose major no driver registers in C(/proc/devices).
     type: bool

@@ -65,7 +65,10 @@ def fail_unless_it_fits(module, result):
     when the rows still to extract would not fit in the data directory's free space."""
     if result.get("to_extract") and not result.get("fits"):
         module.fail_json(
-            msg=f"{module.params['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "
+            msg=result.get(
+                "does_not_fit"
+            )  # the CLI's own reason: the filesystem's or the PVE storage's numbers
+            or f"{module.params['data_dir']}: {result['bytes_needed']:,} bytes still to write but only "
             f"{result['free_bytes']:,} free; free space or move the data directory",
             **result,
         )

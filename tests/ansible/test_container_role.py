@@ -9,7 +9,10 @@ an empty temp dir); neither may be touched when the run is refused.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +92,51 @@ def test_a_whole_site_run_refuses_an_old_name_before_its_storage_phase(run_playb
     assert ran[-1] == REFUSAL and ran[-2] == "Preflight | The container phase's former variable names", ran
     assert all(t.startswith("Validating arguments") for t in ran[:-2]), ran
     assert not calls.exists() and not any(config_dir.iterdir())
+
+
+def test_the_data_volume_and_an_existing_mp0_through_the_role(run_playbook, tmp_path):
+    """The role's data mount on a PVE storage volume (container_data_volume), a re-run changed=0, an existing mp0
+    refused without container_mp_replace (both named, nothing changed), and with it --check --diff showing the
+    change without making it. STAND-INS: tests/fixtures/pct and tests/fixtures/pvesm (wrapped with their state
+    under tmp_path) as /usr/sbin/pct and pvesm on localhost, the PVE host here."""
+    fix = Path(__file__).resolve().parents[1] / "fixtures"
+    root = tmp_path / "pve"
+    (root / "var/lib/pct-standin").mkdir(parents=True)
+    (root / "var/lib/pct-standin/storage.json").write_text(
+        json.dumps({"storages": {"local-lvm": {"type": "lvmthin", "total": 2**40, "used": 0}}, "volumes": {}})
+    )
+    tools = {}
+    for name in ("pct", "pvesm"):
+        tools[name] = tmp_path / name
+        tools[name].write_text(
+            f'#!/bin/sh\nPCT_STANDIN_ROOT={root} exec {sys.executable} {fix / name} "$@"\n'
+        )
+        tools[name].chmod(0o755)
+    subprocess.run([tools["pct"], "create", "129", "local:vztmpl/debian.tar.zst", "--rootfs", "local-lvm:8"],
+                   check=True, capture_output=True)  # fmt: skip
+    conf = root / "etc/pve/lxc/129.conf"
+    inv = tmp_path / "hosts.ini"
+    inv.write_text(
+        f"[proxmox_hosts]\nlocalhost ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+    )
+    (tmp_path / "data").mkdir()
+    xv = {"ansible_become": False, "container_pct": str(tools["pct"]), "container_pvesm": str(tools["pvesm"]),
+          "container_config_dir": str(root / "etc/pve/lxc"), "container_gpus": "none", "container_start": False,
+          "container_passthrough": "dev", "container_driver_check": False, "container_data_volume": "local-lvm:500"}  # fmt: skip
+    r = run_playbook(PLAYBOOK, inv, extravars=xv)
+    assert r.rc == 0 and r.host("localhost")["changed"] == 1, r.summary()
+    assert "mp0: local-lvm:vm-129-disk-1,mp=/data,backup=0,size=500G\n" in conf.read_text(), conf.read_text()
+    r = run_playbook(PLAYBOOK, inv, extravars=xv)
+    assert r.rc == 0 and r.host("localhost")["changed"] == 0, r.changed_tasks()
+    before = conf.read_text()
+    xv = {**xv, "container_data_volume": "", "container_data_host_path": str(tmp_path / "data")}
+    r = run_playbook(PLAYBOOK, inv, extravars=xv)
+    (failure,) = r.failures()
+    assert "mp0 of container 129 is already 'local-lvm:vm-129-disk-1" in failure, failure
+    assert "container_mp_replace: true" in failure and conf.read_text() == before
+    r = run_playbook(PLAYBOOK, inv, extravars={**xv, "container_mp_replace": True}, check=True, diff=True)
+    assert r.rc == 0 and r.host("localhost")["changed"] == 1, r.summary()
+    assert f"+mp0: {tmp_path / 'data'},mp=/data,backup=0" in r.stdout, r.stdout[-3000:]
+    assert (
+        "-mp0: local-lvm:vm-129-disk-1,mp=/data,backup=0,size=500G" in r.stdout and conf.read_text() == before
+    )

@@ -117,8 +117,9 @@ def test_snapshot_config_raw_lines_edited_in_main_section_only(make_host, run_pl
     """PVE < 8.1 style (raw lines) on a config with two snapshot sections, written for the previous kernel
     (nvidia-uvm was 509): --check --diff shows the lines and writes nothing; the run fixes the main section
     only — snapshot sections byte-for-byte unchanged, foreign raw lines kept — and says a restart is needed."""
+    # the fixture's mp0 is /mnt/pve/nvme-data: replaced with /srv/data only because container_mp_replace says so
     h = make_pve_host(make_host, container_vmid=129, container_passthrough="raw",
-                      container_cores=64, container_memory_mb=524288)  # fmt: skip
+                      container_cores=64, container_memory_mb=524288, container_mp_replace=True)  # fmt: skip
     original = (FIX / "pve" / "129.conf").read_text()
     h.put("/etc/pve/lxc/129.conf", original, mode="0640")
     h.ssh("pct start 129")

@@ -125,6 +125,22 @@ DISK_MARGIN_MIB = Option(
     doc=["Free space kept on top of the exact need and O(margin), in MiB (the preflight refuses below it)."],
     role_doc=("Free space in MiB the disk preflight keeps on top of the exact need and extract_margin."),
 )
+PVE_STORAGE = Option(
+    "pve_storage",
+    "dict",
+    as_json=True,
+    default={},
+    role=False,  # the role passes what eagle3ops_pve_storage_usage found on the PVE host
+    help="the PVE storage underneath the data directory (JSON: storage, type, total, used, avail in bytes, as the "
+    "PVE host reports it); the disk preflight refuses what does not fit it either",
+    doc=[
+        "The PVE storage underneath the data directory, as C(eagle3ops_pve_storage_usage) reports it on the PVE "
+        "host (C(storage), C(type), C(total), C(used), C(avail) in bytes; C(metadata_percent) for a thin pool).",
+        "The disk preflight then also refuses an extraction whose bytes (with the margins) do not fit the "
+        "storage's available bytes, naming the storage and the numbers: C(statvfs) inside a container cannot "
+        "see an LVM-thin or Ceph pool running out underneath its volume.",
+    ],
+)
 LIMIT = count(
     "limit",
     help="only the first N rows",
@@ -164,6 +180,7 @@ STORE = [
     LAYER_CONVENTION,
     MARGIN,
     DISK_MARGIN_MIB,
+    PVE_STORAGE,
     LIMIT,
     WAIT_RUNNING,
     JOB_FILE,
@@ -272,6 +289,7 @@ EXTRACT = Command(
         ),
         MARGIN,
         DISK_MARGIN_MIB,
+        PVE_STORAGE,
         LIMIT,
         one_of(
             "verify",

@@ -23,6 +23,7 @@ from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.options import EXTRACT
 from eagle3ops.extract.shards import Reassignment, check_shard, rank_indices, rows_of_ranks
 from eagle3ops.store import (
+    DiskSpaceError,
     HiddenStateStore,
     ResumePlan,
     meta_decision,
@@ -233,6 +234,8 @@ class ExtractConfig:
     model_hash: bool = _D["model_hash"]  # hash every weight byte for the model check (slow; on request)
     margin_frac: float = _D["margin"]
     margin_bytes: int = 64 * 1024 * 1024
+    # the PVE storage underneath the data directory (store.pool); {} = not a PVE storage volume
+    pve_storage: dict = field(default_factory=dict)
     check_finite: bool = True
     limit: int | None = _D["limit"]  # only the first N rows (testing / smoke runs)
     progress: bool = _D["progress"]
@@ -338,6 +341,12 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
             verify=cfg.verify,
         )
     free = preflight_disk(store.dir, 0)["free_bytes"]
+    try:  # the run's own preflight (both backends'), read-only: the filesystem and the PVE storage beneath it
+        preflight_disk(store.dir, len(plan.remaining) and plan.bytes_needed, margin_frac=cfg.margin_frac,
+                       margin_bytes=cfg.margin_bytes, pool=cfg.pve_storage)  # fmt: skip
+        does_not_fit = ""
+    except DiskSpaceError as e:
+        does_not_fit = str(e)
     return {
         "total": len(indices),
         "done_before": plan.done,  # plan.done already counts adopted files
@@ -348,7 +357,9 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
         "tokens_to_extract": plan.tokens_remaining,
         "bytes_needed": plan.bytes_needed,
         "free_bytes": free,
-        "fits": plan.bytes_needed * (1 + cfg.margin_frac) + cfg.margin_bytes <= free or not plan.remaining,
+        "fits": not does_not_fit,
+        "does_not_fit": does_not_fit,
+        "pve_storage": cfg.pve_storage,
         "invalid_files": {str(k): v for k, v in plan.invalid.items()},
         "damaged": len(plan.damaged),
         "damaged_files": damaged_report(store, plan.damaged),

@@ -183,7 +183,11 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     import torch  # only now: a converged re-run never pays its import (docs/performance.md, "Idempotent re-run")
 
     result["preflight"] = preflight_disk(
-        store.dir, plan.bytes_needed, margin_frac=cfg.margin_frac, margin_bytes=cfg.margin_bytes
+        store.dir,
+        plan.bytes_needed,
+        margin_frac=cfg.margin_frac,
+        margin_bytes=cfg.margin_bytes,
+        pool=cfg.pve_storage,
     )
 
     from datasets import load_from_disk

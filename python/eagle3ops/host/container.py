@@ -22,12 +22,13 @@ import subprocess
 
 try:
     from eagle3ops.host import options as _options
-    from eagle3ops.host import pve, pve_container, pve_devices
+    from eagle3ops.host import pve, pve_container, pve_devices, pve_volumes
 except ImportError:  # on the PVE host (module_utils/eagle3ops_container.py): eagle3ops is not installed
     from ansible.module_utils import eagle3ops_host_options as _options
     from ansible.module_utils import eagle3ops_pve as pve
     from ansible.module_utils import eagle3ops_pve_container as pve_container
     from ansible.module_utils import eagle3ops_pve_devices as pve_devices
+    from ansible.module_utils import eagle3ops_pve_volumes as pve_volumes
 
 # where the user-space NVML library of the container's driver is (its version is the file name's suffix)
 LIB_GLOB = (
@@ -106,15 +107,45 @@ def _devices(p: dict) -> tuple[list, dict]:
     return all_devices, majors
 
 
-def _check_bind_sources(options: dict) -> None:
-    for key, value in options.items():
-        if key.startswith("mp"):
-            volume = pve.parse_property_string(str(value)).get("_", "")
-            if volume.startswith("/") and not os.path.isdir(volume):
+def _check_mounts(host: Host, p: dict, config, options: dict) -> dict:
+    """The mount points of ``options`` checked before anything changes, and those the config already has
+    dropped (a new volume PVE allocated compares equal to its ``<storage>:<size>``). A host path must exist; a
+    storage volume must exist and be this container's (``pvesm``); a different ``mpN`` is replaced only with
+    ``mp_replace``."""
+    current = config.effective()
+    out = dict(options)
+    others = None
+    for key, value in sorted(options.items()):
+        if not pve_volumes.MP_RE.match(key):
+            continue
+        have = current.get(key)
+        if pve_volumes.same_mount(have, str(value)):
+            out.pop(key)
+            continue
+        if have is not None and not p["mp_replace"]:
+            raise ContainerFailed(
+                f"{key} of container {p['vmid']} is already {have!r}; the asked {key} is {value!r}. Not "
+                f"replacing a mount point the container has: set mp_replace: true (container_mp_replace: true) "
+                f"to replace it (run with --check --diff first to see the change), or ask for {have!r}. "
+                "Nothing was changed",
+                key=key, current=have, wanted=str(value),
+            )  # fmt: skip
+        kind, storage, _name = pve_volumes.split_volume(str(value))
+        if kind == "path":
+            if not os.path.isdir(storage):
                 raise ContainerFailed(
-                    f"{key}: the host path {volume} does not exist on the PVE host: run the storage "
+                    f"{key}: the host path {storage} does not exist on the PVE host: run the storage "
                     "phase first (ansible-playbook site.yml --tags storage) or fix the mount's host path"
                 )
+            continue
+        status = pve_volumes.parse_pvesm_status(_pct(host, [p["pvesm"], "status"], "storage status"))
+        volumes = None
+        if kind == "volume" and storage in status:
+            volumes = pve_volumes.parse_pvesm_list(_pct(host, [p["pvesm"], "list", storage], "volumes"))
+        if others is None:
+            others = pve_volumes.other_configs(p["config_dir"], p["vmid"])
+        pve_volumes.check_volume(key, str(value), p["vmid"], status, volumes, others)
+    return out
 
 
 def _apply(host: Host, p: dict, path: str, pl, replan) -> bool:
@@ -234,11 +265,16 @@ def _converge(p: dict, path: str, host: Host, check_mode: bool) -> dict:
     all_devices, majors = _devices(p)
     devices = pve_devices.select_devices(all_devices, p["gpus"])
     options = {k: v for k, v in (p["options"] or {}).items() if v is not None}
-    _check_bind_sources(options)
+    options = _check_mounts(host, p, config, options)
 
     def replan(cfg, running=False):
+        have = cfg.effective()  # a new volume that PVE allocated is the <storage>:<size> asked for
+        opts = {
+            k: v for k, v in options.items()
+            if not (pve_volumes.MP_RE.match(k) and pve_volumes.same_mount(have.get(k), str(v)))
+        }  # fmt: skip
         return pve.plan(
-            vmid, cfg, options=options, devices=devices, all_devices=all_devices, majors=majors, mode=mode,
+            vmid, cfg, options=opts, devices=devices, all_devices=all_devices, majors=majors, mode=mode,
             running=running, prune_unregistered=p["prune_unregistered_majors"], dev_options=p["dev_options"],
         )  # fmt: skip
 

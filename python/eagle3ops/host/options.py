@@ -303,6 +303,13 @@ SERVICES_BACKUP = Command(
 )
 
 # ---- container: the LXC container on the PVE host ------------------------------------------------------------
+# the PVE tools and configs, as the container, storage (a volume source) and extract (the preflight) modules take them
+PCT = Option("pct", "path", default="/usr/sbin/pct", command=True, help="path of pct", doc="Path of C(pct).",
+             role_doc="Path of pct.")  # fmt: skip
+PVESM = Option("pvesm", "path", default="/usr/sbin/pvesm", command=True, help="path of pvesm",
+               doc="Path of C(pvesm).", role_doc="Path of pvesm.")  # fmt: skip
+PVE_CONFIG_DIR = Option("config_dir", "path", default="/etc/pve/lxc", help="where the container configs live",
+                        role_doc="Container configs (test hook).")  # fmt: skip
 CONTAINER_GPU = Command(
     "container-gpu",
     help="GPUs, data mount, sizes and state of one PVE LXC container",
@@ -361,6 +368,27 @@ CONTAINER_GPU = Command(
             doc=("Extra options appended to every C(devN) entry, e.g. C(mode=0666) or C(uid=0,gid=44)."),
             role_doc="Extra options of each devN entry (mode=0666, uid=, gid=).",
         ),
+        Option(
+            "mp_replace",
+            "bool",
+            default=False,
+            help="replace a mount point (mpN) the config already has with another volume or path",
+            doc=[
+                (
+                    "Replace a mount point (C(mpN)) that the config already has with the one in O(options). "
+                    "Without it a different C(mpN) is refused, naming both, and nothing is changed."
+                ),
+                (
+                    "PVE keeps a replaced storage volume as C(unusedN) (the rollback); a host path is left "
+                    "as it is. Diff mode shows the change; check mode predicts it."
+                ),
+            ],
+            role_doc=(
+                "Replace the container's data mount point when the config already has a different one "
+                "(otherwise the run refuses it, naming both); the diff shows the change."
+            ),
+        ),
+        PVESM.but(doc="Path of C(pvesm); a mount point on a PVE storage volume is checked with it."),
         Option(
             "prune_unregistered_majors",
             "bool",
@@ -432,22 +460,8 @@ CONTAINER_GPU = Command(
                 "C(present) leaves it."
             ),
         ),
-        Option(
-            "pct",
-            "path",
-            default="/usr/sbin/pct",
-            command=True,
-            help="path of pct",
-            doc="Path of C(pct).",
-            role_doc="Path of pct.",
-        ),
-        Option(
-            "config_dir",
-            "path",
-            default="/etc/pve/lxc",
-            help="where the container configs live",
-            role_doc="Container configs (test hook).",
-        ),
+        PCT,
+        PVE_CONFIG_DIR,
         Option(
             "dev_root",
             "path",
@@ -474,5 +488,96 @@ CONTAINER_GPU = Command(
             ),
             role_doc="The host driver's version (test hook).",
         ),
+    ],
+)
+
+# ---- extract's disk preflight, the PVE side: how full the storage under the data directory is ---------------
+PVE_STORAGE_USAGE = Command(
+    "pve-storage-usage",
+    help="how full the PVE storage under a path of an LXC container is (pvesm status; a thin pool's lvs)",
+    check=False,  # it only reads
+    cli=False,
+    module="eagle3ops_pve_storage_usage",
+    role="extract",
+    options=[
+        Option(
+            "vmid",
+            "int",
+            required=True,
+            minimum=100,
+            why="PVE guest ids start at 100",
+            role=False,  # the role passes extract_pve_vmid (the inventory's proxmox_vmid)
+            help="the container's id",
+        ),
+        Option(
+            "path",
+            "path",
+            required=True,
+            role=False,  # the role passes extract_data_dir
+            help="a path inside the container (the data directory); its mount point's volume is looked up",
+        ),
+        PVESM.but(role="extract_pve_pvesm", role_doc="Path of pvesm on the PVE host."),
+        Option(
+            "lvs",
+            "path",
+            default="/sbin/lvs",
+            command=True,
+            role="extract_pve_lvs",
+            help="path of lvs (an LVM-thin pool's metadata%)",
+            doc="Path of C(lvs), asked for an LVM-thin pool's metadata% (C(pvesm status) gives its data% only).",
+            role_doc="Path of lvs on the PVE host.",
+        ),
+        PVE_CONFIG_DIR.but(
+            role="extract_pve_config_dir", role_doc="Container configs on the PVE host (test hook)."
+        ),
+        Option(
+            "storage_cfg",
+            "path",
+            default="/etc/pve/storage.cfg",
+            role="extract_pve_storage_cfg",
+            help="the PVE storage configuration (a thin pool's volume group and pool)",
+            role_doc="The PVE storage configuration (test hook).",
+        ),
+    ],
+)
+
+# ---- storage: the old data on a PVE storage volume ---------------------------------------------------------
+STORAGE_VOLUME = Command(
+    "storage-volume",
+    help="the old data on a PVE storage volume: refuse what is unsafe, say how to mount it at the data path",
+    check=False,  # it only reads; the role mounts (ansible.posix.mount)
+    cli=False,
+    module="eagle3ops_storage_volume",
+    role="storage",
+    options=[
+        Option(
+            "volume",
+            required=True,
+            role="storage_source_volume",
+            role_default="",
+            help="the PVE volume that holds the old data (<storage>:vm-<vmid>-disk-<n>)",
+            doc="The PVE storage volume that holds the old data (C(<storage>:vm-<vmid>-disk-<n>)).",
+            role_doc=(
+                "The PVE storage volume that holds the old data (ceph-rbd:vm-129-disk-1): it is mounted at "
+                "storage_data_path and migrated from there; the volume is the rollback. Empty: the old data is "
+                "a host directory."
+            ),
+        ),
+        Option(
+            "vmid",
+            "int",
+            required=True,
+            minimum=0,
+            role="storage_source_vmid",
+            role_default=0,
+            help="the container that owns the volume (it must be stopped)",
+            doc="The container that owns the volume; it must be stopped.",
+            role_doc="The container that owns storage_source_volume (stopped while the phase runs).",
+        ),
+        DATA_PATH,
+        STATE_FILE,
+        PVESM.but(role="storage_pvesm"),
+        PCT.but(role="storage_pct"),
+        PVE_CONFIG_DIR.but(role="storage_pve_config_dir"),
     ],
 )

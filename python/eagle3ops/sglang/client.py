@@ -68,6 +68,8 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
     limit: int | None = None
     margin_frac: float = 0.05
     margin_bytes: int = 64 * 1024 * 1024
+    # the PVE storage underneath the data directory (store.pool); {} = not a PVE storage volume
+    pve_storage: dict = field(default_factory=dict)
     # systemd units to start: one, or one per URL in the same order (several servers of one host); None = attach
     server_unit: str | list[str] | None = None
     server_pid: int | None = None  # the attached server's PID: its death ends a wait for /health at once
@@ -112,6 +114,7 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
             limit=self.limit,
             margin_frac=self.margin_frac,
             margin_bytes=self.margin_bytes,
+            pve_storage=self.pve_storage,
             world_size=self.world_size or 1,
             ranks=ranks,
             reassign_ranks=self.reassign_ranks,
@@ -369,7 +372,11 @@ def run_sglang_extraction(
     try:
         if plan.remaining:
             result["preflight"] = preflight_disk(
-                store.dir, plan.bytes_needed, margin_frac=cfg.margin_frac, margin_bytes=cfg.margin_bytes
+                store.dir,
+                plan.bytes_needed,
+                margin_frac=cfg.margin_frac,
+                margin_bytes=cfg.margin_bytes,
+                pool=cfg.pve_storage,
             )
             if cfg.units:
                 store.clean_temp_files()  # no server of ours is running yet: temp files are leftovers

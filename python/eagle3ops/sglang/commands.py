@@ -81,6 +81,7 @@ def cmd_extract(args) -> int:
             "restore_patch_always",
             "sglang_version",
             "progress",
+            "pve_storage",
             **_STORE_RENAMED,
         ),
         margin_bytes=disk_margin_bytes(args.disk_margin_mib),

@@ -24,6 +24,7 @@ DATA, MODEL, LAYER_IDS, LAYER_CONVENTION, DTYPE = (
     _x.DTYPE,
 )
 MARGIN, DISK_MARGIN_MIB, LIMIT, WAIT_RUNNING = _x.MARGIN, _x.DISK_MARGIN_MIB, _x.LIMIT, _x.WAIT_RUNNING
+PVE_STORAGE = _x.PVE_STORAGE
 JOB_FILE, PROGRESS, REASSIGN_RANKS, REASSIGN_FROM_DATA = (
     _x.JOB_FILE,
     _x.PROGRESS,
@@ -209,6 +210,7 @@ SGLANG_EXTRACT = Command(
         ),
         MARGIN.but(role="extract_margin"),
         DISK_MARGIN_MIB.but(role="extract_disk_margin_mib"),
+        PVE_STORAGE,
         WAIT_RUNNING,
         JOB_FILE,
         PROGRESS,

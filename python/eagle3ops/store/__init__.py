@@ -8,6 +8,7 @@ or writes one (prepare, extract and its SGLang hook, train, the train fixtures).
 - :mod:`.manifest`: the append-only manifests;
 - :mod:`.meta`: ``extract_meta.json`` and whether a run may resume into a store;
 - :mod:`.hidden_states`: :class:`HiddenStateStore`, the resume plan, the disk checks and the disk preflight;
+- :mod:`.pool`: the disk preflight's second half, the PVE storage underneath the data directory;
 - :mod:`.verified`: content verification against the manifests' checksums, once per file (a record by inode,
   size, mtime, ctime).
 

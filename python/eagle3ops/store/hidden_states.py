@@ -38,6 +38,7 @@ from eagle3ops.store.layout import (
 )
 from eagle3ops.store.manifest import ManifestEntry, ManifestScan, parse_manifest_file, written_entry
 from eagle3ops.store.meta import meta_decision
+from eagle3ops.store.pool import check_pool
 from eagle3ops.store.sample import (
     FP8_DTYPE,
     FP8_SCALES_KEY,
@@ -536,9 +537,15 @@ class ResumePlan:
 
 
 def preflight_disk(
-    path: str | os.PathLike, bytes_needed: int, *, margin_frac: float = 0.05, margin_bytes: int = 0
+    path: str | os.PathLike,
+    bytes_needed: int,
+    *,
+    margin_frac: float = 0.05,
+    margin_bytes: int = 0,
+    pool: dict | None = None,
 ) -> dict:
-    """Refuse when the filesystem holding ``path`` cannot take ``bytes_needed`` plus a margin."""
+    """Refuse when the filesystem holding ``path`` cannot take ``bytes_needed`` plus a margin, or (``pool``: the
+    PVE storage underneath, :mod:`.pool`) the storage its volume is carved from cannot."""
     p = Path(path)
     while not p.exists():
         p = p.parent
@@ -554,6 +561,7 @@ def preflight_disk(
             f"{_human(needed - usage.free)} or point the data directory at a larger disk (the storage phase); "
             "nothing was written."
         )
+    info["pve_storage"] = check_pool(pool, bytes_needed, needed, _human)
     return info
 
 

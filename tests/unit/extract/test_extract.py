@@ -12,7 +12,7 @@ from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.session import ExtractConfig, plan_extraction, resolve_layer_ids
 from eagle3ops.extract.transformers_backend import make_batches, run_extraction
 from eagle3ops.store import HiddenStateStore
-from eagle3ops.store.errors import ModelChangedError
+from eagle3ops.store.errors import DiskSpaceError, ModelChangedError
 from safetensors.torch import load_file
 from tinymodels import build_prepared_dataset
 from transformers import AutoModelForCausalLM
@@ -141,6 +141,27 @@ def test_plan_writes_nothing_and_predicts(data_dir, tiny_target):
     assert not (data_dir / "hidden_states").exists()
     res = _run(data_dir, tiny_target)
     assert res["bytes"] <= plan["bytes_needed"]  # the exact estimate is an upper bound
+
+
+def test_a_pve_storage_that_cannot_take_the_rest_is_refused_before_any_write(data_dir, tiny_target):
+    """The PVE side of the disk preflight (store.pool): the filesystem here has room, the PVE storage handed in
+    (as eagle3ops_pve_storage_usage reports it) has not; the plan says so and the run writes nothing."""
+    need = plan_extraction(ExtractConfig(data_dir=str(data_dir), model_path=str(tiny_target)))["bytes_needed"]
+    pool = {"storage": "ceph-rbd", "type": "rbd", "volume": "ceph-rbd:vm-129-disk-1", "total": 10 * need,
+            "used": 10 * need - need // 2, "avail": need // 2, "source": "pvesm status"}  # fmt: skip
+    plan = plan_extraction(
+        ExtractConfig(data_dir=str(data_dir), model_path=str(tiny_target), pve_storage=pool)
+    )
+    assert not plan["fits"] and plan["pve_storage"] == pool
+    assert "PVE storage 'ceph-rbd' (rbd, volume ceph-rbd:vm-129-disk-1)" in plan["does_not_fit"]
+    assert "95.0% used" in plan["does_not_fit"], plan["does_not_fit"]
+    with pytest.raises(DiskSpaceError, match=r"not enough space on PVE storage 'ceph-rbd'.* available of"):
+        _run(data_dir, tiny_target, pve_storage=pool)
+    assert not list((data_dir / "hidden_states").glob("**/*.safetensors"))
+    roomy = {**pool, "used": 0, "avail": 2**30}  # the need, the 5% and the 64 MiB margin
+    assert plan_extraction(
+        ExtractConfig(data_dir=str(data_dir), model_path=str(tiny_target), pve_storage=roomy)
+    )["fits"]
 
 
 def test_batches_respect_the_token_budget():

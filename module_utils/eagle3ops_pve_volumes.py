@@ -1,0 +1,1 @@
+../python/eagle3ops/host/pve_volumes.py
