@@ -19,6 +19,7 @@ from pathlib import Path
 
 from eagle3ops import layers, target_model
 from eagle3ops.durable import sha256_file
+from eagle3ops.extract.adoption import commit_dump, predicted, survey_dump
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.options import EXTRACT
 from eagle3ops.extract.shards import Reassignment, check_shard, rank_indices, rows_of_ranks
@@ -246,6 +247,13 @@ class ExtractConfig:
     # lost"), and that host's data directory where it can still be read here (its finished rows are copied)
     reassign_ranks: list[int] | None = None
     reassign_from_data: list[str] | None = None
+    # an existing dump adopted where it lies before the plan (eagle3ops.extract.adoption)
+    adopt_from: str | None = None
+    adopt_layer_ids: list[int] | None = None
+    adopt_layer_convention: str | None = None
+    adopt_last_state: str | None = None
+    adopt_keys: dict | None = None
+    adopt_checksum: bool = _D["adopt_checksum"]
 
     def reassignment(self) -> Reassignment | None:
         return Reassignment.of(self.world_size, self.reassign_ranks)
@@ -314,6 +322,7 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
         check_shard(cfg.data_dir, cfg.world_size, cfg.ranks, write=False, reassign=reassign)
     indices = config_indices(cfg, len(seq_lens))
     importable = taken_from_lost_parts(cfg, len(seq_lens))
+    dump = survey_dump(cfg, layer_ids, facts["hidden_size"])
     num_states = len(layer_ids) + 1
     if action == "discard":  # the run moves the old states aside and starts over: everything is to do
         plan = ResumePlan(
@@ -338,13 +347,14 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
             verify=cfg.verify,
         )
     free = preflight_disk(store.dir, 0)["free_bytes"]
+    from_dump = predicted(dump, plan.remaining)
     return {
         "total": len(indices),
         "done_before": plan.done,  # plan.done already counts adopted files
         "adoptable": plan.adopted,
         # rows taken over from a lost host that its readable part holds finished: a run copies them
         "importable": len(importable),
-        "to_extract": len(plan.remaining) - len(importable),
+        "to_extract": len(plan.remaining) - len(importable) - from_dump.get("dump_rows", 0),
         "tokens_to_extract": plan.tokens_remaining,
         "bytes_needed": plan.bytes_needed,
         "free_bytes": free,
@@ -363,6 +373,7 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
         "world_size": cfg.world_size,
         "ranks": list(cfg.ranks) if cfg.ranks else [cfg.rank],
         **({"reassigned": reassign.record()} if reassign else {}),
+        **from_dump,
     }
 
 
@@ -492,9 +503,11 @@ def repair_store(cfg: ExtractConfig) -> dict:
     facts = model_facts(cfg.model_path, content_hash=cfg.model_hash)
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
     store = HiddenStateStore(cfg.data_dir)
+    dump = survey_dump(cfg, layer_ids, facts["hidden_size"])  # refused before anything is written
     discarded = store.ensure_meta(
         build_meta(cfg, facts, layer_ids, len(seq_lens)), on_model_change=cfg.on_model_change
     )
+    adopted_dump = commit_dump(dump)
     store.clean_temp_files()
     plan = store.plan(
         seq_lens,
@@ -515,6 +528,7 @@ def repair_store(cfg: ExtractConfig) -> dict:
         "duplicate_manifest_lines": plan.duplicates,
         "unchecked_files": plan.unchecked,
         "discarded_store": discarded,
+        **adopted_dump,
     }
 
 

@@ -101,10 +101,11 @@ def verify_content(
     out["missing"] = 0
     out["files_per_s"] = newest_run_rate(stamps)  # of the record as read now: a poll's rate
     todo = []
+    rows_path: dict[int, str | Path] = {}
     for r in rows:
         i = r["i"]
         try:
-            st = os.stat(d / f"hs_{i}.safetensors")
+            st = os.stat(r.get("p") or d / f"hs_{i}.safetensors")  # ``p``: an adopted file, where it lies
         except FileNotFoundError:
             out["missing"] += 1
             continue
@@ -118,6 +119,7 @@ def verify_content(
             out["unchecked"] += 1
             continue
         todo.append((i, key, want))
+        rows_path[i] = r.get("p") or d / f"hs_{i}.safetensors"
     out["to_verify"] = len(todo)
     out["bytes_to_verify"] = sum(key[1] for _, key, _ in todo)
     if check or not todo:
@@ -125,7 +127,7 @@ def verify_content(
     fresh: dict[int, list[int]] = {}
     with open(d / VERIFIED_NAME, "a") as fh:
         for i, key, want in todo:
-            path = d / f"hs_{i}.safetensors"
+            path = rows_path[i]
             try:
                 got = file_hashes(path, set(want), on_bytes=on_bytes)
                 st = os.stat(path)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from eagle3ops import layers
 from eagle3ops.durable import atomic_write_bytes
-from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore, human_bytes, verify_content
+from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore, adopted, human_bytes, verify_content
 from eagle3ops.store.layout import DATASET_FILES
 from eagle3ops.train.spec import (
     DEFAULT_DRAFT_VOCAB,
@@ -128,7 +128,17 @@ def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
                 "those rows anew (`eagle3ops extract-verify --data DIR` lists them).",
                 inputs_pending=True,
             )
-    lengths = {i: r["n"] for i, r in rows.items()}
+    taken = adopted.read_rows(store.dir)  # rows an adopted dump holds where it lies (store.adopt)
+    lost = adopted.check_rows({i: r for i, r in taken.items() if i not in rows})
+    if lost:
+        raise TrainError(
+            f"{len(lost)} adopted hidden-state files are gone or changed since their adoption ("
+            + "; ".join(f"row {i}: {r}" for i, r in sorted(lost.items())[:10])
+            + "). Run the extract phase again: it drops them from hidden_states/adopted.jsonl and extracts "
+            "those rows anew.",
+            inputs_pending=True,
+        )
+    lengths = {i: r["n"] for i, r in {**taken, **rows}.items()}
     done = sum(1 for i in lengths if i < num_rows)
     if on_missing == "raise" and done < num_rows:
         raise TrainError(
@@ -173,7 +183,7 @@ def check_content(data_dir: str | os.PathLike, *, check: bool, log) -> dict:
     Refuses damaged files by name (issue 32: a 16-byte flip passed the size + header check and reached
     training). ``check``: read nothing; say how much a real run would read."""
     store = HiddenStateStore(data_dir)
-    rows = store.scan_manifest().rows()
+    rows = {**adopted.read_rows(store.dir), **store.scan_manifest().rows()}  # native files win over adopted
     t0 = time.monotonic()
     if not check:
         pending = verify_content(store.dir, rows.values(), check=True)
