@@ -171,10 +171,15 @@ def data_limited_warning(samples: dict) -> str | None:
     )
 
 
-def _first_ten(store: HiddenStateStore, damaged: dict) -> str:
-    """The first ten of ``damaged`` (row -> what is wrong), ``row I: FILE: reason``, and how many more."""
-    shown = "; ".join(f"row {i}: {store.path(i)}: {r}" for i, r in sorted(damaged.items())[:10])
+def _first_ten(store: HiddenStateStore, damaged: dict, rows: dict | None = None) -> str:
+    """The first ten of ``damaged`` (row -> what is wrong), ``row I: FILE: reason``, and how many more (``rows``:
+    the lines read, whose ``p`` names an adopted file where it lies)."""
+    shown = "; ".join(f"row {i}: {_file(store, rows, i)}: {r}" for i, r in sorted(damaged.items())[:10])
     return shown + (f"; and {len(damaged) - 10} more" if len(damaged) > 10 else "")
+
+
+def _file(store: HiddenStateStore, rows: dict | None, i: int) -> str:
+    return str((rows or {}).get(i, {}).get("p") or store.path(i))
 
 
 def check_content(data_dir: str | os.PathLike, *, check: bool, log) -> dict:
@@ -199,12 +204,12 @@ def check_content(data_dir: str | os.PathLike, *, check: bool, log) -> dict:
     if damaged:
         raise TrainError(
             f"{len(damaged)} hidden-state files in {store.dir} do not hold the bytes their writer recorded ("
-            + _first_ten(store, damaged)
+            + _first_ten(store, damaged, rows)
             + "). Nothing was trained on them. Move them aside and extract those rows again: `eagle3ops verify "
             f"--data {data_dir} --level checksum --move-aside`, then the extract phase (or the extract phase "
             "with extract_verify: checksum, which does both).",
             damaged_files={
-                str(i): {"file": str(store.path(i)), "reason": r} for i, r in sorted(damaged.items())
+                str(i): {"file": _file(store, rows, i), "reason": r} for i, r in sorted(damaged.items())
             },
         )
     if res["bytes_read"]:
