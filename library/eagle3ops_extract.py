@@ -135,6 +135,7 @@ options:
     description: The dump's dict keys when they differ from SpecForge's (C(input_ids), C(aux_hidden_state)
       [1, T, K*H], C(hidden_state) [1, T, H]) - C(input_ids), C(aux), C(last).
     type: dict
+    default: {}
   adopt_checksum:
     description: Read every adopted file once - its zip members against their own crc32s (bit flips are found),
       its xxh3-64 recorded for the train phase's content check. False checks length and shapes only (no tensor

@@ -252,7 +252,7 @@ class ExtractConfig:
     adopt_layer_ids: list[int] | None = None
     adopt_layer_convention: str | None = None
     adopt_last_state: str | None = None
-    adopt_keys: dict | None = None
+    adopt_keys: dict = field(default_factory=dict)
     adopt_checksum: bool = _D["adopt_checksum"]
 
     def reassignment(self) -> Reassignment | None:

@@ -86,6 +86,7 @@ def read_spec(
             source = str(p)
             break
     given = {"layer_ids": layer_ids, "layer_convention": convention, "last_state": last_state, "keys": keys}
+    given = {k: v or None for k, v in given.items()}  # an empty list or dict is "not given"
     merged = {}
     for k, v in given.items():
         s = side.get(k)
