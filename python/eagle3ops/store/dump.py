@@ -170,35 +170,48 @@ def probe(path: str, spec: DumpSpec) -> Probe:
 
 
 def _probe_torch(p: Probe, spec: DumpSpec) -> None:
-    import torch
+    from eagle3ops.store.torchfile import TensorMeta, TorchFile
 
-    d = torch.load(p.path, map_location="cpu", mmap=True, weights_only=True)
-    k = spec.keys
-    if not isinstance(d, dict) or any(k[n] not in d for n in ("input_ids", "aux", "last")):
+    tf = TorchFile(p.path)
+    d, k = tf.obj, spec.keys
+    if not isinstance(d, dict) or any(
+        not isinstance(d.get(k[n]), TensorMeta) for n in ("input_ids", "aux", "last")
+    ):
         have = sorted(d) if isinstance(d, dict) else type(d).__name__
-        p.shape_error = f"keys {have} lack one of {[k['input_ids'], k['aux'], k['last']]}"
+        p.shape_error = f"keys {have} lack a tensor of {[k['input_ids'], k['aux'], k['last']]}"
         return
     ids, aux, last = d[k["input_ids"]], d[k["aux"]], d[k["last"]]
-    ids = ids.reshape(-1)
-    aux = aux[0] if aux.dim() == 3 else aux
-    last = last[0] if last.dim() == 3 else last
-    p.seq_len, p.hidden_size, p.dtype = (
-        int(ids.shape[0]),
-        int(last.shape[-1]),
-        str(last.dtype).removeprefix("torch."),
-    )
-    p.num_states = len(spec.layer_ids) + 1
-    want = len(spec.layer_ids) * p.hidden_size
-    if aux.shape[0] != p.seq_len or last.shape[0] != p.seq_len or aux.shape[-1] != want or aux.dim() != 2:
+    for t in (ids, aux, last):
+        why = tf.check_tensor(t)
+        if why:
+            p.error = f"truncated or damaged: {why}"
+            return
+    n_aux = len(spec.layer_ids)
+    ishape = [x for x in ids.shape if x != 1] or [1]
+    ashape = list(aux.shape[1:]) if len(aux.shape) == 3 and aux.shape[0] == 1 else list(aux.shape)
+    lshape = list(last.shape[1:]) if len(last.shape) == 3 and last.shape[0] == 1 else list(last.shape)
+    p.seq_len = ishape[0]
+    p.hidden_size = lshape[-1] if lshape else 0
+    p.dtype, p.num_states = last.dtype, n_aux + 1
+    if (
+        len(ishape) != 1
+        or ashape != [p.seq_len, n_aux * p.hidden_size]
+        or lshape != [p.seq_len, p.hidden_size]
+    ):
         p.shape_error = (
             f"{k['input_ids']} {list(ids.shape)}, {k['aux']} {list(aux.shape)}, {k['last']} {list(last.shape)}: "
-            f"not [T], [T, {len(spec.layer_ids)}*H], [T, H] for {len(spec.layer_ids)} aux layers"
+            f"not [T], [T, {n_aux}*H], [T, H] for {n_aux} aux layers"
         )
         return
-    if aux.dtype != last.dtype:
-        p.shape_error = f"{k['aux']} is {aux.dtype}, {k['last']} {last.dtype}"
+    if aux.dtype != last.dtype or ids.dtype not in ("int64", "int32"):
+        p.shape_error = f"{k['input_ids']} {ids.dtype}, {k['aux']} {aux.dtype}, {k['last']} {last.dtype}"
         return
-    p.tokens = token_hash(ids.to(torch.int64).numpy().tobytes())
+    raw = tf.read(ids)
+    if ids.dtype == "int32":
+        import numpy as np
+
+        raw = np.frombuffer(raw, dtype=np.int32).astype(np.int64).tobytes()
+    p.tokens = token_hash(raw)
 
 
 def _probe_st(p: Probe) -> None:
@@ -249,19 +262,11 @@ def content_check(path: str, chunk: int = 8 << 20) -> tuple[int | None, str | No
 def _zip_members(path: str) -> list[tuple[int, int, int, str]]:
     """(data start, data end, crc32, name) of every member of a stored (uncompressed) zip, from its directory and
     each member's local header (only metadata is read)."""
-    import zipfile
+    from eagle3ops.store.torchfile import TorchFile
 
-    out = []
-    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
-        for info in z.infolist():
-            f.seek(info.header_offset)
-            local = f.read(30)
-            if len(local) < 30 or local[:4] != b"PK\x03\x04":
-                raise ValueError(f"member {info.filename}: no local header at byte {info.header_offset}")
-            name_len, extra_len = struct.unpack("<HH", local[26:30])
-            start = info.header_offset + 30 + name_len + extra_len
-            out.append((start, start + info.compress_size, info.CRC, info.filename))
-    return out
+    tf = TorchFile(path)
+    with open(path, "rb") as f:
+        return [(*tf.data_range(name, f), crc, name) for name, (_off, _size, crc) in tf.members.items()]
 
 
 def load_sample(path: str, keys: dict, num_aux: int, data: bytes | None = None) -> dict:
