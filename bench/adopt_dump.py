@@ -131,11 +131,10 @@ def bench_large(base: Path, n: int, mib: int, reps: int) -> dict:
 
 def loader_pass(data: Path, check: bool, workers: int) -> float:
     import hs_connectors.transfer as transfer
-    from speculators.train import data as spec_data
-    from torch.utils.data import DataLoader
-
     from eagle3ops.store.layout import VERIFIED_NAME
     from eagle3ops.train import speculators_shim
+    from speculators.train import data as spec_data
+    from torch.utils.data import DataLoader
 
     transfer.FileTransfer.get_cached = ORIG[0]
     spec_data.ArrowDataset._get_raw_data = ORIG[1]
@@ -155,9 +154,8 @@ ORIG: list = []
 
 def bench_loader(base: Path, rows: int, workers: int, reps: int) -> dict:
     import hs_connectors.transfer as transfer
-    from speculators.train import data as spec_data
-
     from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
+    from speculators.train import data as spec_data
 
     ORIG[:] = [transfer.FileTransfer.get_cached, spec_data.ArrowDataset._get_raw_data]
     ver = make_tiny_verifier(base / "ver", hidden_size=256, num_layers=8)
