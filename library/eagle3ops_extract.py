@@ -137,17 +137,18 @@ options:
     type: dict
     default: {}
   adopt_checksum:
-    description: Read every adopted file once - its zip members against their own crc32s (bit flips are found),
-      its xxh3-64 recorded for the train phase's content check. False checks length and shapes only (no tensor
-      bytes read; docs/performance.md has both costs).
+    description: Read every adopted file once - a C(torch.save) zip's members against the crc32s its writer
+      recorded (bit flips are found; the file is its own checksum for the train phase's content check), a
+      safetensors sample's xxh3-64 recorded for it. False checks length and shapes only (no tensor bytes read;
+      docs/performance.md has both costs).
     type: bool
     default: true
   # END generated: doc eagle3ops_extract
 notes:
   - Resume never loads tensors; it reads the manifests, checks every listed file's size and safetensors header
     (O(verify=size)), and reads the headers of files that are not in them.
-  - C(changed=true) when rows were written, files adopted, damaged files redone (RV(damaged)) or duplicate
-    manifest lines collapsed.
+  - C(changed=true) when rows were written, files adopted (also from a dump, O(adopt_from)), damaged files redone
+    (RV(damaged)) or duplicate manifest lines collapsed.
 """
 
 EXAMPLES = r"""
@@ -281,6 +282,18 @@ importable:
   description: Check mode - rows taken over from a lost host that its readable part (O(reassign_from_data)) holds
     finished; a run copies them instead of extracting them (not counted in RV(to_extract)).
   returned: check mode
+  type: int
+dump:
+  description:
+    - With O(adopt_from) - the adoption of the existing dump - C(adopted) (rows recorded where their files lie),
+      C(files), C(damaged), C(wrong_shape), C(duplicates) (file -> why, or the file it repeats), C(unmatched)
+      (files of no prepared row), C(already_in_store), C(bytes_read), C(seconds), C(changed). Their rows, and the
+      rows the dump lacks, are extracted.
+  returned: with adopt_from
+  type: dict
+dump_rows:
+  description: Check mode with O(adopt_from) - rows the dump would supply (not counted in RV(to_extract)).
+  returned: check mode with adopt_from
   type: int
 """
 

@@ -106,7 +106,13 @@ def cmd_extract(args) -> int:
             res = plan_extraction(cfg)
             # what a run would report
             res["changed"] = _any_count(
-                res, "to_extract", "adoptable", "importable", "damaged", "duplicate_manifest_lines"
+                res,
+                "to_extract",
+                "adoptable",
+                "importable",
+                "damaged",
+                "duplicate_manifest_lines",
+                "dump_rows",
             )
             note_running(res, args.data, running)
             emit(
@@ -148,7 +154,7 @@ def cmd_extract(args) -> int:
     # an OSError (full disk, read-only, missing path) goes to eagle3ops.cli.main: one line naming the path
     res["changed"] = _any_count(
         res, "written", "adopted", "imported", "damaged", "duplicate_manifest_lines"
-    ) or bool(res.get("discarded_store"))
+    ) or bool(res.get("discarded_store") or (res.get("dump") or {}).get("changed"))
     emit(args, res, _human_summary(res))
     return 0
 

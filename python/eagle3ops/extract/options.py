@@ -220,12 +220,14 @@ ADOPT_CHECKSUM = Option(
     "adopt_checksum",
     "bool",
     default=True,
-    help="read every adopted file once: its zip members against their crc32s (bit flips), its xxh3 recorded for "
-    "the train phase's content check; --no-adopt-checksum checks length and shapes only (metadata)",
+    help="read every adopted file once: a torch.save zip's members against their own crc32s (bit flips), a "
+    "safetensors sample's xxh3 recorded; the train phase's content check repeats it; --no-adopt-checksum checks "
+    "length and shapes only (metadata)",
     doc=(
-        "Read every adopted file once - its zip members against their own crc32s (bit flips are found), its "
-        "xxh3-64 recorded for the train phase's content check. False checks length and shapes only (no tensor "
-        "bytes read; docs/performance.md has both costs)."
+        "Read every adopted file once - a C(torch.save) zip's members against the crc32s its writer recorded (bit "
+        "flips are found; the file is its own checksum for the train phase's content check), a safetensors "
+        "sample's xxh3-64 recorded for it. False checks length and shapes only (no tensor bytes read; "
+        "docs/performance.md has both costs)."
     ),
 )
 ADOPT = [ADOPT_FROM, ADOPT_LAYER_IDS, ADOPT_LAYER_CONVENTION, ADOPT_LAST_STATE, ADOPT_KEYS, ADOPT_CHECKSUM]

@@ -120,13 +120,10 @@ def survey(
             continue
         line = {"i": free[0], "n": p.seq_len, "b": p.size, "p": p.path, "m": p.mtime_ns, "t": p.ctime_ns}
         prev = old.get(p.path)
-        if (
-            checksum
-            and prev
-            and prev.get("h") is not None
-            and all(prev[k] == line[k] for k in ("b", "m", "t"))
-        ):
-            line["h"] = prev["h"]  # unchanged since it was read: not read again
+        if checksum and prev and all(prev[k] == line[k] for k in ("b", "m", "t")):
+            line.update(
+                {k: prev[k] for k in ("h", "z") if k in prev}
+            )  # unchanged since it was read: not again
         taken[free[0]] = p.path
         s.rows[free[0]] = line
     if checksum:
@@ -136,21 +133,22 @@ def survey(
 
 
 def _check_content(s: Survey) -> None:
-    """Read every adopted file not read before (its zip members against their crc32s, its xxh3 recorded), several
+    """Read every adopted file not read before (a torch.save zip's members against their own crc32s, ``z``; a
+    safetensors sample's xxh3 recorded, ``h``), several
     at a time: the hashes release the GIL, so reads and hashing of different files overlap. A damaged file's row
     is left for extraction."""
     from concurrent.futures import ThreadPoolExecutor
 
-    todo = [line for line in s.rows.values() if "h" not in line]
+    todo = [line for line in s.rows.values() if "h" not in line and "z" not in line]
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
         results = list(pool.map(lambda line: dump.content_check(line["p"]), todo))
-    for line, (h, why) in zip(todo, results, strict=True):
+    for line, (rec, why) in zip(todo, results, strict=True):
         s.bytes_read += line["b"]
         if why:
             s.damaged[line["p"]] = why
             del s.rows[line["i"]]
-        elif h is not None:
-            line["h"] = h
+        else:
+            line.update(rec)
 
 
 def _refuse_mixed(probes: list, spec: DumpSpec, hidden_size: int) -> None:

@@ -13,8 +13,10 @@ computes the file's xxh3-64 for the store's record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -229,43 +231,74 @@ def _probe_st(p: Probe) -> None:
         p.tokens = token_hash(f.read(b - a))
 
 
-def content_check(path: str, chunk: int = 8 << 20) -> tuple[int | None, str | None]:
-    """(xxh3-64 of the whole file, None) or (None, what is wrong), in one read. A ``torch.save`` file's members
-    are compared with the crc32 its zip directory recorded for each."""
-    members = []
-    if not path.endswith(ST_SUFFIX):
-        members = _zip_members(path)
-    h = xxh3()
+def content_check(path: str, data: bytes | None = None, chunk: int = 8 << 20) -> tuple[dict, str | None]:
+    """(what the record keeps, None) or ({}, what is wrong), in one read (``data``: the bytes, already read).
+
+    A ``torch.save`` file checks itself: every zip member's bytes against the crc32 its writer recorded in the
+    zip directory (``{"z": 1}``: the file is its own checksum, no second hash of every byte is needed; a flipped
+    bit in any tensor is found). A safetensors sample has no checksum of its own: its xxh3-64 is recorded
+    (``{"h": value}``) for the later checks."""
+    if path.endswith(ST_SUFFIX):
+        h = xxh3()
+        if h is None:
+            return {}, None
+        if data is not None:
+            h.update(data)
+        else:
+            with open(path, "rb", buffering=0) as f:
+                while buf := f.read(chunk):
+                    h.update(buf)
+        return {"h": h.intdigest()}, None
+    try:
+        members = _zip_members(path, data)
+    except (OSError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as e:
+        return {}, f"not a readable torch.save zip ({e})"
     crcs = [0] * len(members)
     pos = 0
-    with open(path, "rb", buffering=0) as f:
+    with open(path, "rb", buffering=0) if data is None else _Bytes(data) as f:
         while True:
             buf = f.read(chunk)
             if not buf:
                 break
-            if h is not None:
-                h.update(buf)
             end = pos + len(buf)
+            view = memoryview(buf)
             for j, (start, stop, _crc, _name) in enumerate(members):
                 if start < end and stop > pos:
-                    lo, hi = max(start, pos) - pos, min(stop, end) - pos
-                    crcs[j] = zlib.crc32(memoryview(buf)[lo:hi], crcs[j])
+                    crcs[j] = zlib.crc32(view[max(start, pos) - pos : min(stop, end) - pos], crcs[j])
             pos = end
     for (_start, stop, crc, name), got in zip(members, crcs, strict=True):
         if stop > pos:
-            return None, f"truncated: member {name} ends at byte {stop}, the file has {pos}"
+            return {}, f"truncated: member {name} ends at byte {stop}, the file has {pos}"
         if got != crc:
-            return None, f"member {name}: crc32 {got:08x} != {crc:08x} recorded (bytes changed on disk)"
-    return (h.intdigest() if h is not None else None), None
+            return {}, f"member {name}: crc32 {got:08x} != {crc:08x} recorded (bytes changed on disk)"
+    return {"z": 1}, None
 
 
-def _zip_members(path: str) -> list[tuple[int, int, int, str]]:
+class _Bytes:
+    """``data`` read like a file, in chunks (without copying)."""
+
+    def __init__(self, data: bytes):
+        self.view, self.pos = memoryview(data), 0
+
+    def read(self, n: int):
+        out = self.view[self.pos : self.pos + n]
+        self.pos += len(out)
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _zip_members(path: str, data: bytes | None = None) -> list[tuple[int, int, int, str]]:
     """(data start, data end, crc32, name) of every member of a stored (uncompressed) zip, from its directory and
     each member's local header (only metadata is read)."""
     from eagle3ops.store.torchfile import TorchFile
 
-    tf = TorchFile(path)
-    with open(path, "rb") as f:
+    tf = TorchFile(path, data)
+    with open(path, "rb") if data is None else contextlib.nullcontext() as f:
         return [(*tf.data_range(name, f), crc, name) for name, (_off, _size, crc) in tf.members.items()]
 
 

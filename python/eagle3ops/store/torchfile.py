@@ -82,11 +82,12 @@ class _Unpickler(pickle.Unpickler):
 class TorchFile:
     """One ``torch.save`` zip: :attr:`obj` (tensors as :class:`TensorMeta`), :meth:`data_range` and :meth:`read`."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, data: bytes | None = None):
+        """``data``: the file's bytes, already read (nothing is read again)."""
         self.path = path
-        self.size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            self._whole = f.read() if self.size <= SMALL else None
+        self.size = os.path.getsize(path) if data is None else len(data)
+        with open(path, "rb") if data is None else _NoFile() as f:
+            self._whole = data if data is not None else f.read() if self.size <= SMALL else None
             tail = self._whole[-65536 - 22 :] if self._whole is not None else _tail(f, self.size)
             self.members = self._directory(tail)  # name -> (local header offset, size, crc32)
             self._starts: dict[str, int] = {}
@@ -108,9 +109,12 @@ class TorchFile:
             n, dsize, doff = struct.unpack("<QQQ", tail[z + 32 : z + 56])
         if doff + dsize > self.size:
             raise ValueError(f"zip directory at {doff}+{dsize} beyond the {self.size}-byte file (truncated?)")
-        with open(self.path, "rb") as f:
-            f.seek(doff)
-            d = f.read(dsize) if self._whole is None else self._whole[doff : doff + dsize]
+        if self._whole is not None:
+            d = self._whole[doff : doff + dsize]
+        else:
+            with open(self.path, "rb") as f:
+                f.seek(doff)
+                d = f.read(dsize)
         out, pos = {}, 0
         for _ in range(n):
             if d[pos : pos + 4] != b"PK\x01\x02":
@@ -184,6 +188,14 @@ class TorchFile:
                 return f.read(n * t.storage.itemsize)
         a = t.offset * t.storage.itemsize
         return raw[a : a + n * t.storage.itemsize]
+
+
+class _NoFile:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
 
 
 class _BytesReader:

@@ -157,6 +157,8 @@ def test_adopted_dump_and_extracted_rest_hold_every_row_once(made, tmp_path, cap
     native = scan.indices()
     assert scan.lines == len(native) and native.isdisjoint(rows)  # each row once, in one place
     assert native | set(rows) == set(range(ROWS))
+    rc, st = _cli(capsys, "extract-status", "--data", str(data))
+    assert rc == 0 and st["done"] == ROWS and st["adopted_from_dump"] == 117 and st["remaining"] == 0
     meta = json.loads((data / "hidden_states" / "extract_meta.json").read_text())
     assert train_inputs.check_samples(str(data), meta, "raise")["samples_with_states"] == ROWS
 
