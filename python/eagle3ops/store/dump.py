@@ -33,6 +33,10 @@ ST_SUFFIX = ".safetensors"
 # SpecForge 0.2.0's offline keys (shared/notes formats.md): aux [1, T, K*H], last [1, T, H]
 DEFAULT_KEYS = {"input_ids": "input_ids", "aux": "aux_hidden_state", "last": "hidden_state"}
 LAST_STATES = ("pre-norm", "post-norm")
+try:  # ISA-L's crc32: twice zlib's speed (docs/performance.md, "Adopting a dump"); the same values
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:
+    _crc32 = zlib.crc32
 
 
 class AdoptError(StoreError):
@@ -256,6 +260,8 @@ def content_check(path: str, data: bytes | None = None, chunk: int = 8 << 20) ->
     crcs = [0] * len(members)
     pos = 0
     with open(path, "rb", buffering=0) if data is None else _Bytes(data) as f:
+        if data is None:  # the kernel reads the whole file ahead while the crc32s run
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
         while True:
             buf = f.read(chunk)
             if not buf:
@@ -264,7 +270,7 @@ def content_check(path: str, data: bytes | None = None, chunk: int = 8 << 20) ->
             view = memoryview(buf)
             for j, (start, stop, _crc, _name) in enumerate(members):
                 if start < end and stop > pos:
-                    crcs[j] = zlib.crc32(view[max(start, pos) - pos : min(stop, end) - pos], crcs[j])
+                    crcs[j] = _crc32(view[max(start, pos) - pos : min(stop, end) - pos], crcs[j])
             pos = end
     for (_start, stop, crc, name), got in zip(members, crcs, strict=True):
         if stop > pos:

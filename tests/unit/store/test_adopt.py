@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from eagle3ops.cli import main as cli_main
-from eagle3ops.store import HiddenStateStore
+from eagle3ops.store import HiddenStateStore, reader
 from eagle3ops.store import adopted as adopted_record
 from eagle3ops.store.layout import VERIFIED_NAME
 from eagle3ops.train import inputs as train_inputs
@@ -171,6 +171,7 @@ def test_adopted_dump_and_extracted_rest_hold_every_row_once(made, tmp_path, cap
             want = load_file(src / f"hs_{i}.safetensors")["hidden_states"]
             assert torch.equal(x["hidden_states"], want[:, :-1].flatten(1))
             assert torch.equal(x["verifier_last_hidden_states"], want[:, -1])
+    reader.flush_all()  # what a loader worker does at its exit
     verified = (data / "hidden_states" / VERIFIED_NAME).read_text().splitlines()
     assert len(verified) == ROWS  # every file checked on its first read
 
