@@ -9,8 +9,10 @@ from eagle3ops.store.adopt import Survey, commit, survey
 from eagle3ops.store.dump import AdoptError
 
 
-def survey_dump(cfg, layer_ids: list[int], hidden_size: int) -> Survey | None:
-    """The survey of ``cfg.adopt_from`` (None when not asked); a bad dump is refused as an ExtractError."""
+def survey_dump(cfg, layer_ids: list[int], hidden_size: int, *, content: bool = True) -> Survey | None:
+    """The survey of ``cfg.adopt_from`` (None when not asked); a bad dump is refused as an ExtractError.
+    ``content=False`` (a check-mode plan): metadata only, whatever ``adopt_checksum`` says (the run reads the
+    bytes; a plan of a 2.3 TB dump must not)."""
     if not getattr(cfg, "adopt_from", None):
         return None
     try:
@@ -19,7 +21,7 @@ def survey_dump(cfg, layer_ids: list[int], hidden_size: int) -> Survey | None:
             cfg.adopt_from,
             run_layer_ids=layer_ids,
             hidden_size=hidden_size,
-            checksum=cfg.adopt_checksum,
+            checksum=cfg.adopt_checksum and content,
             spec_kw={
                 "layer_ids": cfg.adopt_layer_ids,
                 "convention": cfg.adopt_layer_convention,

@@ -321,7 +321,7 @@ def cmd_adopt(args) -> int:
         )
         facts = model_facts(cfg.model_path)
         layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
-        survey = survey_dump(cfg, layer_ids, facts["hidden_size"])
+        survey = survey_dump(cfg, layer_ids, facts["hidden_size"], content=not args.check)
         if args.check:
             res = survey.result(changed=bool(survey.rows))
         else:

@@ -322,7 +322,7 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
         check_shard(cfg.data_dir, cfg.world_size, cfg.ranks, write=False, reassign=reassign)
     indices = config_indices(cfg, len(seq_lens))
     importable = taken_from_lost_parts(cfg, len(seq_lens))
-    dump = survey_dump(cfg, layer_ids, facts["hidden_size"])
+    dump = survey_dump(cfg, layer_ids, facts["hidden_size"], content=False)
     num_states = len(layer_ids) + 1
     if action == "discard":  # the run moves the old states aside and starts over: everything is to do
         plan = ResumePlan(
