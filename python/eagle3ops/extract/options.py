@@ -210,6 +210,7 @@ ADOPT_KEYS = Option(
     "adopt_keys",
     "dict",
     default={},
+    no_log=False,  # the dump's key names, not secrets
     help="the dump's key names when they are not SpecForge's: input_ids=K aux=K last=K",
     doc=(
         "The dump's dict keys when they differ from SpecForge's (C(input_ids), C(aux_hidden_state) [1, T, K*H], "
