@@ -66,6 +66,7 @@ class StoreReader:
 
     def get(self, index: int) -> dict | None:
         """``{"token_ids", "hidden_states", ...}`` of row ``index``, None when nothing holds it."""
+        index = int(index)  # speculators' sampler hands numpy integers
         row = self.adopted.get(index)
         path = self.path(index)
         if row is None and not os.path.exists(path):

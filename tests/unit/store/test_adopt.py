@@ -15,9 +15,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from eagle3ops.cli import main as cli_main
@@ -179,12 +182,15 @@ def test_adopted_dump_and_extracted_rest_hold_every_row_once(made, tmp_path, cap
     # the up-front check (train verify: checksum) reads adopted files where they lie too: bytes changed under
     # an unchanged size and mtime pass the cheap check and are refused by name
     p = Path(rows[0]["p"])
-    st = p.stat()
+    st, before = p.stat(), p.read_bytes()
     _flip_inside_tensor(p)
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert train_inputs.check_samples(str(data), meta, "raise")["samples_with_states"] == ROWS
-    with pytest.raises(train_inputs.TrainError, match=str(p)):
-        train_inputs.check_content(data, check=False, log=lambda _m: None)
+    try:
+        assert train_inputs.check_samples(str(data), meta, "raise")["samples_with_states"] == ROWS
+        with pytest.raises(train_inputs.TrainError, match=str(p)):
+            train_inputs.check_content(data, check=False, log=lambda _m: None)
+    finally:  # the module's dump, as the other tests expect it
+        p.write_bytes(before)
 
 
 def test_bad_dumps_are_refused_before_any_work(made, tmp_path, capsys):
@@ -262,7 +268,7 @@ def test_a_file_damaged_after_extraction_is_skipped_queued_and_redone(made, tmp_
     from speculators.train.recovery import SampleUnavailable
 
     ds = loader.ArrowDataset(max_len=4096, datapath=str(data), on_missing="raise")
-    got = [ds[i] for i in range(12)]
+    got = [ds[np.int64(i)] for i in range(12)]  # speculators' sampler hands numpy integers
     assert [i for i, x in enumerate(got) if isinstance(x, SampleUnavailable)] == [3]
     assert list(adopted_record.read_queue(store.dir)) == [3]
     meta = json.loads(store.meta_path.read_text())
@@ -271,3 +277,49 @@ def test_a_file_damaged_after_extraction_is_skipped_queued_and_redone(made, tmp_
     assert plan.remaining == [3] and "found damaged while training" in plan.damaged[3]
     assert (store.dir / "damaged" / "hs_3.safetensors").exists()
     assert not (store.dir / adopted_record.REQUEUE).exists()  # acted on, kept under damaged/
+
+
+@pytest.mark.slow
+def test_speculators_trains_on_an_adopted_and_extracted_store(made, tmp_path, capsys):
+    """The train phase's real trainer (speculators 0.9.0 on CPU through the shim, 2 steps, ``verify: overlapped``)
+    on a store whose rows are partly a dump's files where they lie and partly extracted: it finishes, and its loader
+    checked the files it read on their first read (the record it wrote), skipping none."""
+    verifier, _, _, dump, _ = made
+    data = _copy_data(made, tmp_path)
+    common = ["--data", str(data), "--model", str(verifier), "--layer-ids", "2", "4", "5"]
+    assert (
+        _cli(capsys, "extract", *common, "--device", "cpu", "--adopt-from", str(dump))[1]["dump"]["adopted"]
+        == 117
+    )
+    run_dir = tmp_path / "run"
+    argv = [
+        "train",
+        "--data",
+        str(data),
+        "--verifier",
+        str(verifier),
+        "--run-dir",
+        str(run_dir),
+        "--epochs",
+        "1",
+    ]
+    argv += [
+        "--max-steps",
+        "2",
+        "--total-seq-len",
+        "256",
+        "--verify",
+        "overlapped",
+        "--wait",
+        "--timeout",
+        "600",
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3ops", *argv, "--json"], capture_output=True, text=True, timeout=900
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert json.loads((run_dir / "exit.json").read_text())["status"] == "finished"
+    assert (
+        (data / "hidden_states" / VERIFIED_NAME).read_text().splitlines()
+    )  # written by the trainer's loader
+    assert not (data / "hidden_states" / adopted_record.REQUEUE).exists()
