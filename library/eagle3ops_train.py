@@ -126,9 +126,14 @@ options:
         and ctime), so a re-run on an unchanged store reads nothing. Check mode reads nothing and returns
         what would be read (C(content_check)).
       - C(size) - only the size + safetensors header check every run makes.
+      - 'C(overlapped) - no up-front content check: training starts at once and the data loader''s workers
+        compare each file with its checksum on its first read (the same record); a damaged file is skipped,
+        logged and queued in C(hidden_states/requeue.jsonl), which the next extract run redoes. The default
+        stays C(checksum): with C(overlapped) the steps before a damaged file is found have trained without
+        that one sample, never on its bad bytes.'
     type: str
     default: checksum
-    choices: [checksum, size]
+    choices: [checksum, size, overlapped]
   on_missing:
     description: What the loader does for a sample without hidden states; C(raise) refuses incomplete extraction.
     type: str

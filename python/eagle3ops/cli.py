@@ -64,6 +64,7 @@ PHASES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "extract-verify",
             "extract-workers",
             "extract-lengths",
+            "store",
         ),
     ),
     ("gpu_free", "the checkpoint before training: every GPU's memory free", ("gpu-free",)),

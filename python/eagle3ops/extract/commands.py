@@ -20,6 +20,9 @@ def register(sub) -> None:
     WORKERS.add_parser(sub).set_defaults(func=cmd_workers)
     LENGTHS.add_parser(sub).set_defaults(func=cmd_lengths)
     verify.register(sub)
+    from eagle3ops.extract.options import ADOPT_CMD, STORE_GROUP
+
+    STORE_GROUP.add_parser(sub)[ADOPT_CMD.name].set_defaults(func=cmd_adopt)
 
 
 def _config(args, log=None):
@@ -105,7 +108,13 @@ def cmd_extract(args) -> int:
             res = plan_extraction(cfg)
             # what a run would report
             res["changed"] = _any_count(
-                res, "to_extract", "adoptable", "importable", "damaged", "duplicate_manifest_lines"
+                res,
+                "to_extract",
+                "adoptable",
+                "importable",
+                "damaged",
+                "duplicate_manifest_lines",
+                "dump_rows",
             )
             note_running(res, args.data, running)
             emit(
@@ -147,7 +156,7 @@ def cmd_extract(args) -> int:
     # an OSError (full disk, read-only, missing path) goes to eagle3ops.cli.main: one line naming the path
     res["changed"] = _any_count(
         res, "written", "adopted", "imported", "damaged", "duplicate_manifest_lines"
-    ) or bool(res.get("discarded_store"))
+    ) or bool(res.get("discarded_store") or (res.get("dump") or {}).get("changed"))
     emit(args, res, _human_summary(res))
     return 0
 
@@ -291,5 +300,48 @@ def cmd_lengths(args) -> int:
             "lengths": None if args.out else {str(k): v for k, v in sorted(lengths.items())},
         },
         f"{len(lengths)} samples, {sum(lengths.values()):,} tokens" + (f" -> {args.out}" if args.out else ""),
+    )
+    return 0
+
+
+def cmd_adopt(args) -> int:
+    """``eagle3ops store adopt``: the extract phase's adoption alone (the store's meta written as an extract run
+    writes it, then the dump recorded); ``--check`` surveys and writes nothing. Every refusal comes before any
+    write: exit 2 naming the thing."""
+    from eagle3ops.extract.adoption import commit_dump, survey_dump
+    from eagle3ops.extract.errors import ExtractError
+    from eagle3ops.extract.session import build_meta, load_seq_lens, model_facts, resolve_layer_ids
+    from eagle3ops.runlock import RunLock
+    from eagle3ops.store import HiddenStateStore, StoreError
+
+    try:
+        from eagle3ops.extract.options import ADOPT_CMD
+        from eagle3ops.extract.session import ExtractConfig
+
+        cfg = ExtractConfig(
+            **pick_taken(args, ExtractConfig, ADOPT_CMD, data_dir="data", model_path="model"),
+        )
+        facts = model_facts(cfg.model_path)
+        layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
+        survey = survey_dump(cfg, layer_ids, facts["hidden_size"], content=not args.check)
+        if args.check:
+            res = survey.result(changed=bool(survey.rows))
+        else:
+            with RunLock(args.data, what="store adopt"):
+                store = HiddenStateStore(cfg.data_dir)
+                store.ensure_meta(
+                    build_meta(cfg, facts, layer_ids, len(load_seq_lens(cfg.data_dir))),
+                    on_model_change="refuse",
+                )
+                res = commit_dump(survey)["dump"]
+    except (ExtractError, StoreError, ValueError) as e:
+        raise CommandError(str(e)) from e
+    left = len(res["damaged"]) + len(res["wrong_shape"]) + len(res["duplicates"]) + len(res["unmatched"])
+    emit(
+        args,
+        res,
+        f"{'would adopt' if args.check else 'adopted'} {res['adopted']} of {res['files']} files of {res['dump']} "
+        f"in place ({left} left for extraction: damaged {len(res['damaged'])}, wrong shape "
+        f"{len(res['wrong_shape'])}, duplicates {len(res['duplicates'])}, unmatched {len(res['unmatched'])})",
     )
     return 0

@@ -10,7 +10,7 @@ try:
 except ImportError:  # on a target without eagle3ops: the copies Ansible ships
     from ansible.module_utils import eagle3ops_options as _o
 
-Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
+Option, Command, Group, EXECUTABLE = _o.Option, _o.Command, _o.Group, _o.EXECUTABLE
 data_dir, one_of, target_model = _o.data_dir, _o.one_of, _o.target_model
 trust_remote_code = _o.trust_remote_code
 count, seconds = _o.count, _o.seconds
@@ -176,6 +176,81 @@ JOB_FILE = Option(
         "task that polls with C(until) shows the progress at each poll."
     ],
 )
+# ---- adopting a dump made by another tool (docs/data-format.md, "Adopting an existing dump") ----------------
+ADOPT_FROM = Option(
+    "adopt_from",
+    "path",
+    help="an existing hidden-state dump (rows_*/ folders of per-sample .pt/.ckpt dicts, or our safetensors "
+    "samples) to adopt where it lies before extracting: matched to the prepared rows by their token ids, checked, "
+    "recorded in hidden_states/adopted.jsonl, never copied; the rows it lacks are extracted",
+    doc=[
+        (
+            "An existing hidden-state dump to adopt in place before extracting - C(rows_*/) folders of per-sample "
+            "C(torch.save) dicts (C(.pt), C(.ckpt); the SpecForge offline layout) or our own safetensors samples. "
+            "Each file is matched to a prepared row by a hash of its token ids, its length and shapes checked from "
+            "its metadata (with O(adopt_checksum) every byte, against the zip's own crc32s), and recorded in "
+            "C(hidden_states/adopted.jsonl) where it lies; no byte is copied."
+        ),
+        (
+            "Damaged, truncated, duplicated, unmatched and wrong-shaped files are listed in the result and their "
+            "rows extracted, as are the rows the dump lacks. What the dump holds is declared by "
+            "O(adopt_layer_ids), O(adopt_layer_convention), O(adopt_last_state), O(adopt_keys) or its sidecar "
+            "C(eagle3ops-dump.json), never guessed; a dump of other layers or a post-norm last state is refused "
+            "naming both."
+        ),
+    ],
+)
+ADOPT_LAYER_IDS = Option(
+    "adopt_layer_ids",
+    "list",
+    elements="int",
+    help="the aux layer ids the dump holds (in --adopt-layer-convention), unless its eagle3ops-dump.json says",
+    doc="The aux layer ids the dump holds (in O(adopt_layer_convention)), unless its C(eagle3ops-dump.json) says.",
+)
+ADOPT_LAYER_CONVENTION = Option(
+    "adopt_layer_convention",
+    choices=["input", "output"],
+    help="the convention of --adopt-layer-ids (output: SpecForge/ModelOpt, one less than input)",
+    doc="The convention of O(adopt_layer_ids) - C(output) for SpecForge/ModelOpt ids (one less than C(input)).",
+)
+ADOPT_LAST_STATE = Option(
+    "adopt_last_state",
+    choices=["pre-norm", "post-norm"],
+    help="whether the dump's last state is before the final norm (what speculators trains on) or after it "
+    "(SpecForge's hidden_state); post-norm is refused",
+    doc=(
+        "Whether the dump's last state is the last decoder layer's output before the final norm (C(pre-norm), "
+        "what speculators trains on) or after it (C(post-norm), SpecForge's C(hidden_state)): post-norm is "
+        "refused, naming both."
+    ),
+)
+ADOPT_KEYS = Option(
+    "adopt_keys",
+    "dict",
+    default={},
+    no_log=False,  # the dump's key names, not secrets
+    help="the dump's key names when they are not SpecForge's: input_ids=K aux=K last=K",
+    doc=(
+        "The dump's dict keys when they differ from SpecForge's (C(input_ids), C(aux_hidden_state) [1, T, K*H], "
+        "C(hidden_state) [1, T, H]) - C(input_ids), C(aux), C(last)."
+    ),
+)
+ADOPT_CHECKSUM = Option(
+    "adopt_checksum",
+    "bool",
+    default=True,
+    help="read every adopted file once: a torch.save zip's members against their own crc32s (bit flips), a "
+    "safetensors sample's xxh3 recorded; the train phase's content check repeats it; --no-adopt-checksum checks "
+    "length and shapes only (metadata)",
+    doc=(
+        "Read every adopted file once - a C(torch.save) zip's members against the crc32s its writer recorded (bit "
+        "flips are found; the file is its own checksum for the train phase's content check), a safetensors "
+        "sample's xxh3-64 recorded for it. False checks length and shapes only (no tensor bytes read; "
+        "docs/performance.md has both costs)."
+    ),
+)
+ADOPT = [ADOPT_FROM, ADOPT_LAYER_IDS, ADOPT_LAYER_CONVENTION, ADOPT_LAST_STATE, ADOPT_KEYS, ADOPT_CHECKSUM]
+
 # the store options both extract modules document once (doc fragment eagle3ops.extract: make options writes it)
 STORE = [
     DATA,
@@ -366,6 +441,7 @@ EXTRACT = Command(
                 "headers (slow)."
             ),
         ),
+        *ADOPT,
         WAIT_RUNNING,
         JOB_FILE,
         PROGRESS,
@@ -430,4 +506,16 @@ VERIFY = _report(
         ),
         PROGRESS,
     ],
+)
+
+ADOPT_CMD = Command(
+    "adopt",
+    help="adopt an existing hidden-state dump in place (no byte copied); the extract phase does the rest",
+    check_help="survey the dump and report what would be adopted; write nothing",
+    options=[DATA, MODEL, LAYER_IDS, LAYER_CONVENTION, DTYPE, ADOPT_FROM.but(required=True), *ADOPT[1:]],
+)
+STORE_GROUP = Group(
+    "store",
+    [ADOPT_CMD],
+    help="the hidden-state store: adopt an existing dump where it lies",
 )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from eagle3ops import layers, remote_code, target_model
 from eagle3ops.durable import sha256_file
+from eagle3ops.extract.adoption import commit_dump, predicted, survey_dump
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.options import EXTRACT
 from eagle3ops.extract.shards import Reassignment, check_shard, rank_indices, rows_of_ranks
@@ -257,6 +258,13 @@ class ExtractConfig:
     # lost"), and that host's data directory where it can still be read here (its finished rows are copied)
     reassign_ranks: list[int] | None = None
     reassign_from_data: list[str] | None = None
+    # an existing dump adopted where it lies before the plan (eagle3ops.extract.adoption)
+    adopt_from: str | None = None
+    adopt_layer_ids: list[int] | None = None
+    adopt_layer_convention: str | None = None
+    adopt_last_state: str | None = None
+    adopt_keys: dict = field(default_factory=dict)
+    adopt_checksum: bool = _D["adopt_checksum"]
 
     def reassignment(self) -> Reassignment | None:
         return Reassignment.of(self.world_size, self.reassign_ranks)
@@ -325,6 +333,7 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
         check_shard(cfg.data_dir, cfg.world_size, cfg.ranks, write=False, reassign=reassign)
     indices = config_indices(cfg, len(seq_lens))
     importable = taken_from_lost_parts(cfg, len(seq_lens))
+    dump = survey_dump(cfg, layer_ids, facts["hidden_size"], content=False)
     num_states = len(layer_ids) + 1
     if action == "discard":  # the run moves the old states aside and starts over: everything is to do
         plan = ResumePlan(
@@ -349,8 +358,15 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
             verify=cfg.verify,
         )
     free = preflight_disk(store.dir, 0)["free_bytes"]
+    from_dump = predicted(dump, plan.remaining)
+    # rows the dump will give cost no bytes here: the files stay where they are
+    from_dump_bytes = sum(
+        sample_nbytes(seq_lens[i], num_states, facts["hidden_size"], cfg.dtype)
+        for i in (set(dump.rows) & set(plan.remaining) if dump is not None else ())
+    )
+    bytes_needed = plan.bytes_needed - from_dump_bytes
     try:  # the run's own preflight (both backends'), read-only: the filesystem and the PVE storage beneath it
-        preflight_disk(store.dir, len(plan.remaining) and plan.bytes_needed, margin_frac=cfg.margin_frac,
+        preflight_disk(store.dir, len(plan.remaining) and bytes_needed, margin_frac=cfg.margin_frac,
                        margin_bytes=cfg.margin_bytes, pool=cfg.pve_storage)  # fmt: skip
         does_not_fit = ""
     except DiskSpaceError as e:
@@ -361,9 +377,9 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
         "adoptable": plan.adopted,
         # rows taken over from a lost host that its readable part holds finished: a run copies them
         "importable": len(importable),
-        "to_extract": len(plan.remaining) - len(importable),
+        "to_extract": len(plan.remaining) - len(importable) - from_dump.get("dump_rows", 0),
         "tokens_to_extract": plan.tokens_remaining,
-        "bytes_needed": plan.bytes_needed,
+        "bytes_needed": bytes_needed,
         "free_bytes": free,
         "fits": not does_not_fit,
         "does_not_fit": does_not_fit,
@@ -382,6 +398,7 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
         "world_size": cfg.world_size,
         "ranks": list(cfg.ranks) if cfg.ranks else [cfg.rank],
         **({"reassigned": reassign.record()} if reassign else {}),
+        **from_dump,
     }
 
 
@@ -511,9 +528,11 @@ def repair_store(cfg: ExtractConfig) -> dict:
     facts = model_facts(cfg.model_path, content_hash=cfg.model_hash, trust_remote_code=cfg.trust_remote_code)
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
     store = HiddenStateStore(cfg.data_dir)
+    dump = survey_dump(cfg, layer_ids, facts["hidden_size"])  # refused before anything is written
     discarded = store.ensure_meta(
         build_meta(cfg, facts, layer_ids, len(seq_lens)), on_model_change=cfg.on_model_change
     )
+    adopted_dump = commit_dump(dump)
     store.clean_temp_files()
     plan = store.plan(
         seq_lens,
@@ -534,6 +553,7 @@ def repair_store(cfg: ExtractConfig) -> dict:
         "duplicate_manifest_lines": plan.duplicates,
         "unchecked_files": plan.unchecked,
         "discarded_store": discarded,
+        **adopted_dump,
     }
 
 

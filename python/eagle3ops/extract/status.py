@@ -18,6 +18,7 @@ from eagle3ops.extract.session import (
 from eagle3ops.extract.shards import Reassignment, read_shard, rows_of_ranks
 from eagle3ops.store import (
     HiddenStateStore,
+    adopted,
 )
 
 
@@ -40,14 +41,20 @@ def status(data_dir: str | os.PathLike) -> dict:
             dtype=meta["dtype"],
         )
     good = {i: e for i, e in done.items() if i not in damaged}
+    # rows an adopted dump holds where it lies (eagle3ops.store.adopt), one stat each
+    taken = adopted.read_rows(store.dir)
+    lost = adopted.check_rows(taken)
+    dump = {i: r for i, r in taken.items() if i not in lost and i not in good}
     return {
         "data_dir": str(data_dir),
         "rows": len(seq_lens),
-        "done": len(good),
-        "remaining": len(seq_lens) - len([i for i in good if i < len(seq_lens)]),
-        "tokens_done": sum(e.seq_len for e in good.values()),
+        "done": len(good) + len(dump),
+        "remaining": len(seq_lens) - len([i for i in set(good) | set(dump) if i < len(seq_lens)]),
+        "tokens_done": sum(e.seq_len for e in good.values()) + sum(r["n"] for r in dump.values()),
         "tokens_total": sum(seq_lens),
-        "bytes": sum(e.nbytes for e in good.values()),
+        "bytes": sum(e.nbytes for e in good.values()) + sum(r["b"] for r in dump.values()),
+        "adopted_from_dump": len(dump),
+        "adopted_damaged": {str(i): r for i, r in sorted(lost.items())},
         "damaged": len(damaged),
         "damaged_files": damaged_report(store, damaged),
         "duplicate_manifest_lines": sum(n - 1 for n in scan.duplicates().values()),

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from eagle3ops.extract.adoption import commit_dump, survey_dump
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.session import (
     ExtractConfig,
@@ -293,9 +294,12 @@ def _plan_store(cfg: ExtractConfig, seq_lens, facts: dict, layer_ids, num_states
     """The store opened (meta checked, temp files removed, damage repaired or reported) and what is left
     to do. Returns (store, plan, result so far)."""
     store = HiddenStateStore(cfg.data_dir, rank=cfg.rank)
+    # an existing dump (adopt_from): surveyed before anything is written; the parent of --workers N adopts it
+    dump = survey_dump(cfg, layer_ids, hidden) if cfg.world_size == 1 else None
     discarded = store.ensure_meta(
         build_meta(cfg, facts, layer_ids, len(seq_lens)), on_model_change=cfg.on_model_change
     )
+    adopted_dump = commit_dump(dump)
     removed_tmp = store.clean_temp_files()
     indices = config_indices(cfg, len(seq_lens))  # with a re-assignment: also the lost rows this rank takes
     # damaged files are moved aside and their entries dropped by the one process that owns the directory: a
@@ -321,6 +325,7 @@ def _plan_store(cfg: ExtractConfig, seq_lens, facts: dict, layer_ids, num_states
         unchecked_files=plan.unchecked,
         verify=cfg.verify,
         discarded_store=discarded,
+        **adopted_dump,
     )
     return store, plan, result
 

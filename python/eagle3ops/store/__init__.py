@@ -11,6 +11,11 @@ or writes one (prepare, extract and its SGLang hook, train, the train fixtures).
 - :mod:`.pool`: the disk preflight's second half, the PVE storage underneath the data directory;
 - :mod:`.verified`: content verification against the manifests' checksums, once per file (a record by inode,
   size, mtime, ctime).
+- :mod:`.dump`, :mod:`.torchfile`: another tool's dump read where it lies (its declaration, its files' metadata
+  without torch, their content against a zip's own crc32s, a sample converted on read);
+- :mod:`.adopt`, :mod:`.adopted`: a dump adopted in place (matched to rows by token ids) and its record; the
+  re-extraction queue;
+- :mod:`.reader`: what training reads for a row, native or adopted, optionally checked on first read.
 
 The names below are the package's API (``from eagle3ops.store import HiddenStateStore``); the modules' other
 names are theirs.

@@ -25,6 +25,7 @@ from pathlib import Path
 from eagle3ops import durable
 from eagle3ops.durable import fsync_dir
 from eagle3ops.runlock import pid_alive
+from eagle3ops.store import adopted as dump_rows
 from eagle3ops.store.checksum import file_hashes, xxh3
 from eagle3ops.store.errors import DiskSpaceError, StoreError
 from eagle3ops.store.layout import (
@@ -470,13 +471,24 @@ class HiddenStateStore:
                 dtype=dtype,
                 level=verify,
             )
+        # rows the training loader found damaged, and adopted files (a dump's, where they lie: store.adopted)
+        queued = dump_rows.read_queue(self.dir)
+        damaged.update({i: r for i, r in queued.items() if i in done and i in wanted_set})
+        taken = dump_rows.read_rows(self.dir)
+        lost = dump_rows.check_rows({i: r for i, r in taken.items() if i in wanted_set} if verify else {})
+        lost.update({i: r for i, r in queued.items() if i in taken and i not in done})
         duplicates = scan.duplicates()
         moved: list[dict] = []
         if repair and damaged:
             moved = self.quarantine(damaged)  # rewrites the manifests too (duplicates collapse)
         elif repair and duplicates:
             self.rewrite_manifests()
-        done = done - set(damaged)
+        if repair and lost:
+            moved += dump_rows.drop_rows(self.dir, lost)
+        if repair and queued:
+            dump_rows.consume_queue(self.dir)
+        done = (done - set(damaged)) | (set(taken) - set(lost) - done)
+        damaged.update(lost)
         adopted: list[ManifestEntry] = []
         invalid: dict[int, str] = {}
         missing = wanted_set - done

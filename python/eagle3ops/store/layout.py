@@ -16,6 +16,9 @@ Layout (the speculators 0.9.0 offline contract, plus eagle3ops' bookkeeping)::
     DATA/hidden_states/sglang_hook_errors.jsonl  rows the SGLang server's writer failed
     DATA/hidden_states/verified.jsonl          files whose content matched their checksum, by inode, size,
                                                mtime, ctime (eagle3ops.store.verified: train's check)
+    DATA/hidden_states/adopted.jsonl           rows an adopted dump holds, where its files lie, and
+    DATA/hidden_states/adopted_dump.json       what the dump declared (eagle3ops.store.adopt, .adopted)
+    DATA/hidden_states/requeue.jsonl           rows the training loader found damaged, for the next extract plan
     PARENT/.DATA.lock                          one run per data directory (eagle3ops.runlock)
 
 Standard library only.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from eagle3ops import layers, remote_code
 from eagle3ops.durable import atomic_write_bytes
-from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore, human_bytes, verify_content
+from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore, adopted, human_bytes, verify_content
 from eagle3ops.store.layout import DATASET_FILES
 from eagle3ops.train.spec import (
     DEFAULT_DRAFT_VOCAB,
@@ -134,7 +134,17 @@ def check_samples(data_dir: str, meta: dict, on_missing: str) -> dict:
                 "those rows anew (`eagle3ops extract-verify --data DIR` lists them).",
                 inputs_pending=True,
             )
-    lengths = {i: r["n"] for i, r in rows.items()}
+    taken = adopted.read_rows(store.dir)  # rows an adopted dump holds where it lies (store.adopt)
+    lost = adopted.check_rows({i: r for i, r in taken.items() if i not in rows})
+    if lost:
+        raise TrainError(
+            f"{len(lost)} adopted hidden-state files are gone or changed since their adoption ("
+            + "; ".join(f"row {i}: {r}" for i, r in sorted(lost.items())[:10])
+            + "). Run the extract phase again: it drops them from hidden_states/adopted.jsonl and extracts "
+            "those rows anew.",
+            inputs_pending=True,
+        )
+    lengths = {i: r["n"] for i, r in {**taken, **rows}.items()}
     done = sum(1 for i in lengths if i < num_rows)
     if on_missing == "raise" and done < num_rows:
         raise TrainError(
@@ -167,10 +177,15 @@ def data_limited_warning(samples: dict) -> str | None:
     )
 
 
-def _first_ten(store: HiddenStateStore, damaged: dict) -> str:
-    """The first ten of ``damaged`` (row -> what is wrong), ``row I: FILE: reason``, and how many more."""
-    shown = "; ".join(f"row {i}: {store.path(i)}: {r}" for i, r in sorted(damaged.items())[:10])
+def _first_ten(store: HiddenStateStore, damaged: dict, rows: dict | None = None) -> str:
+    """The first ten of ``damaged`` (row -> what is wrong), ``row I: FILE: reason``, and how many more (``rows``:
+    the lines read, whose ``p`` names an adopted file where it lies)."""
+    shown = "; ".join(f"row {i}: {_file(store, rows, i)}: {r}" for i, r in sorted(damaged.items())[:10])
     return shown + (f"; and {len(damaged) - 10} more" if len(damaged) > 10 else "")
+
+
+def _file(store: HiddenStateStore, rows: dict | None, i: int) -> str:
+    return str((rows or {}).get(i, {}).get("p") or store.path(i))
 
 
 def check_content(data_dir: str | os.PathLike, *, check: bool, log) -> dict:
@@ -179,7 +194,7 @@ def check_content(data_dir: str | os.PathLike, *, check: bool, log) -> dict:
     Refuses damaged files by name (issue 32: a 16-byte flip passed the size + header check and reached
     training). ``check``: read nothing; say how much a real run would read."""
     store = HiddenStateStore(data_dir)
-    rows = store.scan_manifest().rows()
+    rows = {**adopted.read_rows(store.dir), **store.scan_manifest().rows()}  # native files win over adopted
     t0 = time.monotonic()
     if not check:
         pending = verify_content(store.dir, rows.values(), check=True)
@@ -195,12 +210,12 @@ def check_content(data_dir: str | os.PathLike, *, check: bool, log) -> dict:
     if damaged:
         raise TrainError(
             f"{len(damaged)} hidden-state files in {store.dir} do not hold the bytes their writer recorded ("
-            + _first_ten(store, damaged)
+            + _first_ten(store, damaged, rows)
             + "). Nothing was trained on them. Move them aside and extract those rows again: `eagle3ops verify "
             f"--data {data_dir} --level checksum --move-aside`, then the extract phase (or the extract phase "
             "with extract_verify: checksum, which does both).",
             damaged_files={
-                str(i): {"file": str(store.path(i)), "reason": r} for i, r in sorted(damaged.items())
+                str(i): {"file": _file(store, rows, i), "reason": r} for i, r in sorted(damaged.items())
             },
         )
     if res["bytes_read"]:

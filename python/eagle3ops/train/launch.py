@@ -145,6 +145,8 @@ def _env(plan_: Plan) -> dict:
     if plan_.device == "cpu":
         env["EAGLE3OPS_FORCE_CPU"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""  # speculators picks its autocast device from the visible accelerator
+    if plan_.spec.verify == "overlapped":  # the loader checks each file on its first read (speculators_shim)
+        env["EAGLE3OPS_CHECK_ON_READ"] = "1"
     env.update({str(k): str(v) for k, v in (plan_.spec.env or {}).items()})
     return env
 

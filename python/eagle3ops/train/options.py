@@ -236,10 +236,12 @@ TRAIN = Command(
         ),
         one_of(
             "verify",
-            ["checksum", "size"],
+            ["checksum", "size", "overlapped"],
             help="before a trainer is launched: checksum = every hidden-state file's content against the checksum "
             "its writer recorded, reading only files not verified since they last changed (hidden_states/"
-            "verified.jsonl; docs/performance.md has the cost); size = only the size + header check every run makes",
+            "verified.jsonl; docs/performance.md has the cost); size = only the size + header check every run makes; "
+            "overlapped = no up-front content check: the loader's workers compare each file on its first read, "
+            "skip a damaged one and queue it for re-extraction (docs/reliability.md)",
             doc=[
                 (
                     "Before a trainer is launched, C(checksum) compares every hidden-state file's "
@@ -250,6 +252,13 @@ TRAIN = Command(
                     "nothing and returns what would be read (C(content_check))."
                 ),
                 "C(size) - only the size + safetensors header check every run makes.",
+                (
+                    "C(overlapped) - no up-front content check: training starts at once and the data loader's "
+                    "workers compare each file with its checksum on its first read (the same record); a damaged "
+                    "file is skipped, logged and queued in C(hidden_states/requeue.jsonl), which the next extract "
+                    "run redoes. The default stays C(checksum): with C(overlapped) the steps before a damaged "
+                    "file is found have trained without that one sample, never on its bad bytes."
+                ),
             ],
             role_doc=[
                 (
@@ -261,6 +270,10 @@ TRAIN = Command(
                     "docs/performance.md."
                 ),
                 "C(size) - only the size + safetensors header check every run makes.",
+                (
+                    "C(overlapped) - no up-front check; the loader checks each file on its first read, skips and "
+                    "queues a damaged one for re-extraction (hidden_states/requeue.jsonl)."
+                ),
             ],
         ),
         one_of(

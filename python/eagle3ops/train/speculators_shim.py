@@ -18,7 +18,9 @@ It is what the ``train`` phase launches (directly, or under ``torchrun -m``), in
 2. **Machine-readable metrics**: speculators logs metrics through the ``speculators.metrics`` logger
    into a Rich console handler. A handler added here writes every metric record as one JSON line to
    ``$EAGLE3OPS_METRICS`` (rank 0 only), which the launcher parses (val loss, per-step accuracy).
-3. **An honest exit record**: speculators turns SIGINT/SIGTERM into an "interrupted" checkpoint and a
+3. **One loader for every row**: native and adopted files, each file checked on its first read on request
+   (:func:`install_store_reader`).
+4. **An honest exit record**: speculators turns SIGINT/SIGTERM into an "interrupted" checkpoint and a
    normal return; the shim notices that and writes ``$EAGLE3OPS_EXIT`` (JSON) with ``status``
    ``finished`` only for a run that really completed, ``interrupted``/``failed`` otherwise (each node's
    first process writes its node's record).
@@ -40,6 +42,7 @@ SUPPORTED_SPECULATORS = PINNED
 ENV_METRICS = "EAGLE3OPS_METRICS"
 ENV_EXIT = "EAGLE3OPS_EXIT"
 ENV_FORCE_CPU = "EAGLE3OPS_FORCE_CPU"
+ENV_CHECK_ON_READ = "EAGLE3OPS_CHECK_ON_READ"
 
 _interrupted: dict[str, str] = {}
 
@@ -92,6 +95,49 @@ def apply_cpu_shim() -> None:
         return None
 
     torch.accelerator.synchronize = synchronize
+
+
+def install_store_reader(check_on_read: bool | None = None) -> None:
+    """speculators' offline loader reads every row through :class:`eagle3ops.store.reader.StoreReader`: its file
+    transfer's ``get_cached`` (``hs_connectors.transfer.FileTransfer``, which the fp8 transfer calls too) is
+    replaced, so rows adopted from another tool's dump are read where they lie, converted on read, and with
+    ``check_on_read`` (``$EAGLE3OPS_CHECK_ON_READ=1``: train ``verify: overlapped``) each file's checksum is
+    compared on its first read in the loader's workers. A damaged file becomes a skipped sample
+    (``SampleUnavailable``), logged and queued for re-extraction, instead of the end of the run."""
+    import hs_connectors.transfer as transfer
+    from speculators.train import data as spec_data
+
+    from eagle3ops.store.reader import DamagedSample, StoreReader
+
+    if getattr(transfer.FileTransfer.get_cached, "eagle3ops", False):
+        return
+    check = os.environ.get(ENV_CHECK_ON_READ) == "1" if check_on_read is None else check_on_read
+    readers: dict[str, StoreReader] = {}
+
+    def get_cached(self, file_idx: int):
+        key = str(self.hidden_states_path)
+        reader = readers.get(key)
+        if reader is None:
+            reader = readers[key] = StoreReader(key, check_on_read=check)
+        return reader.get(file_idx)
+
+    get_cached.eagle3ops = True
+    transfer.FileTransfer.get_cached = get_cached
+    original = spec_data.ArrowDataset._get_raw_data
+
+    def _get_raw_data(self, index: int):
+        try:
+            return original(self, index)
+        except DamagedSample as e:
+            print(
+                f"eagle3ops: skipped {e} - queued for re-extraction in hidden_states/requeue.jsonl "
+                "(the next extract run redoes it)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return spec_data.SampleUnavailable(reason=str(e))
+
+    spec_data.ArrowDataset._get_raw_data = _get_raw_data
 
 
 class JsonlMetricsHandler(logging.Handler):
@@ -192,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         device = "cpu"
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
+
+    install_store_reader()
 
     _install_interrupt_probe()
     metrics_path = os.environ.get(ENV_METRICS)
