@@ -137,3 +137,13 @@ def tiny_target(tmp_path_factory) -> Path:
     from tinymodels import build_tiny_target
 
     return build_once(tmp_path_factory, "tiny-target", lambda d: build_tiny_target(d / "model")) / "model"
+
+
+def kimi_fixture(tmp_path_factory) -> dict:
+    """The Kimi-K2.5-format fixture (``eagle3ops.kimi_fixture.build``, seed 0), built once per run for every
+    xdist worker (read-only: a test that changes it copies it first); later calls are the builder's idempotent
+    no-op, whose result (paths, shape) is returned."""
+    from eagle3ops import kimi_fixture
+
+    path = build_once(tmp_path_factory, "kimi-fixture", lambda d: kimi_fixture.build(d))
+    return kimi_fixture.build(path)

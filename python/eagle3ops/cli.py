@@ -81,7 +81,7 @@ PHASES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "benchmark-report",
         ),
     ),
-    ("tools", "no phase", ("demo",)),
+    ("tools", "no phase", ("demo", "demo-kimi")),
 )
 
 

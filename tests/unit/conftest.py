@@ -1,5 +1,5 @@
 """Fixtures for unit tests: a tiny DeepSeek-V3-architecture target and a prepared dataset, built locally; the
-embedded demo (its model path and tokenizer); the stand-in OpenAI-compatible server of the regenerate tests."""
+embedded demo (its model path and tokenizer); the Kimi-K2.5-format fixture; the stand-in OpenAI-compatible server of the regenerate tests."""
 
 from __future__ import annotations
 
@@ -48,6 +48,13 @@ def demo(tmp_path_factory):
     """The default demo (run_cache.session_demo): built once per run for every xdist worker, so whichever
     module asks second gets the idempotent no-op."""
     return run_cache.session_demo(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def kimi(tmp_path_factory):
+    """The Kimi-K2.5-format fixture target (run_cache.kimi_fixture: built once per run, read-only): the builder's
+    result (model_path, conversations_path, heldout_path, ...)."""
+    return run_cache.kimi_fixture(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The options of the tools of no phase, once: ``eagle3ops demo``, ``eagle3ops layer-ids`` and ``eagle3ops pve
+"""The options of the tools of no phase, once: ``eagle3ops demo``, ``eagle3ops demo-kimi``, ``eagle3ops layer-ids`` and ``eagle3ops pve
 show|plan`` (eagle3ops.options says how). No module runs them, so nothing here is shipped as a module_util; the
 leading underscore keeps eagle3ops.cli from taking this file for a command module. Standard library only."""
 
@@ -26,6 +26,23 @@ DEMO = Command(
             why="the target needs at least 1 training step",
             help="optimiser steps of the target's training (fewer: cheaper, less trained)",
         ),
+    ],
+)
+
+DEMO_KIMI = Command(
+    "demo-kimi",
+    help="build a tiny Kimi-K2.5-format target (wrapper config, INT4 experts, remote-code tiktoken tokenizer)",
+    description=(
+        "Build DIR/model (KimiK25ForConditionalGeneration: a 4-layer DeepSeek-V3 text model under "
+        "language_model. with compressed-tensors INT4 routed experts, a tiny vision tower, sharded safetensors "
+        "+ index, the remote-code tiktoken tokenizer, chat template with thinking and tool calls, processor "
+        "files), DIR/conversations.jsonl, DIR/heldout.jsonl and DIR/kimi-fixture.json, deterministically "
+        "from the seed and without downloads. A second run with the same seed changes nothing."
+    ),
+    check_help="only report whether a build would happen",
+    options=[
+        Option("out", "path", required=True, metavar="DIR", help="directory to build the fixture in"),
+        seed(default=0, help="the seed of everything built"),
     ],
 )
 
