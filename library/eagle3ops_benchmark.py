@@ -85,6 +85,12 @@ options:
     description: Skip the offline measurement (C(too_large) in the result, not a failure) when the target's
       weights exceed this many GiB; it runs the target in float32. C(acceptance) only.
     type: float
+  trust_remote_code:
+    description: Let the target's own code (an auto_map in tokenizer_config.json or config.json) load its
+      tokenizer (its chat template) and config; Kimi-K2.5 needs it. Off, a remote-code target is refused before
+      any work. Only for trusted model directories.
+    type: bool
+    default: false
   acceptance:
     description: The acceptance result JSON; C(report) only.
     type: path

@@ -28,6 +28,12 @@ options:
     description: Target model directory (transformers format, local).
     type: path
     required: true
+  trust_remote_code:
+    description: Let the target's own code (an auto_map in tokenizer_config.json or config.json) load its
+      config; Kimi-K2.5 needs it. Off, a remote-code target is refused before any work. Only for trusted model
+      directories.
+    type: bool
+    default: false
   layer_ids:
     description: Aux layer ids. Default C([2, N//2, N-3]) for an N-layer target (Kimi-K2.5 with 61 layers
       gets C([2, 30, 58])).

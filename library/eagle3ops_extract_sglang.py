@@ -29,6 +29,12 @@ options:
     description: The target model directory the server serves (its config gives layers and hidden size).
     type: path
     required: true
+  trust_remote_code:
+    description: Let the target's own code (an auto_map in tokenizer_config.json or config.json) load its
+      config; Kimi-K2.5 needs it. Off, a remote-code target is refused before any work. Only for trusted model
+      directories.
+    type: bool
+    default: false
   url:
     description: Base URLs of this host's capture servers - one, or several (data parallel, e.g. two TP-4
       servers on an 8-GPU node) - the host's rows are split between them, each server with its own C(EAGLE3OPS_SGLANG_MANIFEST_RANK)

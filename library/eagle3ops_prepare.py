@@ -78,8 +78,9 @@ options:
     type: float
     default: 0
   trust_remote_code:
-    description: Let the tokenizer run its own code (Kimi-K2.5's tokenizer needs it). Only for trusted model
-      directories.
+    description: Let the target's own code (an auto_map in tokenizer_config.json or config.json) load its
+      tokenizer; Kimi-K2.5 needs it. Off, a remote-code target is refused before any work. Only for trusted
+      model directories.
     type: bool
     default: false
   # END generated: doc eagle3ops_prepare

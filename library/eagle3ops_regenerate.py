@@ -139,7 +139,9 @@ options:
     type: int
     default: 0
   trust_remote_code:
-    description: Let the model run its own code. Only for trusted model directories.
+    description: Let the target's own code (an auto_map in tokenizer_config.json or config.json) load its
+      tokenizer and, for the transformers backend, its model; Kimi-K2.5 needs it. Off, a remote-code target
+      is refused before any work. Only for trusted model directories.
     type: bool
     default: false
   # END generated: doc eagle3ops_regenerate

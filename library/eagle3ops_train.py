@@ -40,6 +40,12 @@ options:
     description: The target model directory the hidden states were extracted from.
     type: path
     required: true
+  trust_remote_code:
+    description: Let the target's own code (an auto_map in tokenizer_config.json or config.json) load its
+      config (the verifier's); Kimi-K2.5 needs it. Off, a remote-code target is refused before any work. Only
+      for trusted model directories.
+    type: bool
+    default: false
   run_dir:
     description: Run directory (state file, rendered config, log, metrics, checkpoints by default).
     type: path

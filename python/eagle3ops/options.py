@@ -50,6 +50,7 @@ __all__ = [
     "seconds",
     "seed",
     "target_model",
+    "trust_remote_code",
     "work_path",
 ]
 
@@ -371,6 +372,27 @@ def seed(**kw) -> Option:
 def target_model(name: str, use: str, **kw) -> Option:
     """The required path option naming the target model's directory; ``use``: what the command takes of it."""
     return Option(name, "path", required=True, help=f"target model directory ({use})", **kw)
+
+
+def trust_remote_code(what: str = "tokenizer and config", **kw) -> Option:
+    """``--trust-remote-code``: let the target's own code (an ``auto_map`` in its tokenizer_config.json or
+    config.json: Kimi-K2.5's tiktoken tokenizer) run where this command loads its ``what``; one shared
+    ``eagle3ops_trust_remote_code`` for every phase (eagle3ops.remote_code refuses a remote-code target without
+    it, before any work)."""
+    kw.setdefault("role_value", "{{ eagle3ops_trust_remote_code }}")
+    kw.setdefault("help", f"let the target's own code (auto_map) load its {what}")
+    kw.setdefault(
+        "doc",
+        f"Let the target's own code (an auto_map in tokenizer_config.json or config.json) load its {what}; "
+        "Kimi-K2.5 needs it. Off, a remote-code target is refused before any work. Only for trusted model "
+        "directories.",
+    )
+    kw.setdefault(
+        "role_doc",
+        f"Let the target's own code (auto_map) load its {what} (Kimi-K2.5 needs it); only for trusted model "
+        "directories. Default eagle3ops_trust_remote_code.",
+    )
+    return Option("trust_remote_code", "bool", default=False, **kw)
 
 
 def data_dir(name: str, **kw) -> Option:

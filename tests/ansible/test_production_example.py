@@ -210,7 +210,7 @@ def test_the_rtx_pro_6000_profile_gives_reasons_and_sm120_settings(tmp_path):
     assert "--disable-custom-all-reduce" in cap and "--disable-custom-all-reduce" in srv
     assert hv["sglang_environment"]["NCCL_IB_DISABLE"] == "1" == hv["serve_environment"]["NCCL_IB_DISABLE"]
     assert not any(a.startswith(("--ep", "--expert-parallel")) for a in cap + srv)
-    assert hv["eagle3ops_tp_size"] == 8 == hv["serve_tp_size"] and "--trust-remote-code" in cap
+    assert hv["eagle3ops_tp_size"] == 8 == hv["serve_tp_size"] and hv["eagle3ops_trust_remote_code"] is True
     assert hv["regenerate_concurrency"] < shipped["regenerate_concurrency"]
 
 

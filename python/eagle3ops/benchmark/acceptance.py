@@ -73,20 +73,25 @@ class Target:
     """The target model (transformers), greedy, recomputed over the whole sequence each call (small models)."""
 
     def __init__(
-        self, model_path: str | os.PathLike, layer_ids: list[int], dtype: str = "float32", device: str = "cpu"
+        self,
+        model_path: str | os.PathLike,
+        layer_ids: list[int],
+        dtype: str = "float32",
+        device: str = "cpu",
+        trust_remote_code: bool = False,
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.path = str(model_path)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+            self.tokenizer = AutoTokenizer.from_pretrained(self.path, trust_remote_code=trust_remote_code)
         except (OSError, ValueError):
             self.tokenizer = None  # prompts must then be given as input_ids
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=getattr(torch, dtype)).to(
-            self.device
-        )
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+        ).to(self.device)
         self.model.eval()
         n = self.model.config.num_hidden_layers
         if max(layer_ids) >= n or min(layer_ids) < 0:
@@ -434,9 +439,11 @@ def run(
     baseline: bool = True,
     device: str = "cpu",
     dtype: str = "float32",
+    trust_remote_code: bool = False,
 ) -> dict:
     """Acceptance of the trained draft (and a random-draft baseline) on held-out prompts; target and draft in
-    ``dtype`` on ``device`` (``cuda``: the first visible GPU)."""
+    ``dtype`` on ``device`` (``cuda``: the first visible GPU); ``trust_remote_code``: the target's tokenizer and
+    config may be its own code."""
     from eagle3ops.checkpoints import resolve_checkpoint
 
     ckpt = resolve_checkpoint(checkpoint)
@@ -448,7 +455,9 @@ def run(
                 f"device {device!r}: torch {torch.__version__} sees no GPU on this host; use device cpu"
             )
     drafter = Eagle3Drafter(ckpt, dtype=dtype, device=device)
-    target = Target(target_path, drafter.layer_ids, dtype=dtype, device=device)
+    target = Target(
+        target_path, drafter.layer_ids, dtype=dtype, device=device, trust_remote_code=trust_remote_code
+    )
     prompts = load_prompts(prompts_path, limit)
     res = {
         "method": "offline greedy chain (transformers target, speculators draft)",

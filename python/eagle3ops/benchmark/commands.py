@@ -22,10 +22,18 @@ def register(sub) -> None:
     bo.DATASET.add_parser(sub).set_defaults(func=cmd_dataset)
 
 
+def _refuse_remote_code(model_path, trust_remote_code: bool) -> None:
+    """A remote-code target without --trust-remote-code (eagle3ops_trust_remote_code): refused before any work."""
+    from eagle3ops.remote_code import require_trusted
+
+    require_trusted(model_path, trust_remote_code, CommandError)
+
+
 def cmd_acceptance(args) -> int:
     from eagle3ops.benchmark import acceptance as acc
     from eagle3ops.benchmark import uptodate
 
+    _refuse_remote_code(args.target, args.trust_remote_code)
     if args.max_target_gb:
         size = sum(p.stat().st_size for p in Path(args.target).glob("*.safetensors"))
         if size > args.max_target_gb * 2**30:
@@ -69,7 +77,13 @@ def cmd_acceptance(args) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     try:
-        result = acc.run(inputs["checkpoint"], args.target, args.prompts, **settings)
+        result = acc.run(
+            inputs["checkpoint"],
+            args.target,
+            args.prompts,
+            trust_remote_code=args.trust_remote_code,
+            **settings,
+        )
     except acc.AcceptanceError as e:
         raise CommandError(str(e)) from None
     result["inputs"] = inputs
@@ -162,6 +176,8 @@ def cmd_spec_probe(args) -> int:
     from eagle3ops.benchmark.acceptance import AcceptanceError, load_prompts
     from eagle3ops.benchmark.uptodate import write_result
 
+    if args.chat_template:
+        _refuse_remote_code(args.chat_template, args.trust_remote_code)
     try:
         if args.prompts:
             rows = load_prompts(args.prompts, args.limit)
@@ -181,7 +197,9 @@ def cmd_spec_probe(args) -> int:
                     f"{args.chat_template}: not a directory (--chat-template wants the target's model directory, "
                     "the one SGLang serves)"
                 )
-            render = loadgen.chat_template_render(args.chat_template)
+            render = loadgen.chat_template_render(
+                args.chat_template, trust_remote_code=args.trust_remote_code
+            )
         res = loadgen.spec_probe(args.url, texts, max_new_tokens=args.max_new_tokens, render=render)
     except (AcceptanceError, loadgen.LiveError, OSError) as e:
         raise CommandError(str(e)) from None
@@ -242,6 +260,8 @@ def cmd_live(args) -> int:
     from eagle3ops.benchmark import promptsets as ps
     from eagle3ops.benchmark.uptodate import recorded_inputs, write_result
 
+    if args.template_model:
+        _refuse_remote_code(args.template_model, args.trust_remote_code)
     inputs = _live_inputs(args)
     out = Path(args.out)
     changed = recorded_inputs(out) != inputs
@@ -253,7 +273,9 @@ def cmd_live(args) -> int:
         sets = _sets(args, args.mtbench_turns)
         render = None
         if args.template_model:
-            render = loadgen.chat_template_render(args.template_model)
+            render = loadgen.chat_template_render(
+                args.template_model, trust_remote_code=args.trust_remote_code
+            )
             if render is None:
                 print(
                     f"benchmark-live: {args.template_model} has no chat template; plain prompts",

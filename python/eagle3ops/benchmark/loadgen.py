@@ -331,16 +331,30 @@ def _may_have_chat_template(model_path: str) -> bool:
     return not isinstance(cfg, dict) or bool(cfg.get("chat_template"))
 
 
-def chat_template_render(model_path: str):
-    """``render(messages)`` with the target's own chat template (transformers tokenizer), or None if it has none."""
+def chat_template_render(model_path: str, *, trust_remote_code: bool = False):
+    """``render(messages)`` with the target's own chat template (transformers tokenizer, ``trust_remote_code`` as
+    SGLang serves it), or None where the directory holds no chat template at all (the callers report that).
+
+    A template that is there but cannot be loaded or rendered is a :class:`LiveError` naming ``model_path``, never
+    a silent fall-back to raw prompts: the acceptance measured on untemplated prompts is not the served one."""
     if not _may_have_chat_template(model_path):
         return None
+    why = None
     try:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(model_path)
-    except (OSError, ValueError, ImportError):
-        return None
-    if not getattr(tok, "chat_template", None):
-        return None
+        tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        if getattr(tok, "chat_template", None):
+            tok.apply_chat_template(
+                [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+            )
+        else:
+            why = "its tokenizer has no chat template"
+    except Exception as e:  # a tokenizer class or a template raises anything (jinja errors, missing modules)
+        why = f"{type(e).__name__}: {e}"
+    if why:
+        raise LiveError(
+            f"{model_path}: the chat template cannot be rendered ({why}). Prompts are not sent untemplated: fix the "
+            "model directory's tokenizer files (or trust_remote_code for a remote-code tokenizer)."
+        )
     return lambda msgs: tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)

@@ -20,6 +20,8 @@ _EXE = EXECUTABLE.but(
     role_doc=("The eagle3ops command on this host (the runtime phase's). Default the shared eagle3ops_bin."),
     role_value="{{ eagle3ops_bin }}",
 )
+# the target's own code (auto_map) may load its tokenizer and config: acceptance, spec-probe and live load them
+_TRUST = _o.trust_remote_code("tokenizer (its chat template) and config")
 # NAME=PATH, repeatable: named prompt files (held-out JSONL, MT-bench question.jsonl)
 _SETS = Option(
     "set",
@@ -177,6 +179,7 @@ ACCEPTANCE = Command(
                 "this many GiB (it runs in float32)."
             ),
         ),
+        _TRUST,
         _EXE,
     ],
 )
@@ -314,6 +317,7 @@ SPEC_PROBE = Command(
                 "a misconfigured draft serves at 1.00."
             ),
         ),
+        _TRUST,
         EXECUTABLE.but(
             role="serve_eagle3ops_bin",
             role_pass=" | default(omit, true)",
@@ -426,6 +430,7 @@ LIVE = Command(
             ),
         ),
         Option("out", "path", required=True, role=False, help="result JSON"),
+        _TRUST,
         _EXE,
     ],
 )

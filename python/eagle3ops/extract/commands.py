@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from eagle3ops.command import CommandError, disk_margin_bytes, emit, pick_taken
+from eagle3ops.remote_code import require_trusted
 
 
 def register(sub) -> None:
@@ -85,6 +86,7 @@ def cmd_extract(args) -> int:
     from eagle3ops.store import StoreError
 
     worker_start()
+    require_trusted(args.model, args.trust_remote_code, CommandError)  # before any work, check mode too
     try:
         if args.check:
             running = holder(args.data)  # check mode takes no lock; it reports a run in progress

@@ -12,6 +12,7 @@ except ImportError:  # on a target without eagle3ops: the copies Ansible ships
 
 Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
 data_dir, one_of, target_model = _o.data_dir, _o.one_of, _o.target_model
+trust_remote_code = _o.trust_remote_code
 count, seconds = _o.count, _o.seconds
 
 
@@ -71,6 +72,7 @@ MODEL = target_model(
     role_doc=("The target model directory (transformers format); default the shared eagle3ops_model_path."),
     role_value="{{ eagle3ops_model_path }}",
 )
+TRUST_REMOTE_CODE = trust_remote_code("config")
 LAYER_IDS = Option(
     "layer_ids",
     "list",
@@ -180,6 +182,7 @@ EXTRACT = Command(
     options=[
         DATA,
         MODEL,
+        TRUST_REMOTE_CODE,
         LAYER_IDS,
         LAYER_CONVENTION,
         DTYPE,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3ops import layers, target_model
+from eagle3ops import layers, remote_code, target_model
 from eagle3ops.durable import sha256_file
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.options import EXTRACT
@@ -93,21 +93,28 @@ def load_seq_lens(data_dir: str | os.PathLike) -> list[int]:
     return [int(x) for x in ds.data.column("seq_len").to_pylist()]
 
 
-def model_facts(model_path: str | os.PathLike, *, content_hash: bool = False) -> dict:
+def model_facts(
+    model_path: str | os.PathLike, *, content_hash: bool = False, trust_remote_code: bool = False
+) -> dict:
     """num_layers, hidden_size and a fingerprint of the target, from its config and its weight files' sizes,
     mtimes and safetensors headers (``content_hash``: also a hash of every weight byte).
 
     Plain ``config.json`` files (top-level or ``text_config`` keys ``num_hidden_layers`` and ``hidden_size``)
     are read as JSON; anything else goes through ``transformers.AutoConfig`` (importing transformers
-    dominated ``extract --plan``: docs/performance.md, "Resume planning")."""
+    dominated ``extract --plan``: docs/performance.md, "Resume planning"). A remote-code target (an ``auto_map``)
+    is refused unless ``trust_remote_code`` (eagle3ops.remote_code)."""
     p = Path(model_path)
     target_model.require(model_path, "extract_model_path (or --model)", ExtractError)
+    try:
+        remote_code.check(p, trust_remote_code)
+    except remote_code.RemoteCodeError as e:
+        raise ExtractError(str(e)) from None
     facts = _facts_from_config_json(p / "config.json")
     if facts is None:
         from transformers import AutoConfig
 
         try:
-            cfg = AutoConfig.from_pretrained(str(p))
+            cfg = AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
             raise ExtractError(f"{model_path}: cannot read the model config ({e})") from e
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
@@ -215,6 +222,7 @@ class ExtractConfig:
     model_path: str
     layer_ids: list[int] | None = _D["layer_ids"]
     layer_convention: str = _D["layer_convention"]
+    trust_remote_code: bool = _D["trust_remote_code"]  # eagle3ops.remote_code
     # stored dtype; float8_e4m3fn = e4m3 + a float32 scale per row (see quantize_fp8)
     dtype: str = _D["dtype"]
     compute_dtype: str = _D["compute_dtype"]  # bfloat16 on CUDA, float32 on CPU
@@ -301,7 +309,7 @@ def damaged_report(store: HiddenStateStore, damaged: dict[int, str]) -> dict:
 def plan_extraction(cfg: ExtractConfig) -> dict:
     """What a run would do, without loading weights or writing anything (check mode)."""
     seq_lens = load_seq_lens(cfg.data_dir)
-    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash)
+    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash, trust_remote_code=cfg.trust_remote_code)
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
     store = HiddenStateStore(cfg.data_dir, rank=cfg.rank)
     meta = build_meta(cfg, facts, layer_ids, len(seq_lens))
@@ -489,7 +497,7 @@ def repair_store(cfg: ExtractConfig) -> dict:
     damaged files aside and collapsing duplicate manifest lines, so that no worker rewrites a manifest another
     one appends to. Returns the counts for the run's result."""
     seq_lens = load_seq_lens(cfg.data_dir)
-    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash)
+    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash, trust_remote_code=cfg.trust_remote_code)
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
     store = HiddenStateStore(cfg.data_dir)
     discarded = store.ensure_meta(

@@ -173,7 +173,7 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     """Extract every remaining row of this rank; resumable; returns counts."""
     t_start = time.perf_counter()
     seq_lens = load_seq_lens(cfg.data_dir)
-    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash)
+    facts = model_facts(cfg.model_path, content_hash=cfg.model_hash, trust_remote_code=cfg.trust_remote_code)
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
     # a wrapper's text model, INT4 experts, missing or truncated shards, a checkpoint without decoder layers:
     # settled before anything is written

@@ -20,7 +20,7 @@ def run(args) -> int:
     from eagle3ops.runlock import RunLock, holder
 
     try:  # before the lock: a wrong --model leaves nothing behind
-        check_model(args.model)
+        check_model(args.model, args.trust_remote_code)
     except PrepareError as e:
         raise CommandError(str(e), out=args.out) from e
     # one run per data directory; check mode takes no lock but says who holds it

@@ -45,9 +45,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3ops import target_model
+from eagle3ops import remote_code, target_model
 from eagle3ops.conversations import InputError, load_tokenizer, resolve_sources
 from eagle3ops.durable import fsync_dir, fsync_tree, sha256_file, swap_dir_into_place
+from eagle3ops.prepare import tokcheck
 from eagle3ops.prepare.errors import PrepareError
 from eagle3ops.prepare.fingerprint import (
     PREPARE_FORMAT,
@@ -198,7 +199,7 @@ def prepare(
     t0 = time.monotonic()
     log = log or _log_default
     _check_args(on_error, max_length, max_samples, rows, workers)
-    check_model(model)
+    check_model(model, trust_remote_code)
     data_dir = Path(out).absolute()
     sources = resolve_sources(inputs)
     params = {"max_length": max_length, "max_samples": max_samples, "seed": seed}
@@ -244,6 +245,7 @@ def prepare(
         on_error=on_error,
         seed=seed,
         max_samples=max_samples,
+        verify=lambda sample: tokcheck.check_samples(model, trust_remote_code, sample),
     )
     new_meta = functools.partial(
         _new_meta,
@@ -319,15 +321,31 @@ class _Built:
 
 
 def _build_rows(
-    pp, tokenizer, sources, max_length, log, progress, *, rows, workers, on_error, seed, max_samples
+    pp,
+    tokenizer,
+    sources,
+    max_length,
+    log,
+    progress,
+    *,
+    rows,
+    workers,
+    on_error,
+    seed,
+    max_samples,
+    verify=None,
 ) -> _Built:
-    """Read, check and render every conversation; shuffle; speculators' builder (pass-through path)."""
+    """Read, check and render every conversation; ``verify(sample)`` the first conversations' rows; shuffle;
+    speculators' builder (pass-through path)."""
     # 2. read, check and render every conversation
+    sample: list = []
     groups, problems, dropped, n_records, merge_counts = collect(
-        pp, tokenizer, sources, max_length, log, progress, rows=rows, workers=workers
+        pp, tokenizer, sources, max_length, log, progress, rows=rows, workers=workers, sample=sample
     )
     if problems and on_error == "fail":
         raise _failure([str(p) for p in problems])
+    if verify is not None:  # the rows against the tokenizer as SGLang loads it (eagle3ops.prepare.tokcheck)
+        verify(sample)
     raw, cut_by_max_samples = _shuffled_rows(groups, problems, n_records, max_length, seed, max_samples)
     # 4. speculators' dataset builder (pass-through path)
     ds = pp.build_speculator_training_dataset(raw, tokenizer, max_length=max_length, num_proc=1)
@@ -452,10 +470,15 @@ def summary(meta: dict) -> str:
     return f"{head}; left out: " + ", ".join(left_out)
 
 
-def check_model(model: str | os.PathLike) -> None:
+def check_model(model: str | os.PathLike, trust_remote_code: bool = False) -> None:
     """The target's directory exists (extract's check, :mod:`eagle3ops.target_model`): a path that does not
-    reached transformers' hub lookup and failed as ``Repo id must be in the form 'repo_name'...``."""
+    reached transformers' hub lookup and failed as ``Repo id must be in the form 'repo_name'...``; a remote-code
+    tokenizer is refused unless ``trust_remote_code`` (:mod:`eagle3ops.remote_code`)."""
     target_model.require(model, "prepare_model_path (or --model)", PrepareError)
+    try:
+        remote_code.check(model, trust_remote_code)
+    except remote_code.RemoteCodeError as e:
+        raise PrepareError(str(e)) from None
 
 
 def _failure(problems: list[str]) -> PrepareError:

@@ -162,19 +162,7 @@ PREPARE = Command(
                 "that run did the same work). 0 fails at once."
             ),
         ),
-        Option(
-            "trust_remote_code",
-            "bool",
-            default=False,
-            help="allow the tokenizer's own code",
-            doc=(
-                "Let the tokenizer run its own code (Kimi-K2.5's tokenizer needs it). Only for "
-                "trusted model directories."
-            ),
-            role_doc=(
-                "Let the tokenizer run its own code (Kimi-K2.5 needs it); only for trusted model directories."
-            ),
-        ),
+        _o.trust_remote_code("tokenizer"),
         EXECUTABLE,
     ],
 )

@@ -181,13 +181,17 @@ def _records(sources, log):
         yield from iter_records(source)
 
 
-def collect(pp, tokenizer, sources, max_length, log, progress, *, rows: str = "turn", workers: int = 1):
+def collect(
+    pp, tokenizer, sources, max_length, log, progress, *, rows: str = "turn", workers: int = 1, sample=None
+):
     """Read, check and render every record. Returns (groups, problems, dropped, n_records, merge_counts).
 
     rows: "turn" (speculators' rows: one per assistant turn, the history repeated in each) or "conversation"
     (one row per conversation with every assistant turn supervised, where the template allows it:
     :func:`merge_turn_rows`). workers > 1 renders in that many forked processes; the result is the same, in
-    the same order, as with one (both checked by :func:`eagle3ops.prepare.dataset.prepare`).
+    the same order, as with one (both checked by :func:`eagle3ops.prepare.dataset.prepare`). ``sample``: a list
+    that gets ``(loc, record, rows)`` of the first conversations that gave rows (at most ``sample_size``
+    of them; eagle3ops.prepare.tokcheck checks them).
     """
     groups: list[list[tuple[list[int], list[int]]]] = []
     problems: list[Problem] = []
@@ -195,10 +199,12 @@ def collect(pp, tokenizer, sources, max_length, log, progress, *, rows: str = "t
     merge_counts = {"conversations_merged": 0, "conversations_kept_per_turn": 0}
     n_records = 0
     merge = rows == "conversation"
+    seen: list = []  # the first records read, in input order (the results come in that order)
+    records = _remember(_records(sources, log), seen, SAMPLE_SIZE if sample is not None else 0)
     with (
         local_render(pp, tokenizer),
         _progress(progress) as advance,
-        _results(pp, _records(sources, log), max_length, merge, workers) as results,
+        _results(pp, records, max_length, merge, workers) as results,
     ):
         for out in results:
             n_records += 1
@@ -213,7 +219,27 @@ def collect(pp, tokenizer, sources, max_length, log, progress, *, rows: str = "t
                 merge_counts["conversations_merged" if merged else "conversations_kept_per_turn"] += 1
             if kept:
                 groups.append(kept)
+                loc, rec = seen[n_records - 1] if n_records <= len(seen) else (None, None)
+                if (
+                    sample is not None
+                    and len(sample) < SAMPLE_SIZE
+                    and isinstance(rec, dict)
+                    and "input_ids" not in rec
+                ):
+                    sample.append((loc, rec, kept))
     return groups, problems, dropped, n_records, merge_counts
+
+
+# conversations collect() hands its caller for the tokenizer check (eagle3ops.prepare.tokcheck)
+SAMPLE_SIZE = 8
+
+
+def _remember(records, seen: list, n: int):
+    """``records`` as they are, the first ``n`` of them also appended to ``seen``."""
+    for item in records:
+        if len(seen) < n:
+            seen.append(item)
+        yield item
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3ops import remote_code
 from eagle3ops.errors import WithDetails
 from eagle3ops.http_retry import RetrySettings
 from eagle3ops.regenerate.options import REGENERATE
@@ -108,6 +109,10 @@ def validate(cfg: RegenerateConfig) -> None:
     for ok, msg in checks:
         if not ok:
             raise RegenerateError(msg)
+    try:  # a local target whose tokenizer/config is remote code needs trust_remote_code (eagle3ops.remote_code)
+        remote_code.check(cfg.model, cfg.trust_remote_code)
+    except remote_code.RemoteCodeError as e:
+        raise RegenerateError(str(e)) from None
     out = Path(cfg.out)
     if out.is_dir():
         raise RegenerateError(

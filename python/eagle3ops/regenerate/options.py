@@ -249,14 +249,7 @@ REGENERATE = Command(
             ),
             role_doc="transformers on the CPU - torch's intra-op threads (0 - torch's default).",
         ),
-        Option(
-            "trust_remote_code",
-            "bool",
-            default=False,
-            help="allow the model's own code",
-            doc="Let the model run its own code. Only for trusted model directories.",
-            role_doc="Let the model run its own code; only for trusted model directories.",
-        ),
+        _o.trust_remote_code("tokenizer and, for the transformers backend, its model"),
         EXECUTABLE,
     ],
 )

@@ -63,6 +63,7 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
     reassign_from_data: list[str] | None = None
     layer_ids: list[int] | None = None
     layer_convention: str = "input"
+    trust_remote_code: bool = False  # the target's config is remote code (eagle3ops.remote_code)
     dtype: str = "bfloat16"
     confirm_timeout: float = 120.0
     limit: int | None = None
@@ -108,6 +109,7 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
             model_path=self.model_path,
             layer_ids=self.layer_ids,
             layer_convention=self.layer_convention,
+            trust_remote_code=self.trust_remote_code,
             dtype=self.dtype,
             limit=self.limit,
             margin_frac=self.margin_frac,
@@ -330,7 +332,7 @@ def run_sglang_extraction(
 
     t_start = time.perf_counter()
     seq_lens = load_seq_lens(cfg.data_dir)
-    facts = model_facts(cfg.model_path)
+    facts = model_facts(cfg.model_path, trust_remote_code=cfg.trust_remote_code)
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
     num_states, hidden = len(layer_ids) + 1, facts["hidden_size"]
     cfg.check_units()

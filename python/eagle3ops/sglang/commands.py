@@ -7,10 +7,11 @@ from __future__ import annotations
 import sys
 
 from eagle3ops.command import CommandError, disk_margin_bytes, emit, pick
+from eagle3ops.remote_code import require_trusted
 from eagle3ops.sglang.versions import KNOWN, UnknownVersion, get
 
 # the options of the store both the SGLang run and its check-mode plan (the transformers backend's) take
-_STORE_OPTIONS = ("layer_ids", "layer_convention", "dtype", "limit")
+_STORE_OPTIONS = ("layer_ids", "layer_convention", "dtype", "limit", "trust_remote_code")
 _STORE_RENAMED = {"data_dir": "data", "model_path": "model", "margin_frac": "margin"}
 
 
@@ -59,6 +60,7 @@ def cmd_extract(args) -> int:
     from eagle3ops.store import StoreError
 
     _check_version(args.sglang_version)
+    require_trusted(args.model, args.trust_remote_code, CommandError)  # before any work, check mode too
     cfg = SGLangExtractConfig(
         **pick(
             args,

@@ -24,6 +24,7 @@ DATA, MODEL, LAYER_IDS, LAYER_CONVENTION, DTYPE = (
     _x.DTYPE,
 )
 MARGIN, DISK_MARGIN_MIB, LIMIT, WAIT_RUNNING = _x.MARGIN, _x.DISK_MARGIN_MIB, _x.LIMIT, _x.WAIT_RUNNING
+TRUST_REMOTE_CODE = _x.TRUST_REMOTE_CODE
 JOB_FILE, PROGRESS, REASSIGN_RANKS, REASSIGN_FROM_DATA = (
     _x.JOB_FILE,
     _x.PROGRESS,
@@ -44,6 +45,7 @@ SGLANG_EXTRACT = Command(
         MODEL.but(
             doc="The target model directory the server serves (its config gives layers and hidden size)."
         ),
+        TRUST_REMOTE_CODE,
         Option(
             "url",
             "list",

@@ -29,10 +29,12 @@ def _spec(args):
 
 def cmd_train(args) -> int:
     from eagle3ops.command import CommandError, emit
+    from eagle3ops.remote_code import require_trusted
     from eagle3ops.train.run import ensure_run
     from eagle3ops.train.spec import TrainError
 
     spec = _spec(args)
+    require_trusted(spec.verifier_path, spec.trust_remote_code, CommandError)  # before any work, check too
     try:
         result = ensure_run(spec, check=args.check, wait=args.wait, timeout=args.timeout)
     except TrainError as e:

@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from eagle3ops import layers
+from eagle3ops import layers, remote_code
 from eagle3ops.durable import atomic_write_bytes
 from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore, human_bytes, verify_content
 from eagle3ops.store.layout import DATASET_FILES
@@ -57,7 +57,9 @@ def layer_ids_from_meta(meta: dict, meta_path: Path, given: list[int] | None) ->
     return ids
 
 
-def verifier_facts(verifier_path: str) -> dict:
+def verifier_facts(verifier_path: str, trust_remote_code: bool = False) -> dict:
+    """The verifier's shapes from its config.json (``text_config`` first); a remote-code verifier is refused
+    unless ``trust_remote_code`` (eagle3ops.remote_code)."""
     cfg_path = Path(verifier_path) / "config.json"
     if not cfg_path.exists():
         raise TrainError(
@@ -65,6 +67,10 @@ def verifier_facts(verifier_path: str) -> dict:
             "Set train_verifier_path to the target model the hidden states were extracted from.",
             inputs_pending=True,
         )
+    try:
+        remote_code.check(verifier_path, trust_remote_code)
+    except remote_code.RemoteCodeError as e:
+        raise TrainError(str(e)) from None
     cfg = json.loads(cfg_path.read_text())
     text = layers.text_config(cfg)
     return {

@@ -63,6 +63,7 @@ TRAIN = Command(
             ),
             role_value="{{ eagle3ops_model_path }}",
         ),
+        _o.trust_remote_code("config (the verifier's)"),
         Option(
             "run_dir",
             "path",

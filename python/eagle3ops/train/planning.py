@@ -243,7 +243,7 @@ def plan(spec: TrainSpec) -> Plan:
     run_dir = Path(spec.run_dir).resolve()
     meta, meta_path = read_extract_meta(data)
     layer_ids = layer_ids_from_meta(meta, meta_path, spec.layer_ids)
-    facts = verifier_facts(spec.verifier_path)
+    facts = verifier_facts(spec.verifier_path, spec.trust_remote_code)
     warnings = check_verifier_matches(meta, meta_path, facts, spec.verifier_path)
     samples = check_samples(str(data), meta, spec.on_missing)
     small = data_limited_warning(samples)

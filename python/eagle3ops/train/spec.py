@@ -96,6 +96,7 @@ class TrainSpec:
     data_dir: str
     verifier_path: str
     run_dir: str
+    trust_remote_code: bool = _D["trust_remote_code"]  # a remote-code verifier (eagle3ops.remote_code)
     save_path: str | None = _D["save_path"]
     layer_ids: list[int] | None = _D["layer_ids"]
     draft_vocab_size: int | None = _D["draft_vocab_size"]

@@ -27,7 +27,14 @@ IDS = [1, 2, 3]  # input-of-layer ids of the fixture's 4 text layers
 
 
 def _run(data_dir, model, **kw):
-    cfg = ExtractConfig(data_dir=str(data_dir), model_path=str(model), progress=False, dtype="float32", **kw)
+    cfg = ExtractConfig(
+        data_dir=str(data_dir),
+        model_path=str(model),
+        progress=False,
+        dtype="float32",
+        trust_remote_code=True,
+        **kw,
+    )
     return run_extraction(cfg)
 
 
@@ -132,7 +139,7 @@ def test_broken_or_wrong_checkpoints_are_refused_before_anything_is_written(tmp_
     # the command line: exit 2, the message, nothing written
     p = subprocess.run(
         [sys.executable, "-m", "eagle3ops", "extract", "--data", str(data), "--model", str(model), "--layer-ids",
-         "1", "2", "3", "--device", "cpu", "--json"],
+         "1", "2", "3", "--device", "cpu", "--trust-remote-code", "--json"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert (
