@@ -42,7 +42,7 @@ DECISIONS = {
         "gpu_free_gpu_required", "gpu_free_stop_units", "services_units", "runtime_wheelhouse",
         "regenerate_enabled", "regenerate_backend", "regenerate_urls",
         "eagle3ops_model_path", "eagle3ops_conversations", "eagle3ops_extract_backend", "eagle3ops_tp_size",
-        "prepare_inputs", "prepare_max_length", "prepare_trust_remote_code", "prepare_rows", "extract_layer_ids", "train_epochs",
+        "prepare_inputs", "prepare_max_length", "eagle3ops_trust_remote_code", "prepare_rows", "extract_layer_ids", "train_epochs",
         "train_total_seq_len",
         "train_nproc", "serve_tp_size", "serve_state", "benchmark_prompts", "eagle3ops_heldout_prompts",
     ],

@@ -37,23 +37,14 @@ def test_prepare_extract_train_convert_on_the_kimi_fixture(tmp_path, kimi):
     prep = _cli("prepare", "--model", model, "--input", kimi["conversations_path"], "--out", data,
                 "--max-length", 192, "--max-samples", 6, "--trust-remote-code")  # fmt: skip
     assert prep["num_rows"] == 6 and prep["num_supervised_tokens"] > 0
-    ext = _cli(
-        "extract",
-        "--data",
-        data,
-        "--model",
-        model,
-        "--layer-ids",
-        *IDS,
-        "--device",
-        "cpu",
-        "--trust-remote-code",
-    )
+    ext = _cli("extract", "--data", data, "--model", model, "--layer-ids", *IDS, "--device", "cpu",
+               "--trust-remote-code")  # fmt: skip
     assert ext["written"] == 6 and ext["hidden_size"] == text["hidden_size"] and ext["layer_ids"] == [0, 2, 3]
     # --mask-token-id: speculators would otherwise load the processor without trust_remote_code
     tr = _cli("train", "--data", data, "--verifier", model, "--run-dir", run, "--epochs", 1, "--max-steps", 2,
               "--total-seq-len", 192, "--draft-vocab-size", 64, "--mask-token-id", text["pad_token_id"],
-              "--device", "cpu", "--trust-remote-code", "--launcher", "setsid", "--no-gpu-free-check", "--wait", "--timeout", 600)  # fmt: skip
+              "--device", "cpu", "--trust-remote-code", "--launcher", "setsid", "--no-gpu-free-check", "--wait",
+              "--timeout", 600)  # fmt: skip
     assert tr["exit"]["status"] == "finished" and tr["layer_ids"] == [0, 2, 3], tr
     v = tr["draft_vocab_size"]  # capped at the tokens six rows contain
     assert 16 < v <= 64 and tr["draft_vocab_capped"] == (v < 64)
