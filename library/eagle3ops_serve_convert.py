@@ -47,6 +47,16 @@ options:
       versions in C(eagle3ops.sglang.versions) (0.5.17, 0.5.23); another is refused with that list. Unset,
       the SGLang installed on the host when it is one of them, else 0.5.23; the stamp records the one used.
     type: str
+  target:
+    description: The target model directory SGLang will serve; a remote-code one (an auto_map) is refused
+      without O(trust_remote_code), before anything is converted or started.
+    type: path
+  trust_remote_code:
+    description: Let the target's own code (an auto_map in tokenizer_config.json or config.json) load its
+      tokenizer (its chat template) and config; Kimi-K2.5 needs it. Off, a remote-code target is refused before
+      any work. Only for trusted model directories.
+    type: bool
+    default: false
   # END generated: doc eagle3ops_serve_convert
 """
 

@@ -19,8 +19,11 @@ def register(sub) -> None:
 
 
 def cmd_convert(args) -> int:
+    from eagle3ops.remote_code import require_trusted
     from eagle3ops.serve import convert as cv
 
+    if args.target:  # the first step of the serve phase: a remote-code target without the flag stops it here
+        require_trusted(args.target, args.trust_remote_code, CommandError)
     try:
         if cv.is_specforge_run(args.checkpoint):  # a run of trainer specforge: SpecForge's own exporter
             res = cv.convert_specforge(

@@ -108,6 +108,18 @@ CONVERT = Command(
             role_value="{{ eagle3ops_sglang_version }}",
             role_pass="",
         ),
+        Option(
+            "target",
+            "path",
+            role=False,  # the role passes serve_model_path
+            help="the target model directory SGLang will serve: a remote-code one is refused without "
+            "--trust-remote-code, before anything is converted",
+            doc=(
+                "The target model directory SGLang will serve; a remote-code one (an auto_map) is refused "
+                "without O(trust_remote_code), before anything is converted or started."
+            ),
+        ),
+        _o.trust_remote_code("tokenizer (its chat template) and config"),
         EXECUTABLE.but(role="serve_eagle3ops_bin", role_pass=" | default(omit, true)"),
     ],
 )

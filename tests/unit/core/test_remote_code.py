@@ -120,3 +120,21 @@ def test_benchmark_renders_with_the_remote_template_or_fails_naming_the_model(mo
     msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
     assert f"{broken}: the chat template cannot be rendered" in msg and "untemplated" in msg, msg
     assert not out.exists()
+
+
+def test_serve_refuses_a_remote_code_target_before_converting(model, tmp_path, capsys):
+    """serve-convert is the serve phase's first step (the role passes serve_model_path as --target): without
+    --trust-remote-code it stops there, before the draft is converted or a server started."""
+    out = tmp_path / "draft"
+    argv = ["serve-convert", "--checkpoint", str(tmp_path), "--out", str(out), "--target", model, "--json"]
+    assert main(argv) == 2
+    msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
+    assert "eagle3ops_trust_remote_code" in msg and "--trust-remote-code" in msg, msg
+    assert not out.exists()
+    assert (
+        main([*argv[:-1], "--trust-remote-code", "--json"]) == 2
+    )  # trusted: on to the checkpoint (none here)
+    assert (
+        "eagle3ops_trust_remote_code"
+        not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
+    )
