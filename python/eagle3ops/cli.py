@@ -51,7 +51,7 @@ PHASES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("storage", "a new disk becomes /data (on the PVE host)", ("storage",)),
     ("container", "the LXC container, its GPUs and /data (on the PVE host)", ("pve",)),
     ("runtime", "the workload venv; the real-model profile's assets", ("assets",)),
-    ("sglang", "SGLang and its hidden-state capture patch", ("sglang-patch", "layer-ids")),
+    ("sglang", "SGLang and its hidden-state capture patch", ("sglang-patch", "layer-ids", "memory-fit")),
     ("regenerate", "the target answers the conversations itself", ("regenerate",)),
     ("prepare", "conversations -> training rows", ("prepare",)),
     (

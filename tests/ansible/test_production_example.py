@@ -11,7 +11,11 @@ Read the way Ansible reads it (``ansible-inventory --list``: group_vars and host
 4. the example passes every role's ``meta/argument_specs.yml`` in every play of ``site.yml``: the roles'
    own validation tasks (tagged ``always``) run with the example's values merged over the role defaults,
    on the controller (``ansible_connection=local``: the example's addresses are documentation addresses);
-   a wrong type in the example fails that run (proven with one bad value).
+   a wrong type in the example fails that run (proven with one bad value);
+5. the GPU profile for 8x RTX PRO 6000 Blackwell 96 GB (``group_vars/rtx_pro_6000.yml``, applied by making the
+   container a member of ``rtx_pro_6000``): every value carries its reason in a comment, the merged values are the
+   sm_120 backends, the reduced context and fractions, NCCL over PCIe; and they pass the serve, sglang and
+   regenerate roles' argument specs (the memory arithmetic itself: tests/unit/core/test_memory_fit.py).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,9 +55,9 @@ DECISIONS = {
 }  # fmt: skip
 
 
-def _inventory() -> dict:
+def _inventory(inv: Path = INV) -> dict:
     p = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(INV), "--list"],
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inv), "--list"],
         capture_output=True, text=True, check=False, cwd=REPO,
         env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
     )  # fmt: skip
@@ -169,3 +174,57 @@ def test_each_phase_targets_its_group():
     pve = ("Storage", "Container", "Former variable names")
     assert all(hosts[k] == ["pve1"] for k in pve), hosts
     assert all(v == ["ct129"] for k, v in hosts.items() if k not in pve), hosts
+
+
+def _blackwell(tmp_path) -> Path:
+    """A copy of the example with the container made a member of rtx_pro_6000, as its hosts.yml says to."""
+    inv = tmp_path / "production"
+    shutil.copytree(INV, inv)
+    hosts = inv / "hosts.yml"
+    text = hosts.read_text()
+    assert text.count("# ct129:") == 1, "hosts.yml no longer shows the commented rtx_pro_6000 member"
+    hosts.write_text(text.replace("# ct129:", "ct129:"))
+    return inv
+
+
+def test_the_rtx_pro_6000_profile_gives_reasons_and_sm120_settings(tmp_path):
+    text = (INV / "group_vars" / "rtx_pro_6000.yml").read_text()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^[a-z_0-9]+:", line):
+            assert lines[i - 1].startswith("#"), (
+                f"rtx_pro_6000.yml: {line.split(':')[0]} has no reason above it"
+            )
+    shipped = _inventory()["_meta"]["hostvars"]["ct129"]
+    assert shipped.get("serve_attention_backend") is None, "the H200 profile is the one shipped"
+    hv = _inventory(_blackwell(tmp_path))["_meta"]["hostvars"]["ct129"]
+    cap, srv = hv["sglang_extra_args"], hv["serve_extra_args"]
+
+    def flag(args, name):
+        return args[args.index(name) + 1]
+
+    assert flag(cap, "--attention-backend") == "triton" and hv["serve_attention_backend"] == "triton"
+    assert hv["serve_draft_attention_backend"] == "triton"
+    assert int(flag(cap, "--context-length")) < int(flag(srv, "--context-length")) < 262144
+    assert float(flag(cap, "--mem-fraction-static")) < hv["serve_mem_fraction_static"] < 0.9
+    assert "--disable-custom-all-reduce" in cap and "--disable-custom-all-reduce" in srv
+    assert hv["sglang_environment"]["NCCL_IB_DISABLE"] == "1" == hv["serve_environment"]["NCCL_IB_DISABLE"]
+    assert not any(a.startswith(("--ep", "--expert-parallel")) for a in cap + srv)
+    assert hv["eagle3ops_tp_size"] == 8 == hv["serve_tp_size"] and hv["eagle3ops_trust_remote_code"] is True
+    assert hv["regenerate_concurrency"] < shipped["regenerate_concurrency"]
+
+
+def test_the_rtx_pro_6000_profile_passes_the_roles_argument_specs(tmp_path):
+    inv = _blackwell(tmp_path)
+    for play in ("playbooks/sglang.yml", "playbooks/serve.yml", "playbooks/regenerate.yml"):
+        r = run_playbook(
+            play, inv, tags="e3-argspec-only", extravars=LOCAL, private_data_dir=tmp_path / Path(play).stem
+        )
+        assert r.rc == 0, (play, r.summary())
+        role = Path(play).stem
+        assert any(
+            ev.get("event") == "runner_on_ok"
+            and ev["event_data"].get("role") == role
+            and str(ev["event_data"].get("task", "")).startswith("Validating arguments against arg spec")
+            for ev in r.events
+        ), f"{play}: the {role} role's argument specs were not validated"

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from eagle3ops.extract import text_model
 from eagle3ops.extract.adoption import commit_dump, survey_dump
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.session import (
@@ -122,11 +123,15 @@ def target_limits(model) -> dict:
     }
 
 
-def load_model(model_path: str, device: str, compute_dtype: str):
+def load_model(model_path: str, device: str, compute_dtype: str, checkpoint=None):
+    """The target in ``compute_dtype`` on ``device``; a multimodal wrapper's text model or INT4 experts through
+    :mod:`eagle3ops.extract.text_model` (``checkpoint``: its :func:`~eagle3ops.extract.text_model.describe`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, compute_dtype)
+    if checkpoint is not None and checkpoint.needs_own_loader:
+        return text_model.load(checkpoint, device, dtype)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     model.to(device)
     model.eval()
@@ -171,6 +176,9 @@ def run_extraction(cfg: ExtractConfig) -> dict:
     seq_lens = load_seq_lens(cfg.data_dir)
     facts = model_facts(cfg.model_path, content_hash=cfg.model_hash, trust_remote_code=cfg.trust_remote_code)
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
+    # a wrapper's text model, INT4 experts, missing or truncated shards, a checkpoint without decoder layers:
+    # settled before anything is written
+    checkpoint = text_model.describe(cfg.model_path)
     num_states, hidden = len(layer_ids) + 1, facts["hidden_size"]
     if cfg.dtype not in DTYPE_SIZES:
         raise ExtractError(
@@ -200,7 +208,7 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         if cfg.compute_dtype != "auto"
         else ("bfloat16" if device.startswith("cuda") else "float32")
     )
-    model = load_model(cfg.model_path, device, compute_dtype)
+    model = load_model(cfg.model_path, device, compute_dtype, checkpoint)
     limits = target_limits(model)
     _check_lengths(cfg, plan.remaining, seq_lens, limits)
     capture = StateCapture(model, layer_ids)

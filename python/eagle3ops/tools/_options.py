@@ -112,3 +112,54 @@ PVE = Group(
     [PVE_SHOW, PVE_PLAN],
     help="read a PVE LXC config; preview the GPU passthrough change",
 )
+
+MEMORY_FIT = Command(
+    "memory-fit",
+    help="check that the target, its KV cache and the capture's buffers fit the GPUs before a server starts",
+    description="Reads the model's config.json and safetensors headers (no weights, no torch) and the SGLang flags "
+    "the server will get, and compares weights / TP + replicated tensors + KV cache for --context-length with "
+    "mem_fraction_static x GPU memory, and SGLang's activation reserve (+ the dump buffers of one prefill, capture) "
+    "with the rest. Refuses (exit 2) a profile that cannot fit, naming the numbers and the variables to change; "
+    "without a GPU (and no --gpu-memory-mib) nothing is checked.",
+    check=False,  # it only reads
+    options=[
+        Option("model", "path", required=True, help="the target model directory (config.json + safetensors)"),
+        Option(
+            "phase",
+            default="capture",
+            choices=["capture", "serve"],
+            help="the server checked: the capture server (adds the dump buffers) or the serving one",
+        ),
+        Option(
+            "server_args",
+            default="",
+            help="the SGLang flags the server starts with, one string (pass it as --server-args='...'): "
+            "--mem-fraction-static, --context-length, --chunked-prefill-size, --max-prefill-tokens, "
+            "--cuda-graph-max-bs, --tp-size, --kv-cache-dtype, --speculative-algorithm are read",
+        ),
+        Option(
+            "tp_size",
+            "int",
+            default=0,
+            minimum=0,
+            help="tensor parallel size (0: --tp-size of --server-args)",
+        ),
+        Option(
+            "gpu_memory_mib",
+            "int",
+            default=0,
+            minimum=0,
+            help="memory of one GPU in MiB (0: the smallest GPU nvidia-smi reports)",
+        ),
+        count(
+            "aux_layers", default=3, help="aux layers captured (the dump buffers hold these + the last state)"
+        ),
+        Option(
+            "dtype",
+            default="bfloat16",
+            choices=["bfloat16", "float16", "float32", "float8_e4m3fn"],
+            help="the dtype the capture stores the states in",
+        ),
+        Option("draft", "path", help="the served draft's directory (its safetensors count on every GPU)"),
+    ],
+)

@@ -1,0 +1,143 @@
+"""A Hugging Face checkpoint's safetensors files, read without torch (standard library only).
+
+- :func:`shard_names`: the shards the checkpoint consists of: those ``model.safetensors.index.json`` lists, or
+  the single ``model.safetensors``;
+- :func:`read_header`: one shard's header (a little-endian u64 length, then JSON: per tensor its dtype, shape
+  and byte range), refused when the file is shorter than the header says (a copy cut off);
+- :func:`tensors`: every tensor of the checkpoint with its byte size and shard, the index checked against the
+  shards (a shard it lists is there and whole; a tensor it maps is in that shard).
+
+What the memory preflight (:mod:`eagle3ops.memory_fit`) counts, and what a loader checks before it reads a byte
+of weights. Errors are :class:`CheckpointError` naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3ops.errors import WithDetails
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on a header
+
+
+class CheckpointError(WithDetails, ValueError):
+    """A checkpoint whose files cannot be used as they are; the message names the file."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    shard: str
+
+
+def _index(model_dir: Path) -> dict | None:
+    path = model_dir / INDEX
+    if not path.is_file():
+        return None
+    try:
+        index = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(
+            f"{path}: cannot be read as JSON ({e}); re-copy the file", path=str(path)
+        ) from e
+    if (
+        not isinstance(index, dict)
+        or not isinstance(index.get("weight_map"), dict)
+        or not index["weight_map"]
+    ):
+        raise CheckpointError(
+            f"{path}: no weight_map (tensor -> shard file); re-copy the file", path=str(path)
+        )
+    return index
+
+
+def shard_names(model_dir: str | os.PathLike) -> list[str]:
+    """The checkpoint's shard file names (relative to ``model_dir``), sorted."""
+    d = Path(model_dir)
+    index = _index(d)
+    if index is not None:
+        return sorted(set(index["weight_map"].values()))
+    if (d / SINGLE).is_file():
+        return [SINGLE]
+    raise CheckpointError(
+        f"{d}: neither {INDEX} nor {SINGLE}: point the model path at a Hugging Face safetensors checkpoint",
+        path=str(d),
+    )
+
+
+def read_header(path: str | os.PathLike) -> dict:
+    """The JSON header of the safetensors file ``path`` (``__metadata__`` dropped), checked against its size."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{p}: {size} bytes, too short for a safetensors file", path=str(p))
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER or 8 + n > size:
+                raise CheckpointError(
+                    f"{p}: the header claims {n} bytes but the file has {size}: truncated or not safetensors; "
+                    "re-copy the shard",
+                    path=str(p),
+                )
+            header = json.loads(f.read(n))
+    except FileNotFoundError:
+        raise CheckpointError(f"{p} does not exist", path=str(p)) from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{p}: the header is not JSON ({e}); re-copy the shard", path=str(p)) from e
+    header.pop("__metadata__", None)
+    end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+    if 8 + n + end > size:
+        raise CheckpointError(
+            f"{p}: {size:,} bytes but its tensors end at byte {8 + n + end:,}: the shard is truncated (a copy cut "
+            "off?); re-copy it from the source",
+            path=str(p),
+            size=size,
+            expected=8 + n + end,
+        )
+    return header
+
+
+def tensors(model_dir: str | os.PathLike) -> list[TensorInfo]:
+    """Every tensor of the checkpoint in ``model_dir``, shard by shard; refuses a shard the index lists that is
+    missing or truncated, and a tensor the index maps to a shard that does not hold it."""
+    d = Path(model_dir)
+    index = _index(d)
+    names = shard_names(d)
+    missing = [s for s in names if not (d / s).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"{d / INDEX}: lists {len(names)} shards but {len(missing)} are missing ({', '.join(missing[:5])}"
+            f"{', ...' if len(missing) > 5 else ''}): copy the whole checkpoint (rsync the model directory again)",
+            path=str(d),
+            missing=missing,
+        )
+    out: list[TensorInfo] = []
+    held: dict[str, str] = {}
+    for shard in names:
+        for name, t in read_header(d / shard).items():
+            start, end = (int(x) for x in t["data_offsets"])
+            out.append(TensorInfo(name, t["dtype"], tuple(t["shape"]), end - start, shard))
+            held[name] = shard
+    if index is not None:
+        wrong = [(k, v) for k, v in index["weight_map"].items() if held.get(k) != v]
+        if wrong:
+            k, v = wrong[0]
+            raise CheckpointError(
+                f"{d / INDEX}: maps {len(wrong)} tensors to shards that do not hold them (first: {k} -> {v}): the "
+                "index and the shards come from different copies; re-copy the checkpoint",
+                path=str(d / INDEX),
+                tensor=k,
+                shard=v,
+            )
+    return out
