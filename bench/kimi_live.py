@@ -57,8 +57,17 @@ def _args() -> argparse.Namespace:
     )
     ap.add_argument("--moe-runner", default=None, help="--moe-runner-backend (default: SGLang's choice)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument(
+        "--stages", default="tokenizers,serve,capture,draft", help="which stages run (a CPU dry run: capture)"
+    )
     return ap.parse_args()
+
+
+LAYER_IDS = [
+    "1",
+    "2",
+    "3",
+]  # of the fixture's 4 decoder layers (inputs of layers 1-3; the default rule needs N >= 6)
 
 
 def _messages(conv: dict) -> list[dict]:
@@ -144,7 +153,9 @@ def capture(a, model: Path, conv_path: Path) -> dict:
 
     shutil.copytree(tf, sg)
     out["extract_tf"] = L.cli("extract", "--data", str(tf), "--model", str(model), "--device", a.device,
-                              "--trust-remote-code", name="extract_tf")  # fmt: skip
+                              "--layer-ids", *LAYER_IDS, "--trust-remote-code", name="extract_tf")  # fmt: skip
+    if out["extract_tf"].get("rc") or a.device != "cuda":
+        return out
     meta = json.loads((tf / "hidden_states" / "extract_meta.json").read_text())
     ids = [int(i) for i in meta["layer_ids"]]
     site = ["--site-packages", a.site, "--sglang-version", SGLANG_VERSION]
@@ -159,8 +170,8 @@ def capture(a, model: Path, conv_path: Path) -> dict:
         with srv.start(timeout=a.health_s, env=capture_env(sg, ids)):
             out["capture_healthy_after_s"] = srv.ready_s
             out["extract_sglang"] = L.cli("extract-sglang", "--data", str(sg), "--model", str(model), "--url",
-                                          srv.url, "--keep-server", "--trust-remote-code",
-                                          name="extract_sglang")  # fmt: skip
+                                          srv.url, "--keep-server", "--trust-remote-code", "--layer-ids",
+                                          *LAYER_IDS, name="extract_sglang")  # fmt: skip
     finally:
         out["patch_restore"] = L.cli("sglang-patch", "restore", *site, name="patch_restore")
         out["restored_byte_exact"] = hashlib.sha256(target.read_bytes()).hexdigest() == before
@@ -174,20 +185,24 @@ def draft(a, model: Path, fixture: Path) -> dict:
     data = w / "data_sg" if (w / "data_sg" / "hidden_states").exists() else w / "data_tf"
     run = w / "run"
     out = {"data": str(data)}
+    text = json.loads((model / "config.json").read_text())["text_config"]
+    # --mask-token-id: speculators would otherwise load the wrapper's processor without trust_remote_code
     out["train"] = L.cli("train", "--data", str(data), "--verifier", str(model), "--run-dir", str(run), "--device",
                          "gpu", "--epochs", "3", "--total-seq-len", "2048", "--launcher", "setsid", "--wait",
                          "--timeout", str(int(max(60, min(240, L.left() - 200)))), "--no-gpu-free-check",
-                         "--trust-remote-code", name="train")  # fmt: skip
+                         "--mask-token-id", str(text["pad_token_id"]), "--draft-vocab-size", "256",
+                         "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--trust-remote-code",
+                         "--env", json.dumps({"TORCH_COMPILE_DISABLE": "1"}), name="train")  # fmt: skip
     conv = w / "draft_sglang"
-    out["convert"] = L.cli("serve-convert", "--checkpoint", str(run), "--target", str(model), "--out", str(conv),
-                           name="convert")  # fmt: skip
+    out["convert"] = L.cli("serve-convert", "--checkpoint", str(run), "--out", str(conv), name="convert")
     srv = L.Server("kimi_eagle3", model, 30120, draft=str(conv), extra=KIMI_FLAGS, cuda_graph=False, mem=0.3,
                    max_tokens=32768)  # fmt: skip
     with srv.start(timeout=a.health_s):
         out["eagle3_healthy_after_s"] = srv.ready_s
-        out["benchmark"] = L.cli("benchmark-live", "--url", srv.url, "--model", str(model), "--prompts",
-                                 str(fixture / "heldout.jsonl"), "--max-new-tokens", "64", "--trust-remote-code",
-                                 name="benchmark")  # fmt: skip
+        out["benchmark"] = L.cli("benchmark-live", "--url", srv.url, "--set", f"heldout={fixture / 'heldout.jsonl'}",
+                                 "--template-model", str(model), "--trust-remote-code", "--max-new-tokens", "64",
+                                 "--concurrency", "1", "--rounds", "1", "--lossless-sample", "0",
+                                 "--out", str(w / "benchmark_with_draft.json"), name="benchmark")  # fmt: skip
     return out
 
 
@@ -202,10 +217,15 @@ def main() -> int:
     model = fixture / "model"
     conv_path = fixture / "conversations.jsonl"
     convs = [json.loads(x) for x in conv_path.read_text().splitlines() if x.strip()]
-    tokenizers(model, convs)
-    serve(a, model, convs)
-    capture(a, model, conv_path)
-    draft(a, model, fixture)
+    stages = set(a.stages.split(","))
+    if "tokenizers" in stages:
+        tokenizers(model, convs)
+    if "serve" in stages:
+        serve(a, model, convs)
+    if "capture" in stages:
+        capture(a, model, conv_path)
+    if "draft" in stages:
+        draft(a, model, fixture)
     L.log("done")
     return 0
 
