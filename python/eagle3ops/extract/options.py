@@ -210,12 +210,18 @@ ADOPT_LAYER_IDS = Option(
 ADOPT_LAYER_CONVENTION = Option(
     "adopt_layer_convention",
     choices=["input", "output"],
+    # the role's "" = not declared here (the sidecar's or the store's own meta then): Ansible refuses a null
+    # value against choices, so the role's default is the empty string, which the task omits
+    role_default="",
+    role_choices=["", "input", "output"],
     help="the convention of --adopt-layer-ids (output: SpecForge/ModelOpt, one less than input)",
     doc="The convention of O(adopt_layer_ids) - C(output) for SpecForge/ModelOpt ids (one less than C(input)).",
 )
 ADOPT_LAST_STATE = Option(
     "adopt_last_state",
     choices=["pre-norm", "post-norm"],
+    role_default="",  # not declared here: as adopt_layer_convention
+    role_choices=["", "pre-norm", "post-norm"],
     help="whether the dump's last state is before the final norm (what speculators trains on) or after it "
     "(SpecForge's hidden_state); post-norm is refused",
     doc=(

@@ -171,9 +171,10 @@ def test_templated_defaults_are_documented_verbatim_or_as_rendered(role):
 # ---- shared variables: defaults live once (issue 19) --------------------------------------------------------
 
 SHARED = "eagle3ops"  # the role whose defaults every phase role sees (a dependency of each: meta/main.yml)
-# what a default may name besides its own role's and the shared variables: Ansible's own
+# what a default may name besides its own role's and the shared variables: Ansible's own, and the connection
+# variable of community.proxmox's proxmox_pct_remote (proxmox_vmid: the container a host is, set per host)
 MAGIC = re.compile(
-    r"^(ansible_\w+|inventory_\w+|playbook_dir|role_path|groups|group_names|hostvars|omit|none)$"
+    r"^(ansible_\w+|inventory_\w+|playbook_dir|role_path|groups|group_names|hostvars|omit|none|proxmox_vmid)$"
 )
 
 
@@ -315,8 +316,11 @@ def _compatible(role_type: str, mod_type: str) -> bool:
     )
 
 
-def _disagreement(name: str, opt: dict, param: str, mp: dict, guarded: bool) -> str | None:
-    """Why role option ``opt`` may not be passed to module parameter ``mp``; None when it may."""
+def _disagreement(
+    name: str, opt: dict, param: str, mp: dict, guarded: bool, omits_empty: bool = False
+) -> str | None:
+    """Why role option ``opt`` may not be passed to module parameter ``mp``; None when it may (``omits_empty``:
+    the task passes it through ``default(omit, true)``, so an empty string never reaches the module)."""
     rt, mt = opt.get("type", "str"), mp.get("type", "str")
     if rt == "raw":
         if name not in RAW_OPTIONS or mt != "raw":
@@ -328,7 +332,10 @@ def _disagreement(name: str, opt: dict, param: str, mp: dict, guarded: bool) -> 
         if not _compatible(re_, me):
             return f"{name} elements {re_}, {param} elements {me}"
     if mp.get("choices") and not guarded:
-        extra = sorted(set(opt.get("choices") or ["<any>"]) - set(mp["choices"]), key=str)
+        extra = sorted(
+            set(opt.get("choices") or ["<any>"]) - set(mp["choices"]) - ({""} if omits_empty else set()),
+            key=str,
+        )
         if extra:
             return f"{name} accepts {extra}, {param} only {mp['choices']} (no assert or when guards it)"
     return None
@@ -359,7 +366,8 @@ def test_tasks_pass_options_to_modules_of_a_compatible_type(role):
                 continue  # a literal, an expression, or a variable that is not this role's option
             var, checked = m["var"], checked + 1
             guarded = var in asserted or var in str(task.get("when", ""))
-            why = _disagreement(var, options[var], f"{module}.{param}", mp, guarded)
+            omits_empty = "default(omit, true)" in value.replace(" ", "").replace(",", ", ")
+            why = _disagreement(var, options[var], f"{module}.{param}", mp, guarded, omits_empty)
             if why:
                 problems.append(f"{f}: {why}")
     assert not problems, "\n".join(problems)
