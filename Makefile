@@ -44,8 +44,8 @@ run: $(STAMP)
 	$(BIN)/ansible-playbook site.yml $(ARGS)
 
 # the whole lint, one shell line (make lint, and make test beside pytest)
-LINT = $(BIN)/ruff check python library module_utils doc_fragments tests bench collections \
-	&& $(BIN)/ruff format --check python library module_utils doc_fragments tests bench collections \
+LINT = $(BIN)/ruff check python library module_utils doc_fragments action_plugins callback_plugins tests bench collections \
+	&& $(BIN)/ruff format --check python library module_utils doc_fragments action_plugins callback_plugins tests bench collections \
 	&& PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint --profile production --offline site.yml playbooks roles \
 	&& $(BIN)/python tests/lint/validate_modules.py
 
