@@ -6,7 +6,8 @@ eagle3ops.sglang.layout's (unit-tested); this plugin passes the task's arguments
 It runs on the controller (no connection to the host).
 
 Returns ``count`` and ``groups`` (the GPU groups; empty for one server on the host's GPUs), and given ``unit``
-(and ``manifest_rank``, which counts the servers of the hosts before, so asked once they are known) ``servers``.
+(and ``manifest_rank``, which counts the servers of the hosts before, so asked once they are known) ``servers``
+and, as ``msg``, their description for the phase's report.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ except (
 ):  # a controller venv with ansible-core alone: the checkout's package (standard library parts)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from eagle3ops.sglang.layout import server_layout, servers_of
+from eagle3ops.sglang.layout import described, server_layout, servers_of
 
 
 class ActionModule(ActionBase):
@@ -56,4 +57,5 @@ class ActionModule(ActionBase):
             result["servers"] = servers_of(
                 layout, a["unit"], int(a["port"]), int(a.get("manifest_rank") or 0)
             )
+            result["msg"] = described(result["servers"])
         return result

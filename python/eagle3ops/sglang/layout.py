@@ -81,3 +81,12 @@ def servers_of(layout: dict, unit: str, port: int, manifest_rank: int) -> list:
         }
         for i in range(layout["count"])
     ]
+
+
+def described(servers: list) -> str:
+    """The servers in one line, for the phase's report: each unit, its port, GPUs and manifest rank."""
+    return ", ".join(
+        f"{s['unit']}.service (port {s['port']}{', GPUs ' + ','.join(map(str, s['gpus'])) if s['gpus'] else ''}, "
+        f"manifest-rank{s['manifest_rank']})"
+        for s in servers
+    )

@@ -4,7 +4,7 @@ role's first play). The role through Ansible: tests/unit/sglang/test_sglang_role
 
 from __future__ import annotations
 
-from eagle3ops.sglang.layout import server_layout, servers_of
+from eagle3ops.sglang.layout import described, server_layout, servers_of
 
 
 def test_a_count_lays_out_consecutive_groups_of_the_tp_size():
@@ -61,3 +61,6 @@ def test_each_server_gets_its_unit_port_gpus_and_manifest_rank():
     assert servers_of(server_layout(1, 8, 30000), "u", 30000, 0) == [
         {"unit": "u", "port": 30000, "gpus": [], "manifest_rank": 0}
     ]
+    assert described(servers_of(layout, "u", 30000, 3)) == (
+        "u-0.service (port 30000, GPUs 4,5, manifest-rank3), u-1.service (port 30001, GPUs 0,1, manifest-rank4)"
+    )
