@@ -175,7 +175,7 @@ def capture_cli(
     if waiter is not None:
         waiter.join(timeout=max(0.0, L.left() - 300))
     done("server_ready_s", srv.ready_s)
-    r = L.cli("sglang-extract", "--data", str(sg), "--model", str(model), "--url", srv.url, "--concurrency", "32",
+    r = L.cli("extract-sglang", "--data", str(sg), "--model", str(model), "--url", srv.url, "--concurrency", "32",
               "--sglang-version", SGLANG_VERSION, "--no-progress", "--server-pid", str(srv.proc.pid),
               "--health-timeout", "120", *(["--limit", str(rows)] if rows else []), name="sglang_extract",
               timeout=max(60, L.left() - 120))  # fmt: skip
@@ -295,7 +295,7 @@ class Mid:
             waited = wait_file(Path(a.gpu_window), a.gpu_window_wait_s) if a.gpu_window else 0.0
             conc = a.mid_concurrency
             warm = plain_prefills(self.srv, self.data, {}, min(self.rows or 10**9, 256), conc)
-            r = L.cli("sglang-extract", "--data", str(self.data), "--model", str(self.model), "--url",
+            r = L.cli("extract-sglang", "--data", str(self.data), "--model", str(self.model), "--url",
                       self.srv.url, "--concurrency", str(conc), "--sglang-version", SGLANG_VERSION, "--no-progress",
                       "--server-pid", str(self.srv.proc.pid), "--health-timeout", "120",
                       *(["--limit", str(self.rows)] if self.rows else []), name="mid_sglang_extract",

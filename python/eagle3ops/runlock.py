@@ -290,7 +290,7 @@ class RunLock:
 
 
 def holder(directory: str | os.PathLike) -> dict | None:
-    """The record of the live run that holds ``directory``, or None; takes no lock (check mode, ``--plan``)."""
+    """The record of the live run that holds ``directory``, or None; takes no lock (check mode, ``--check``)."""
     path = lock_path(directory)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
