@@ -113,7 +113,7 @@ def test_read_only_data_directory_is_one_line(small_fs, zygote, tiny_model, prep
 
 
 def test_lengths_names_a_missing_data_dir_and_a_missing_out_folder(zygote, reference, tmp_path, figures):
-    """main: ``lengths --data /nonexistent`` printed "0 samples" with exit code 0; ``--out`` into a missing folder
+    """main: ``extract-lengths --data /nonexistent`` printed "0 samples" with exit code 0; ``--out`` into a missing folder
     was a FileNotFoundError traceback naming a temp file."""
     missing = tmp_path / "nonexistent"
     msg = _one_line_error(
