@@ -15,12 +15,12 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # variable out of this Makefile was not enough (no __pycache__ after a whole `make test`, 2026-12-03).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help venv run test test-hosts test-durations test-vm lint unit options system-deps clean lock
+.PHONY: help venv run test test-slow test-durations test-vm lint unit options system-deps clean lock
 
 help:
 	@echo "make run   - create the venv and run site.yml on the embedded local default (inventory/local)"
-	@echo "make test  - ruff, ansible-lint (production), pytest: every test but the booted hosts' (<= 15 min)"
-	@echo "make test-hosts - the tests that boot systemd-nspawn hosts (mark nspawn; CI's second step)"
+	@echo "make test  - ruff, ansible-lint (production), pytest: every test not marked slow or nspawn (<= 15 min)"
+	@echo "make test-slow - the slow integration tests and those that boot hosts (marks slow, nspawn; CI's step 2)"
 	@echo "make test-durations - what each test costs: pytest --durations (GROUP=tests/ansible for one group)"
 	@echo "make test-vm - the QEMU VM storage test alone (~20 min under TCG: docs/conventions.md)"
 	@echo "make lint  - ruff + ansible-lint only"
@@ -69,13 +69,14 @@ unit: $(STAMP)
 # is printed when it ends; the same commands as `make lint`, not a sub-make, so `make -n test` runs
 # nothing). docs/conventions.md "Test time budget" says how to keep `make test` <= 15 min.
 TEST_WORKERS ?= 4
-# Marker expression of `make test`. The tests that boot systemd-nspawn hosts (mark `nspawn`: ~half the suite's
-# CPU) run in `make test-hosts`, CI's second step (.ci/run), so `make test` fits its 15 min. The QEMU VM test
+# Marker expression of `make test`. The slow integration tests (mark `slow`: whole playbooks, several hosts, the
+# real model; ~60 % of the suite's test time) and those that boot systemd-nspawn hosts (mark `nspawn`) run in
+# `make test-slow`, CI's second step (.ci/run), so `make test` fits its 15 min. The QEMU VM test
 # (mark `qemu`, tests/hosts/test_storage_qemu.py) is in neither: without KVM (no vmx/svm, as on the CI box) its
 # TCG guest takes ~20 min and both cores, and slows every other test. `make test-vm` runs it alone;
 # `make test TEST_MARKS=` runs everything.
-TEST_MARKS ?= not qemu and not nspawn
-HOST_MARKS ?= nspawn and not qemu
+TEST_MARKS ?= not qemu and not slow and not nspawn
+SLOW_MARKS ?= (slow or nspawn) and not qemu
 # `make test-durations`: the marks and the tests it times (GROUP: a directory or file under tests/)
 GROUP ?= tests
 
@@ -85,11 +86,11 @@ test: $(STAMP) system-deps
 	cat $$lint_log; lint_rc=$$(cat $$lint_log.rc); rm -f $$lint_log $$lint_log.rc; \
 	echo "make test: pytest exit $$rc, lint exit $$lint_rc"; [ $$rc -eq 0 ] && [ $$lint_rc -eq 0 ]
 
-# the tests that boot systemd-nspawn hosts (CI's second step)
-test-hosts: $(STAMP) system-deps
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest tests -n $(TEST_WORKERS) -m "$(HOST_MARKS)" $(PYTEST_ARGS)
+# the slow integration tests and the tests that boot systemd-nspawn hosts (CI's second step)
+test-slow: $(STAMP) system-deps
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest tests -n $(TEST_WORKERS) -m "$(SLOW_MARKS)" $(PYTEST_ARGS)
 
-# what each test costs, slowest first: every test of GROUP (default: all of make test's and make test-hosts')
+# what each test costs, slowest first: every test of GROUP (default: all of make test's and make test-slow's)
 # with its setup, call and teardown times over 1 s (docs/conventions.md, "Test time budget")
 test-durations: $(STAMP) system-deps
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest $(GROUP) -n $(TEST_WORKERS) -m "not qemu" -q --durations=0 \

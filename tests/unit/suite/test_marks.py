@@ -1,6 +1,6 @@
-"""The suite's split (Makefile: `make test` leaves out the tests marked `nspawn`, `make test-hosts` runs them, CI
-runs both): a test file that boots a systemd-nspawn host carries the mark, so it cannot slip into `make test`'s
-time budget unnoticed, nor out of both steps."""
+"""The suite's split (Makefile: `make test` leaves out the tests marked `slow` or `nspawn`, `make test-slow` runs
+them, CI runs both): a test file that boots a systemd-nspawn host carries the mark, so it cannot slip into `make
+test`'s time budget unnoticed, nor out of both steps."""
 
 from __future__ import annotations
 
@@ -19,11 +19,9 @@ def test_every_file_that_boots_a_host_is_marked_nspawn():
     assert unmarked == [], f"boot a host without the nspawn mark (they would run in make test): {unmarked}"
 
 
-def test_make_test_and_make_test_hosts_split_on_the_mark():
+def test_make_test_and_make_test_slow_split_on_the_marks():
     makefile = (TESTS.parent / "Makefile").read_text()
-    assert re.search(r"^TEST_MARKS \?= not qemu and not nspawn$", makefile, re.M), (
-        "make test leaves nspawn out"
-    )
-    assert re.search(r"^HOST_MARKS \?= nspawn and not qemu$", makefile, re.M), "make test-hosts runs them"
+    assert re.search(r"^TEST_MARKS \?= not qemu and not slow and not nspawn$", makefile, re.M), "make test"
+    assert re.search(r"^SLOW_MARKS \?= \(slow or nspawn\) and not qemu$", makefile, re.M), "make test-slow"
     ci = (TESTS.parent / ".ci" / "run").read_text()
-    assert "make test\n" in ci and "make test-hosts\n" in ci, ci
+    assert "make test\n" in ci and "make test-slow\n" in ci, ci
