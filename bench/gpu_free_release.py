@@ -348,7 +348,7 @@ class Bench:
             checks["holder_untouched_after_failure"] = holder.poll() is None
             log(f"no allow-list: rc={fail['rc']} msg={fail['result'].get('msg', '')[:400]}")
 
-            check = self.cli("--timeout", "2", "--check", f"--allow-run-id={self.run_id}")
+            check = self.cli("--timeout", "2", "--check", f"--stop-run-id={self.run_id}")
             res["check_cli"] = check
             checks["check_mode_predicts_stop"] = check["rc"] == 0 and [
                 x.get("pid") for x in check["result"].get("would_stop", [])
@@ -356,7 +356,7 @@ class Bench:
             time.sleep(0.2)
             checks["check_mode_stops_nothing"] = holder.poll() is None
 
-            stop = self.cli("--timeout", "60", "--grace", "15", f"--allow-run-id={self.run_id}")
+            stop = self.cli("--timeout", "60", "--stop-grace", "15", f"--stop-run-id={self.run_id}")
             res["stop_cli"] = stop
             stopped = stop["result"].get("stopped") or []
             checks["allow_listed_stop_passes"] = stop["rc"] == 0 and stop["result"].get("free") is True

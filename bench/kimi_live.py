@@ -36,7 +36,7 @@ import sglang_live as L
 from sglang_live_demo import capture_env, capture_server, compare
 
 SGLANG_VERSION = "0.5.17"
-KIMI_FLAGS = ["--trust-remote-code", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2"]
+KIMI_FLAGS = ["--trust-remote-code", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--mm-attention-backend", "sdpa"]
 TOOL = {
     "type": "function",
     "function": {

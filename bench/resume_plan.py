@@ -14,7 +14,7 @@ tensor bytes would show it.
 Measured per size, each ``--reps`` times (median reported):
   store_plan_s        HiddenStateStore.plan(...) in a warm process (manifest scan + directory scan)
   plan_extraction_s   eagle3ops.extract.session.plan_extraction (dataset lengths + model config + plan), warm
-  cli_plan_s          a fresh ``python -m eagle3ops extract --plan --json`` process, imports included
+  cli_plan_s          a fresh ``python -m eagle3ops extract --check --json`` process, imports included
                       (what the extract phase's check mode pays)
 Goal: every one <= 2 s on the 2-core box, and the large/small ratio ~1.
 
@@ -146,7 +146,7 @@ def measure(info: dict, rows: int, hidden: int, reps: int) -> dict:
         assert pe["to_extract"] == 0 and pe["done_before"] == rows, pe
         env = dict(os.environ, PYTHONPATH=str(REPO / "python"), HF_HUB_OFFLINE="1")
         cmd = [sys.executable, "-m", "eagle3ops", "extract", "--data", data, "--model", info["model"]]
-        cmd += ["--layer-ids", "2", "4", "5", "--plan", "--json"]
+        cmd += ["--layer-ids", "2", "4", "5", "--check", "--json"]
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         cli_times.append(time.perf_counter() - t0)
@@ -220,7 +220,7 @@ def main() -> int:
             result["sizes"][str(h)] = info
             print(
                 f"hidden {h}: {info['bytes_per_sample'] / 2**20:.2f} MiB/sample, store.plan {info['store_plan_s']} s, "
-                f"plan_extraction {info['plan_extraction_s']} s, fresh CLI --plan {info['cli_plan_s']} s",
+                f"plan_extraction {info['plan_extraction_s']} s, fresh CLI --check {info['cli_plan_s']} s",
                 file=sys.stderr,
             )
     small, large = (result["sizes"][k] for k in list(result["sizes"])[:2])

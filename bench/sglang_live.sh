@@ -7,10 +7,10 @@
 #   call 2  bench/sglang_live.sh carry2   carry .sgl2                       (chunk 2)
 #   call 3  bench/sglang_live.sh carry3   carry .devcarry/a                 (SmolLM2 GGUF part 1, trainer wheels)
 #   call 4  bench/sglang_live.sh start    carry .devcarry/b                 (GGUF part 2, ShareGPT subset, MT-bench);
-#                                         installs everything, starts bench/sglang_live.py detached, then polls
+#                                         installs everything, starts bench/sglang_live_lanes.py detached, then polls
 #   call 5+ bench/sglang_live.sh poll                                       (polls; packs $OUT when it ends)
 # .sgl1/.sgl2: ../shared/gpu-box/sglang-wheelhouse.sh; .devcarry: bench/sglang_live_carry.sh (both git-ignored).
-# LIVE_POLL_S bounds one poll (default 540 s, under the tool's 600 s); LIVE_ARGS go to sglang_live.py.
+# LIVE_POLL_S bounds one poll (default 540 s, under the tool's 600 s); LIVE_ARGS go to sglang_live_lanes.py.
 set -u
 : "${OUT:=/tmp/sglang-live-out}"
 C=/tmp/e3c S=/tmp/sglsite W=/tmp/live
@@ -75,7 +75,7 @@ PY
     python3 -c "import deep_gemm; print('deep_gemm', deep_gemm.__file__)" 2>&1 | tail -1
     rm -f "$W/done"
     # shellcheck disable=SC2086
-    setsid bash -c "python3 bench/sglang_live.py --work $W ${LIVE_ARGS:-} > $W/live.log 2>&1; touch $W/done" \
+    setsid bash -c "python3 bench/sglang_live_lanes.py --work $W ${LIVE_ARGS:-} > $W/live.log 2>&1; touch $W/done" \
       < /dev/null > /dev/null 2>&1 &
     sleep 5
     poll

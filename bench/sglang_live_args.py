@@ -1,4 +1,4 @@
-"""The command line of bench/sglang_live.py (the live SGLang run, issues #17 and #18): its argument parser.
+"""The command line of bench/sglang_live_lanes.py (the live SGLang run, issues #17 and #18): its argument parser.
 
 Only the options and their defaults; ``--smoke`` shrinks the sizes in sglang_live.main().
 """
@@ -9,7 +9,7 @@ import argparse
 
 
 def parser() -> argparse.ArgumentParser:
-    """bench/sglang_live.py's options."""
+    """bench/sglang_live_lanes.py's options."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", default="/tmp/live")
     ap.add_argument("--assets", default="/tmp/assets")

@@ -1,4 +1,4 @@
-"""Lane ``demo`` of bench/sglang_live.py (issue #17): the SGLang extraction backend against a real server.
+"""Lane ``demo`` of bench/sglang_live_lanes.py (issue #17): the SGLang extraction backend against a real server.
 
 On the box, with SGLang installed under /tmp/sglsite (bench/sglang_live.sh): the demo target
 (``eagle3ops demo``: a tiny DeepSeek-V3, MLA + MoE, SGLang's config fields, bf16) is prepared once and copied
@@ -19,7 +19,7 @@ phases run as playbooks (``playbooks/serve.yml`` + ``playbooks/benchmark.yml``, 
 the real server: the capture patch must be pristine again, the draft is converted and served by the role's own
 launcher, the guard probes it, the benchmark measures it with and without the draft and writes the report.
 
-CPU smoke run (``bench/sglang_live.py --smoke``, ``--device cpu``): the same steps and playbooks on the real 0.5.17
+CPU smoke run (``bench/sglang_live_lanes.py --smoke``, ``--device cpu``): the same steps and playbooks on the real 0.5.17
 ``deepseek_v2.py`` (patched and restored for real), with the capture server stood in by
 tests/fixtures/sglang_standin_server.py, which runs the REAL hook and store over the transformers forward. Not
 exercised there: SGLang loading the patched 0.5.17 file and calling the hook from its own forward (CUDA only; the
@@ -38,7 +38,7 @@ box's disk is the other lane's). When lane smol leaves the GPU to the CPU (its `
 ratio captured / plain is the overhead figure. ``--mid-done`` is touched after (lane smol's extraction waits for it,
 bounded).
 
-Result: WORK/result.json (read by sglang_live.py).
+Result: WORK/result.json (read by sglang_live_lanes.py).
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def capture_cli(
     if waiter is not None:
         waiter.join(timeout=max(0.0, L.left() - 300))
     done("server_ready_s", srv.ready_s)
-    r = L.cli("sglang-extract", "--data", str(sg), "--model", str(model), "--url", srv.url, "--concurrency", "32",
+    r = L.cli("extract-sglang", "--data", str(sg), "--model", str(model), "--url", srv.url, "--concurrency", "32",
               "--sglang-version", SGLANG_VERSION, "--no-progress", "--server-pid", str(srv.proc.pid),
               "--health-timeout", "120", *(["--limit", str(rows)] if rows else []), name="sglang_extract",
               timeout=max(60, L.left() - 120))  # fmt: skip
@@ -295,7 +295,7 @@ class Mid:
             waited = wait_file(Path(a.gpu_window), a.gpu_window_wait_s) if a.gpu_window else 0.0
             conc = a.mid_concurrency
             warm = plain_prefills(self.srv, self.data, {}, min(self.rows or 10**9, 256), conc)
-            r = L.cli("sglang-extract", "--data", str(self.data), "--model", str(self.model), "--url",
+            r = L.cli("extract-sglang", "--data", str(self.data), "--model", str(self.model), "--url",
                       self.srv.url, "--concurrency", str(conc), "--sglang-version", SGLANG_VERSION, "--no-progress",
                       "--server-pid", str(self.srv.proc.pid), "--health-timeout", "120",
                       *(["--limit", str(self.rows)] if self.rows else []), name="mid_sglang_extract",
@@ -336,7 +336,9 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--work", default="/tmp/live/demo")
     ap.add_argument("--budget-s", type=float, default=900)
     ap.add_argument("--site", default="/tmp/sglsite")
-    ap.add_argument("--device", default="cuda", help="cpu: bench/sglang_live.py --smoke (stand-in server)")
+    ap.add_argument(
+        "--device", default="cuda", help="cpu: bench/sglang_live_lanes.py --smoke (stand-in server)"
+    )
     ap.add_argument(
         "--capture-via",
         choices=["playbooks", "cli"],

@@ -1,4 +1,4 @@
-"""Lane ``smol`` of bench/sglang_live.py (issue #18) up to its drafts, and its playbook stage.
+"""Lane ``smol`` of bench/sglang_live_lanes.py (issue #18) up to its drafts, and its playbook stage.
 
 SmolLM2 converted and served (the base server); the data (ShareGPT training and held-out conversations, MT-bench
 first turns checked absent from training); the regeneration through the base server, timed against a plain load

@@ -1,4 +1,4 @@
-"""Lane ``smol`` of bench/sglang_live.py (issue #18): what is measured against the SGLang servers.
+"""Lane ``smol`` of bench/sglang_live_lanes.py (issue #18): what is measured against the SGLang servers.
 
 The target agreement of the served and the trained-on target (a ceiling on acceptance); every EAGLE3 server
 started side by side on the drafts of bench/sglang_live_smol.py; the offline estimate (``benchmark-acceptance``)

@@ -16,13 +16,16 @@ description:
     (its C(line), e.g. C(extract 312/867 rows (35%), 4.1 rows/s, ETA 0:02:15; log
     /data/eagle3/data.extract.log)).
   - Results without a C(progress) key print nothing more. Enabled in the project's ansible.cfg
-    (C(callbacks_enabled = eagle3ops_progress), C(callback_plugins = callback_plugins)).
+    (C(callbacks_enabled = eagle3ops_progress), C(callback_plugins = callback_plugins)); it prints nothing when the
+    screen output is the project's own (C(stdout_callback = eagle3ops_screen), callback_plugins/eagle3ops_screen.py), which
+    prints the progress line in place of the retry line. It serves other outputs (ansible-runner's, say).
 requirements:
   - enabled in ansible.cfg (callbacks_enabled)
 """
 
 import json
 
+from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
 
@@ -50,6 +53,8 @@ class CallbackModule(CallbackBase):
     CALLBACK_NEEDS_ENABLED = True
 
     def v2_runner_retry(self, result):
-        line = progress_line(result._result)
+        if C.config.get_config_value("DEFAULT_STDOUT_CALLBACK") == "eagle3ops_screen":
+            return  # the project's screen output prints the line in place of the retry line
+        line = progress_line(result.result)
         if line:
             self._display.display(f"  [{result._host.get_name()}] {line}")

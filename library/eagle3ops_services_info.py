@@ -79,16 +79,23 @@ holders:
   returned: when O(holders=true)
   type: list
   elements: dict
+holders_line:
+  description: The holders in one line (pid, command, unit, devices of each), for the phase's report.
+  returned: when O(holders=true)
+  type: str
 """
 
 from ansible.module_utils.eagle3ops_host_options import SERVICES_INFO
 from ansible.module_utils.eagle3ops_module import run_host_module
-from ansible.module_utils.eagle3ops_services import ServicesError, gather
+from ansible.module_utils.eagle3ops_services import ServicesError, gather, holders_line
 
 
 def _info(module):
     p = module.params
-    return {"changed": False, **gather(p["units"], p["backup_dir"], holders=p["holders"])}
+    result = gather(p["units"], p["backup_dir"], holders=p["holders"])
+    if "holders" in result:
+        result["holders_line"] = holders_line(result["holders"])
+    return {"changed": False, **result}
 
 
 def main():

@@ -108,9 +108,8 @@ class _JsonErrors(argparse.ArgumentParser):
 
 
 class _Parser(_JsonErrors):
-    """The top-level parser: its help lists the commands by phase in pipeline order, each with its one line (the
-    older names some commands keep, e.g. ``status`` for ``extract-status``, still run them but are not listed),
-    and an unknown command is answered with the current names only."""
+    """The top-level parser: its help lists the commands by phase in pipeline order, each with its one line, and
+    an unknown command is answered with the names of the commands."""
 
     def _commands(self) -> argparse._SubParsersAction:
         return next(a for a in self._actions if isinstance(a, argparse._SubParsersAction))

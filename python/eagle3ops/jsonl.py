@@ -27,7 +27,6 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 # what str.splitlines() breaks at; json.dumps escapes all of them but the last three (and "\n" ends a record)
 SPLITLINES_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -154,10 +153,3 @@ def check_file(path: str | os.PathLike) -> FileCheck:
             else:
                 res.bad.append((n, why))
     return res
-
-
-def check_path_or_none(path: Path) -> FileCheck | None:
-    try:
-        return check_file(path)
-    except OSError:
-        return None

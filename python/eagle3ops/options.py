@@ -23,7 +23,7 @@ modules run on the target with the system Python, where Ansible ships this file 
 phase's definition as ``module_utils/eagle3ops_<phase>_options.py``; ``tests/unit/core/test_durable.py``
 enforces the rule for every shipped file.
 
-Check mode is one flag everywhere: ``--check`` (``--plan``, its older name in some commands, is an alias).
+Check mode is one flag everywhere: ``--check``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ __all__ = [
 ]
 
 CHECK_FLAG = "--check"
-CHECK_ALIASES = ("--plan",)  # what extract, sglang-extract and regenerate called it before
 
 
 class _Renamed(argparse.Action):
@@ -76,7 +75,7 @@ class Command:
     module: the library/ module that runs this command (its argument_spec is :meth:`argument_spec`).
     role: the role whose variables feed that module; its variables are ``<role_prefix>_<param>`` (role_prefix:
       the role's name unless given) unless an option names its own.
-    check: the command has the check-mode flag (``--check``; ``--plan`` still works).
+    check: the command has the check-mode flag (``--check``).
     renamed: {old flag: new flag}: an old flag fails with one line naming the new one (exit 2).
     aliases: older names of the sub-command itself that still run it (``status`` for ``extract-status``); left out
       of ``eagle3ops --help``, which lists the names by phase.
@@ -183,9 +182,7 @@ class Command:
             if o.cli:
                 o.add_to(groups.get(o.name, parser))
         if self.check:
-            parser.add_argument(
-                CHECK_FLAG, *CHECK_ALIASES, dest="check", action="store_true", help=self.check_help
-            )
+            parser.add_argument(CHECK_FLAG, dest="check", action="store_true", help=self.check_help)
         for old, new in self.renamed.items():
             parser.add_argument(
                 old, action=_Renamed, new=new, dest="_renamed_" + old.strip("-").replace("-", "_")

@@ -290,7 +290,7 @@ class RunLock:
 
 
 def holder(directory: str | os.PathLike) -> dict | None:
-    """The record of the live run that holds ``directory``, or None; takes no lock (check mode, ``--plan``)."""
+    """The record of the live run that holds ``directory``, or None; takes no lock (check mode, ``--check``)."""
     path = lock_path(directory)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -331,9 +331,3 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before the prctl: it can no longer signal us
         os._exit(128 + int(sig))
-
-
-def held_by_parent() -> int | None:
-    """The holder's PID when this process is a child working under its lock (see :meth:`RunLock.child_env`)."""
-    _, _, pid = os.environ.get(_ENV, "").partition("\t")
-    return int(pid) if pid.isdigit() else None

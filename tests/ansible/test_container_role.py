@@ -1,6 +1,5 @@
-"""Issue 33: the container role was ``proxmox_container`` with variables ``proxmox_container_*``; it is ``container``
-with ``container_*`` now. An inventory (or ``-e``) still setting an old name is refused by the role's first task,
-naming each old variable and its new name, before any other task runs - also in check mode.
+"""The container role in check mode on a PVE host with no container yet: it predicts the creation and changes
+nothing.
 
 Real: playbooks/container.yml through ansible-playbook (ansible-runner) on localhost as the PVE host. Stood in:
 ``pct`` (``container_pct``: a script that records any call) and the config directory (``container_config_dir``:
@@ -17,12 +16,11 @@ from pathlib import Path
 import pytest
 
 PLAYBOOK = "playbooks/container.yml"
-REFUSAL = "Container | Refuse a variable under its former name (proxmox_container_*, now container_*)"
 
 
 @pytest.fixture
 def pve(tmp_path):
-    """localhost as the only proxmox_hosts host with an old variable in its inventory; a recording pct."""
+    """localhost as the only proxmox_hosts host; a recording pct."""
     calls = tmp_path / "pct-calls"
     pct = tmp_path / "pct"
     pct.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
@@ -46,51 +44,15 @@ def _ran(r) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
-def test_an_old_variable_name_is_refused_before_any_task(run_playbook, pve, tmp_path, check):
-    inv, extravars, calls, config_dir = pve
-    with inv.open("a") as f:  # one old name in the inventory, two on the command line
-        f.write("[proxmox_hosts:vars]\nproxmox_container_gpus=all\n")
-    old = {"proxmox_container_vmid": 129, "proxmox_container_data_host_path": "/data"}
-    r = run_playbook(PLAYBOOK, inv, extravars={**extravars, **old}, check=check)
-    s = r.host("localhost")
-    assert r.rc != 0 and s["failed"] == 1 and s["changed"] == 0, r.summary()
-    (failure,) = r.failures()
-    assert f": {REFUSAL}: " in failure, failure
-    for name in ("proxmox_container_data_host_path", "proxmox_container_gpus", "proxmox_container_vmid"):
-        assert f"{name} -> {name.removeprefix('proxmox_')}" in failure, failure
-    # nothing but Ansible's argument-spec validation (reads variables only) ran before it, nothing after it
-    ran = _ran(r)
-    assert ran[-1] == REFUSAL and all(t.startswith("Validating arguments") for t in ran[:-1]), ran
-    assert not calls.exists() and not any(config_dir.iterdir())
-
-
-def test_the_new_names_pass_the_refusal_quietly(run_playbook, pve):
-    """Without an old name the check passes (ok, unchanged) and the role goes on: in check mode with no config
-    yet it looks for the config and predicts the creation (changed, pct not called), the rest is skipped."""
+def test_check_mode_predicts_the_creation_and_calls_nothing(run_playbook, pve):
+    """In check mode with no config yet the role looks for the config and predicts the creation (changed, pct not
+    called), the rest is skipped."""
     inv, extravars, calls, config_dir = pve
     r = run_playbook(PLAYBOOK, inv, extravars={**extravars, "container_vmid": 131}, check=True)
     s = r.host("localhost")
     assert r.rc == 0 and s["failed"] == 0, r.summary()
     assert r.changed_tasks() == ["localhost: Container | Create the container from its template"], r.summary()
-    (res,) = r.task_results(REFUSAL)
-    assert not res.get("failed") and not res.get("changed"), res
     assert "Container | Look for the container's config" in _ran(r), _ran(r)
-    assert not calls.exists() and not any(config_dir.iterdir())
-
-
-def test_a_whole_site_run_refuses_an_old_name_before_its_storage_phase(run_playbook, pve):
-    """site.yml runs the storage phase on the PVE hosts before the container phase: its preflight refuses the old
-    name first, so not one task of a phase runs (check mode: nothing could be written anyway)."""
-    inv, extravars, calls, config_dir = pve
-    r = run_playbook("site.yml", inv, extravars={**extravars, "proxmox_container_vmid": 129}, check=True)
-    s = r.host("localhost")
-    assert r.rc != 0 and s["failed"] == 1 and s["changed"] == 0, r.summary()
-    (failure,) = r.failures()
-    assert f": {REFUSAL}: " in failure and "proxmox_container_vmid -> container_vmid" in failure, failure
-    ran = _ran(r)  # before it: the preflight's include of the refusal (and argument-spec validation) only
-    assert ran[-1] == REFUSAL and ran[-2] == "Preflight | The container phase's former variable names", ran
-    assert all(t.startswith("Validating arguments") for t in ran[:-2]), ran
     assert not calls.exists() and not any(config_dir.iterdir())
 
 

@@ -161,8 +161,7 @@ def test_example_passes_every_roles_argument_specs(tmp_path):
 
 def test_each_phase_targets_its_group():
     """The storage play runs on ``storage_hosts`` only (the disk's owner), not on the container as well; the
-    container play on the PVE host (and the preflight's refusal of the container phase's former variable names);
-    the workload plays on ``gpu_hosts``."""
+    container play on the PVE host; the workload plays on ``gpu_hosts``."""
     out = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INV), str(REPO / "site.yml"),
          "--list-hosts"],
@@ -171,7 +170,7 @@ def test_each_phase_targets_its_group():
     ).stdout  # fmt: skip
     plays = re.findall(r"play #\d+ \(([^)]*)\): ([^\t\n]+).*?hosts \(\d+\):\n((?:\s+\S+\n)+)", out, re.S)
     hosts = {name.split(" - ")[0].strip(): sorted(h.split()) for _pattern, name, h in plays}
-    pve = ("Storage", "Container", "Former variable names")
+    pve = ("Storage", "Container")
     assert all(hosts[k] == ["pve1"] for k in pve), hosts
     assert all(v == ["ct129"] for k, v in hosts.items() if k not in pve), hosts
 

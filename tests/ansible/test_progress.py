@@ -12,6 +12,7 @@ progress however slow the machine is. Fails on the main of 2026-12-03: the extra
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -138,3 +139,32 @@ def test_the_callback_prints_a_results_progress_line_only():
         check=True,
     ).stdout
     assert json.loads(out) == ["extract: 1/2 rows", "train: 3 steps", None, None, "from a command", None]
+
+
+def test_a_poll_with_progress_prints_as_progress_not_as_a_failure(tmp_path):
+    """The project's screen output (callback_plugins/eagle3ops_screen.py, ansible.cfg's stdout_callback): a task
+    polling a run whose result carries ``progress`` prints one line per poll with it, and no "FAILED" or "retries
+    left" (Ansible's default printed ``FAILED - RETRYING: ... (717 retries left)`` there). A real ansible-playbook;
+    the polled command stands for eagle3ops train-status (a counter in a file, no timer)."""
+    counter = tmp_path / "polls"
+    play = tmp_path / "poll.yml"
+    poll = tmp_path / "poll.sh"
+    poll.write_text(
+        f"n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}\n"
+        """printf '{"n": %d, "progress": {"line": "train: step %d/3, 2.0 steps/s, ETA 0:00:0%d"}}\\n' """
+        "$n $n $((3 - n))\n"
+    )
+    script = f"sh {poll}"
+    watch = {"name": "Watch the run", "ansible.builtin.shell": script, "register": "watch", "changed_when": False,
+             "until": "(watch.stdout | from_json).n >= 3", "retries": 5, "delay": 0}  # fmt: skip
+    play.write_text(
+        json.dumps([{"name": "Poll", "hosts": "localhost", "gather_facts": False, "tasks": [watch]}])
+    )
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
+    r = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(play), "-e",
+                        f"ansible_python_interpreter={sys.executable}"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    for n in (1, 2):
+        assert f"[localhost] train: step {n}/3, 2.0 steps/s, ETA 0:00:0{3 - n}" in r.stdout, r.stdout
+    assert "FAILED" not in r.stdout and "retries left" not in r.stdout, r.stdout

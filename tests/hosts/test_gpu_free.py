@@ -88,16 +88,16 @@ def test_holder_in_a_unit_is_named_then_stopped_with_systemctl(make_host, tmp_pa
     assert "held by vllm.service: add it to the services phase" in out["msg"]
 
     # a broad unit glob is refused before anything is looked at
-    rc, out, _ = _cli(h, "--allow-unit='*'", "--timeout", "0.5")
+    rc, out, _ = _cli(h, "--stop-unit='*'", "--timeout", "0.5")
     assert rc == 2 and "list the GPU services by name" in out["msg"]
 
     # check mode predicts the stop and stops nothing
-    rc, out, err = _cli(h, "--check", "--allow-unit", "vllm.service", "--timeout", "5")
+    rc, out, err = _cli(h, "--check", "--stop-unit", "vllm.service", "--timeout", "5")
     assert rc == 0 and out["changed"] and [w["pid"] for w in out["would_stop"]] == [pid], err
     assert h.ssh("systemctl is-active vllm.service", check=False).stdout.strip() == "active"
 
     # allow-listed unit: stopped through systemd (a SIGTERM alone would meet Restart=always)
-    rc, out, err = _cli(h, "--allow-unit", "vllm.service", "--timeout", "30")
+    rc, out, err = _cli(h, "--stop-unit", "vllm.service", "--timeout", "30")
     assert rc == 0 and out["free"] is True, err
     assert [(s["pid"], s["action"]) for s in out["stopped"]] == [(pid, "systemctl-stopped")]
     assert "systemctl stop vllm.service" in err
@@ -105,5 +105,5 @@ def test_holder_in_a_unit_is_named_then_stopped_with_systemctl(make_host, tmp_pa
     assert h.ssh(f"test -e /proc/{pid}; echo $?").stdout.strip() == "1"
 
     # second run: nothing to stop
-    rc, out, _ = _cli(h, "--allow-unit", "vllm.service", "--timeout", "5")
+    rc, out, _ = _cli(h, "--stop-unit", "vllm.service", "--timeout", "5")
     assert rc == 0 and out["free"] is True and out["changed"] is False

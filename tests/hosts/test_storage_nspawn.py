@@ -148,11 +148,10 @@ def test_restart_before_cutover_refuses_then_completes(make_host, make_loop_devi
     assert t.returncode == 0 and "4 passed" in t.stdout, t.stdout[-3000:]
 
 
-def test_cli_plan_reads_the_disk_like_the_module_and_keeps_its_older_flag(make_loop_device, tmp_path):
+def test_cli_plan_reads_the_disk_like_the_module(make_loop_device, tmp_path):
     """``eagle3ops storage plan`` (parser generated from the definition the module's argument_spec also comes
     from) on a real blank loop device: a kernel name is refused by default, naming the variable to set;
-    ``--allow-kernel-name`` (the older flag of ``--no-require-stable-name``) and ``--no-require-stable-name``
-    accept it and give the whole run's steps; ``--no-cutover`` (a module option the CLI lacked) stops after
+    ``--no-require-stable-name`` accepts it and gives the whole run's steps; ``--no-cutover`` (a module option the CLI lacked) stops after
     the verification. Nothing is written (no state file appears)."""
     loop = make_loop_device(size="64M")
     _fresh(loop)
@@ -170,12 +169,11 @@ def test_cli_plan_reads_the_disk_like_the_module_and_keeps_its_older_flag(make_l
     refused = run()
     assert refused.returncode == 2 and "not a stable name" in refused.stderr, refused.stderr
     assert "storage_disk_require_stable_name" in refused.stderr
-    for flag in ("--allow-kernel-name", "--no-require-stable-name"):
-        ok = run(flag)
-        assert ok.returncode == 0, ok.stderr
-        steps = json.loads(ok.stdout.strip().splitlines()[-1])["steps"]
-        assert steps[:3] == ["prepare", "copy", "verify"] and "cutover" in steps, steps
-    kept = run("--allow-kernel-name", "--no-cutover")
+    ok = run("--no-require-stable-name")
+    assert ok.returncode == 0, ok.stderr
+    steps = json.loads(ok.stdout.strip().splitlines()[-1])["steps"]
+    assert steps[:3] == ["prepare", "copy", "verify"] and "cutover" in steps, steps
+    kept = run("--no-require-stable-name", "--no-cutover")
     assert kept.returncode == 0, kept.stderr
     assert "cutover" not in json.loads(kept.stdout.strip().splitlines()[-1])["steps"]
     assert not state.exists()

@@ -20,6 +20,7 @@ such a file with the recorded size.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 
@@ -31,7 +32,7 @@ SEED = 10
 # every targeted point twice and four wall-clock kills, in a seeded order
 POINTS = ["compute", "write", "replace", "renamed", "manifest"] * 2
 WALL_CLOCK_KILLS = 4
-WINDOW_ROWS = 4  # a kill lands within the next few rows' calls, so the runs keep making progress
+WINDOW_ROWS = 4  # a kill lands within the next few rows, so the runs keep making progress and rows last
 
 
 def _calls_left(point: str, rows_left: int, adoptable: int, meta_pending: bool) -> int:
@@ -62,15 +63,28 @@ def _check_debris(data) -> None:
         assert store.path(i).stat().st_size == e.nbytes, f"manifest line for {i} names a different file"
 
 
-def _kill_after_first_new_file(data, delay: float):
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # the zygote reaps its children: an ended run's pid is gone
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _kill_within_a_row(data, nth_file: int, fraction: float):
+    """SIGKILL at a moment no call marks: once this run has renamed its ``nth_file``-th new file (2 or more),
+    ``fraction`` of the time its last row took later (measured in this run, between its last two renames). The
+    moment follows the run's own pace, so the kill lands within the next row or so on a quiet box and under load
+    alike (a delay in seconds let a fast run write many rows, and the schedule ran out of rows before its kills)."""
     start = set(hs_files(data))
 
     def killer(pid: int) -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            names = {p.name for p in (data / "hidden_states").glob("hs_*.safetensors")}
-            if names - start:
-                time.sleep(delay)
+        renamed_at: list[float] = []
+        while _alive(pid):
+            new = len({p.name for p in (data / "hidden_states").glob("hs_*.safetensors")} - start)
+            renamed_at += [time.monotonic()] * (new - len(renamed_at))
+            if len(renamed_at) >= nth_file:
+                time.sleep(fraction * (renamed_at[-1] - renamed_at[-2]))
                 kill_quietly(pid)
                 return
             time.sleep(0.01)
@@ -95,13 +109,12 @@ def test_killed_anywhere_resumes_to_byte_identical_output(
         if not plan.remaining:
             break
         if point == "wall":
-            # a moment inside the extraction loop: once this run has renamed its first file, a seeded
-            # delay up to the reference run's time for WINDOW_ROWS rows, then SIGKILL by pid. (It was up to
-            # half the loop time of the rows left: on a box quieter than during the reference run such a kill
-            # let a run finish most rows, and the schedule ran out of rows after 7 kills of the 10 required.)
-            per_row = reference["result"]["loop_seconds"] / len(LENGTHS)
-            nth = round(rng.uniform(0.0, per_row * WINDOW_ROWS), 3)
-            r = zygote.run(argv, killer=_kill_after_first_new_file(data, nth))
+            # a moment inside the extraction loop, placed by rows (seeded: after the 2nd .. WINDOW_ROWS-th
+            # new file, a seeded part of a row later), never by seconds: how many rows a run writes before
+            # its kill does not depend on the machine's speed (a seconds delay, under load, let the schedule
+            # run out of rows after 7 of its 10 kills)
+            nth = (rng.randint(2, WINDOW_ROWS), round(rng.random(), 3))
+            r = zygote.run(argv, killer=_kill_within_a_row(data, *nth))
         else:
             left = _calls_left(point, len(plan.remaining), plan.adopted, meta_pending)
             per_row = left // max(1, len(plan.remaining))

@@ -90,7 +90,7 @@ def test_disk_margin_is_an_option(small_fs, zygote, tiny_model, prepared):
     """The preflight's fixed 64 MiB margin (main) is ``--disk-margin-mib``: a 16 MiB file system that the
     default refuses takes the run with 0; a negative value is refused by name."""
     data = fresh_data(prepared, small_fs("16m") / "data")
-    argv = ["extract", "--data", data, "--model", tiny_model, "--plan", "--json"]
+    argv = ["extract", "--data", data, "--model", tiny_model, "--check", "--json"]
     default = zygote.run(argv)
     assert default.rc == 0 and default.json["fits"] is False, default.stderr[-2000:]
     zero = zygote.run([*argv, "--disk-margin-mib", "0"])
@@ -107,29 +107,33 @@ def test_read_only_data_directory_is_one_line(small_fs, zygote, tiny_model, prep
     subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
     r = zygote.run(["extract", "--data", data, "--model", tiny_model, *EXTRACT_ARGS])
     _one_line_error(r, str(data), "Read-only file system", "EROFS", "remount it read-write")
-    r = zygote.run(["lengths", "--data", data, "--out", mnt / "lengths.json", "--json"])
+    r = zygote.run(["extract-lengths", "--data", data, "--out", mnt / "lengths.json", "--json"])
     _one_line_error(r, str(mnt / "lengths.json"), "EROFS")
     figures["bad_inputs_refused"] += 2
 
 
 def test_lengths_names_a_missing_data_dir_and_a_missing_out_folder(zygote, reference, tmp_path, figures):
-    """main: ``lengths --data /nonexistent`` printed "0 samples" with exit code 0; ``--out`` into a missing folder
+    """main: ``extract-lengths --data /nonexistent`` printed "0 samples" with exit code 0; ``--out`` into a missing folder
     was a FileNotFoundError traceback naming a temp file."""
     missing = tmp_path / "nonexistent"
-    msg = _one_line_error(zygote.run(["lengths", "--data", missing, "--json"]), str(missing), "no such data")
+    msg = _one_line_error(
+        zygote.run(["extract-lengths", "--data", missing, "--json"]), str(missing), "no such data"
+    )
     assert "extract_data_dir" in msg
     out = tmp_path / "no-such-folder" / "lengths.json"
     msg = _one_line_error(
-        zygote.run(["lengths", "--data", reference["data"], "--out", out, "--json"]),
+        zygote.run(["extract-lengths", "--data", reference["data"], "--out", out, "--json"]),
         str(out.parent),
         "does not exist",
         "mkdir -p",
     )
     assert not out.parent.exists()
-    ok = zygote.run(["lengths", "--data", reference["data"], "--out", tmp_path / "lengths.json", "--json"])
+    ok = zygote.run(
+        ["extract-lengths", "--data", reference["data"], "--out", tmp_path / "lengths.json", "--json"]
+    )
     assert ok.rc == 0 and ok.json["count"] == len(LENGTHS)
     assert json.loads((tmp_path / "lengths.json").read_text()) == {str(i): n for i, n in enumerate(LENGTHS)}
-    _one_line_error(zygote.run(["status", "--data", missing, "--json"]), str(missing))
+    _one_line_error(zygote.run(["extract-status", "--data", missing, "--json"]), str(missing))
     figures["bad_inputs_refused"] += 3
 
 

@@ -39,7 +39,7 @@ def test_second_extract_on_one_directory_fails_naming_the_first_and_writes_nothi
     first, go = start_paused(argv, tmp_path, "pause:replace:4")  # 2 samples renamed, the 3rd waits
     try:
         # check mode takes no lock and reports the run in progress
-        plan = zygote.run(["extract", "--data", data, "--model", tiny_model, "--plan", "--json"])
+        plan = zygote.run(["extract", "--data", data, "--model", tiny_model, "--check", "--json"])
         assert plan.rc == 0, plan.stderr[-3000:]
         assert plan.json["running"] is True and plan.json["holder"]["pid"] == first.pid, plan.json
         before = hs_files(data)

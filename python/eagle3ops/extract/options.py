@@ -17,8 +17,8 @@ count, seconds = _o.count, _o.seconds
 
 
 def _report(name: str, help: str, options: list) -> Command:
-    """The read-only ``extract-<name>`` command (also ``eagle3ops <name>``): no module, no check mode."""
-    return Command(f"extract-{name}", aliases=[name], help=help, check=False, options=options)
+    """The read-only ``extract-<name>`` command: no module, no check mode."""
+    return Command(f"extract-{name}", help=help, check=False, options=options)
 
 
 # ---- shared by both backends -------------------------------------------------------------------------

@@ -1,10 +1,7 @@
 """The gpu_free phase's options, once: ``eagle3ops gpu-free``'s CLI, the ``eagle3ops_gpu_free`` module's parameters
 and the ``gpu_free`` role's variables come from here (eagle3ops.options says how; standard library only,
 shipped as module_utils/eagle3ops_gpu_free_options.py).
-
-One name per option now: ``stop_units`` is ``--stop-unit`` and ``gpu_free_stop_units`` (``--allow-unit`` still
-works), ``gpu_required`` is ``--gpu-required/--no-gpu-required`` (``--gpu-optional`` still works), ``stop_grace``
-is ``--stop-grace`` (``--grace`` still works)."""
+"""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
 seconds = _o.seconds
 
 
-def _allow_list(name, flag, old, metavar, what, doc, role_doc):
+def _allow_list(name, flag, metavar, what, doc, role_doc):
     """Who may be stopped, one kind: repeatable, empty by default (nobody)."""
     return Option(
         name,
@@ -26,7 +23,6 @@ def _allow_list(name, flag, old, metavar, what, doc, role_doc):
         nargs="append",
         default=[],
         flag=flag,
-        aliases=(old,),
         metavar=metavar,
         help=f"{what} whose processes may be stopped; repeatable",
         doc=doc,
@@ -88,7 +84,6 @@ GPU_FREE = Command(
         seconds(
             "stop_grace",
             default=15,
-            aliases=("--grace",),
             help="seconds between SIGTERM and SIGKILL",
             doc="Seconds between SIGTERM and SIGKILL for an allow-listed holder.",
             role_doc="Seconds between SIGTERM and SIGKILL for allow-listed holders.",
@@ -96,7 +91,6 @@ GPU_FREE = Command(
         _allow_list(
             "stop_units",
             "--stop-unit",
-            "--allow-unit",
             "UNIT",
             "systemd unit (glob)",
             doc=[
@@ -109,7 +103,6 @@ GPU_FREE = Command(
         _allow_list(
             "stop_cmdline_patterns",
             "--stop-cmdline",
-            "--allow-cmdline",
             "REGEX",
             "command-line regex",
             doc=[
@@ -124,7 +117,6 @@ GPU_FREE = Command(
         _allow_list(
             "stop_run_ids",
             "--stop-run-id",
-            "--allow-run-id",
             "ID",
             "EAGLE3OPS_RUN_ID value (environment or argv)",
             doc="Our own run ids; a process whose environment holds C(EAGLE3OPS_RUN_ID=<id>), or "
@@ -136,7 +128,6 @@ GPU_FREE = Command(
             "gpu_required",
             "bool",
             default=True,
-            false_aliases=("--gpu-optional",),
             role_default=False,  # the local CPU default skips; GPU inventories set gpu_free_gpu_required: true
             help="without an NVIDIA driver, fail (--no-gpu-required: skip, exit 0, skipped: true)",
             doc=[
@@ -156,7 +147,6 @@ GPU_FREE = Command(
             "float",
             default=1024,
             minimum=0,
-            aliases=("--v1-allowance-mib",),
             help="without NVML's v2 memory struct: MiB of v1 'used' taken as driver-reserved",
             doc=("MiB of the v1 struct's C(used) taken as driver-reserved on drivers without the v2 struct."),
             role_doc="Drivers without the v2 memory struct - MiB of v1 used taken as driver-reserved.",

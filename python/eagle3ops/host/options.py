@@ -114,7 +114,6 @@ STORAGE_PLAN = Command(
             "require_stable_name",
             "bool",
             default=True,
-            false_aliases=("--allow-kernel-name",),
             role="storage_disk_require_stable_name",
             help="refuse kernel names such as /dev/nvme1n1 (they can change between boots)",
             doc="Refuse kernel names such as C(/dev/nvme1n1) (they can change between boots).",

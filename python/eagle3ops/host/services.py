@@ -395,3 +395,11 @@ def gather(patterns: list[str], backup_dir: str = DEFAULT_BACKUP_DIR, *, holders
     if holders:
         result["holders"] = nvidia_holders(proc, exclude_units=names)
     return result
+
+
+def holders_line(holders: list) -> str:
+    """The holders in one line, for the phase's report: ``pid 42 (python, unit x.service: /dev/nvidia0); ...``."""
+    return "; ".join(
+        f"pid {h['pid']} ({h['comm']}{', unit ' + h['unit'] if h.get('unit') else ''}: {' '.join(h['devices'])})"
+        for h in holders
+    )

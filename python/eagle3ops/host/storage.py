@@ -241,13 +241,6 @@ def same_disk(state: dict, disk_info: dict) -> bool:
     return state.get("disk_realpath") == disk_info["realpath"] and a.get("size_bytes") == b.get("size_bytes")
 
 
-def read_marker(root: str) -> dict | None:
-    try:
-        return _fs.read_json(os.path.join(root, MARKER_NAME))
-    except (OSError, ValueError):
-        return None
-
-
 # --------------------------------------------------------------------------------------------------
 # The plan: which steps a run must do, from the state file + what is on the machine
 # --------------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ count, seconds, work_path = _o.count, _o.seconds, _o.work_path
 
 CONVERT = Command(
     "serve-convert",
-    aliases=["convert"],
     help="convert the trained draft (a speculators eagle3 checkpoint) for SGLang's EAGLE3 loader "
     "(LlamaForCausalLMEagle3)",
     description="Refuses drafts SGLang cannot serve as trained (norm_before_residual, a sliding window "

@@ -42,6 +42,7 @@ from eagle3ops.sglang.server import (
     systemctl,
     wait_health,
 )
+from eagle3ops.sglang.versions import DEFAULT_VERSION
 from eagle3ops.store import HiddenStateStore, preflight_disk, read_safetensors_header
 
 
@@ -77,7 +78,7 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
     stop_server: bool = True  # stop ``server_unit`` at the end (only units this run started)
     restore_patch: str | None = None  # deepseek_v2.py to restore when every row is done
     restore_patch_always: bool = False  # restore even when rows failed
-    sglang_version: str = "0.5.23"  # the server's SGLang version (the patch restore_patch checks against)
+    sglang_version: str = DEFAULT_VERSION  # the server's SGLang version (restore_patch checks against it)
     progress: bool = True
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)  # retry backoff (tests record it)
 

@@ -35,7 +35,6 @@ JOB_FILE, PROGRESS, REASSIGN_RANKS, REASSIGN_FROM_DATA = (
 
 SGLANG_EXTRACT = Command(
     "extract-sglang",
-    aliases=["sglang-extract"],
     help="extract hidden states through a patched SGLang server (resumable)",
     check_help="report what would be sent; contact no server, write nothing",
     module="eagle3ops_extract_sglang",

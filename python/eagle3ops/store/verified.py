@@ -6,13 +6,13 @@ store costs one ``stat`` a file.
 
 Why: the cheap check every phase runs (size and safetensors header: :meth:`HiddenStateStore.check_files`) cannot
 see bytes changed inside the tensor data; a 16-byte flip in a file passed ``status`` and a re-run, and only
-``eagle3ops verify --level checksum`` found it (issue 32). The train phase runs this before it launches a
+``eagle3ops extract-verify --level checksum`` found it (issue 32). The train phase runs this before it launches a
 trainer, so damaged states are refused, naming the file, before anything trains on them.
 
 What the record trusts: a write, a truncate, a rename over the file, a copy (storage migration, backup restore)
 all change the inode or ctime, and no system call sets ctime back; a file whose key is unchanged has the bytes
 that were verified. Corruption below the file system (a disk returning other bytes for an unchanged inode) is
-found by the first verification of each file, not by later ones: ``eagle3ops verify --level checksum`` re-reads
+found by the first verification of each file, not by later ones: ``eagle3ops extract-verify --level checksum`` re-reads
 everything whatever the record says.
 
 The record is append-only JSON lines ``{"i": index, "k": [ino, size, mtime_ns, ctime_ns], "t": time}`` (the

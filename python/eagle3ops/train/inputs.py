@@ -211,8 +211,9 @@ def check_content(data_dir: str | os.PathLike, *, check: bool, log) -> dict:
         raise TrainError(
             f"{len(damaged)} hidden-state files in {store.dir} do not hold the bytes their writer recorded ("
             + _first_ten(store, damaged, rows)
-            + "). Nothing was trained on them. Move them aside and extract those rows again: `eagle3ops verify "
-            f"--data {data_dir} --level checksum --move-aside`, then the extract phase (or the extract phase "
+            + "). Nothing was trained on them. Move them aside and extract those rows again: "
+            f"`eagle3ops extract-verify --data {data_dir} --level checksum --move-aside`, then the extract phase (or "
+            "the extract phase "
             "with extract_verify: checksum, which does both).",
             damaged_files={
                 str(i): {"file": _file(store, rows, i), "reason": r} for i, r in sorted(damaged.items())

@@ -3,7 +3,7 @@ run, the speculators config keys the phase manages itself, and the phase's error
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from eagle3ops.errors import WithDetails
 from eagle3ops.train.options import TRAIN
@@ -142,7 +142,3 @@ class TrainSpec:
     # network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
     nic: str | None = _D["nic"]
     trainer: str = _D["trainer"]  # a key of TRAINERS
-
-
-def spec_asdict(spec: TrainSpec) -> dict:
-    return asdict(spec)

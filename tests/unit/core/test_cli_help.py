@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 from eagle3ops import cli
 from tinymodels import build_prepared_dataset
@@ -21,9 +20,8 @@ from tinymodels import build_prepared_dataset
 REPO = Path(__file__).resolve().parents[3]
 EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")
 RST = re.compile(r"``|:\w+:`|\.\. \w+::")
-# the older names that still run the command (issue #32 renamed them; roles, bench scripts and playbooks written
-# before may use them)
-ALIASES = {
+# the commands' names before they carried their phase's: gone, none of them runs a command any more
+FORMER = {
     "status": "extract-status",
     "workers": "extract-workers",
     "lengths": "extract-lengths",
@@ -63,7 +61,7 @@ def test_the_help_lists_every_command_once_under_its_phase_in_pipeline_order():
     names = _current_names()
     listed = re.findall(r"^    (\S+)", text, flags=re.M)
     assert sorted(listed) == sorted(names), "each command once, none missing, no alias"
-    assert not set(ALIASES) & set(listed)
+    assert not set(FORMER) & set(listed)
     headings = re.findall(r"^  (\w+): ", text, flags=re.M)
     tags = [t for play in yaml.safe_load((REPO / "site.yml").read_text()) for t in play["tags"]]
     phases = [h for h in headings if h != "tools"]
@@ -120,26 +118,22 @@ def test_an_option_names_no_choice_it_refuses():
         )
 
 
-@pytest.mark.parametrize(("old", "new"), sorted(ALIASES.items()))
-def test_an_old_name_runs_the_same_command(old, new):
-    parser = cli.build_parser()
-    sub = _subcommands(parser)
-    assert sub.choices[old] is sub.choices[new]  # the same parser, so the same options and handler
-    usage = sub.choices[old].format_usage()
-    assert f"eagle3ops {new} " in usage  # its help speaks of the current name
+def test_no_command_keeps_a_former_name():
+    sub = _subcommands(cli.build_parser())
+    assert not set(FORMER) & set(sub.choices), sorted(set(FORMER) & set(sub.choices))
+    assert set(FORMER.values()) <= set(sub.choices)
 
 
-def test_old_and_new_names_give_the_same_result_and_an_unknown_one_lists_current_names(tmp_path):
-    """Real processes: ``eagle3ops status`` (an older name, used by playbooks written before) and
-    ``eagle3ops extract-status`` answer the same; a mistyped command lists the current names, no alias."""
+def test_a_command_answers_and_an_unknown_one_lists_current_names(tmp_path):
+    """Real processes: ``eagle3ops extract-status`` answers; a mistyped command lists the current names."""
     data = build_prepared_dataset(tmp_path / "data", [5, 7, 3])
-    outs = []
-    for name in ("status", "extract-status"):
-        r = subprocess.run([EAGLE3OPS, name, "--data", str(data), "--json"], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        outs.append(json.loads(r.stdout.strip().splitlines()[-1]))
-    assert outs[0] == outs[1] and (outs[1]["done"], outs[1]["rows"]) == (0, 3), outs
+    r = subprocess.run(
+        [EAGLE3OPS, "extract-status", "--data", str(data), "--json"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (out["done"], out["rows"]) == (0, 3), out
     r = subprocess.run([EAGLE3OPS, "extract-stats"], capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "invalid choice: 'extract-stats'" in r.stderr, r.stderr
     choices = [c.strip() for c in r.stderr.split("choose from", 1)[1].strip().rstrip(")").split(",")]
-    assert sorted(choices) == sorted(_current_names()) and not set(ALIASES) & set(choices), choices
+    assert sorted(choices) == sorted(_current_names()) and not set(FORMER) & set(choices), choices

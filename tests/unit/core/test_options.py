@@ -15,8 +15,8 @@ checked against it here.
     of the role really passes it to that module parameter;
 (e) params -> argv -> the generated parser gives every value back (the runner loses and renames nothing), for
     non-default values, for the defaults, and for a value that starts with ``-``;
-(f) check mode is ``--check`` in every command, ``--plan`` still works; older flags (``--allow-unit``,
-    ``--gpu-optional``, ...) still work; a renamed flag fails with one line naming the new one, exit 2;
+(f) check mode is ``--check`` in every command; the one older flag kept (``assets convert --gguf``) works; a
+    renamed flag fails with one line naming the new one, exit 2;
 (g) the Python API the commands call (``prepare()``, ``ExtractConfig``, ``TrainSpec``, ``ensure_free()``, ...)
     has the definition's defaults, or a reason beside the one that differs.
 
@@ -286,12 +286,11 @@ def test_module_params_reach_the_cli_unchanged(name, values):
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c.check and c.cli))
-def test_check_mode_is_check_and_plan_still_works(name):
+def test_check_mode_is_check(name):
     cmd = COMMANDS[name]
     required = [w for o in _given(cmd) for w in o.argv(_sample(o))]
     parser = _real_parsers()[name]
     assert parser.parse_args([*required, "--check"]).check is True
-    assert parser.parse_args([*required, "--plan"]).check is True
     assert parser.parse_args(required).check is False
 
 
@@ -301,8 +300,8 @@ ALIASED = sorted(
 
 
 @pytest.mark.parametrize(("name", "option"), ALIASED)
-def test_older_flags_still_work(name, option):
-    """``--allow-unit`` is ``--stop-unit``, ``--grace`` ``--stop-grace``, ``--gpu-optional`` ``--no-gpu-required``."""
+def test_an_older_flag_that_is_kept_still_works(name, option):
+    """The one older flag kept: ``assets convert --gguf`` (``--source``), which bench/proof_of_value.py passes."""
     cmd = COMMANDS[name]
     o = cmd.option(option)
     required = [w for r in _given(cmd) if r is not o for w in r.argv(_sample(r))]
@@ -315,6 +314,16 @@ def test_older_flags_still_work(name, option):
         )
     for old in o.false_aliases:
         assert getattr(parser.parse_args([*required, old]), o.name) is False
+
+
+def test_the_former_flags_are_gone():
+    kept = {
+        (n, old)
+        for n, c in COMMANDS.items()
+        for o in c.cli_options()
+        for old in (*o.aliases, *o.false_aliases)
+    }
+    assert kept == {("assets convert", "--gguf")}, kept
 
 
 def test_a_value_that_looks_like_a_flag_reaches_the_cli():

@@ -197,14 +197,15 @@ def test_example_inventories_pass_the_bounds(rel):
 
 
 def test_the_shared_path_check_names_every_shared_path_variable():
-    """roles/eagle3ops/tasks/main.yml refuses a relative path in each shared variable that names a path: every
+    """roles/eagle3ops/tasks/main.yml refuses a relative path in each shared variable that names a path (the paths
+    its first task gives action_plugins/eagle3ops_preflight.py): every
     ``type: path`` option of its argument_specs, and the str/list ones that hold paths."""
     import yaml
 
     specs = yaml.safe_load((REPO / "roles/eagle3ops/meta/argument_specs.yml").read_text())
     opts = specs["argument_specs"]["main"]["options"]
     tasks = yaml.safe_load((REPO / "roles/eagle3ops/tasks/main.yml").read_text())
-    listed = set(tasks[0]["vars"]["eagle3ops_path_variables"])
+    listed = set(tasks[0]["eagle3ops_preflight"]["paths"])
     paths = {k for k, o in opts.items() if o.get("type") == "path"}
     assert paths <= listed, sorted(paths - listed)
     holding_paths = {"eagle3ops_heldout_prompts", "eagle3ops_conversations", "eagle3ops_sglang_site_packages"}

@@ -169,16 +169,18 @@ def test_verify_cli_reports_and_moves_aside(store_dir, capsys):
     store = HiddenStateStore(store_dir)
     _damage(store.path(0), "flipped-byte")
     _damage(store.path(5), "deleted")
-    assert cli_main(["verify", "--data", str(store_dir), "--json"]) == 2  # size level: row 5 only
+    assert cli_main(["extract-verify", "--data", str(store_dir), "--json"]) == 2  # size level: row 5 only
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert sorted(res["damaged"]) == ["5"] and res["checked"] == len(LENGTHS)
-    assert cli_main(["verify", "--data", str(store_dir), "--level", "checksum", "--json"]) == 2
+    assert cli_main(["extract-verify", "--data", str(store_dir), "--level", "checksum", "--json"]) == 2
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert sorted(res["damaged"]) == ["0", "5"] and "checksum" in res["damaged"]["0"]["reason"]
-    rc = cli_main(["verify", "--data", str(store_dir), "--level", "checksum", "--move-aside", "--json"])
+    rc = cli_main(
+        ["extract-verify", "--data", str(store_dir), "--level", "checksum", "--move-aside", "--json"]
+    )
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and res["moved_aside"] == 1 and res["changed"] is True
-    assert cli_main(["verify", "--data", str(store_dir), "--level", "checksum", "--json"]) == 0
+    assert cli_main(["extract-verify", "--data", str(store_dir), "--level", "checksum", "--json"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["damaged"] == {} and res["checked"] == len(LENGTHS) - 2
 

@@ -66,14 +66,14 @@ def test_plan_of_a_share_and_the_refusal_of_another_world(prepared, tiny_target,
     b = _store(prepared, tiny_target, tmp_path / "b", [1, 2], world=3, ranks=[1, 2])
     common = ["extract", "--data", str(b), "--model", str(tiny_target), "--layer-ids", *map(str, LAYERS)]
     rc, plan = _json(
-        capsys, [*common, "--world-size", "3", "--first-rank", "1", "--workers", "2", "--plan", "--json"]
+        capsys, [*common, "--world-size", "3", "--first-rank", "1", "--workers", "2", "--check", "--json"]
     )
     assert rc == 0
     # ranks 1 and 2 of 3 own rows 1, 2, 4, 5, 7, 8; rows 1 and 2 are done
     assert plan["total"] == 6 and plan["done_before"] == 2 and plan["to_extract"] == 4, plan
     assert plan["ranks"] == [1, 2] and plan["world_size"] == 3
     rc, res = _json(
-        capsys, [*common, "--world-size", "2", "--first-rank", "1", "--workers", "1", "--plan", "--json"]
+        capsys, [*common, "--world-size", "2", "--first-rank", "1", "--workers", "1", "--check", "--json"]
     )
     assert (
         rc == 2
@@ -81,7 +81,7 @@ def test_plan_of_a_share_and_the_refusal_of_another_world(prepared, tiny_target,
         and "ranks [1] of 2" in res["msg"]
     )
     rc, res = _json(
-        capsys, [*common, "--world-size", "3", "--first-rank", "2", "--workers", "2", "--plan", "--json"]
+        capsys, [*common, "--world-size", "3", "--first-rank", "2", "--workers", "2", "--check", "--json"]
     )
     assert rc == 2 and "outside world size 3" in res["msg"], res
     assert json.loads((b / "hidden_states" / "shard.json").read_text())["ranks"] == [1, 2]  # untouched
@@ -90,7 +90,7 @@ def test_plan_of_a_share_and_the_refusal_of_another_world(prepared, tiny_target,
 def test_status_over_several_stores(prepared, tiny_target, tmp_path, capsys):
     a = _store(prepared, tiny_target, tmp_path / "a", [0, 3, 6, 9], world=3, ranks=[0])
     b = _store(prepared, tiny_target, tmp_path / "b", [1, 2, 4, 5, 8], world=3, ranks=[1, 2])
-    rc, view = _json(capsys, ["status", "--data", str(a), "--data", str(b), "--json"])
+    rc, view = _json(capsys, ["extract-status", "--data", str(a), "--data", str(b), "--json"])
     assert rc == 0
     assert (view["rows"], view["done"], view["missing"], view["missing_rows"]) == (10, 9, 1, [7])
     assert view["complete"] is False and view["done_twice"] == 0 and view["not_covered"] == 0
@@ -99,7 +99,9 @@ def test_status_over_several_stores(prepared, tiny_target, tmp_path, capsys):
     ]  # fmt: skip
     # a one-host store beside them: every row it holds is done twice
     one = _store(prepared, tiny_target, tmp_path / "one", list(range(10)))
-    rc, view = _json(capsys, ["status", "--data", str(a), "--data", str(b), "--data", str(one), "--json"])
+    rc, view = _json(
+        capsys, ["extract-status", "--data", str(a), "--data", str(b), "--data", str(one), "--json"]
+    )
     assert rc == 0 and view["done_twice"] == 9 and view["complete"] is False
 
 
@@ -107,5 +109,5 @@ def test_status_refuses_stores_of_different_datasets(prepared, tiny_target, tmp_
     a = _store(prepared, tiny_target, tmp_path / "a", [0], world=2, ranks=[0])
     other = build_prepared_dataset(tmp_path / "other-prep", [4] * len(LENGTHS), seed=5)
     b = _store(other, tiny_target, tmp_path / "b", [1], world=2, ranks=[1])
-    rc, res = _json(capsys, ["status", "--data", str(a), "--data", str(b), "--json"])
+    rc, res = _json(capsys, ["extract-status", "--data", str(a), "--data", str(b), "--json"])
     assert rc == 2 and "different prepared datasets" in res["msg"], res

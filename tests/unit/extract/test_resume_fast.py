@@ -34,7 +34,7 @@ def test_seq_lens_from_arrow_equal_datasets(tmp_path):
 
 def test_plan_imports_neither_datasets_nor_transformers(tmp_path, tiny_target):
     """``extract --plan`` on a plain dataset and config: neither heavy package is imported (they cost 3-12 s of
-    the 13-16 s a fresh --plan process took under load)."""
+    the 13-16 s a fresh --check process took under load)."""
     d = build_prepared_dataset(tmp_path / "d", [4, 9, 16])
     code = (
         "import sys, json; from eagle3ops.extract.session import ExtractConfig, plan_extraction; "

@@ -37,7 +37,7 @@ def test_cli_without_driver_fails_with_what_to_do_or_skips_when_optional():
     rc, out, err = _cli("--timeout", "1")
     assert rc == 2 and out["failed"] and "gpu_free_gpu_required: false" in out["msg"]
     assert "NVML could not initialise" in err
-    rc, out, _ = _cli("--gpu-optional", "--check")
+    rc, out, _ = _cli("--no-gpu-required", "--check")
     assert rc == 0 and out["skipped"] is True and out["changed"] is False
 
 

@@ -142,6 +142,10 @@ def test_nvidia_holders_from_a_proc_tree(tmp_path):
     assert got == [{"pid": 202, "comm": "jupyter", "cmdline": "jupyter --flag", "unit": "jupyter.service",
                     "devices": ["/dev/nvidiactl"]}]  # fmt: skip
     assert [h["pid"] for h in s.nvidia_holders(str(proc))] == [101, 202]
+    # the role's report prints them in one line (services_info.holders_line)
+    assert s.holders_line(s.nvidia_holders(str(proc))) == (
+        "pid 101 (python3, unit vllm.service: /dev/nvidia0); pid 202 (jupyter, unit jupyter.service: /dev/nvidiactl)"
+    )
 
 
 def test_gather_reports_records_and_etc_entries(tmp_path):

@@ -121,7 +121,7 @@ def test_cli_json_and_exit_code(server, tmp_path, capsys):
     assert cli_main(base) == 2
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["failed"] is True and f"{src}:2: not valid JSON" in res["msg"] and res["num_skipped"] == 1
-    assert cli_main([*base, "--on-error", "skip", "--plan"]) == 0
+    assert cli_main([*base, "--on-error", "skip", "--check"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["plan"] and res["left"] == 1 and not out.exists()
     assert cli_main([*base, "--on-error", "skip"]) == 0

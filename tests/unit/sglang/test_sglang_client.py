@@ -310,7 +310,7 @@ def test_an_fp8_store_through_the_cli_equals_the_transformers_backends_at_about_
     ref8 = transformers_reference(tmp_path_factory, tiny_target, LENGTHS, dtype="float8_e4m3fn")
     fp8 = ("--dtype", "float8_e4m3fn")
     plan = subprocess.run(
-        _cli(data_dir, tiny_target, "http://127.0.0.1:9", *fp8, "--plan"), capture_output=True
+        _cli(data_dir, tiny_target, "http://127.0.0.1:9", *fp8, "--check"), capture_output=True
     )
     assert plan.returncode == 0, plan.stderr[-2000:]
     with standin_server(tmp_path, data_dir, tiny_target) as url:
@@ -334,7 +334,7 @@ def test_an_fp8_store_through_the_cli_equals_the_transformers_backends_at_about_
 
 def test_plan_contacts_no_server(data_dir, tiny_target):
     r = subprocess.run(
-        _cli(data_dir, tiny_target, "http://127.0.0.1:9", "--plan"), capture_output=True, text=True
+        _cli(data_dir, tiny_target, "http://127.0.0.1:9", "--check"), capture_output=True, text=True
     )
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert r.returncode == 0 and out["to_extract"] == len(LENGTHS) and out["changed"] is True

@@ -1,6 +1,6 @@
 """Issue 32: damage found before it is trained on. A 16-byte flip inside a hidden-state file keeps its size and
 header, so the cheap check every phase makes (``status``, an extract re-run, train's plan) passes it; only
-``eagle3ops verify --level checksum`` found it. The train phase now compares every file's content with the
+``eagle3ops extract-verify --level checksum`` found it. The train phase now compares every file's content with the
 checksum its writer recorded before it launches a trainer, once per file (``hidden_states/verified.jsonl``,
 keyed by inode, size, mtime and ctime: :mod:`eagle3ops.store.verified`), and refuses a damaged file by name.
 
@@ -72,7 +72,7 @@ def test_a_16_byte_flip_passes_the_cheap_check_and_is_refused_before_training(st
     assert meta["num_states"] and meta["hidden_size"] and meta["dtype"]  # so the cheap check does run
     # what every run checked before: size + header, and status - all pass the flipped file
     assert train_inputs.check_samples(str(data), meta, "raise")["samples_with_states"] == ROWS
-    assert cli_main(["status", "--data", str(data), "--json"]) == 0
+    assert cli_main(["extract-status", "--data", str(data), "--json"]) == 0
     st = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert st["done"] == ROWS and st["remaining"] == 0
     # the train phase refuses before any trainer starts, naming the file and what to do
@@ -91,8 +91,8 @@ def test_a_16_byte_flip_passes_the_cheap_check_and_is_refused_before_training(st
     # the other seven were verified and recorded; the damaged one was not
     record = {json.loads(x)["i"] for x in (data / "hidden_states" / VERIFIED_NAME).read_text().splitlines()}
     assert record == set(range(ROWS)) - {3}
-    # and eagle3ops verify --level checksum names the same file
-    assert cli_main(["verify", "--data", str(data), "--level", "checksum", "--json"]) == 2
+    # and eagle3ops extract-verify --level checksum names the same file
+    assert cli_main(["extract-verify", "--data", str(data), "--level", "checksum", "--json"]) == 2
     assert list(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["damaged"]) == ["3"]
 
 

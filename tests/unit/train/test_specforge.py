@@ -284,7 +284,7 @@ def _specforge_checkpoint(run, out: Path, step: int = 7, config: Path | None = N
 
 @pytest.mark.parametrize("fc_norm", [False, True])
 def test_convert_exports_a_specforge_run_that_sglangs_loader_takes(run, tmp_path, fc_norm):
-    """``eagle3ops convert`` of a SpecForge run: SpecForge's exporter, our layer-id translation and stamp; every
+    """``eagle3ops serve-convert`` of a SpecForge run: SpecForge's exporter, our layer-id translation and stamp; every
     parameter of SGLang's LlamaForCausalLMEagle3 (0.5.17's real load_weights) gets a weight. With ``fc_norm``
     (train_specforge_fc_norm), the per-state norms SpecForge's draft trains reach SGLang's ``fc_norm`` too."""
     import shutil
