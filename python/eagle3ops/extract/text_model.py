@@ -90,7 +90,7 @@ def _state_dict(ck: Checkpoint, dtype) -> dict:
     import torch
     from safetensors import safe_open
 
-    from eagle3ops.kimi_fixture import int4
+    from eagle3ops import int4
 
     raw = {}
     for shard in checkpoint_files.shard_names(ck.path):

@@ -4,7 +4,7 @@
   (``language_model.model.layers.N...``, ``language_model.lm_head.weight``), bf16; the router's
   ``e_score_correction_bias`` float32. Routed experts one Linear per expert and projection
   (``mlp.experts.E.gate_proj``...), each compressed-tensors INT4 (``weight_packed``/``weight_scale``/
-  ``weight_shape``: eagle3ops.kimi_fixture.int4); dense MLP, shared experts, attention and ``lm_head`` bf16.
+  ``weight_shape``: eagle3ops.int4); dense MLP, shared experts, attention and ``lm_head`` bf16.
 - Vision tower (``vision_tower.patch_embed``/``encoder.blocks.N``/``final_layernorm``) and projector
   (``mm_projector.pre_norm``/``proj.0``/``proj.2``), bf16, seeded random.
 - Shards: language layers split over the first shards, the vision tensors in the last, every shard named
@@ -17,8 +17,8 @@ import json
 import re
 from pathlib import Path
 
-from eagle3ops import tinymodel
-from eagle3ops.kimi_fixture import int4, spec
+from eagle3ops import int4, tinymodel
+from eagle3ops.kimi_fixture import spec
 
 PREFIX = "language_model."
 INDEX = "model.safetensors.index.json"

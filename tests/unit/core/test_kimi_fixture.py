@@ -14,8 +14,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from eagle3ops import int4
 from eagle3ops.cli import main as cli_main
-from eagle3ops.kimi_fixture import bpe, int4, spec, weights
+from eagle3ops.kimi_fixture import bpe, spec, weights
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """INT4 weight-only, symmetric, group-wise quantisation in compressed-tensors' ``pack-quantized`` form (the
-form of Kimi-K2.5's routed experts): per Linear weight ``[out, in]``
+form of Kimi-K2.5's routed experts; the extract phase dequantises them with it, the fixture builder writes them
+with it): per Linear weight ``[out, in]``
 
 - ``weight_packed`` int32 ``[out, in / 8]``: each value q in [-8, 7] is stored as q + 8 in one nibble, eight per
   int32 along the input dim, element ``i`` of a word at bits ``4 * i`` (the least significant nibble first);
