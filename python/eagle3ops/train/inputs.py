@@ -68,7 +68,7 @@ def verifier_facts(verifier_path: str, trust_remote_code: bool = False) -> dict:
             inputs_pending=True,
         )
     try:
-        remote_code.check(verifier_path, trust_remote_code)
+        found = remote_code.check(verifier_path, trust_remote_code)
     except remote_code.RemoteCodeError as e:
         raise TrainError(str(e)) from None
     cfg = json.loads(cfg_path.read_text())
@@ -82,6 +82,7 @@ def verifier_facts(verifier_path: str, trust_remote_code: bool = False) -> dict:
         "has_tokenizer": any(
             (Path(verifier_path) / n).exists() for n in ("tokenizer.json", "tokenizer_config.json")
         ),
+        "remote_code": bool(found),
     }
 
 

@@ -261,8 +261,9 @@ def plan(spec: TrainSpec) -> Plan:
     if num_workers is None:
         num_workers = 0 if cpu else max(1, min(12, (os.cpu_count() or 2) // nproc - 1))
     mask = spec.mask_token_id
-    if mask is None and not facts["has_tokenizer"]:
-        # speculators resolves it from the verifier's tokenizer; EAGLE-3 does not use it
+    if mask is None and (not facts["has_tokenizer"] or facts["remote_code"]):
+        # speculators resolves it from the verifier's tokenizer, loaded without trust_remote_code (a remote-code
+        # target such as Kimi-K2.5 then fails in the trainer); EAGLE-3 does not use it: the config's pad id
         mask = facts["pad_token_id"] if isinstance(facts["pad_token_id"], int) else 0
     save_path = Path(spec.save_path).resolve() if spec.save_path else run_dir / "checkpoints"
     # the maps' directory is keyed by what they come from: the token counts, or a warm start's draft

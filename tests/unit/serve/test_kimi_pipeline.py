@@ -40,9 +40,10 @@ def test_prepare_extract_train_convert_on_the_kimi_fixture(tmp_path, kimi):
     ext = _cli("extract", "--data", data, "--model", model, "--layer-ids", *IDS, "--device", "cpu",
                "--trust-remote-code")  # fmt: skip
     assert ext["written"] == 6 and ext["hidden_size"] == text["hidden_size"] and ext["layer_ids"] == [0, 2, 3]
-    # --mask-token-id: speculators would otherwise load the processor without trust_remote_code
+    # no --mask-token-id: for a remote-code verifier the plan takes the config's pad id (speculators would load
+    # the wrapper's processor without trust_remote_code to find one, and fail)
     tr = _cli("train", "--data", data, "--verifier", model, "--run-dir", run, "--epochs", 1, "--max-steps", 2,
-              "--total-seq-len", 192, "--draft-vocab-size", 64, "--mask-token-id", text["pad_token_id"],
+              "--total-seq-len", 192, "--draft-vocab-size", 64,
               "--device", "cpu", "--trust-remote-code", "--launcher", "setsid", "--no-gpu-free-check", "--wait",
               "--timeout", 600)  # fmt: skip
     assert tr["exit"]["status"] == "finished" and tr["layer_ids"] == [0, 2, 3], tr
