@@ -106,7 +106,7 @@ options:
     default: 64.0
   pve_storage:
     description:
-      - The PVE storage underneath the data directory, as C(eagle3ops_pve_storage_usage) reports it on the
+      - The PVE storage underneath the data directory, as C(eagle3ops_extract_pve_usage) reports it on the
         PVE host (C(storage), C(type), C(total), C(used), C(avail) in bytes; C(metadata_percent) for a thin
         pool).
       - 'The disk preflight then also refuses an extraction whose bytes (with the margins) do not fit the

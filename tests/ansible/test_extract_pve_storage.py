@@ -3,7 +3,7 @@ that does not fit it, although the filesystem the extraction writes to has room 
 thin pool running out underneath a container's volume).
 
 Real: the phase playbook (playbooks/extract.yml) through ansible-runner on this machine (inventory/local), the role,
-the module eagle3ops_pve_storage_usage delegated to the "PVE host" (localhost here), the extract module and CLI
+the module eagle3ops_extract_pve_usage delegated to the "PVE host" (localhost here), the extract module and CLI
 with a tiny model on the CPU. STAND-INS (no PVE host can run here): ``pvesm`` is tests/fixtures/pvesm (its output
 checked against PVE's recorded format in tests/unit/host/test_pve_volumes.py), the container's config a file
 under a temporary /etc/pve/lxc whose ``mp0`` is a Ceph RBD volume.

@@ -132,11 +132,11 @@ PVE_STORAGE = Option(
     "dict",
     as_json=True,
     default={},
-    role=False,  # the role passes what eagle3ops_pve_storage_usage found on the PVE host
+    role=False,  # the role passes what eagle3ops_extract_pve_usage found on the PVE host
     help="the PVE storage underneath the data directory (JSON: storage, type, total, used, avail in bytes, as the "
     "PVE host reports it); the disk preflight refuses what does not fit it either",
     doc=[
-        "The PVE storage underneath the data directory, as C(eagle3ops_pve_storage_usage) reports it on the PVE "
+        "The PVE storage underneath the data directory, as C(eagle3ops_extract_pve_usage) reports it on the PVE "
         "host (C(storage), C(type), C(total), C(used), C(avail) in bytes; C(metadata_percent) for a thin pool).",
         "The disk preflight then also refuses an extraction whose bytes (with the margins) do not fit the "
         "storage's available bytes, naming the storage and the numbers: C(statvfs) inside a container cannot "

@@ -496,7 +496,7 @@ PVE_STORAGE_USAGE = Command(
     help="how full the PVE storage under a path of an LXC container is (pvesm status; a thin pool's lvs)",
     check=False,  # it only reads
     cli=False,
-    module="eagle3ops_pve_storage_usage",
+    module="eagle3ops_extract_pve_usage",
     role="extract",
     options=[
         Option(

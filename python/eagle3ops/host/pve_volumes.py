@@ -259,7 +259,7 @@ def pool_usage(volume: str, status: StorageStatus, thin: dict | None = None) -> 
 
 def storage_usage(keys: dict[str, str], path: str, run, *, pvesm: str, lvs: str, storage_cfg: dict) -> dict:
     """How full the PVE storage under ``path`` (inside the container whose config ``keys`` are) is: the result of
-    the module ``eagle3ops_pve_storage_usage``. ``usage`` is None when that mount point is a host path (a bind
+    the module ``eagle3ops_extract_pve_usage``. ``usage`` is None when that mount point is a host path (a bind
     mount: ``statvfs`` inside the container sees its filesystem) or no mount point holds ``path``. ``run(argv)``
     -> (rc, stdout, stderr)."""
     found = volume_for_path(keys, path)

@@ -3,7 +3,7 @@
 ``statvfs`` inside a container sees the filesystem of its volume, not the pool the volume is carved from: an
 LVM-thin pool or a Ceph pool can run out while the container's filesystem still shows terabytes free (thin
 volumes are over-committed; Ceph's ``max_avail`` shrinks with every other guest's writes). The extract phase
-therefore also asks the PVE host (``library/eagle3ops_pve_storage_usage.py``: ``pvesm status``, and a thin pool's
+therefore also asks the PVE host (``library/eagle3ops_extract_pve_usage.py``: ``pvesm status``, and a thin pool's
 metadata% from ``lvs``) and hands the answer here, a dict: ``storage``, ``type``, ``volume``, ``total``,
 ``used``, ``avail`` (bytes), ``source``, ``metadata_percent`` (thin pools). This module only decides.
 """

@@ -145,7 +145,7 @@ def test_plan_writes_nothing_and_predicts(data_dir, tiny_target):
 
 def test_a_pve_storage_that_cannot_take_the_rest_is_refused_before_any_write(data_dir, tiny_target):
     """The PVE side of the disk preflight (store.pool): the filesystem here has room, the PVE storage handed in
-    (as eagle3ops_pve_storage_usage reports it) has not; the plan says so and the run writes nothing."""
+    (as eagle3ops_extract_pve_usage reports it) has not; the plan says so and the run writes nothing."""
     need = plan_extraction(ExtractConfig(data_dir=str(data_dir), model_path=str(tiny_target)))["bytes_needed"]
     pool = {"storage": "ceph-rbd", "type": "rbd", "volume": "ceph-rbd:vm-129-disk-1", "total": 10 * need,
             "used": 10 * need - need // 2, "avail": need // 2, "source": "pvesm status"}  # fmt: skip

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from eagle3ops import int4
 from eagle3ops.extract import text_model
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.session import ExtractConfig
 from eagle3ops.extract.transformers_backend import run_extraction
-from eagle3ops import int4
 from eagle3ops.kimi_fixture import spec, weights
 from eagle3ops.store import HiddenStateStore
 from safetensors.torch import load_file

@@ -32,8 +32,8 @@ def small_gpu(monkeypatch):
     forwards = Forwards()
     load = transformers_backend.load_model
 
-    def load_small(model_path, device, compute_dtype):
-        model = load(model_path, device, compute_dtype)
+    def load_small(model_path, device, compute_dtype, checkpoint=None):
+        model = load(model_path, device, compute_dtype, checkpoint)
 
         def pre_hook(_module, _args, kwargs):
             n = int(kwargs["input_ids"].numel())

@@ -228,7 +228,7 @@ def test_a_volume_attached_to_another_container_is_refused(pve):
 
 
 def test_the_usage_under_the_data_directory_comes_from_its_storage(pve):
-    """What eagle3ops_pve_storage_usage reports (run against the stand-ins) for a path on an rbd volume, on a thin
+    """What eagle3ops_extract_pve_usage reports (run against the stand-ins) for a path on an rbd volume, on a thin
     pool (its metadata% from lvs), and on a bind mount (none: statvfs inside sees it); the preflight then refuses
     bytes the pool cannot take while this filesystem has room."""
     cfg = pve_volumes.parse_storage_cfg(

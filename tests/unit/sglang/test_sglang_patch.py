@@ -261,9 +261,11 @@ def _render_unit(version: str) -> str:
 
     import jinja2
     import yaml
+    from ansible.module_utils.parsing.convert_bool import boolean
 
     role = Path(__file__).resolve().parents[3] / "roles/sglang"
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["bool"] = boolean  # Ansible's own, the one filter the unit template uses
     tpl = env.from_string((role / "templates/eagle3ops-sglang-extract.service.j2").read_text())
     with tempfile.TemporaryDirectory() as model:
         (Path(model) / "config.json").write_text(json.dumps({"num_hidden_layers": 8}))
@@ -284,6 +286,7 @@ def _render_unit(version: str) -> str:
         sglang_resolved_layer_ids=answer["layer_ids"],
         sglang_capture_args=answer["sglang_capture_args"],
         sglang_dump_data_dir="/data",
+        sglang_trust_remote_code=True,  # the flag is checked against the version's fields too
     )
     # one server (roles/sglang/tasks/servers.yml's list for sglang_servers: 1)
     server = {"unit": "eagle3ops-sglang-extract", "port": 30000, "gpus": [], "manifest_rank": 0}
@@ -300,7 +303,10 @@ def test_the_server_flags_exist_in_each_sglang_version(version):
 
     fields = _server_fields(version)
     unit = _render_unit(version)
-    cli = server_args(model_path="m", layer_ids=[2, 4, 5], sglang_version=version)
+    # the unit is rendered with sglang_trust_remote_code true: the client helper gets the flag as an extra
+    cli = server_args(
+        model_path="m", layer_ids=[2, 4, 5], sglang_version=version, extra=["--trust-remote-code"]
+    )
     flags = {a for a in cli if a.startswith("--")}
     unit_flags = set(re.findall(r"(--[a-z][a-z0-9-]+)", unit.split("ExecStart=", 1)[1]))
     assert unit_flags == flags, (unit_flags, flags)  # the role's unit and the client helper agree
