@@ -181,7 +181,8 @@ def test_new_gpu_on_running_container_waits_for_restart_flag(make_host, run_play
 
 def test_stale_device_node_and_missing_data_path_fail_with_the_fix(make_host, run_playbook):
     """A /dev/nvidia-uvm left from the old kernel (major 509) and a missing /data host path are refused
-    with messages that say what to do; nothing is written."""
+    with messages that say what to do; nothing is written. Another host path than the container's mp0 is
+    refused first as a mount-point change (container_mp_replace); allowed, the missing path is refused."""
     h = make_pve_host(make_host)
     assert run_playbook(PLAYBOOK, h.inventory).rc == 0
     before = conf(h, 140)
@@ -190,6 +191,10 @@ def test_stale_device_node_and_missing_data_path_fail_with_the_fix(make_host, ru
     assert r.rc != 0 and "nvidia-modprobe -u -c=0" in r.stdout and "major 509" in r.stdout, r.summary()
     h.ssh("rm /dev/nvidia-uvm && mknod -m 0666 /dev/nvidia-uvm c 508 0")
     r = run_playbook(PLAYBOOK, h.inventory, extravars={"container_data_host_path": "/srv/nope"})
+    assert r.rc != 0 and "container_mp_replace: true" in r.stdout, r.summary()
+    assert conf(h, 140) == before
+    xv = {"container_data_host_path": "/srv/nope", "container_mp_replace": True}
+    r = run_playbook(PLAYBOOK, h.inventory, extravars=xv)
     assert r.rc != 0 and "run the storage phase first" in r.stdout, r.summary()
     assert conf(h, 140) == before
 
