@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3ops.errors import WithDetails
+from eagle3ops.store.sample import safetensors_layout
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on a header
 
 
 class CheckpointError(WithDetails, ValueError):
@@ -78,23 +77,13 @@ def read_header(path: str | os.PathLike) -> dict:
     """The JSON header of the safetensors file ``path`` (``__metadata__`` dropped), checked against its size."""
     p = Path(path)
     try:
-        size = p.stat().st_size
-        with open(p, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise CheckpointError(f"{p}: {size} bytes, too short for a safetensors file", path=str(p))
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER or 8 + n > size:
-                raise CheckpointError(
-                    f"{p}: the header claims {n} bytes but the file has {size}: truncated or not safetensors; "
-                    "re-copy the shard",
-                    path=str(p),
-                )
-            header = json.loads(f.read(n))
+        header, n, size = safetensors_layout(p)
     except FileNotFoundError:
         raise CheckpointError(f"{p} does not exist", path=str(p)) from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{p}: the header is not JSON ({e}); re-copy the shard", path=str(p)) from e
+    except ValueError as e:  # too short, a length that does not fit, a header that is not JSON
+        raise CheckpointError(
+            f"{p}: {e}: truncated or not safetensors; re-copy the shard", path=str(p)
+        ) from e
     header.pop("__metadata__", None)
     end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
     if 8 + n + end > size:

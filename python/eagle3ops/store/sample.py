@@ -39,8 +39,11 @@ ST_DTYPES = {
 }
 
 
-def read_safetensors_header(path: str | os.PathLike) -> dict:
-    """Read only the JSON header of a safetensors file (no tensor bytes). Raises ValueError if invalid."""
+def safetensors_layout(path: str | os.PathLike) -> tuple[dict, int, int]:
+    """(the JSON header, its length, the file's size) of a safetensors file, no tensor bytes read: the 8-byte
+    length and the JSON, checked to fit the file (ValueError otherwise; a missing file: FileNotFoundError). Where
+    the tensors end is the caller's check: a sample's must end the file (:func:`read_safetensors_header`), a
+    checkpoint shard's must fit in it (eagle3ops.checkpoint_files)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -49,7 +52,12 @@ def read_safetensors_header(path: str | os.PathLike) -> dict:
         (n,) = struct.unpack("<Q", head)
         if n > 100 * 1024 * 1024 or 8 + n > size:
             raise ValueError(f"header length {n} does not fit in a {size}-byte file")
-        header = json.loads(f.read(n))
+        return json.loads(f.read(n)), n, size
+
+
+def read_safetensors_header(path: str | os.PathLike) -> dict:
+    """Read only the JSON header of a safetensors file (no tensor bytes). Raises ValueError if invalid."""
+    header, n, size = safetensors_layout(path)
     data_len = size - 8 - n
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if end != data_len:
