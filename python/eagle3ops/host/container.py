@@ -116,7 +116,7 @@ def _check_mounts(host: Host, p: dict, config, options: dict) -> dict:
     out = dict(options)
     others = None
     for key, value in sorted(options.items()):
-        if not pve_volumes.MP_RE.match(key):
+        if not pve.MP_KEY_RE.match(key):
             continue
         have = current.get(key)
         if pve_volumes.same_mount(have, str(value)):
@@ -271,7 +271,7 @@ def _converge(p: dict, path: str, host: Host, check_mode: bool) -> dict:
         have = cfg.effective()  # a new volume that PVE allocated is the <storage>:<size> asked for
         opts = {
             k: v for k, v in options.items()
-            if not (pve_volumes.MP_RE.match(k) and pve_volumes.same_mount(have.get(k), str(v)))
+            if not (pve.MP_KEY_RE.match(k) and pve_volumes.same_mount(have.get(k), str(v)))
         }  # fmt: skip
         return pve.plan(
             vmid, cfg, options=opts, devices=devices, all_devices=all_devices, majors=majors, mode=mode,

@@ -27,6 +27,7 @@ SECTION_RE = re.compile(r"^\[([A-Za-z0-9_\-:.]+)\]\s*$")
 RAW_RE = re.compile(r"^(lxc\.[A-Za-z0-9_\-.]+)(?::|\s*=)\s*(.*?)\s*$")
 KEY_RE = re.compile(r"^([a-z][a-z_]*\d*):\s*(.*?)\s*$")
 DEV_KEY_RE = re.compile(r"^dev(\d+)$")
+MP_KEY_RE = re.compile(r"^mp\d+$")  # a mount point's key: mp0, mp1, ...
 PENDING = "pve:pending"
 
 # Keys PVE applies to a running container without a restart; any other change to a running container

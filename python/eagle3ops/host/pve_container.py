@@ -11,18 +11,17 @@ from dataclasses import dataclass
 
 try:
     from eagle3ops.host import _fs
-    from eagle3ops.host.pve import PveError, parse_property_string
+    from eagle3ops.host.pve import MP_KEY_RE, PveError, parse_property_string
 except (
     ImportError
 ):  # on a target, as module_utils/eagle3ops_pve_container.py: eagle3ops is not installed there
     from ansible.module_utils import eagle3ops_fs as _fs
-    from ansible.module_utils.eagle3ops_pve import PveError, parse_property_string
+    from ansible.module_utils.eagle3ops_pve import MP_KEY_RE, PveError, parse_property_string
 
 
 # --------------------------------------------------------------------------------------------------
 # A running container's bind mounts: does it still see what its mpN host path is now?
 # --------------------------------------------------------------------------------------------------
-MP_KEY_RE = re.compile(r"^mp\d+$")
 
 
 # Command lines of pipeline jobs that a container restart would kill (they resume, but the run is lost):

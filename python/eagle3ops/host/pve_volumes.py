@@ -18,11 +18,10 @@ import re
 from dataclasses import asdict, dataclass
 
 try:
-    from eagle3ops.host.pve import PveError, parse_property_string, read_config
+    from eagle3ops.host.pve import MP_KEY_RE, PveError, parse_property_string, read_config
 except ImportError:  # on the PVE host, as module_utils/eagle3ops_pve_volumes.py
-    from ansible.module_utils.eagle3ops_pve import PveError, parse_property_string, read_config
+    from ansible.module_utils.eagle3ops_pve import MP_KEY_RE, PveError, parse_property_string, read_config
 
-MP_RE = re.compile(r"^mp\d+$")
 # PVE's own volume names: vm-<vmid>-disk-<n> (lvm, lvmthin, rbd, zfs zvols), subvol-<vmid>-disk-<n> (zfs
 # datasets of containers), base-<vmid>-disk-<n> (templates); the vmid is the owner
 OWNER_RE = re.compile(r"^(?:vm|subvol|base|basevol)-(\d+)-disk-\d+(?:\.\w+)?$")
@@ -196,7 +195,7 @@ def check_volume(
         )
     for other, keys in sorted(others.items()):
         for k, v in keys:
-            named = MP_RE.match(k) or k == "rootfs" or k.startswith("unused")
+            named = MP_KEY_RE.match(k) or k == "rootfs" or k.startswith("unused")
             if other != vmid and named and parse_property_string(v).get("_") == volid:
                 raise PveError(
                     f"{key}: volume {volid} is attached to container {other} ({k}); nothing was changed"
@@ -223,7 +222,7 @@ def volume_for_path(keys: dict[str, str], path: str) -> tuple[str, str] | None:
         props = parse_property_string(v)
         mp = "/" if k == "rootfs" else props.get("mp", "")
         holds = mp and (path == mp or path.startswith(mp.rstrip("/") + "/"))
-        if (MP_RE.match(k) or k == "rootfs") and holds and (best is None or len(mp) > best[0]):
+        if (MP_KEY_RE.match(k) or k == "rootfs") and holds and (best is None or len(mp) > best[0]):
             best = (len(mp), k, props.get("_", ""))
     return (best[1], best[2]) if best else None
 
