@@ -59,15 +59,7 @@ install_trainers() {  # the trainers' wheels (speculators, datasets, SpecForge, 
 }
 
 sitecustomize() {  # transformers 5.17 already registers qwen3_asr; sglang 0.5.17 registers it again
-  cat > "$S/sitecustomize.py" <<'PY'
-# transformers 5.17 already registers qwen3_asr; sglang 0.5.17 registers it again
-try:
-    from transformers import AutoConfig
-    _o = AutoConfig.register
-    AutoConfig.register = staticmethod(lambda *a, exist_ok=False, **k: _o(*a, exist_ok=True, **k))
-except Exception as e:  # noqa: BLE001
-    print("sitecustomize:", e)
-PY
+  cp bench/box_sitecustomize.py "$S/sitecustomize.py"
 }
 
 case "${1:-}" in

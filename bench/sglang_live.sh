@@ -58,15 +58,7 @@ case "${1:-}" in
     sha256sum /tmp/assets/*.gguf
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$S" "$C"/*.whl \
       > "$W/pip.log" 2>&1 || { echo "pip install failed"; tail -20 "$W/pip.log"; exit 4; }
-    cat > "$S/sitecustomize.py" <<'PY'
-# transformers 5.17 already registers qwen3_asr; sglang 0.5.17 registers it again
-try:
-    from transformers import AutoConfig
-    _o = AutoConfig.register
-    AutoConfig.register = staticmethod(lambda *a, exist_ok=False, **k: _o(*a, exist_ok=True, **k))
-except Exception as e:  # noqa: BLE001
-    print("sitecustomize:", e)
-PY
+    cp bench/box_sitecustomize.py "$S/sitecustomize.py"  # transformers 5.17 vs sglang 0.5.17
     export PYTHONPATH="$S:$ROOT/python" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
       HF_DATASETS_OFFLINE=1 SGLANG_ENABLE_JIT_DEEPGEMM=0 TVM_FFI_CACHE_DIR=/tmp/tvmffi TOKENIZERS_PARALLELISM=false
     python3 -c "import sglang, sgl_kernel, speculators, datasets, torch; print('sglang', sglang.__version__, 'speculators', speculators.__version__, 'torch', torch.__version__)" 2>&1 | tail -2
