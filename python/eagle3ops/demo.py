@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from eagle3ops import jsonl, tinymodel
-from eagle3ops.durable import fsync_tree, sha256_file, swap_dir_into_place
+from eagle3ops.durable import fsync_tree, swap_dir_into_place, tree_sha256
 
 DEMO_VERSION = 2  # 2: SGLang-servable target (checkpoint config fields, bf16, DeepSeek-V3's MLA dims)
 DEMO_JSON = "demo.json"
@@ -427,11 +427,6 @@ def build_model(
 # ---------------------------------------------------------------------------------------------------
 # build / fingerprints
 # ---------------------------------------------------------------------------------------------------
-def _fingerprints(root: Path) -> dict[str, str]:
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != DEMO_JSON)
-    return {str(p.relative_to(root)): sha256_file(p) for p in files}
-
-
 def _params(num_conversations: int, seed: int, train_steps: int = TRAIN_STEPS) -> dict:
     params = {"demo_version": DEMO_VERSION, "num_conversations": num_conversations, "seed": seed}
     if train_steps != TRAIN_STEPS:  # recorded only when not the default: demos built before it stay current
@@ -469,7 +464,7 @@ def _is_current(root: Path, params: dict) -> dict | None:
     if not meta or meta.get("params") != params:
         return None
     try:
-        if _fingerprints(root) != meta.get("files"):
+        if tree_sha256(root, DEMO_JSON) != meta.get("files"):
             return None
     except OSError:
         return None
@@ -566,7 +561,7 @@ def build_demo(
             "num_turns": sum(len(c["conversations"]) for c in convs),
             "conversation_tokens": {"min": min(lengths), "max": max(lengths), "total": sum(lengths)},
             **stats,
-            "files": _fingerprints(tmp),
+            "files": tree_sha256(tmp, DEMO_JSON),
         }
         meta["fingerprint"] = hashlib.sha256(json.dumps(meta["files"], sort_keys=True).encode()).hexdigest()
         meta["build_seconds"] = round(time.monotonic() - t0, 1)

@@ -50,6 +50,17 @@ def sha256_file(path: str | os.PathLike) -> str:
         return h.hexdigest()
 
 
+def tree_sha256(root: str | os.PathLike, leave_out: str) -> dict[str, str]:
+    """``{path relative to root: sha256}`` of every file below ``root``, but those named ``leave_out`` (the tree's
+    own record of itself) and Python's ``__pycache__`` (written when a loader imports the tree's own code)."""
+    root = Path(root)
+    return {
+        str(p.relative_to(root)): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != leave_out and "__pycache__" not in p.parts
+    }
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """fsync the directory ``path`` (makes the renames and creations in it durable)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -31,6 +31,8 @@ import shutil
 import time
 from pathlib import Path
 
+from eagle3ops.durable import fsync_tree, swap_dir_into_place, tree_sha256
+
 FIXTURE_VERSION = 1
 META = "kimi-fixture.json"
 MODEL_DIR = "model"
@@ -45,20 +47,10 @@ class FixtureError(RuntimeError):
     """Bad input to the builder (a message for the user, no traceback)."""
 
 
-def _fingerprints(root: Path) -> dict[str, str]:
-    from eagle3ops.durable import sha256_file
-
-    return {
-        str(p.relative_to(root)): sha256_file(p)
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != META and "__pycache__" not in p.parts
-    }
-
-
 def _current(root: Path, params: dict) -> dict | None:
     try:
         meta = json.loads((root / META).read_text())
-        return meta if meta.get("params") == params and _fingerprints(root) == meta.get("files") else None
+        return meta if meta.get("params") == params and tree_sha256(root, META) == meta.get("files") else None
     except (OSError, ValueError):
         return None
 
@@ -88,7 +80,6 @@ def build(out: str | os.PathLike, seed: int = 0, *, check: bool = False, log=Non
     """Build the fixture under ``out`` (see the module docstring); ``check``: write nothing, say whether a
     build would happen."""
     from eagle3ops import jsonl
-    from eagle3ops.durable import fsync_tree, swap_dir_into_place
     from eagle3ops.kimi_fixture import chats, spec
 
     root = Path(out).absolute()
@@ -123,7 +114,7 @@ def build(out: str | os.PathLike, seed: int = 0, *, check: bool = False, log=Non
         stats = _write_model(tmp / MODEL_DIR, seed)
         jsonl.write(tmp / CONVERSATIONS, chats.conversations(NUM_CONVERSATIONS, seed))
         jsonl.write(tmp / HELDOUT, chats.heldout(NUM_HELDOUT, seed))
-        meta = {"params": params, **shape, **stats, "files": _fingerprints(tmp)}
+        meta = {"params": params, **shape, **stats, "files": tree_sha256(tmp, META)}
         meta["fingerprint"] = hashlib.sha256(json.dumps(meta["files"], sort_keys=True).encode()).hexdigest()
         (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         fsync_tree(tmp)

@@ -25,6 +25,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from eagle3ops import demo as demo_mod
 from eagle3ops.cli import main as cli_main
+from eagle3ops.durable import sha256_file
 from eagle3ops.store import read_safetensors_header
 
 
@@ -174,7 +175,7 @@ def test_demo_json_fingerprints_match_files(demo):
     root = Path(demo["out"])
     assert set(meta["files"]) >= {"model/model.safetensors", "model/tokenizer.json", "conversations.jsonl"}
     for rel, sha in meta["files"].items():
-        assert demo_mod.sha256_file(root / rel) == sha, rel
+        assert sha256_file(root / rel) == sha, rel
     assert meta["params"] == {"demo_version": demo_mod.DEMO_VERSION, "num_conversations": 300, "seed": 0}
 
 
