@@ -72,11 +72,11 @@ LAYER_IDS = ["0", "2", "3"]
 
 
 def _messages(conv: dict) -> list[dict]:
-    """A fixture conversation (ShareGPT-like, eagle3ops.kimi_fixture.chats) as chat messages."""
-    role = {"human": "user", "gpt": "assistant", "system": "system", "user": "user", "assistant": "assistant"}
-    turns = conv.get("conversations") or conv.get("messages") or []
-    return [{"role": role.get(t.get("from") or t.get("role"), "user"), "content": t.get("value") or t.get("content")}
-            for t in turns]  # fmt: skip
+    """A fixture conversation as a client sends it (prepare's tokenizer check's own rendering of the record:
+    reasoning_content and tool calls kept)."""
+    from eagle3ops.prepare.tokcheck import client_messages
+
+    return client_messages(conv.get("conversations") or conv.get("messages") or [])
 
 
 @L.stage("tokenizers", need_s=60)
@@ -98,7 +98,7 @@ def tokenizers(model: Path, convs: list[dict]) -> dict:
     same_remote = same_native = 0
     first_native_diff = None
     for c in convs:
-        text = remote.apply_chat_template(_messages(c), tokenize=False)
+        text = remote.apply_chat_template(_messages(c), tools=c.get("tools") or None, tokenize=False)
         a, b = (t.encode(text, add_special_tokens=False) for t in (sgl, remote))
         n = native.encode(text, add_special_tokens=False) if native is not None else a
         same_remote += a == b
