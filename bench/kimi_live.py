@@ -58,7 +58,12 @@ def _args() -> argparse.Namespace:
     ap.add_argument(
         "--health-s", type=float, default=420, help="a bare box compiles the INT4 MoE kernels first"
     )
-    ap.add_argument("--moe-runner", default=None, help="--moe-runner-backend (default: SGLang's choice)")
+    # triton: the W4A16 Triton MoE (compiled by Triton in seconds). SGLang's default for these experts on CUDA is
+    # Marlin, whose 0.5.17 kernels nvcc compiles on first use: the first forward ran past a 200 s health wait on
+    # the H100 of 2026-12-07. '' leaves SGLang's choice.
+    ap.add_argument(
+        "--moe-runner", default="triton", help="--moe-runner-backend of every server ('': SGLang's)"
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument(
         "--stages", default="tokenizers,serve,capture,draft", help="which stages run (a CPU dry run: capture)"
@@ -69,6 +74,45 @@ def _args() -> argparse.Namespace:
 # of the fixture's 4 decoder layers (the default rule needs N >= 6); not [1, 2, 3]: SGLang 0.5.17 shifts ids
 # that start with 1, and serve-convert refused a draft trained on them (H100 run of 2026-12-07)
 LAYER_IDS = ["0", "2", "3"]
+
+
+def kimi_flags(a) -> list[str]:
+    """The flags every server of this lane gets: the remote code, the kimi_k2 parsers, the vision tower's
+    attention, the MoE runner."""
+    return [*KIMI_FLAGS, *(["--moe-runner-backend", a.moe_runner] if a.moe_runner else [])]
+
+
+def server_tokenize(url: str, **body) -> list[int]:
+    """SGLang's own ids for a text (``prompt``) or for messages through its chat template (``messages``):
+    its ``/v1/tokenize`` (0.5.17: ``{"tokens": [...], "count": n, "max_model_len": m}``)."""
+    r = L.http(url + "/v1/tokenize", {"model": "default", **body}, timeout=60)
+    return [int(x) for x in r["tokens"]]
+
+
+def tokenize_agreement(url: str, remote, convs: list[dict]) -> dict:
+    """The server's ids against the remote-code tokenizer's for the same texts: each rendered conversation as
+    text (add_special_tokens off, as prepare tokenises it) and its first user turn as messages with the
+    generation prompt (the server's template against ours)."""
+    text_eq = msgs_eq = 0
+    first = None
+    for c in convs[:8]:
+        m = _messages(c)
+        text = remote.apply_chat_template(m, tools=c.get("tools") or None, tokenize=False)
+        ours = remote.encode(text, add_special_tokens=False)
+        theirs = server_tokenize(url, prompt=text, add_special_tokens=False)
+        text_eq += ours == theirs
+        user = [t for t in m if t["role"] != "assistant"][:1]
+        ours_m = list(remote.apply_chat_template(user, tokenize=True, add_generation_prompt=True))
+        theirs_m = server_tokenize(url, messages=user)
+        msgs_eq += ours_m == theirs_m
+        for kind, x, y in (("text", ours, theirs), ("messages", ours_m, theirs_m)):
+            if x != y and first is None:
+                k = next(
+                    (i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y))
+                )
+                first = {"kind": kind, "position": k, "ours": x[k : k + 3], "server": y[k : k + 3]}
+    n = min(8, len(convs))
+    return {"conversations": n, "text_equal": text_eq, "messages_equal": msgs_eq, "first_difference": first}
 
 
 def _messages(conv: dict) -> list[dict]:
@@ -127,8 +171,9 @@ def serve(a, model: Path, convs: list[dict]) -> dict:
     from transformers import AutoTokenizer
 
     remote = AutoTokenizer.from_pretrained(str(model), trust_remote_code=True)
-    extra = [*KIMI_FLAGS, *(["--moe-runner-backend", a.moe_runner] if a.moe_runner else [])]
-    srv = L.Server("kimi_plain", model, 30100, extra=extra, cuda_graph=False, mem=0.3, max_tokens=32768)
+    srv = L.Server(
+        "kimi_plain", model, 30100, extra=kimi_flags(a), cuda_graph=False, mem=0.3, max_tokens=32768
+    )
     out: dict = {"argv": srv.argv}
     with srv.start(timeout=a.health_s):
         out["healthy_after_s"] = srv.ready_s
@@ -144,6 +189,10 @@ def serve(a, model: Path, convs: list[dict]) -> dict:
             counts.append([ours, theirs])
         out["prompt_tokens_ours_vs_server"] = counts
         out["prompt_tokens_agree"] = all(x == y for x, y in counts)
+        try:
+            out["tokenize_endpoint"] = tokenize_agreement(srv.url, remote, convs)
+        except Exception as e:  # recorded; the stage's other results stand
+            out["tokenize_endpoint"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     return out
 
 
@@ -170,7 +219,7 @@ def capture(a, model: Path, conv_path: Path) -> dict:
     before = hashlib.sha256(target.read_bytes()).hexdigest()
     out["patch_apply"] = L.cli("sglang-patch", "apply", *site, name="patch_apply")
     srv = capture_server(a, model, ids, name="kimi_capture", port=30110, mem=0.3, max_tokens=32768)
-    srv.argv += KIMI_FLAGS
+    srv.argv += kimi_flags(a)
     srv.cuda_graph = False
     srv.argv.append("--disable-cuda-graph")
     try:
@@ -202,7 +251,7 @@ def draft(a, model: Path, fixture: Path) -> dict:
                          "--env", json.dumps({"TORCH_COMPILE_DISABLE": "1"}), name="train")  # fmt: skip
     conv = w / "draft_sglang"
     out["convert"] = L.cli("serve-convert", "--checkpoint", str(run), "--out", str(conv), name="convert")
-    srv = L.Server("kimi_eagle3", model, 30120, draft=str(conv), extra=KIMI_FLAGS, cuda_graph=False, mem=0.3,
+    srv = L.Server("kimi_eagle3", model, 30120, draft=str(conv), extra=kimi_flags(a), cuda_graph=False, mem=0.3,
                    max_tokens=32768)  # fmt: skip
     with srv.start(timeout=a.health_s):
         out["eagle3_healthy_after_s"] = srv.ready_s
