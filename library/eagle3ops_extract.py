@@ -75,7 +75,7 @@ options:
         size fails naming both (the shards would move and rows be extracted twice).
     type: int
   fsync:
-    description: fsync every file before its rename (power-loss safe). Kill-safety does not depend on it.
+    description: C(fsync) every file before its rename (power-loss safe). Kill-safety does not depend on it.
     type: bool
     default: true
   writer_threads:

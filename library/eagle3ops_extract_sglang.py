@@ -85,9 +85,9 @@ options:
     type: float
     default: 1800.0
   server_unit:
-    description: systemd units to start before and stop after - one, or one per I(url) in the same order (role
-      C(sglang) installs C(eagle3ops-sglang-extract), or C(eagle3ops-sglang-extract-0) .. C(-N) for several
-      servers). A single string is one unit.
+    description: The systemd units to start before and stop after - one, or one per I(url) in the same order
+      (role C(sglang) installs C(eagle3ops-sglang-extract), or C(eagle3ops-sglang-extract-0) .. C(-N) for
+      several servers). A single string is one unit.
     type: list
     elements: str
   keep_server:

@@ -98,7 +98,7 @@ options:
     type: float
     default: 1.0
   norm_before_residual:
-    description: speculators' own default is true, which SGLang 0.5.23 cannot serve.
+    description: 'Off unless asked: speculators'' own default is true, which SGLang 0.5.23 cannot serve.'
     type: bool
     default: false
   specforge_fc_norm:
@@ -188,7 +188,7 @@ options:
     type: str
     choices: [simple_flex_attention, sdpa, eager]
   loss_implementation:
-    description: speculators' loss kernel. C(eager) by default on every device - speculators 0.9.0's C(fused)
+    description: The speculators loss kernel. C(eager) by default on every device - speculators 0.9.0's C(fused)
       KL loss failed under torch 2.11's dynamo on an H200 (C(ListVariable ... is already tracked for mutation));
       choose C(fused) only on a torch where it is known to compile.
     type: str
