@@ -35,7 +35,7 @@ options:
     type: path
     default: /sbin/lvs
   config_dir:
-    description: Where the container configs live.
+    description: Where the container configs live (a test hook).
     type: path
     default: /etc/pve/lxc
   storage_cfg:

@@ -91,7 +91,7 @@ options:
     type: int
     default: 8192
   max_steps:
-    description: Stop after this many optimizer steps (smoke runs).
+    description: Stop after this many optimizer steps (smoke runs); unset, every epoch runs.
     type: int
   checkpoint_freq:
     description: Epochs between checkpoints; below 1 saves within epochs (e.g. 0.25).
@@ -204,11 +204,13 @@ options:
     type: dict
     default: {}
   restart_on_change:
-    description: When the configuration changed, stop the run, move its checkpoints aside and start over.
+    description: When the configuration changed, stop the run, move its checkpoints aside and start over;
+      without it a changed configuration fails.
     type: bool
     default: false
   launcher:
-    description: C(auto) (systemd when it is PID 1), C(systemd) or C(setsid).
+    description: C(auto) (C(systemd-run) when systemd is PID 1, else C(setsid) with a PID file), C(systemd)
+      or C(setsid).
     type: str
     default: auto
     choices: [auto, systemd, setsid]

@@ -340,10 +340,11 @@ class Option:
             parser.add_argument(old, dest=self.name, action="store_false", help=f"the same as {self.no_flag}")
 
     def cli_help(self, flags=None) -> str:
-        """The ``--help`` text: the first paragraph of :attr:`doc` as plain text without its final period, then
-        the default (or ``--flag``'s being on) and the bounds in parentheses."""
-        first = self.doc[0] if isinstance(self.doc, (list, tuple)) else self.doc
-        text = plain(first or "", {self.param or self.name: self.flag, **(flags or {})})
+        """The ``--help`` text: the first paragraph of :attr:`doc` as plain text (:func:`plain`), capitalised,
+        without its final period, then the default (or ``--flag``'s being on) and the bounds in parentheses."""
+        first = (self.doc[0] if isinstance(self.doc, (list, tuple)) else self.doc) or ""
+        first = first[:1].upper() + first[1:]  # the module documentation's sentence (C(fail) stays fail)
+        text = plain(first, {self.param or self.name: self.flag, **(flags or {})})
         text = text[:-1] if text.endswith(".") and not text.endswith("...") else text
         if self.negatable:
             text += f" (default: {self.flag})"

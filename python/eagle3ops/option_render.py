@@ -167,8 +167,8 @@ def role_doc_of(role: str, o, with_default: bool = True) -> str | list:
     paragraphs = [_OPTION_REF.sub(ref, p) for p in (doc if isinstance(doc, list) else [doc])]
     value = role_value(o)
     if with_default and _templated(value):
-        shown = _flow(value)
-        shown = f"C({shown})" if "(" not in shown and ")" not in shown else shown
+        shown = value if isinstance(value, str) else _flow(value)
+        shown = f"C({shown})" if "(" not in shown and ")" not in shown else shown  # C() cannot hold parentheses
         paragraphs.append(f"The role's default is {shown}.")
     return paragraphs if len(paragraphs) > 1 else paragraphs[0]
 

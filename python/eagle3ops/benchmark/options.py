@@ -36,7 +36,10 @@ _SETS = Option(
 _TURNS = one_of(
     "mtbench_turns",
     ["first", "both"],
-    doc=("MT-bench C(first) turns only, or C(both) as a two-turn conversation; C(live) only."),
+    doc=(
+        "MT-bench C(first) turns only, or C(both) as a two-turn conversation (the second turn follows the "
+        "server's own first answer); C(live) only."
+    ),
 )
 
 ACCEPTANCE = Command(
@@ -84,7 +87,7 @@ ACCEPTANCE = Command(
         count(
             "k",
             default=3,
-            doc="Draft tokens per verify step.",
+            doc="Draft tokens per verify step (the server's C(--speculative-num-steps)).",
             role_value="{{ eagle3ops_speculative_num_steps }}",
         ),
         count(
@@ -181,7 +184,7 @@ REPORT = Command(
             "benchmark",
             param="out",
             role="benchmark_dir",
-            doc="the report's directory",
+            doc="The report's directory: the acceptance result, the live measurements and C(report.{json,md,png}).",
         ),
         *(
             Option(
@@ -229,7 +232,7 @@ SPEC_PROBE = Command(
             "limit",
             role="serve_probe_count",
             role_default=4,
-            doc="use only the first N prompts",
+            doc="Use only the first N probe prompts (sent greedily, one at a time).",
             role_pass="",
         ),
         Option(
@@ -254,7 +257,11 @@ SPEC_PROBE = Command(
             "float",
             minimum=0,
             module_default=1.3,  # the module's guard action always has a floor; the CLI measures without one
-            doc="The guard's floor for the acceptance length; C(guard) only.",
+            doc=(
+                "The guard's floor for the acceptance length (completion_tokens / spec_verify_ct over the "
+                "probe prompts; a misconfigured draft serves at 1.00): below it the guard fails, naming likely "
+                "causes; C(guard) only."
+            ),
         ),
         _TRUST,
         EXECUTABLE.but(
@@ -292,7 +299,10 @@ LIVE = Command(
             "list",
             elements="int",
             default=[1, 4, 16, 64],
-            doc="Requests in flight, one run each; C(live) only.",
+            doc=(
+                "Requests in flight, one run each with and without the draft (the report's batch curve, its "
+                "crossover and the setting to serve per concurrency); C(live) only."
+            ),
         ),
         count(
             "num_requests",
@@ -350,7 +360,8 @@ LIVE = Command(
             default=0,
             minimum=0,
             doc=(
-                "MT-bench sets - this many prompts of each category, drawn with I(seed) (0 - every prompt); "
+                "MT-bench sets - this many prompts of each category, drawn with I(seed) (0 - every prompt, in file "
+                "order); the report gives acceptance and speed-up per category; "
                 "C(live) only."
             ),
             role_default=3,  # the playbook's run covers every category (>= 3 each); a CLI call sends the file as is

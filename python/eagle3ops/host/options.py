@@ -274,12 +274,11 @@ SERVICES_BACKUP = Command(
 
 # ---- container: the LXC container on the PVE host ------------------------------------------------------------
 # the PVE tools and configs, as the container, storage (a volume source) and extract (the preflight) modules take them
-PCT = Option("pct", "path", default="/usr/sbin/pct", command=True, doc="Path of C(pct).",
-             )  # fmt: skip
-PVESM = Option("pvesm", "path", default="/usr/sbin/pvesm", command=True, 
-               doc="Path of C(pvesm).", )  # fmt: skip
-PVE_CONFIG_DIR = Option("config_dir", "path", default="/etc/pve/lxc", doc="where the container configs live",
-                        )  # fmt: skip
+PCT = Option("pct", "path", default="/usr/sbin/pct", command=True, doc="Path of C(pct).")
+PVESM = Option("pvesm", "path", default="/usr/sbin/pvesm", command=True, doc="Path of C(pvesm).")
+PVE_CONFIG_DIR = Option(
+    "config_dir", "path", default="/etc/pve/lxc", doc="Where the container configs live (a test hook)."
+)
 CONTAINER_GPU = Command(
     "container-gpu",
     help="GPUs, data mount, sizes and state of one PVE LXC container",
@@ -307,7 +306,8 @@ CONTAINER_GPU = Command(
             "raw",
             default="all",
             doc=(
-                "C(all), C(none), or a list of GPU indices (C(/dev/nvidiaN)). The shared nodes "
+                "C(all), C(none), comma-separated indices (C(0,1)) or a list of GPU indices (C(/dev/nvidiaN)); "
+                "anything else is refused, naming the value. The shared nodes "
                 "(C(nvidiactl), C(nvidia-uvm), C(nvidia-uvm-tools), C(nvidia-modeset), "
                 "C(nvidia-caps/*)) come with any GPU."
             ),
@@ -357,7 +357,10 @@ CONTAINER_GPU = Command(
             "restart",
             "bool",
             default=False,
-            doc=("Restart a running container (C(pct stop) + C(pct start)) when a change needs it."),
+            doc=(
+                "Restart a running container (C(pct stop) + C(pct start)) when a change needs it; without it "
+                "the run warns that the change waits for a restart."
+            ),
         ),
         Option(
             "on_stale_mount",
@@ -487,7 +490,11 @@ STORAGE_VOLUME = Command(
             required=True,
             role="storage_source_volume",
             role_default="",
-            doc="The PVE storage volume that holds the old data (C(<storage>:vm-<vmid>-disk-<n>)).",
+            doc=(
+                "The PVE storage volume that holds the old data (C(<storage>:vm-<vmid>-disk-<n>)); it is "
+                "mounted at O(data_path), migrated from there and kept as the rollback. Empty: the old data "
+                "is a host directory."
+            ),
         ),
         Option(
             "vmid",

@@ -50,7 +50,7 @@ PREPARE = Command(
             "out",
             metavar="DATA_DIR",
             role="prepare_output_dir",
-            doc="output data directory",
+            doc="The output data directory (an Arrow dataset; extract writes C(hidden_states/) inside it).",
         ),
         Option(
             "max_length",
@@ -66,7 +66,7 @@ PREPARE = Command(
             "on_error",
             ["fail", "skip"],
             doc=(
-                "C(fail) stops at the first malformed input row (reported as C(file:line)); "
+                "C(fail) stops at the first malformed input row (reported as C(file:line)) and writes nothing; "
                 "C(skip) skips and lists them."
             ),
         ),

@@ -169,7 +169,7 @@ REGENERATE = Command(
             default=False,
             doc=(
                 "Inputs or settings changed since the conversations in I(out)C(.regenerate/) "
-                "were made - discard them and redo."
+                "were made - discard them and redo (else the run is refused)."
             ),
         ),
         Option(

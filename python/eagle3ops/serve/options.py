@@ -116,7 +116,10 @@ SERVE_PROCESS = Command(
             "run_dir",
             "path",
             required=True,
-            doc="directory of the state, PID and log files",
+            doc=(
+                "Directory of the state, PID and log files; the serve role also writes C(servers.json) there "
+                "(both servers' command lines, which the benchmark phase reads)."
+            ),
             role_value="{{ eagle3ops_serve_run_dir }}",
         ),
         Option(
@@ -159,7 +162,7 @@ SERVE_PROCESS = Command(
             "health_timeout",
             default=600.0,
             role_default=3600,
-            doc="Seconds to wait for C(/health).",
+            doc="Seconds to wait for C(/health) (a 1T-parameter model loads for many minutes).",
         ),
         Option(
             "interval",

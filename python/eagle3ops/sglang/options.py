@@ -105,7 +105,7 @@ SGLANG_EXTRACT = Command(
         count(
             "concurrency",
             default=8,
-            doc="requests in flight",
+            doc="C(/generate) requests in flight.",
         ),
         Option(
             "request_timeout",
@@ -137,7 +137,8 @@ SGLANG_EXTRACT = Command(
             doc=(
                 "The systemd units to start before and stop after - one, or one per I(url) in the same "
                 "order (role C(sglang) installs C(eagle3ops-sglang-extract), or "
-                "C(eagle3ops-sglang-extract-0) .. C(-N) for several servers). A single string is one unit."
+                "C(eagle3ops-sglang-extract-0) .. C(-N) for several servers). A single string is one unit; none: "
+                "attach to the servers already answering at I(url)."
             ),
             # the sglang phase's unit names, derived in roles/extract/vars/main.yml (one line here is too long)
             role_value="{{ extract_sglang_units }}",

@@ -139,7 +139,7 @@ TRAIN = Command(
         ),
         count(
             "max_steps",
-            doc="stop after this many optimizer steps (smoke runs)",
+            doc="Stop after this many optimizer steps (smoke runs); unset, every epoch runs.",
         ),
         Option(
             "checkpoint_freq",
@@ -346,12 +346,15 @@ TRAIN = Command(
             "restart_on_change",
             "bool",
             default=False,
-            doc=("When the configuration changed, stop the run, move its checkpoints aside and start over."),
+            doc=(
+                "When the configuration changed, stop the run, move its checkpoints aside and start over; "
+                "without it a changed configuration fails."
+            ),
         ),
         one_of(
             "launcher",
             ["auto", "systemd", "setsid"],
-            doc="C(auto) (systemd when it is PID 1), C(systemd) or C(setsid).",
+            doc="C(auto) (C(systemd-run) when systemd is PID 1, else C(setsid) with a PID file), C(systemd) or C(setsid).",
         ),
         Option(
             "unit_name",
