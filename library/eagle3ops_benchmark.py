@@ -195,8 +195,8 @@ options:
     elements: path
     default: []
   contamination_mode:
-    description: C(fail) the task when a benchmark prompt is in the training data, or C(warn); C(contamination)
-      only.
+    description: 'C(fail) the task when a benchmark prompt is in the training data, or C(warn); C(contamination)
+      only. The benchmark role also takes C(off): the check is left out.'
     type: str
     default: fail
     choices: [fail, warn]

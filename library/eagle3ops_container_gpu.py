@@ -121,7 +121,8 @@ options:
     type: path
     default: /proc/devices
   driver_version_file:
-    description: The host driver's version (compared with the user-space libraries found in the container).
+    description: The host driver's version file (compared with the user-space libraries found in the container);
+      for tests.
     type: path
     default: /sys/module/nvidia/version
   # END generated: doc eagle3ops_container_gpu

@@ -57,7 +57,7 @@ options:
     type: int
     default: 16384
   workers:
-    description: C(auto) for one worker per visible GPU, or a number of workers (disjoint shards).
+    description: C(auto) for one worker per visible GPU (1 on the CPU), or a number of workers (disjoint shards).
     type: str
     default: "1"
   world_size:

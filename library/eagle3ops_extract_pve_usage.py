@@ -39,7 +39,7 @@ options:
     type: path
     default: /etc/pve/lxc
   storage_cfg:
-    description: The PVE storage configuration (a thin pool's volume group and pool).
+    description: The PVE storage configuration (a thin pool's volume group and pool); for tests.
     type: path
     default: /etc/pve/storage.cfg
   # END generated: doc eagle3ops_extract_pve_usage

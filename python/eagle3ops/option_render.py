@@ -24,11 +24,12 @@ Everything outside the markers is written by hand and kept. The key says what th
   holds (``sglang_version``, ``eagle3ops_sglang_version``): :data:`eagle3ops.sglang.versions.KNOWN`.
 
 From each :class:`~eagle3ops.option_def.Option`: name, type, elements, choices, required, the module's default;
-``doc`` (the module documentation's description; without it the ``help`` as a sentence), ``role_doc`` (the role's
-argument_specs description; without it ``doc``), ``role_value`` (the text of ``defaults/main.yml`` when it is a
-template of the shared variables; argument_specs then documents what it renders to), ``role_choices`` (the role
-offers other choices) and ``role_pass`` (the filters of the task's pass-through, ``| default(omit, true)`` for an
-option without a default).
+``doc``, its one description (:func:`doc_of`: the module documentation's, each paragraph a sentence;
+:func:`role_doc_of`: the role's, ``O(param)`` as the role variable and a templated role default said last),
+``role_value`` (the text of ``defaults/main.yml`` when it is a template of the shared variables; argument_specs
+then documents what it renders to), ``role_choices`` (the role offers other choices) and ``role_pass`` (the
+filters of the task's pass-through, ``| default(omit, true)`` for an option without a default). The CLI's
+``--help`` is rendered from the same ``doc`` at run time (:meth:`~eagle3ops.option_def.Option.cli_help`).
 
 ``python -m eagle3ops.option_render`` (``make options``) rewrites the blocks; ``--check`` lists the files that
 differ and exits 1 (``tests/unit/core/test_options_generated.py`` runs it). Needs PyYAML and, to render a templated
@@ -168,7 +169,9 @@ def role_doc_of(role: str, o, with_default: bool = True) -> str | list:
     value = role_value(o)
     if with_default and _templated(value):
         shown = value if isinstance(value, str) else _flow(value)
-        shown = f"C({shown})" if "(" not in shown and ")" not in shown else shown  # C() cannot hold parentheses
+        shown = (
+            f"C({shown})" if "(" not in shown and ")" not in shown else shown
+        )  # C() cannot hold parentheses
         paragraphs.append(f"The role's default is {shown}.")
     return paragraphs if len(paragraphs) > 1 else paragraphs[0]
 

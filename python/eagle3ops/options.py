@@ -3,7 +3,8 @@
 
 A phase's definition is ``<phase>/options.py`` in its package (``eagle3ops/prepare/options.py``, ...): one
 :class:`Command` per ``eagle3ops`` sub-command, each a list of :class:`Option` (name, type, default, choices,
-help; the CLI flag, the module parameter and the role variable where they differ from the name; the class is
+its one description ``doc``; the CLI flag, the module parameter and the role variable where they differ from the
+name; the class is
 :mod:`eagle3ops.option_def`'s, re-exported here). From it:
 
 - ``eagle3ops.<phase>.commands`` generates the sub-command's argparse parser (:meth:`Command.add_parser`): the

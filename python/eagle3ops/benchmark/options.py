@@ -424,7 +424,7 @@ CONTAMINATION = Command(
             role_choices=["fail", "warn", "off"],  # off: the role's task leaves the check out (its when)
             doc=(
                 "C(fail) the task when a benchmark prompt is in the training data, or C(warn); "
-                "C(contamination) only."
+                "C(contamination) only. The benchmark role also takes C(off): the check is left out."
             ),
         ),
         Option("out", "path", role=False, doc="result JSON (default: none written)"),

@@ -274,7 +274,9 @@ EXTRACT = Command(
             minimum=1,
             words=("auto",),
             role_default="auto",  # the playbook uses every GPU; a plain CLI call one process
-            doc=("C(auto) for one worker per visible GPU, or a number of workers (disjoint shards)."),
+            doc=(
+                "C(auto) for one worker per visible GPU (1 on the CPU), or a number of workers (disjoint shards)."
+            ),
         ),
         count(
             "world_size",

@@ -78,7 +78,7 @@ STORAGE_PLAN = Command(
             "path",
             required=True,
             role_default="",  # empty skips the phase
-            doc="The new disk, by a stable name (C(/dev/disk/by-id/...)).",
+            doc="The new disk, by a stable name (C(/dev/disk/by-id/...)); empty, the storage role skips the phase.",
         ),
         DATA_PATH,
         STAGING_PATH,
@@ -222,7 +222,7 @@ BACKUP_DIR = Option(
     "backup_dir",
     "path",
     default="/var/lib/eagle3ops/services",
-    doc="Where the records and moved unit files are kept.",
+    doc="Where the per-unit state records and the unit files moved out of C(/etc/systemd/system) are kept.",
 )
 
 SERVICES_INFO = Command(
@@ -421,7 +421,8 @@ CONTAINER_GPU = Command(
             "path",
             default="/sys/module/nvidia/version",
             doc=(
-                "The host driver's version (compared with the user-space libraries found in the container)."
+                "The host driver's version file (compared with the user-space libraries found in the container); "
+                "for tests."
             ),
         ),
     ],
@@ -471,7 +472,7 @@ PVE_STORAGE_USAGE = Command(
             "path",
             default="/etc/pve/storage.cfg",
             role="extract_pve_storage_cfg",
-            doc="the PVE storage configuration (a thin pool's volume group and pool)",
+            doc="The PVE storage configuration (a thin pool's volume group and pool); for tests.",
         ),
     ],
 )

@@ -41,7 +41,7 @@ FETCH = Command(
             "assets",
             metavar="DIR",
             role="runtime_assets_dir",
-            doc="The asset cache directory (C(step=fetch)).",
+            doc="The asset cache directory (C(wheels/), C(files/<asset>/), C(models/); C(step=fetch)).",
         ),
         Option(
             "asset",

@@ -191,8 +191,8 @@ TRAIN = Command(
                     "content with the checksum its writer recorded in the manifest and fails naming "
                     "damaged files; only files not verified since they last changed are read (a "
                     "record in C(hidden_states/verified.jsonl) keyed by inode, size, mtime and "
-                    "ctime), so a re-run on an unchanged store reads nothing. Check mode reads "
-                    "nothing and returns what would be read (C(content_check))."
+                    "ctime), so a re-run on an unchanged store reads nothing (docs/performance.md has the "
+                    "cost). Check mode reads nothing and returns what would be read (C(content_check))."
                 ),
                 "C(size) - only the size + safetensors header check every run makes.",
                 (
@@ -200,7 +200,7 @@ TRAIN = Command(
                     "workers compare each file with its checksum on its first read (the same record); a damaged "
                     "file is skipped, logged and queued in C(hidden_states/requeue.jsonl), which the next extract "
                     "run redoes. The default stays C(checksum): with C(overlapped) the steps before a damaged "
-                    "file is found have trained without that one sample, never on its bad bytes."
+                    "file is found have trained without that one sample, never on its bad bytes (docs/reliability.md)."
                 ),
             ],
         ),
@@ -222,7 +222,7 @@ TRAIN = Command(
         one_of(
             "device",
             ["auto", "cpu", "gpu"],
-            doc="C(auto) (GPUs when visible), C(cpu) or C(gpu).",
+            doc="C(auto) (every visible GPU through torchrun, else the CPU), C(cpu) or C(gpu).",
         ),
         count(
             "nproc",
