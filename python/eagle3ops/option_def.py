@@ -107,7 +107,13 @@ class Option:
         command=False,
         role_value=None,
         role_pass=None,
+        **former,
     ):
+        if former:  # help= (the CLI's copy) and role_doc= (the role's) are gone: an option is described once
+            raise TypeError(
+                f"option {name}: no field {', '.join(sorted(former))}: give its one description as doc= "
+                "(docs/architecture.md, 'One description per option')"
+            )
         if type not in ("str", "path", "int", "float", "bool", "list", "dict", "raw"):
             raise ValueError(f"option {name}: unknown type {type!r}")
         if type == "list" and not elements:
