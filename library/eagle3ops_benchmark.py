@@ -55,7 +55,7 @@ options:
       there.
     type: path
   k:
-    description: Draft tokens per verify step.
+    description: Draft tokens per verify step (the server's C(--speculative-num-steps)).
     type: int
     default: 3
   max_new_tokens:
@@ -123,7 +123,9 @@ options:
         (SGLang reports C(spec_verify_ct) only after a verify step). Unset, prompts are sent as they are.
     type: path
   min_accept_length:
-    description: The guard's floor for the acceptance length; C(guard) only.
+    description: 'The guard''s floor for the acceptance length (completion_tokens / spec_verify_ct over the
+      probe prompts; a misconfigured draft serves at 1.00): below it the guard fails, naming likely causes;
+      C(guard) only.'
     type: float
     default: 1.3
   label:
@@ -134,12 +136,14 @@ options:
     description: Named prompt files C({name - path}) (held-out JSONL, MT-bench question.jsonl); C(live), C(contamination).
     type: dict
   mtbench_turns:
-    description: MT-bench C(first) turns only, or C(both) as a two-turn conversation; C(live) only.
+    description: MT-bench C(first) turns only, or C(both) as a two-turn conversation (the second turn follows
+      the server's own first answer); C(live) only.
     type: str
     default: first
     choices: [first, both]
   concurrency:
-    description: Requests in flight, one run each; C(live) only.
+    description: Requests in flight, one run each with and without the draft (the report's batch curve, its
+      crossover and the setting to serve per concurrency); C(live) only.
     type: list
     elements: int
     default: [1, 4, 16, 64]
@@ -168,8 +172,8 @@ options:
     type: int
     default: 1
   per_category:
-    description: MT-bench sets - this many prompts of each category, drawn with I(seed) (0 - every prompt);
-      C(live) only.
+    description: MT-bench sets - this many prompts of each category, drawn with I(seed) (0 - every prompt,
+      in file order); the report gives acceptance and speed-up per category; C(live) only.
     type: int
     default: 0
   seed:
@@ -191,8 +195,8 @@ options:
     elements: path
     default: []
   contamination_mode:
-    description: C(fail) the task when a benchmark prompt is in the training data, or C(warn); C(contamination)
-      only.
+    description: 'C(fail) the task when a benchmark prompt is in the training data, or C(warn); C(contamination)
+      only. The benchmark role also takes C(off): the check is left out.'
     type: str
     default: fail
     choices: [fail, warn]

@@ -44,8 +44,9 @@ options:
     type: dict
     default: {}
   gpus:
-    description: C(all), C(none), or a list of GPU indices (C(/dev/nvidiaN)). The shared nodes (C(nvidiactl),
-      C(nvidia-uvm), C(nvidia-uvm-tools), C(nvidia-modeset), C(nvidia-caps/*)) come with any GPU.
+    description: C(all), C(none), comma-separated indices (C(0,1)) or a list of GPU indices (C(/dev/nvidiaN));
+      anything else is refused, naming the value. The shared nodes (C(nvidiactl), C(nvidia-uvm), C(nvidia-uvm-tools),
+      C(nvidia-modeset), C(nvidia-caps/*)) come with any GPU.
     type: raw
     default: all
   passthrough:
@@ -75,7 +76,8 @@ options:
     type: bool
     default: true
   restart:
-    description: Restart a running container (C(pct stop) + C(pct start)) when a change needs it.
+    description: Restart a running container (C(pct stop) + C(pct start)) when a change needs it; without
+      it the run warns that the change waits for a restart.
     type: bool
     default: false
   on_stale_mount:
@@ -107,7 +109,7 @@ options:
     type: path
     default: /usr/sbin/pct
   config_dir:
-    description: Where the container configs live.
+    description: Where the container configs live (a test hook).
     type: path
     default: /etc/pve/lxc
   dev_root:
@@ -119,7 +121,8 @@ options:
     type: path
     default: /proc/devices
   driver_version_file:
-    description: The host driver's version (compared with the user-space libraries found in the container).
+    description: The host driver's version file (compared with the user-space libraries found in the container);
+      for tests.
     type: path
     default: /sys/module/nvidia/version
   # END generated: doc eagle3ops_container_gpu

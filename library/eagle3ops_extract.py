@@ -57,7 +57,7 @@ options:
     type: int
     default: 16384
   workers:
-    description: C(auto) for one worker per visible GPU, or a number of workers (disjoint shards).
+    description: C(auto) for one worker per visible GPU (1 on the CPU), or a number of workers (disjoint shards).
     type: str
     default: "1"
   world_size:
@@ -75,7 +75,7 @@ options:
         size fails naming both (the shards would move and rows be extracted twice).
     type: int
   fsync:
-    description: fsync every file before its rename (power-loss safe). Kill-safety does not depend on it.
+    description: C(fsync) every file before its rename (power-loss safe). Kill-safety does not depend on it.
     type: bool
     default: true
   writer_threads:

@@ -35,11 +35,11 @@ options:
     type: path
     default: /sbin/lvs
   config_dir:
-    description: Where the container configs live.
+    description: Where the container configs live (a test hook).
     type: path
     default: /etc/pve/lxc
   storage_cfg:
-    description: The PVE storage configuration (a thin pool's volume group and pool).
+    description: The PVE storage configuration (a thin pool's volume group and pool); for tests.
     type: path
     default: /etc/pve/storage.cfg
   # END generated: doc eagle3ops_extract_pve_usage

@@ -69,7 +69,7 @@ options:
     default: bfloat16
     choices: [bfloat16, float16, float32, float8_e4m3fn]
   concurrency:
-    description: Requests in flight.
+    description: C(/generate) requests in flight.
     type: int
     default: 8
   request_timeout:
@@ -85,9 +85,9 @@ options:
     type: float
     default: 1800.0
   server_unit:
-    description: systemd units to start before and stop after - one, or one per I(url) in the same order (role
-      C(sglang) installs C(eagle3ops-sglang-extract), or C(eagle3ops-sglang-extract-0) .. C(-N) for several
-      servers). A single string is one unit.
+    description: 'The systemd units to start before and stop after - one, or one per I(url) in the same order
+      (role C(sglang) installs C(eagle3ops-sglang-extract), or C(eagle3ops-sglang-extract-0) .. C(-N) for
+      several servers). A single string is one unit; none: attach to the servers already answering at I(url).'
     type: list
     elements: str
   keep_server:

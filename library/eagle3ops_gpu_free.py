@@ -56,7 +56,7 @@ options:
     default: 15
   stop_units:
     description:
-      - systemd unit names (shell globs such as C(sglang-*.service)) whose processes may be stopped.
+      - The systemd unit names (shell globs such as C(sglang-*.service)) whose processes may be stopped.
       - A glob that also matches C(sshd.service), C(cron.service) and the like (C(*), C(*.service)) is refused.
     type: list
     elements: str

@@ -32,7 +32,7 @@ options:
     elements: path
     required: true
   out:
-    description: Output data directory.
+    description: The output data directory (an Arrow dataset; extract writes C(hidden_states/) inside it).
     type: path
     required: true
   max_length:
@@ -41,8 +41,8 @@ options:
     type: int
     default: 2048
   on_error:
-    description: C(fail) stops at the first malformed input row (reported as C(file:line)); C(skip) skips
-      and lists them.
+    description: C(fail) stops at the first malformed input row (reported as C(file:line)) and writes nothing;
+      C(skip) skips and lists them.
     type: str
     default: fail
     choices: [fail, skip]

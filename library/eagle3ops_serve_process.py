@@ -30,7 +30,8 @@ options:
     default: started
     choices: [started, stopped, status]
   run_dir:
-    description: Directory of the state, PID and log files.
+    description: Directory of the state, PID and log files; the serve role also writes C(servers.json) there
+      (both servers' command lines, which the benchmark phase reads).
     type: path
     required: true
   name:
@@ -47,7 +48,7 @@ options:
     description: Free-form identity beyond the command line (the draft's conversion stamp); a change restarts.
     type: str
   health_timeout:
-    description: Seconds to wait for C(/health).
+    description: Seconds to wait for C(/health) (a 1T-parameter model loads for many minutes).
     type: float
     default: 600.0
   interval:

@@ -32,7 +32,8 @@ options:
     required: true
     choices: [recorded, aside, restored, forgotten]
   backup_dir:
-    description: Where the records and moved unit files are kept.
+    description: Where the per-unit state records and the unit files moved out of C(/etc/systemd/system) are
+      kept.
     type: path
     default: /var/lib/eagle3ops/services
   # END generated: doc eagle3ops_services_backup

@@ -30,7 +30,8 @@ options:
     elements: str
     default: []
   backup_dir:
-    description: Where the records and moved unit files are kept.
+    description: Where the per-unit state records and the unit files moved out of C(/etc/systemd/system) are
+      kept.
     type: path
     default: /var/lib/eagle3ops/services
   holders:

@@ -91,14 +91,14 @@ options:
     type: int
     default: 8192
   max_steps:
-    description: Stop after this many optimizer steps (smoke runs).
+    description: Stop after this many optimizer steps (smoke runs); unset, every epoch runs.
     type: int
   checkpoint_freq:
     description: Epochs between checkpoints; below 1 saves within epochs (e.g. 0.25).
     type: float
     default: 1.0
   norm_before_residual:
-    description: speculators' own default is true, which SGLang 0.5.23 cannot serve.
+    description: 'Off unless asked: speculators'' own default is true, which SGLang 0.5.23 cannot serve.'
     type: bool
     default: false
   specforge_fc_norm:
@@ -123,14 +123,14 @@ options:
       - Before a trainer is launched, C(checksum) compares every hidden-state file's content with the checksum
         its writer recorded in the manifest and fails naming damaged files; only files not verified since
         they last changed are read (a record in C(hidden_states/verified.jsonl) keyed by inode, size, mtime
-        and ctime), so a re-run on an unchanged store reads nothing. Check mode reads nothing and returns
-        what would be read (C(content_check)).
+        and ctime), so a re-run on an unchanged store reads nothing (docs/performance.md has the cost). Check
+        mode reads nothing and returns what would be read (C(content_check)).
       - C(size) - only the size + safetensors header check every run makes.
       - 'C(overlapped) - no up-front content check: training starts at once and the data loader''s workers
         compare each file with its checksum on its first read (the same record); a damaged file is skipped,
         logged and queued in C(hidden_states/requeue.jsonl), which the next extract run redoes. The default
         stays C(checksum): with C(overlapped) the steps before a damaged file is found have trained without
-        that one sample, never on its bad bytes.'
+        that one sample, never on its bad bytes (docs/reliability.md).'
     type: str
     default: checksum
     choices: [checksum, size, overlapped]
@@ -140,7 +140,7 @@ options:
     default: raise
     choices: [raise, skip, warn]
   device:
-    description: C(auto) (GPUs when visible), C(cpu) or C(gpu).
+    description: C(auto) (every visible GPU through torchrun, else the CPU), C(cpu) or C(gpu).
     type: str
     default: auto
     choices: [auto, cpu, gpu]
@@ -188,7 +188,7 @@ options:
     type: str
     choices: [simple_flex_attention, sdpa, eager]
   loss_implementation:
-    description: speculators' loss kernel. C(eager) by default on every device - speculators 0.9.0's C(fused)
+    description: The speculators loss kernel. C(eager) by default on every device - speculators 0.9.0's C(fused)
       KL loss failed under torch 2.11's dynamo on an H200 (C(ListVariable ... is already tracked for mutation));
       choose C(fused) only on a torch where it is known to compile.
     type: str
@@ -204,11 +204,13 @@ options:
     type: dict
     default: {}
   restart_on_change:
-    description: When the configuration changed, stop the run, move its checkpoints aside and start over.
+    description: When the configuration changed, stop the run, move its checkpoints aside and start over;
+      without it a changed configuration fails.
     type: bool
     default: false
   launcher:
-    description: C(auto) (systemd when it is PID 1), C(systemd) or C(setsid).
+    description: C(auto) (C(systemd-run) when systemd is PID 1, else C(setsid) with a PID file), C(systemd)
+      or C(setsid).
     type: str
     default: auto
     choices: [auto, systemd, setsid]

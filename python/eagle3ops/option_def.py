@@ -1,7 +1,8 @@
 """One option of an ``eagle3ops`` command, as :mod:`eagle3ops.options` defines commands with it: :class:`Option`
-(name, type, default, choices, bounds, help; its CLI flag, module parameter and role variable), what it checks of
-a value, its module ``argument_spec`` entry, its argv words and its argparse argument (with the argparse actions
-that reads lists and ``NAME=VALUE`` pairs); and :data:`EXECUTABLE`, the option every module that runs the CLI has.
+(name, type, default, choices, bounds, its one description ``doc``; its CLI flag, module parameter and role
+variable), what it checks of a value, its module ``argument_spec`` entry, its argv words and its argparse argument
+(with the argparse actions that reads lists and ``NAME=VALUE`` pairs; the ``--help`` line is :func:`plain` of the
+description); and :data:`EXECUTABLE`, the option every module that runs the CLI has.
 
 **Standard library only, and no eagle3ops import** (Python >= 3.9), like :mod:`eagle3ops.options`, which imports
 it and re-exports its names (``options.Option``): on the target Ansible ships it as
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 _UNSET = object()
 _ARG_TYPES = {"str": str, "path": str, "int": int, "float": float}
@@ -26,7 +28,14 @@ class Option:
     type: an Ansible type: str, path, int, float, bool, list (with ``elements``), dict (``NAME=VALUE`` pairs on
       the command line, or with ``as_json`` one JSON object: a nested mapping such as speculators' config groups);
       raw (a module parameter only, of several types: the container module's ``gpus``, ``all`` or a list).
-    default, choices, help, required: as in argparse and Ansible (one default for the CLI and the module).
+    default, choices, required: as in argparse and Ansible (one default for the CLI and the module).
+    doc: the option's one description, written once (a string, or a list of paragraphs; Ansible markup such as
+      ``C(value)``, ``O(other_param)``, ``V(value)``, ``E(ENV)``). Every copy is rendered from it: the module's
+      DOCUMENTATION takes it as it is (each paragraph as a sentence), the role's ``meta/argument_specs.yml``, its
+      ``defaults/main.yml`` comment and README row with ``O(param)`` as the role variable that feeds it (and the
+      role's templated default, see ``role_value``), ``--help`` all of it as plain text (:func:`plain`:
+      ``O(param)`` as the CLI flag, ``C(x)`` as ``x``, no final period; the default and bounds appended). A fact
+      only a role has (its default) comes from a structured field, not from a second description.
     flag: the CLI flag (default ``--name-with-dashes``); ``positional=True`` makes it a positional argument.
       A bool whose default is True gets ``--flag/--no-flag``; one whose default is False ``--flag``.
     aliases: older CLI flags that still work (same meaning); false_aliases: older flags that set a bool to False
@@ -53,10 +62,6 @@ class Option:
       say it.
     words: with ``minimum`` on a str option, the words taken beside a number (``("auto",)``).
     why: why the bounds are what they are, said with a refused value (``the target needs at least 1 step``).
-    doc: the description in the module's DOCUMENTATION (a string, or a list of paragraphs; Ansible markup such as
-      ``C()``, ``O()``); without it the ``help`` as a sentence. ``make options`` writes it there
-      (:mod:`eagle3ops.option_render`).
-    role_doc: the role variable's description in ``meta/argument_specs.yml``; without it ``doc``.
     role_value: the role's default in ``defaults/main.yml`` when it is a template of the shared variables of
       roles/eagle3ops (``"{{ eagle3ops_data_dir }}"``); argument_specs documents what it renders to.
     role_pass: what the role's task adds after the variable when it passes it (``" | default(omit, true)"``,
@@ -75,7 +80,7 @@ class Option:
         type="str",
         *,
         default=None,
-        help="",
+        doc="",
         choices=None,
         elements=None,
         required=False,
@@ -100,11 +105,15 @@ class Option:
         words=(),
         why=None,
         command=False,
-        doc=None,
-        role_doc=None,
         role_value=None,
         role_pass=None,
+        **former,
     ):
+        if former:  # help= (the CLI's copy) and role_doc= (the role's) are gone: an option is described once
+            raise TypeError(
+                f"option {name}: no field {', '.join(sorted(former))}: give its one description as doc= "
+                "(docs/architecture.md, 'One description per option')"
+            )
         if type not in ("str", "path", "int", "float", "bool", "list", "dict", "raw"):
             raise ValueError(f"option {name}: unknown type {type!r}")
         if type == "list" and not elements:
@@ -119,7 +128,7 @@ class Option:
         self.name = name
         self.type = type
         self.default = default
-        self.help = help
+        self.doc = doc
         self.choices = list(choices) if choices is not None else None
         self.elements = elements
         self.required = required or positional  # argparse requires a positional argument
@@ -144,8 +153,6 @@ class Option:
         self.words = tuple(words)
         self.why = why
         self.command = command
-        self.doc = doc
-        self.role_doc = role_doc
         self.role_value = role_value
         self.role_pass = role_pass
 
@@ -301,10 +308,12 @@ class Option:
         return [f"{self.flag}={word}"] if word.startswith("-") else [self.flag, word]
 
     # ---- the CLI side ----------------------------------------------------------------------------------
-    def add_to(self, parser) -> None:
+    def add_to(self, parser, flags=None) -> None:
+        """Add the argparse argument; ``flags``: {parameter or name: CLI flag} of the command's options, for the
+        ``O(param)`` of the description."""
         if self.type == "raw":
             raise ValueError(f"option {self.name}: a raw option is a module parameter only (cli=False)")
-        kw = {"help": self._help()}
+        kw = {"help": self.cli_help(flags)}
         if self.metavar:
             kw["metavar"] = self.metavar
         if self.type == "bool":
@@ -336,8 +345,13 @@ class Option:
         for old in self.false_aliases:
             parser.add_argument(old, dest=self.name, action="store_false", help=f"the same as {self.no_flag}")
 
-    def _help(self) -> str:
-        text = self.help
+    def cli_help(self, flags=None) -> str:
+        """The ``--help`` text: :attr:`doc` (its paragraphs in one) as plain text (:func:`plain`), capitalised,
+        without its final period, then the default (or ``--flag``'s being on) and the bounds in parentheses."""
+        text = " ".join(self.doc) if isinstance(self.doc, (list, tuple)) else (self.doc or "")
+        text = text[:1].upper() + text[1:]  # the module documentation's sentence (C(fail) stays fail)
+        text = plain(text, {self.param or self.name: self.flag, **(flags or {})})
+        text = text[:-1] if text.endswith(".") and not text.endswith("...") else text
         if self.negatable:
             text += f" (default: {self.flag})"
         elif not (
@@ -352,18 +366,37 @@ class Option:
         return text.replace("%", "%%")
 
 
+_MARKUP = re.compile(r"\b(C|I|O|V|E|RV|M|U|L)\(([^()]*)\)")
+
+
+def plain(text: str, flags=None) -> str:
+    """A description without Ansible markup, as ``--help`` shows it: ``O(param)`` (or ``I(param)``) as the CLI flag
+    of that option where ``flags`` ({parameter or name: flag}) has it, ``O(param=value)`` as ``flag=value``,
+    ``L(text,url)`` as its text, ``C(x)``/``V(x)``/``E(x)`` and the rest as ``x``."""
+    flags = flags or {}
+
+    def one(m):
+        kind, body = m.group(1), m.group(2)
+        if kind in ("O", "I"):
+            name, eq, value = body.partition("=")
+            return flags.get(name, name) + eq + value
+        if kind == "L":
+            return body.split(",")[0]
+        return body
+
+    return _MARKUP.sub(one, " ".join(text.split()))
+
+
 # every module that runs the CLI has it: where the eagle3ops command is on the target (doc fragment eagle3ops)
 EXECUTABLE = Option(
     "executable",
     "path",
     cli=False,
     command=True,
-    help="the eagle3ops command on the target",
     doc=[
         "Path of the C(eagle3ops) command on the target (from the C(runtime) phase's venv).",
         "When omitted, C(eagle3ops) next to the module's Python interpreter, then on E(PATH).",
     ],
-    role_doc="The eagle3ops command (default the shared eagle3ops_bin, the runtime phase's).",
     role_value="{{ eagle3ops_bin }}",
     role_pass="",
 )

@@ -24,11 +24,12 @@ Everything outside the markers is written by hand and kept. The key says what th
   holds (``sglang_version``, ``eagle3ops_sglang_version``): :data:`eagle3ops.sglang.versions.KNOWN`.
 
 From each :class:`~eagle3ops.option_def.Option`: name, type, elements, choices, required, the module's default;
-``doc`` (the module documentation's description; without it the ``help`` as a sentence), ``role_doc`` (the role's
-argument_specs description; without it ``doc``), ``role_value`` (the text of ``defaults/main.yml`` when it is a
-template of the shared variables; argument_specs then documents what it renders to), ``role_choices`` (the role
-offers other choices) and ``role_pass`` (the filters of the task's pass-through, ``| default(omit, true)`` for an
-option without a default).
+``doc``, its one description (:func:`doc_of`: the module documentation's, each paragraph a sentence;
+:func:`role_doc_of`: the role's, ``O(param)`` as the role variable and a templated role default said last),
+``role_value`` (the text of ``defaults/main.yml`` when it is a template of the shared variables; argument_specs
+then documents what it renders to), ``role_choices`` (the role offers other choices) and ``role_pass`` (the
+filters of the task's pass-through, ``| default(omit, true)`` for an option without a default). The CLI's
+``--help`` is rendered from the same ``doc`` at run time (:meth:`~eagle3ops.option_def.Option.cli_help`).
 
 ``python -m eagle3ops.option_render`` (``make options``) rewrites the blocks; ``--check`` lists the files that
 differ and exits 1 (``tests/unit/core/test_options_generated.py`` runs it). Needs PyYAML and, to render a templated
@@ -141,11 +142,38 @@ def sentence(text: str) -> str:
 
 
 def doc_of(o) -> str | list:
-    return o.doc if o.doc is not None else sentence(o.help)
+    """The module documentation's description: the option's ``doc``, each paragraph as a sentence."""
+    if isinstance(o.doc, (list, tuple)):
+        return [sentence(p) for p in o.doc]
+    return sentence(o.doc)
 
 
-def role_doc_of(o) -> str | list:
-    return o.role_doc if o.role_doc is not None else doc_of(o)
+_OPTION_REF = re.compile(r"\b[OI]\(([^()=]*)((?:=[^()]*)?)\)")
+
+
+def role_doc_of(role: str, o, with_default: bool = True) -> str | list:
+    """The role variable's description: the option's ``doc`` with each ``O(param)`` as the role variable that feeds
+    that parameter (``C(param)`` where the role has none), then, with ``with_default``, the role's templated default
+    (``role_value``; the README and ``defaults/main.yml`` show it beside the description instead)."""
+    var_of = {}
+    for var, opt in role_variables(role).items():
+        var_of.setdefault(opt.param or opt.name, var)
+        var_of.setdefault(opt.name, var)
+
+    def ref(m):
+        var = var_of.get(m.group(1))
+        return f"O({var}{m.group(2)})" if var else f"C({m.group(1)}{m.group(2)})"
+
+    doc = doc_of(o)
+    paragraphs = [_OPTION_REF.sub(ref, p) for p in (doc if isinstance(doc, list) else [doc])]
+    value = role_value(o)
+    if with_default and _templated(value):
+        shown = value if isinstance(value, str) else _flow(value)
+        shown = (
+            f"C({shown})" if "(" not in shown and ")" not in shown else shown
+        )  # C() cannot hold parentheses
+        paragraphs.append(f"The role's default is {shown}.")
+    return paragraphs if len(paragraphs) > 1 else paragraphs[0]
 
 
 def _plain(value):
@@ -288,15 +316,15 @@ def role_entry(role: str, var: str, o) -> list:
     else:
         default = None if required else value
     choices = o.role_choices if o.role_choices is not None else o.choices
-    return _entry(var, _doc_fields(o, role_doc_of(o), default, choices, required), 6)
+    return _entry(var, _doc_fields(o, role_doc_of(role, o), default, choices, required), 6)
 
 
 def defaults_lines(role: str) -> list:
     """``var: value``, each under its argument_specs description as a comment."""
     out = []
     for var, o in role_variables(role).items():
-        text = role_doc_of(o)
-        text = _MARKUP.sub(r"\1", " ".join(text) if isinstance(text, list) else text)  # C(x) as x
+        text = role_doc_of(role, o, with_default=False)
+        text = _o.plain(" ".join(text) if isinstance(text, list) else text)  # C(x) as x
         out += textwrap.wrap(
             text, WIDTH - 2, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False
         )
@@ -308,7 +336,7 @@ def argument_specs_lines(role: str) -> list:
     return [line for var, o in role_variables(role).items() for line in role_entry(role, var, o)]
 
 
-_MARKUP = re.compile(r"\b(?:C|I|O|V|E|RV)\(([^()]*)\)")
+_MARKUP = re.compile(r"\b(?:C|I|O|V|E|RV|M|U)\(([^()]*)\)")
 
 
 def _md(text) -> str:
@@ -331,7 +359,7 @@ def readme_lines(role: str) -> list:
                 shown += f" (`{_flow(got)}`)"
         else:
             shown = f"`{_flow(value)}`"
-        out.append(f"| `{var}` | {shown} | {_md(role_doc_of(o))} |")
+        out.append(f"| `{var}` | {shown} | {_md(role_doc_of(role, o, with_default=False))} |")
     return out
 
 

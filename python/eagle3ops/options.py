@@ -3,7 +3,8 @@
 
 A phase's definition is ``<phase>/options.py`` in its package (``eagle3ops/prepare/options.py``, ...): one
 :class:`Command` per ``eagle3ops`` sub-command, each a list of :class:`Option` (name, type, default, choices,
-help; the CLI flag, the module parameter and the role variable where they differ from the name; the class is
+its one description ``doc``; the CLI flag, the module parameter and the role variable where they differ from the
+name; the class is
 :mod:`eagle3ops.option_def`'s, re-exported here). From it:
 
 - ``eagle3ops.<phase>.commands`` generates the sub-command's argparse parser (:meth:`Command.add_parser`): the
@@ -32,9 +33,9 @@ import argparse
 import sys
 
 try:
-    from eagle3ops.option_def import _UNSET, EXECUTABLE, Option
+    from eagle3ops.option_def import _UNSET, EXECUTABLE, Option, plain
 except ImportError:  # on a target, as module_utils/eagle3ops_options.py: eagle3ops is not installed there
-    from ansible.module_utils.eagle3ops_option_def import _UNSET, EXECUTABLE, Option
+    from ansible.module_utils.eagle3ops_option_def import _UNSET, EXECUTABLE, Option, plain
 
 __all__ = [
     "CHECK_FLAG",
@@ -47,6 +48,7 @@ __all__ = [
     "count",
     "data_dir",
     "one_of",
+    "plain",
     "seconds",
     "seed",
     "target_model",
@@ -178,9 +180,10 @@ class Command:
         for names in self.exclusive:
             group = parser.add_mutually_exclusive_group(required=True)
             groups.update(dict.fromkeys(names, group))
+        flags = {key: o.flag for o in self.options if o.cli for key in (o.name, o.param) if key}
         for o in self.options:
             if o.cli:
-                o.add_to(groups.get(o.name, parser))
+                o.add_to(groups.get(o.name, parser), flags)
         if self.check:
             parser.add_argument(CHECK_FLAG, dest="check", action="store_true", help=self.check_help)
         for old, new in self.renamed.items():
@@ -368,7 +371,8 @@ def seed(**kw) -> Option:
 
 def target_model(name: str, use: str, **kw) -> Option:
     """The required path option naming the target model's directory; ``use``: what the command takes of it."""
-    return Option(name, "path", required=True, help=f"target model directory ({use})", **kw)
+    kw.setdefault("doc", f"target model directory ({use})")
+    return Option(name, "path", required=True, **kw)
 
 
 def trust_remote_code(what: str = "tokenizer and config", **kw) -> Option:
@@ -377,17 +381,11 @@ def trust_remote_code(what: str = "tokenizer and config", **kw) -> Option:
     ``eagle3ops_trust_remote_code`` for every phase (eagle3ops.remote_code refuses a remote-code target without
     it, before any work)."""
     kw.setdefault("role_value", "{{ eagle3ops_trust_remote_code }}")
-    kw.setdefault("help", f"let the target's own code (auto_map) load its {what}")
     kw.setdefault(
         "doc",
         f"Let the target's own code (an auto_map in tokenizer_config.json or config.json) load its {what}; "
         "Kimi-K2.5 needs it. Off, a remote-code target is refused before any work. Only for trusted model "
         "directories.",
-    )
-    kw.setdefault(
-        "role_doc",
-        f"Let the target's own code (auto_map) load its {what} (Kimi-K2.5 needs it); only for trusted model "
-        "directories. Default eagle3ops_trust_remote_code.",
     )
     return Option("trust_remote_code", "bool", default=False, **kw)
 
@@ -418,6 +416,8 @@ def conversation_inputs(role: str, **kw) -> Option:
         metavar="PATH",
         param="inputs",
         role=role,
-        help="JSONL/JSON file, directory of them, or a datasets.save_to_disk directory (repeatable)",
-        **kw,
+        **{
+            "doc": "JSONL/JSON file, directory of them, or a datasets.save_to_disk directory (repeatable)",
+            **kw,
+        },
     )

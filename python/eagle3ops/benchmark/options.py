@@ -17,7 +17,6 @@ count, work_path, seed = _o.count, _o.work_path, _o.seed
 MODULE = "eagle3ops_benchmark"
 _EXE = EXECUTABLE.but(
     role="benchmark_eagle3ops_bin",
-    role_doc=("The eagle3ops command on this host (the runtime phase's). Default the shared eagle3ops_bin."),
     role_value="{{ eagle3ops_bin }}",
 )
 # the target's own code (auto_map) may load its tokenizer and config: acceptance, spec-probe and live load them
@@ -28,23 +27,19 @@ _SETS = Option(
     "dict",
     required=True,
     param="prompt_sets",
-    help="a named prompt set (repeatable)",
     doc=(
         "Named prompt files C({name - path}) (held-out JSONL, MT-bench question.jsonl); "
         "C(live), C(contamination)."
-    ),
-    role_doc=(
-        "Named prompt files {name - path} (held-out JSONL, MT-bench question.jsonl); "
-        "default {heldout - benchmark_prompts}."
     ),
     role_value="{{ {'heldout': benchmark_prompts} if benchmark_prompts | length > 0 else {} }}",
 )
 _TURNS = one_of(
     "mtbench_turns",
     ["first", "both"],
-    help="MT-bench: first turns only, or both (the second follows the server's own first answer)",
-    doc=("MT-bench C(first) turns only, or C(both) as a two-turn conversation; C(live) only."),
-    role_doc=("MT-bench first turns only, or both turns (the second follows the server's own first answer)."),
+    doc=(
+        "MT-bench C(first) turns only, or C(both) as a two-turn conversation (the second turn follows the "
+        "server's own first answer); C(live) only."
+    ),
 )
 
 ACCEPTANCE = Command(
@@ -59,13 +54,7 @@ ACCEPTANCE = Command(
             "checkpoint",
             "path",
             required=True,
-            help="speculators checkpoint dir, save path or train run dir",
             doc=("The speculators checkpoint (dir, save path or train run dir); C(acceptance) only."),
-            role_doc=(
-                "The speculators checkpoint measured offline: a checkpoint dir, a save path or "
-                "the train run dir. Default the shared eagle3ops_checkpoint (what serve "
-                "converts)."
-            ),
             role_value="{{ eagle3ops_checkpoint }}",
         ),
         target_model(
@@ -73,24 +62,15 @@ ACCEPTANCE = Command(
             "transformers",
             role="benchmark_target_path",
             doc="The target model directory; C(acceptance) only.",
-            role_doc=(
-                "The target model directory (transformers) for the offline measurement. Default "
-                "the shared eagle3ops_model_path."
-            ),
             role_value="{{ eagle3ops_model_path }}",
         ),
         Option(
             "prompts",
             "path",
             required=True,
-            help="held-out prompts JSONL (not used in training)",
             doc=(
                 "Held-out prompts JSONL, not used in training (C(acceptance)); the probe prompts "
                 "(C(guard); default eagle3ops' built-in prompts)."
-            ),
-            role_doc=(
-                "Held-out prompts JSONL, never used in training (the demo writes heldout.jsonl). "
-                "Default the shared eagle3ops_heldout_prompts."
             ),
             role_value="{{ eagle3ops_heldout_prompts }}",
         ),
@@ -99,7 +79,6 @@ ACCEPTANCE = Command(
             "path",
             required=True,
             role=False,
-            help="result JSON file",
             doc=(
                 "The acceptance result file (C(acceptance)) or the report directory (C(report)); "
                 "required there."
@@ -108,59 +87,45 @@ ACCEPTANCE = Command(
         count(
             "k",
             default=3,
-            help="draft tokens per verify step (speculative-num-steps)",
-            doc="Draft tokens per verify step.",
-            role_doc=(
-                "Draft tokens per verify step in the offline measurement (= the server's "
-                "--speculative-num-steps). Default the shared eagle3ops_speculative_num_steps."
-            ),
+            doc="Draft tokens per verify step (the server's C(--speculative-num-steps)).",
             role_value="{{ eagle3ops_speculative_num_steps }}",
         ),
         count(
             "max_new_tokens",
             default=64,
             no_log=False,
-            help="tokens generated per prompt",
-            role_doc="Tokens generated per prompt by the offline measurement.",
+            doc="tokens generated per prompt",
         ),
         count(
             "limit",
-            help="use only the first N prompts",
-            role_doc="Use only the first N held-out prompts (null: all).",
+            doc="use only the first N prompts",
         ),
         Option(
             "baseline",
             "bool",
             default=True,
             role="benchmark_random_baseline",
-            help="also measure a random-token draft (the floor, about 1)",
-            role_doc="Also measure a random-token draft (the floor, ~1).",
+            doc="also measure a random-token draft (the floor, about 1)",
         ),
-        count("threads", default=1, param=False, help="torch CPU threads (1 is fastest on a busy machine)"),
+        count("threads", default=1, param=False, doc="torch CPU threads (1 is fastest on a busy machine)"),
         one_of(
             "device",
             ["cpu", "cuda"],
             role="benchmark_offline_device",
-            help="where the target and the draft run (cuda: the first visible GPU)",
             doc=(
                 "Where the offline measurement runs the target and the draft (C(cuda) is the "
                 "first visible GPU). C(acceptance) only."
-            ),
-            role_doc=(
-                "Where the offline measurement runs the target and the draft (cuda - the first visible GPU)."
             ),
         ),
         one_of(
             "dtype",
             ["float32", "bfloat16"],
             role="benchmark_offline_dtype",
-            help="the target's and the draft's dtype (bfloat16: what an SGLang server computes in)",
             doc=(
                 "The offline measurement's dtype; C(bfloat16) is what an SGLang server computes "
                 "in. Set with I(device), it is recorded in the result's inputs (a change "
                 "re-measures). C(acceptance) only."
             ),
-            role_doc="The offline measurement's dtype (bfloat16 - what an SGLang server computes in).",
         ),
         Option(
             "max_target_gb",
@@ -168,15 +133,10 @@ ACCEPTANCE = Command(
             above=0,
             role="benchmark_offline_max_target_gb",
             role_default=16,  # the playbook skips what a CPU host cannot hold; a CLI call measures any size
-            help="skip (not fail) when the target's weights exceed this size: the target runs in float32 here",
             doc=(
                 "Skip the offline measurement (C(too_large) in the result, not a failure) when "
                 "the target's weights exceed this many GiB; it runs the target in float32. "
                 "C(acceptance) only."
-            ),
-            role_doc=(
-                "Skip the offline measurement (with a message) when the target's weights exceed "
-                "this many GiB (it runs in float32)."
             ),
         ),
         _TRUST,
@@ -224,18 +184,13 @@ REPORT = Command(
             "benchmark",
             param="out",
             role="benchmark_dir",
-            help="the report's directory",
-            role_doc=(
-                "Where the acceptance result, the live measurements and report.{json,md,png} are "
-                "written. Default <eagle3ops_workdir>/benchmark."
-            ),
+            doc="The report's directory: the acceptance result, the live measurements and C(report.{json,md,png}).",
         ),
         *(
             Option(
                 name,
                 "path",
                 role=False,
-                help=what,
                 doc=doc,
             )
             for name, (what, doc) in _REPORT_INPUTS.items()
@@ -255,35 +210,29 @@ SPEC_PROBE = Command(
             "url",
             required=True,
             role=False,
-            help="the server's base URL",
             doc="The SGLang server's base URL; C(guard) only.",
         ),
         Option(
             "prompts",
             "path",
             role="serve_probe_prompts",
-            help="held-out prompts JSONL (default: eagle3ops' built-in probe prompts)",
-            role_doc=(
-                "JSONL probe prompts of the guard (empty - built-in prompts; default the shared "
-                "eagle3ops_heldout_prompts)."
-            ),
+            doc="held-out prompts JSONL (default: eagle3ops' built-in probe prompts)",
             role_value="{{ eagle3ops_heldout_prompts }}",
         ),
-        Option("out", "path", param=False, help="result JSON (default: none written)"),
+        Option("out", "path", param=False, doc="result JSON (default: none written)"),
         count(
             "max_new_tokens",
             default=128,
             module_default=64,  # one module parameter for every action: the acceptance's; the serve role passes its own
             no_log=False,
             role="serve_probe_max_new_tokens",
-            help="tokens generated per probe prompt",
+            doc="tokens generated per probe prompt",
         ),
         count(
             "limit",
             role="serve_probe_count",
             role_default=4,
-            help="use only the first N prompts",
-            role_doc="Probe prompts sent by the guard (greedy, one at a time).",
+            doc="Use only the first N probe prompts (sent greedily, one at a time).",
             role_pass="",
         ),
         Option(
@@ -291,8 +240,6 @@ SPEC_PROBE = Command(
             "path",
             metavar="MODEL_DIR",
             role=False,
-            help="render each prompt with this target's chat template (its tokenizer files), as real traffic is: an "
-            "instruct model given a raw prompt may answer EOS at once, and such an answer has no verify step",
             doc=[
                 (
                     "The target's model directory whose chat template formats each probe prompt; "
@@ -310,20 +257,16 @@ SPEC_PROBE = Command(
             "float",
             minimum=0,
             module_default=1.3,  # the module's guard action always has a floor; the CLI measures without one
-            help="the guard: fail (exit 2, with likely causes) when the acceptance length is below this floor",
-            doc="The guard's floor for the acceptance length; C(guard) only.",
-            role_doc=(
-                "The guard's floor (completion_tokens / spec_verify_ct over the probe prompts); "
-                "a misconfigured draft serves at 1.00."
+            doc=(
+                "The guard's floor for the acceptance length (completion_tokens / spec_verify_ct over the "
+                "probe prompts; a misconfigured draft serves at 1.00): below it the guard fails, naming likely "
+                "causes; C(guard) only."
             ),
         ),
         _TRUST,
         EXECUTABLE.but(
             role="serve_eagle3ops_bin",
             role_pass=" | default(omit, true)",
-            role_doc=(
-                "The eagle3ops command on this host (the runtime phase's). Default the shared eagle3ops_bin."
-            ),
             role_value="{{ eagle3ops_bin }}",
         ),
     ],
@@ -342,12 +285,11 @@ LIVE = Command(
     module=MODULE,
     role="benchmark",
     options=[
-        Option("url", required=True, role=False, help="the server's base URL"),
+        Option("url", required=True, role=False, doc="the server's base URL"),
         Option(
             "label",
             default="with_draft",
             role=False,
-            help="what this server is (with_draft / without_draft)",
             doc="C(with_draft) or C(without_draft); C(live) only.",
         ),
         _SETS,
@@ -357,25 +299,17 @@ LIVE = Command(
             "list",
             elements="int",
             default=[1, 4, 16, 64],
-            help="requests in flight, one run per value (the batch curve)",
-            doc="Requests in flight, one run each; C(live) only.",
-            role_doc=(
-                "Requests in flight; one run per value, with and without the draft: the report's batch curve, "
-                "its crossover and the setting to serve per concurrency."
+            doc=(
+                "Requests in flight, one run each with and without the draft (the report's batch curve, its "
+                "crossover and the setting to serve per concurrency); C(live) only."
             ),
         ),
         count(
             "num_requests",
             role_default=64,  # a bounded run per set in the playbook (64: concurrency 64 full once); a CLI call sends each prompt once
-            help="requests per set and concurrency: the first N prompts, repeated when the set is smaller "
-            "(default: each once)",
             doc=(
                 "Requests per prompt set and concurrency - the first N prompts, repeated when "
                 "the set is smaller; default each prompt once. C(live) only."
-            ),
-            role_doc=(
-                "Requests per prompt set and concurrency - the first N prompts, repeated when "
-                "the set is smaller; null - each prompt once."
             ),
         ),
         count(
@@ -385,17 +319,14 @@ LIVE = Command(
             no_log=False,
             role="benchmark_output_len",
             role_default=256,
-            help="tokens generated per request (greedy)",
-            role_doc="max_new_tokens of every live request (greedy).",
+            doc="tokens generated per request (greedy)",
         ),
         Option(
             "time_budget",
             "float",
             default=600.0,
             above=0,
-            help="seconds per run; no new request after it",
             doc="Seconds per run after which no new request starts; C(live) only.",
-            role_doc="Seconds per run after which no new request starts.",
         ),
         Option(
             "timeout",
@@ -403,69 +334,50 @@ LIVE = Command(
             default=600.0,
             param="request_timeout",
             above=0,
-            help="seconds per request",
             doc="Seconds per request; C(live) only.",
-            role_doc="Seconds per request.",
         ),
         Option(
             "ignore_eos",
             "bool",
             default=False,
-            help="always generate --max-new-tokens tokens",
             doc="Always generate I(max_new_tokens) tokens; C(live) only.",
-            role_doc="Always generate benchmark_output_len tokens.",
         ),
         Option(
             "template_model",
             "path",
             role=False,
-            help="render prompts with this model's chat template (tokenizer dir)",
             doc="Render prompts with this model's chat template; C(live) only.",
         ),
         count(
             "rounds",
             default=1,
             role_default=3,  # medians and spread in the playbook's report; a CLI call measures once
-            help="rounds: every set and concurrency measured once a round, the concurrencies interleaved",
             doc="Rounds per set and concurrency (interleaved); the report gives medians and spread; C(live) only.",
-            role_doc="Rounds per prompt set and concurrency (interleaved); the report gives medians and spread.",
         ),
         Option(
             "per_category",
             "int",
             default=0,
             minimum=0,
-            help="MT-bench: this many prompts from each category, seeded (0: every prompt, in file order)",
             doc=(
-                "MT-bench sets - this many prompts of each category, drawn with I(seed) (0 - every prompt); "
+                "MT-bench sets - this many prompts of each category, drawn with I(seed) (0 - every prompt, in file "
+                "order); the report gives acceptance and speed-up per category; "
                 "C(live) only."
-            ),
-            role_doc=(
-                "MT-bench sets - this many prompts of each of its 8 categories, drawn with benchmark_seed (0 - "
-                "every prompt); the report gives acceptance and speed-up per category."
             ),
             role_default=3,  # the playbook's run covers every category (>= 3 each); a CLI call sends the file as is
         ),
         seed(
             default=0,
-            help="seed of the per-category sample",
             doc="Seed of the per-category sample; C(live) only.",
-            role_doc="Seed of the per-category sample of MT-bench prompts.",
         ),
         Option(
             "lossless_sample",
             "int",
             default=16,
             minimum=0,
-            help="prompts also answered once greedily with output ids and log probabilities, for the lossless "
-            "check against the other server (0: off)",
             doc=(
                 "Prompts answered once more, greedy, with output ids and top log probabilities: the report "
                 "compares them between the servers with and without the draft (0 - off); C(live) only."
-            ),
-            role_doc=(
-                "Prompts whose greedy output ids the report compares between the servers with and without the "
-                "draft (lossless check; 0 - off)."
             ),
         ),
         Option(
@@ -473,12 +385,11 @@ LIVE = Command(
             default="",
             no_log=False,
             role=False,
-            help="identity of the server (a new one measures again)",
             doc=(
                 "Identity of the measured server (its command line); a new one measures again; C(live) only."
             ),
         ),
-        Option("out", "path", required=True, role=False, help="result JSON"),
+        Option("out", "path", required=True, role=False, doc="result JSON"),
         _TRUST,
         _EXE,
     ],
@@ -500,14 +411,8 @@ CONTAMINATION = Command(
             nargs="append",
             default=[],
             param="training_data",
-            help="training conversations (JSONL/dir/HF dataset), repeatable",
             doc=(
                 "Training conversations (JSONL files, directories, saved HF datasets); C(contamination) only."
-            ),
-            role_doc=(
-                "Training conversations for the contamination check (JSONL files/dirs, saved HF "
-                "datasets); default the shared eagle3ops_conversations (the regenerated "
-                "conversations keep their user turns)."
             ),
             role_value="{{ eagle3ops_conversations }}",
         ),
@@ -517,17 +422,12 @@ CONTAMINATION = Command(
             param="contamination_mode",
             role="benchmark_contamination",
             role_choices=["fail", "warn", "off"],  # off: the role's task leaves the check out (its when)
-            help="fail (exit 2) or only report",
             doc=(
                 "C(fail) the task when a benchmark prompt is in the training data, or C(warn); "
-                "C(contamination) only."
-            ),
-            role_doc=(
-                "Benchmark prompts found in the training user turns fail the phase (fail), are "
-                "reported (warn), or are not checked (off)."
+                "C(contamination) only. The benchmark role also takes C(off): the check is left out."
             ),
         ),
-        Option("out", "path", role=False, help="result JSON (default: none written)"),
+        Option("out", "path", role=False, doc="result JSON (default: none written)"),
         _EXE,
     ],
 )
@@ -537,8 +437,8 @@ DATASET = Command(
     help="held-out prompts -> the JSONL SGLang's bench reads (--dataset-name custom)",
     check=False,
     options=[
-        Option("prompts", "path", required=True, help="held-out prompts (JSONL)"),
-        Option("out", "path", required=True, help="the JSONL to write"),
+        Option("prompts", "path", required=True, doc="held-out prompts (JSONL)"),
+        Option("out", "path", required=True, doc="the JSONL to write"),
     ],
 )
 
@@ -564,7 +464,6 @@ BENCHMARK = Module(
             "bool",
             default=False,
             cli=False,
-            help="action live: only predict whether it would measure",
             doc=(
                 "Only predict whether I(action=live) would measure (C(changed)); nothing is sent or written."
             ),

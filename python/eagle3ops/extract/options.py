@@ -27,9 +27,6 @@ REASSIGN_RANKS = Option(
     "list",
     elements="int",
     role=False,  # the role computes them from extract_reassign_from (the lost hosts' ranks)
-    help="on request, the global ranks of lost hosts: their rows are dealt over the surviving ranks (each row "
-    "still exactly once; recorded in hidden_states/shard.json, a later run with other ranks refused; "
-    "docs/scale.md, 'A host that stays lost')",
     doc=[
         (
             'On request, the global ranks of lost hosts (docs/scale.md, "A host that stays lost") - their rows '
@@ -48,8 +45,6 @@ REASSIGN_FROM_DATA = Option(
     "list",
     elements="path",
     role=False,  # the role passes extract_reassign_data[lost host] when set
-    help="with --reassign-ranks: a lost host's data directory as readable here (its disk mounted, a shared path); "
-    "the finished rows this host takes over are copied from it, checked, instead of extracted again",
     doc=(
         "With O(reassign_ranks) - the lost hosts' data directories as readable on this host (their disk mounted, "
         "a shared path, a copy). The finished rows this host takes over are copied from there into this store, "
@@ -60,16 +55,13 @@ REASSIGN_FROM_DATA = Option(
 DATA = data_dir(
     "data",
     param="data_dir",
-    help="prepared data directory (Arrow dataset from `eagle3ops prepare`); hidden_states/ is written inside it",
     doc="Prepared data directory (output of the C(prepare) phase); C(hidden_states/) is written inside it.",
-    role_doc="The prepared data directory; hidden_states/ is written inside it.",
 )
 MODEL = target_model(
     "model",
     "transformers format; for sglang, as the server serves it",
     role="extract_model_path",
     doc="Target model directory (transformers format, local).",
-    role_doc=("The target model directory (transformers format); default the shared eagle3ops_model_path."),
     role_value="{{ eagle3ops_model_path }}",
 )
 TRUST_REMOTE_CODE = trust_remote_code("config")
@@ -77,27 +69,22 @@ LAYER_IDS = Option(
     "layer_ids",
     "list",
     elements="int",
-    help="aux layer ids (default [2, N//2, N-3]); see --layer-convention",
     doc=(
         "Aux layer ids. Default C([2, N//2, N-3]) for an N-layer target (Kimi-K2.5 with "
         "61 layers gets C([2, 30, 58]))."
     ),
-    role_doc="Aux layer ids (default the shared eagle3ops_layer_ids; null = [2, N//2, N-3]).",
     role_value="{{ eagle3ops_layer_ids }}",
 )
 LAYER_CONVENTION = one_of(
     "layer_convention",
     ["input", "output"],
-    help="input: id i = input of layer i (SGLang/vLLM/speculators); output: SpecForge/ModelOpt",
     doc=[
         "C(input) (id i names the input of layer i; SGLang, vLLM, speculators) or C(output) (SpecForge, ModelOpt)."
     ],
-    role_doc=("input = id names a layer's input (SGLang/vLLM/speculators); output = SpecForge/ModelOpt."),
 )
 DTYPE = one_of(
     "dtype",
     ["bfloat16", "float16", "float32", "float8_e4m3fn"],
-    help="stored dtype (float8_e4m3fn: e4m3 + a float32 scale per token and state; half the bytes)",
     doc=[
         "Stored dtype of the hidden states.",
         (
@@ -106,7 +93,6 @@ DTYPE = one_of(
             "C(data.hidden_states_backend=fp8)."
         ),
     ],
-    role_doc=("Stored dtype (float8_e4m3fn = e4m3 + a float32 scale per token and state, half the bytes)."),
     role_value="{{ eagle3ops_extract_dtype }}",
 )
 MARGIN = Option(
@@ -114,18 +100,14 @@ MARGIN = Option(
     "float",
     default=0.05,
     minimum=0,
-    help="free-space margin over the exact need (fraction)",
     doc="Free-space margin over the exact need, as a fraction.",
-    role_doc="Free-space margin over the exact bytes still needed.",
 )
 DISK_MARGIN_MIB = Option(
     "disk_margin_mib",
     "float",
     default=64.0,
     minimum=0,
-    help="free space kept on top of the need and --margin, in MiB",
     doc=["Free space kept on top of the exact need and O(margin), in MiB (the preflight refuses below it)."],
-    role_doc=("Free space in MiB the disk preflight keeps on top of the exact need and extract_margin."),
 )
 PVE_STORAGE = Option(
     "pve_storage",
@@ -133,8 +115,6 @@ PVE_STORAGE = Option(
     as_json=True,
     default={},
     role=False,  # the role passes what eagle3ops_extract_pve_usage found on the PVE host
-    help="the PVE storage underneath the data directory (JSON: storage, type, total, used, avail in bytes, as the "
-    "PVE host reports it); the disk preflight refuses what does not fit it either",
     doc=[
         "The PVE storage underneath the data directory, as C(eagle3ops_extract_pve_usage) reports it on the PVE "
         "host (C(storage), C(type), C(total), C(used), C(avail) in bytes; C(metadata_percent) for a thin pool).",
@@ -145,7 +125,6 @@ PVE_STORAGE = Option(
 )
 LIMIT = count(
     "limit",
-    help="only the first N rows",
     doc="Only the first N rows (smoke runs).",
     role_value="{{ eagle3ops_extract_limit }}",
 )
@@ -154,21 +133,19 @@ WAIT_RUNNING = seconds(
     default=0,
     metavar="SECONDS",
     role=False,  # the role passes extract_async_timeout when its plan found a run in progress
-    help="with --check: while another run holds the directory, wait up to this long for it to end first",
     doc=[
         "Check mode only; while another run holds O(data_dir) (an interrupted playbook's extraction), wait up to "
         "this many seconds for it to end (its lock to be free) before planning. 0 does not wait."
     ],
 )
 PROGRESS = Option(
-    "progress", "bool", default=True, param=False, module_value=False, help="a progress bar on stderr"
+    "progress", "bool", default=True, param=False, module_value=False, doc="a progress bar on stderr"
 )
 JOB_FILE = Option(
     "job_file",
     "path",
     cli=False,
     role=False,  # the role passes the results file of the async job it started
-    help="check mode: the Ansible async job's results file; the result says whether that job has finished",
     doc=[
         "Check mode only; the C(results_file) of the Ansible async job that runs the extraction (the task started "
         "with C(poll=0)). The result's RV(job_finished) says whether that job has ended, and RV(progress) how far "
@@ -180,9 +157,6 @@ JOB_FILE = Option(
 ADOPT_FROM = Option(
     "adopt_from",
     "path",
-    help="an existing hidden-state dump (rows_*/ folders of per-sample .pt/.ckpt dicts, or our safetensors "
-    "samples) to adopt where it lies before extracting: matched to the prepared rows by their token ids, checked, "
-    "recorded in hidden_states/adopted.jsonl, never copied; the rows it lacks are extracted",
     doc=[
         (
             "An existing hidden-state dump to adopt in place before extracting - C(rows_*/) folders of per-sample "
@@ -204,7 +178,6 @@ ADOPT_LAYER_IDS = Option(
     "adopt_layer_ids",
     "list",
     elements="int",
-    help="the aux layer ids the dump holds (in --adopt-layer-convention), unless its eagle3ops-dump.json says",
     doc="The aux layer ids the dump holds (in O(adopt_layer_convention)), unless its C(eagle3ops-dump.json) says.",
 )
 ADOPT_LAYER_CONVENTION = Option(
@@ -214,7 +187,6 @@ ADOPT_LAYER_CONVENTION = Option(
     # value against choices, so the role's default is the empty string, which the task omits
     role_default="",
     role_choices=["", "input", "output"],
-    help="the convention of --adopt-layer-ids (output: SpecForge/ModelOpt, one less than input)",
     doc="The convention of O(adopt_layer_ids) - C(output) for SpecForge/ModelOpt ids (one less than C(input)).",
 )
 ADOPT_LAST_STATE = Option(
@@ -222,8 +194,6 @@ ADOPT_LAST_STATE = Option(
     choices=["pre-norm", "post-norm"],
     role_default="",  # not declared here: as adopt_layer_convention
     role_choices=["", "pre-norm", "post-norm"],
-    help="whether the dump's last state is before the final norm (what speculators trains on) or after it "
-    "(SpecForge's hidden_state); post-norm is refused",
     doc=(
         "Whether the dump's last state is the last decoder layer's output before the final norm (C(pre-norm), "
         "what speculators trains on) or after it (C(post-norm), SpecForge's C(hidden_state)): post-norm is "
@@ -235,7 +205,6 @@ ADOPT_KEYS = Option(
     "dict",
     default={},
     no_log=False,  # the dump's key names, not secrets
-    help="the dump's key names when they are not SpecForge's: input_ids=K aux=K last=K",
     doc=(
         "The dump's dict keys when they differ from SpecForge's (C(input_ids), C(aux_hidden_state) [1, T, K*H], "
         "C(hidden_state) [1, T, H]) - C(input_ids), C(aux), C(last)."
@@ -245,9 +214,6 @@ ADOPT_CHECKSUM = Option(
     "adopt_checksum",
     "bool",
     default=True,
-    help="read every adopted file once: a torch.save zip's members against their own crc32s (bit flips), a "
-    "safetensors sample's xxh3 recorded; the train phase's content check repeats it; --no-adopt-checksum checks "
-    "length and shapes only (metadata)",
     doc=(
         "Read every adopted file once - a C(torch.save) zip's members against the crc32s its writer recorded (bit "
         "flips are found; the file is its own checksum for the train phase's content check), a safetensors "
@@ -288,36 +254,33 @@ EXTRACT = Command(
             "compute_dtype",
             default="auto",
             param=False,
-            help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+            doc="model dtype (auto: bfloat16 on CUDA, float32 on CPU)",
         ),
         Option(
             "device",
             default="auto",
-            help="auto, cpu, cuda, cuda:N",
             doc="C(auto) (CUDA when present), C(cpu), C(cuda), C(cuda:N).",
-            role_doc="auto, cpu, cuda, cuda:N.",
         ),
         count(
             "max_batch_tokens",
             default=16384,
             no_log=False,
-            help="padded tokens per forward batch (one the GPU cannot hold is split, and the report says what fit)",
+            doc="padded tokens per forward batch (one the GPU cannot hold is split, and the report says what fit)",
         ),
-        count("max_batch_size", default=64, param=False, help="rows per forward batch"),
+        count("max_batch_size", default=64, param=False, doc="rows per forward batch"),
         Option(
             "workers",
             default="1",
             minimum=1,
             words=("auto",),
             role_default="auto",  # the playbook uses every GPU; a plain CLI call one process
-            help="'auto' = one worker per visible GPU (1 on CPU), or a number; each takes a disjoint shard",
-            doc=("C(auto) for one worker per visible GPU, or a number of workers (disjoint shards)."),
-            role_doc="auto = one worker per visible GPU; or a number.",
+            doc=(
+                "C(auto) for one worker per visible GPU (1 on the CPU), or a number of workers (disjoint shards)."
+            ),
         ),
         count(
             "world_size",
             role=False,  # the role computes it from extract_shard_hosts
-            help="number of shards over all hosts (several hosts: the sum of their workers; docs/scale.md)",
             doc=[
                 (
                     "Several hosts share the rows (docs/scale.md) - the number of shards over all of "
@@ -327,14 +290,12 @@ EXTRACT = Command(
                 "The extract role computes it from the inventory (C(extract_shard_hosts)).",
             ],
         ),
-        Option("rank", "int", param=False, minimum=0, help="(internal/advanced) this worker's one shard"),
+        Option("rank", "int", param=False, minimum=0, doc="(internal/advanced) this worker's one shard"),
         Option(
             "first_rank",
             "int",
             minimum=0,
             role=False,
-            help="with --world-size: this host's workers take the global ranks FIRST .. FIRST+workers-1 "
-            "(recorded in hidden_states/shard.json; a later run with other ranks is refused)",
             doc=[
                 (
                     "With O(world_size) - this host's workers take the global ranks O(first_rank) .. "
@@ -354,21 +315,17 @@ EXTRACT = Command(
             "fsync",
             "bool",
             default=True,
-            help="fsync each file before its rename (--no-fsync: crash-safe, not power-safe)",
-            doc=("fsync every file before its rename (power-loss safe). Kill-safety does not depend on it."),
-            role_doc="fsync each file before its rename.",
+            doc=(
+                "C(fsync) every file before its rename (power-loss safe). Kill-safety does not depend on it."
+            ),
         ),
         count(
             "writer_threads",
             default=4,
-            help="parallel file writers (their fsyncs overlap; docs/performance.md)",
             doc=(
                 "Parallel file writers per worker; their fsyncs overlap (4 against 2 - "
                 'docs/performance.md, "Extraction throughput"). Each adds one pinned host buffer '
                 "of a batch's states."
-            ),
-            role_doc=(
-                "Parallel file writers per worker (their fsyncs overlap); each adds one pinned batch buffer."
             ),
         ),
         MARGIN,
@@ -378,8 +335,6 @@ EXTRACT = Command(
         one_of(
             "verify",
             ["size", "checksum"],
-            help="check of finished files before resuming: size (size + safetensors header, cheap) or checksum "
-            "(re-reads every file); damaged ones are moved to hidden_states/damaged/ and extracted again",
             doc=[
                 (
                     "How finished files are checked against the disk before resuming. C(size) "
@@ -395,23 +350,10 @@ EXTRACT = Command(
                     "manifest entries dropped, and extracted again."
                 ),
             ],
-            role_doc=[
-                (
-                    "Check of finished files before resuming (transformers backend). C(size) - "
-                    "exists, recorded size, safetensors header (cheap). C(checksum) - also re-reads "
-                    "every file against its xxh3 checksum."
-                ),
-                (
-                    "Damaged or missing files are moved to hidden_states/damaged/ and extracted "
-                    "again; the task reports C(damaged) with the count and C(changed=true)."
-                ),
-            ],
         ),
         one_of(
             "on_model_change",
             ["refuse", "discard", "accept"],
-            help="the target's weights changed since the store was started: refuse; discard = move "
-            "hidden_states aside (hidden_states.old-<time>) and start over; accept = same model, record it",
             doc=[
                 (
                     "What to do when the target's weights changed since the store was started "
@@ -425,26 +367,15 @@ EXTRACT = Command(
                     "timestamps/headers of same-named, same-sized files)."
                 ),
             ],
-            role_doc=(
-                "The target's weights changed since the store was started. C(refuse) fails "
-                "saying what changed; C(discard) moves hidden_states aside "
-                "(hidden_states.old-<time>) and extracts anew; C(accept) records the weights as "
-                "they are now (same model with new timestamps) and resumes."
-            ),
         ),
         Option(
             "model_hash",
             "bool",
             default=False,
-            help="compare the target by a hash of every weight byte (slow) instead of sizes, mtimes and headers",
             doc=(
                 "Compare the target by a hash of every weight byte instead of sizes, mtimes and "
                 "headers (reads the whole model once per run, slow for large models). A copy "
                 "with new timestamps then resumes."
-            ),
-            role_doc=(
-                "Compare the target by a hash of every weight byte instead of sizes, mtimes and "
-                "headers (slow)."
             ),
         ),
         *ADOPT,
@@ -463,7 +394,7 @@ STATUS = _report(
             type="list",
             elements="path",
             nargs="append",
-            help="prepared data directory; repeat it for the stores of several hosts (one merged view)",
+            doc="prepared data directory; repeat it for the stores of several hosts (one merged view)",
         )
     ],
 )
@@ -477,7 +408,7 @@ WORKERS = _report(
             default="auto",
             minimum=1,
             words=("auto",),
-            help="'auto' (one per visible GPU, 1 on CPU) or a number",
+            doc="'auto' (one per visible GPU, 1 on CPU) or a number",
         )
     ],
 )
@@ -487,7 +418,7 @@ LENGTHS = _report(
     "index -> seq_len of finished samples, from the manifests",
     [
         DATA,
-        Option("out", "path", help="also write them as JSON here (the seed's sample_lengths.json)"),
+        Option("out", "path", doc="also write them as JSON here (the seed's sample_lengths.json)"),
     ],
 )
 
@@ -495,19 +426,19 @@ VERIFY = _report(
     "verify",
     "check every finished hidden-state file against its manifest line (size + header, or checksum)",
     [
-        Option("data", "path", required=True, help="data directory (the one `eagle3ops extract` wrote into)"),
+        Option("data", "path", required=True, doc="data directory (the one `eagle3ops extract` wrote into)"),
         Option(
             "level",
             default="size",
             choices=["size", "checksum"],
-            help="size: exists, recorded size, safetensors header matches the row (cheap, what every extract "
+            doc="size: exists, recorded size, safetensors header matches the row (cheap, what every extract "
             "plan does); checksum: also re-read every file and compare its content checksum",
         ),
         Option(
             "move_aside",
             "bool",
             default=False,
-            help="move damaged files to hidden_states/damaged/ and drop their manifest entries (and collapse "
+            doc="move damaged files to hidden_states/damaged/ and drop their manifest entries (and collapse "
             "duplicate lines), so the next `eagle3ops extract` redoes them; nothing is deleted",
         ),
         PROGRESS,

@@ -14,7 +14,7 @@ Option, Command, EXECUTABLE = _o.Option, _o.Command, _o.EXECUTABLE
 seconds = _o.seconds
 
 
-def _allow_list(name, flag, metavar, what, doc, role_doc):
+def _allow_list(name, flag, metavar, doc):
     """Who may be stopped, one kind: repeatable, empty by default (nobody)."""
     return Option(
         name,
@@ -24,9 +24,7 @@ def _allow_list(name, flag, metavar, what, doc, role_doc):
         default=[],
         flag=flag,
         metavar=metavar,
-        help=f"{what} whose processes may be stopped; repeatable",
         doc=doc,
-        role_doc=role_doc,
     )
 
 
@@ -47,89 +45,70 @@ GPU_FREE = Command(
             "list",
             elements="str",
             default=["all"],
-            help="'all', or NVML indices and/or GPU UUIDs (also comma-separated)",
             doc=(
                 "Which GPUs; C(all), or NVML indices and/or GPU UUIDs. NVML ignores C(CUDA_VISIBLE_DEVICES)."
             ),
-            role_doc="C(all), or NVML indices and/or GPU UUIDs.",
         ),
         Option(
             "threshold_mib",
             "float",
             default=0,
             minimum=0,
-            help="used MiB still counted as free",
             doc="Used MiB (by the rule above) still counted as free.",
-            role_doc="Used MiB still counted as free.",
         ),
         seconds(
             "timeout",
             default=60,
-            help="seconds to wait for free memory",
             doc=(
                 "Seconds to wait for the GPUs to be free (holders that exit by themselves in "
                 "that time are fine)."
             ),
-            role_doc="Seconds to wait for the GPUs to be free.",
         ),
         Option(
             "poll_interval",
             "float",
             default=0.1,
             above=0,
-            help="seconds between NVML reads",
             doc=("Seconds between two NVML readings (one reading of 8 GPUs takes well under a millisecond)."),
-            role_doc="Seconds between two NVML readings.",
         ),
         seconds(
             "stop_grace",
             default=15,
-            help="seconds between SIGTERM and SIGKILL",
             doc="Seconds between SIGTERM and SIGKILL for an allow-listed holder.",
-            role_doc="Seconds between SIGTERM and SIGKILL for allow-listed holders.",
         ),
         _allow_list(
             "stop_units",
             "--stop-unit",
             "UNIT",
-            "systemd unit (glob)",
             doc=[
-                "systemd unit names (shell globs such as C(sglang-*.service)) whose processes may be stopped.",
+                "The systemd unit names (shell globs such as C(sglang-*.service)) whose processes may be stopped.",
                 "A glob that also matches C(sshd.service), C(cron.service) and the like (C(*), "
                 "C(*.service)) is refused.",
             ],
-            role_doc="systemd unit globs whose processes may be stopped (systemctl stop where systemd runs).",
         ),
         _allow_list(
             "stop_cmdline_patterns",
             "--stop-cmdline",
             "REGEX",
-            "command-line regex",
             doc=[
                 "Python regular expressions (searched in the command line) of processes that may be stopped.",
                 "A pattern that matches an empty command line (C(.*)) or a generic one "
                 "(C(python3), C(bash), C(sleep 1)) is refused. Name the program "
                 "(C(sglang\\\\.launch_server), C(speculators.*extract)).",
             ],
-            role_doc="Regular expressions searched in command lines of processes that may be stopped; "
-            "keep them narrow.",
         ),
         _allow_list(
             "stop_run_ids",
             "--stop-run-id",
             "ID",
-            "EAGLE3OPS_RUN_ID value (environment or argv)",
             doc="Our own run ids; a process whose environment holds C(EAGLE3OPS_RUN_ID=<id>), or "
             "whose command line has the token C(EAGLE3OPS_RUN_ID=<id>), may be stopped.",
-            role_doc="EAGLE3OPS_RUN_ID values (environment or command-line token) of processes that may be "
-            "stopped.",
         ),
         Option(
             "gpu_required",
             "bool",
             default=True,
             role_default=False,  # the local CPU default skips; GPU inventories set gpu_free_gpu_required: true
-            help="without an NVIDIA driver, fail (--no-gpu-required: skip, exit 0, skipped: true)",
             doc=[
                 ("When false, a host without a usable NVIDIA driver skips the check instead of failing."),
                 (
@@ -137,19 +116,13 @@ GPU_FREE = Command(
                     "so the checkpoint is never skipped silently on a GPU host."
                 ),
             ],
-            role_doc=[
-                "Fail (true) or skip cleanly (false) on a host without a usable NVIDIA driver.",
-                "A host with /dev/nvidiactl but no usable NVML fails either way.",
-            ],
         ),
         Option(
             "v1_reserved_allowance_mib",
             "float",
             default=1024,
             minimum=0,
-            help="without NVML's v2 memory struct: MiB of v1 'used' taken as driver-reserved",
             doc=("MiB of the v1 struct's C(used) taken as driver-reserved on drivers without the v2 struct."),
-            role_doc="Drivers without the v2 memory struct - MiB of v1 used taken as driver-reserved.",
         ),
         EXECUTABLE.but(role=False),  # the role passes gpu_free_executable, its "" meaning "beside the Python"
     ],

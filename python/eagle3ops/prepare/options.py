@@ -36,10 +36,6 @@ PREPARE = Command(
             metavar="PATH",
             role="prepare_model_path",
             doc="Target model directory whose tokenizer and chat template are used.",
-            role_doc=[
-                ("The target model directory (its tokenizer and chat template render the conversations)."),
-                "Default the shared eagle3ops_model_path.",
-            ],
             role_value="{{ eagle3ops_model_path }}",
         ),
         conversation_inputs(
@@ -48,62 +44,44 @@ PREPARE = Command(
                 "Conversation sources (JSONL file, directory of .json/.jsonl, or a saved HF "
                 "dataset directory)."
             ),
-            role_doc=[
-                ("Conversation sources (JSONL, directory of JSONL, or saved HF dataset directory)."),
-                (
-                    "Default the shared eagle3ops_conversations (the example inventories read "
-                    "regenerate_output instead while the regenerate phase is on)."
-                ),
-            ],
             role_value="{{ eagle3ops_conversations }}",
         ),
         data_dir(
             "out",
             metavar="DATA_DIR",
             role="prepare_output_dir",
-            help="output data directory",
-            role_doc="The data directory (Arrow dataset; extract writes hidden_states/ inside it).",
+            doc="The output data directory (an Arrow dataset; extract writes C(hidden_states/) inside it).",
         ),
         Option(
             "max_length",
             "int",
             default=2048,
             minimum=2,
-            help="tokens per row (longer rows are truncated)",
             doc=(
                 "Maximum tokens per row (longer rows are truncated; rows left without supervised "
                 "tokens are dropped)."
             ),
-            role_doc="Maximum tokens per row.",
         ),
         one_of(
             "on_error",
             ["fail", "skip"],
-            help="bad input rows: fail (nothing is written) or skip (listed in the result)",
             doc=(
-                "C(fail) stops at the first malformed input row (reported as C(file:line)); "
+                "C(fail) stops at the first malformed input row (reported as C(file:line)) and writes nothing; "
                 "C(skip) skips and lists them."
             ),
-            role_doc="What a malformed input row does (reported as file:line either way).",
         ),
         count(
             "max_samples",
             metavar="N",
-            help="keep at most N rows",
             doc="Keep at most this many rows.",
         ),
         seed(
             default=0,
-            help="shuffle seed",
             doc="Shuffle seed (speculators splits train/val contiguously, so rows are shuffled).",
-            role_doc="Shuffle seed.",
         ),
         one_of(
             "rows",
             ["turn", "conversation"],
-            help="turn: one row per assistant turn, its history repeated (speculators' layout); conversation: "
-            "one row per conversation with every assistant turn supervised (less to extract, store and train "
-            "on; a conversation whose template re-renders its history keeps per-turn rows)",
             doc=[
                 (
                     "C(turn) writes one row per assistant turn, the turn's history repeated in it "
@@ -117,49 +95,31 @@ PREPARE = Command(
                     "reasoning) keeps its per-turn rows; RV(rows) counts both kinds."
                 ),
             ],
-            role_doc=[
-                "turn is one row per assistant turn, its history repeated (speculators' layout).",
-                (
-                    "conversation is one row per conversation with every assistant turn supervised, "
-                    "so the history is extracted and stored once (a conversation whose template "
-                    "re-renders its history keeps per-turn rows)."
-                ),
-            ],
         ),
         count(
             "workers",
             default=1,
             metavar="N",
-            help="render in N processes (the same rows; the tokenizer and chat template run on N cores)",
             doc=(
                 "Processes that render the conversations (chat template and tokenizer); the rows "
                 "do not depend on it."
             ),
-            role_doc="Processes that render the conversations; the rows do not depend on it.",
         ),
         Option(
             "force",
             "bool",
             default=False,
-            help="replace a dataset whose hidden states were already extracted",
             doc="Replace a dataset even when hidden states were extracted for it.",
-            role_doc="Replace a dataset that already has extracted hidden states.",
         ),
         seconds(
             "lock_wait",
             default=0,
             metavar="SECONDS",
             role_default=3600,  # the playbook waits for an interrupted run still holding the directory
-            help="while another run holds DATA_DIR, wait up to this long for it (0: fail at once)",
             doc=(
                 "Seconds to wait while another run (an interrupted playbook's prepare or "
                 "extract) holds O(out); it then re-plans, so a finished identical run gives "
                 "C(changed=false). 0 fails at once, naming the holder."
-            ),
-            role_doc=(
-                "Seconds to wait while another run (an interrupted playbook's prepare or "
-                "extract) holds the output directory; then prepare re-plans (changed=false when "
-                "that run did the same work). 0 fails at once."
             ),
         ),
         _o.trust_remote_code("tokenizer"),

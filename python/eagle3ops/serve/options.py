@@ -29,15 +29,9 @@ CONVERT = Command(
             "checkpoint",
             "path",
             required=True,
-            help="a checkpoint dir, a speculators save path (checkpoint_best / newest epoch) or a train run dir",
             doc=(
                 "A checkpoint directory, a speculators save path (C(checkpoint_best) or the "
                 "newest epoch) or a train run directory."
-            ),
-            role_doc=(
-                "The speculators checkpoint converted for SGLang: a checkpoint dir, a save path "
-                "or the train run dir. Default the shared eagle3ops_checkpoint (the train run "
-                "directory)."
             ),
             role_value="{{ eagle3ops_checkpoint }}",
         ),
@@ -45,36 +39,21 @@ CONVERT = Command(
             "out",
             "serve/draft",
             role="serve_draft_dir",
-            help="output directory (--speculative-draft-model-path)",
             doc="Output directory (what C(--speculative-draft-model-path) gets).",
-            role_doc=(
-                "Where the SGLang draft (config.json + model.safetensors) is written; "
-                "--speculative-draft-model-path. Default <eagle3ops_workdir>/serve/draft."
-            ),
         ),
         count(
             "serve_window",
             role="serve_draft_window_size",
-            help="the --speculative-draft-window-size the server will use (needed for a sliding-window draft)",
             doc=(
                 "The C(--speculative-draft-window-size) the server will use; required for a "
                 "sliding-window draft and must equal its window."
-            ),
-            role_doc=(
-                "Speculative-draft-window-size; must equal the window of a draft trained with "
-                "sliding attention, else null."
             ),
         ),
         Option(
             "target_arch",
             role_default="",  # empty: the checkpoint's verifier's
-            help="the target's architecture (default: the checkpoint's verifier's)",
             doc=(
                 "The target's architecture (default the checkpoint's verifier's); picks SGLang's "
-                "layer-id convention."
-            ),
-            role_doc=(
-                "The target's architecture (empty: the checkpoint's verifier's); picks SGLang's "
                 "layer-id convention."
             ),
         ),
@@ -83,26 +62,16 @@ CONVERT = Command(
             "list",
             elements="int",
             role_default=[],  # empty: eagle3ops' convention table decides
-            help="write these ids into eagle_config as is (for a target outside eagle3ops' convention table)",
             doc=("Ids to write as is into C(eagle_config) (targets outside eagle3ops' convention table)."),
-            role_doc=(
-                "Ids written as is into eagle_config (only for a target outside eagle3ops' convention table)."
-            ),
         ),
         Option(
             "sglang_version",
             role_choices=list(_versions.KNOWN),
-            help=f"the SGLang version that serves the draft, one of {', '.join(_versions.KNOWN)} (default: the "
-            f"SGLang installed here when it is one of them, else {_versions.DEFAULT_VERSION}; it goes into the stamp)",
             doc=(
                 "The SGLang version that serves the draft (its layer-id rules and draft layout); "
                 f"one of the versions in C(eagle3ops.sglang.versions) ({', '.join(_versions.KNOWN)}); another "
                 "is refused with that list. Unset, the SGLang installed on the host when it is "
                 f"one of them, else {_versions.DEFAULT_VERSION}; the stamp records the one used."
-            ),
-            role_doc=(
-                "The SGLang version served (one of eagle3ops' version table; unknown versions "
-                "are refused). Default the shared eagle3ops_sglang_version."
             ),
             role_value="{{ eagle3ops_sglang_version }}",
             role_pass="",
@@ -111,8 +80,6 @@ CONVERT = Command(
             "target",
             "path",
             role=False,  # the role passes serve_model_path
-            help="the target model directory SGLang will serve: a remote-code one is refused without "
-            "--trust-remote-code, before anything is converted",
             doc=(
                 "The target model directory SGLang will serve; a remote-code one (an auto_map) is refused "
                 "without O(trust_remote_code), before anything is converted or started."
@@ -136,28 +103,22 @@ SERVE_PROCESS = Command(
     module="eagle3ops_serve_process",
     role="serve",
     options=[
-        Option(
-            "action", positional=True, choices=["start", "stop", "status"], param=False, help="what to do"
-        ),
+        Option("action", positional=True, choices=["start", "stop", "status"], param=False, doc="what to do"),
         # the module's state: started/stopped/status (it passes the action)
         one_of(
             "state",
             ["started", "stopped", "status"],
             cli=False,
             role_choices=["started", "stopped"],  # the role serves or stops; status is the module's own
-            help="the state",
             doc="C(started), C(stopped), or C(status) (report only).",
-            role_doc="Started: running + enabled at boot; stopped: installed but stopped.",
         ),
         Option(
             "run_dir",
             "path",
             required=True,
-            help="directory of the state, PID and log files",
-            role_doc=(
-                "Directory of servers.json (both command lines, read by the benchmark phase) and "
-                "the process launcher's PID, state and log files; default the shared "
-                "eagle3ops_serve_run_dir."
+            doc=(
+                "Directory of the state, PID and log files; the serve role also writes C(servers.json) there "
+                "(both servers' command lines, which the benchmark phase reads)."
             ),
             role_value="{{ eagle3ops_serve_run_dir }}",
         ),
@@ -165,20 +126,17 @@ SERVE_PROCESS = Command(
             "name",
             required=True,
             role=False,
-            help="the server's name (file names in RUN_DIR)",
             doc="The server's name (its files in I(run_dir)).",
         ),
         Option(
             "spec_file",
             "path",
             role=False,
-            help="JSON {NAME: {argv: [...], env: {...}, url: ...}}",
             doc=("JSON file of named specs C({name - {argv, env, url}}); the spec I(name) is used."),
         ),
         Option(
             "url",
             role=False,
-            help="base URL; start waits for GET URL/health = 200",
             doc="The server's base URL; C(started) waits for C(GET url/health) = 200.",
         ),
         Option(
@@ -189,13 +147,12 @@ SERVE_PROCESS = Command(
             default=[],
             metavar="K=V",
             param=False,
-            help="environment of the server",
+            doc="environment of the server",
         ),
-        Option("cwd", param=False, help="working directory of the server"),
+        Option("cwd", param=False, doc="working directory of the server"),
         Option(
             "stamp",
             role=False,
-            help="free-form identity beyond argv/env (a changed stamp restarts the server)",
             doc=(
                 "Free-form identity beyond the command line (the draft's conversion stamp); a "
                 "change restarts."
@@ -205,11 +162,7 @@ SERVE_PROCESS = Command(
             "health_timeout",
             default=600.0,
             role_default=3600,
-            help="seconds to wait for /health",
-            doc="Seconds to wait for C(/health).",
-            role_doc=(
-                "How long the health check waits for /health (a 1T-parameter model loads for many minutes)."
-            ),
+            doc="Seconds to wait for C(/health) (a 1T-parameter model loads for many minutes).",
         ),
         Option(
             "interval",
@@ -217,16 +170,15 @@ SERVE_PROCESS = Command(
             default=2.0,
             role=False,
             above=0,
-            help="seconds between /health polls",
             doc="Seconds between C(/health) polls.",
         ),
-        seconds("stop_grace", default=60.0, role=False, help="seconds from SIGTERM to SIGKILL"),
+        seconds("stop_grace", default=60.0, role=False, doc="seconds from SIGTERM to SIGKILL"),
         Option(
             "argv_json",
             param=False,
-            help='the server command as a JSON list, e.g. \'["python3", "-m", "sglang.launch_server", ...]\'',
+            doc='the server command as a JSON list, e.g. \'["python3", "-m", "sglang.launch_server", ...]\'',
         ),
-        Option("env_json", param=False, help="the server's environment as a JSON object (added to --env)"),
+        Option("env_json", param=False, doc="the server's environment as a JSON object (added to --env)"),
         # the module's form of the two above (it passes them as JSON)
         Option(
             "argv",
@@ -234,7 +186,6 @@ SERVE_PROCESS = Command(
             elements="str",
             cli=False,
             role=False,
-            help="the server command line",
             doc="The server command line (a list); not with I(spec_file).",
         ),
         Option(
@@ -243,7 +194,6 @@ SERVE_PROCESS = Command(
             default={},
             cli=False,
             role=False,
-            help="environment of the server",
             doc=("Environment variables of the server (e.g. C(PYTHONPATH)), added to the module's own."),
         ),
         EXECUTABLE.but(role="serve_eagle3ops_bin", role_pass=" | default(omit, true)"),

@@ -51,28 +51,17 @@ SGLANG_EXTRACT = Command(
             "list",
             elements="str",
             default=["http://127.0.0.1:30000"],
-            help="the capture servers' base URLs: one, or several on this host (data parallel: the host's rows are "
-            "split between them, each server its own manifest rank, docs/sglang.md)",
             doc=(
                 "Base URLs of this host's capture servers - one, or several (data parallel, e.g. "
                 "two TP-4 servers on an 8-GPU node) - the host's rows are split between them, "
                 "each server with its own C(EAGLE3OPS_SGLANG_MANIFEST_RANK) (docs/sglang.md). A "
                 "single string is one server."
             ),
-            role_doc=(
-                "Base URLs of this host's capture servers (default the sglang phase's servers: "
-                "eagle3ops_sglang_servers of them from eagle3ops_sglang_port on, at "
-                "eagle3ops_sglang_host); several = data parallel on this host, its rows split "
-                "between them, each server with its own EAGLE3OPS_SGLANG_MANIFEST_RANK. With "
-                "several hosts (extract_shard_hosts) each server is one global rank (docs/scale.md)."
-            ),
             role_value="{{ eagle3ops_sglang_urls }}",
         ),
         count(
             "world_size",
             role=False,  # the role computes it from extract_shard_hosts (each host brings one rank a server)
-            help="several hosts: the number of capture servers over every host (each takes a strided share of the "
-            "rows, as the transformers backend's workers do; docs/scale.md)",
             doc=[
                 (
                     "Several hosts share the rows (docs/scale.md) - the number of capture servers "
@@ -90,8 +79,6 @@ SGLANG_EXTRACT = Command(
             "int",
             minimum=0,
             role=False,
-            help="with --world-size: this host's servers take the global ranks FIRST .. FIRST+servers-1 (recorded "
-            "in hidden_states/shard.json; a later run with other ranks is refused)",
             doc=[
                 (
                     "With O(world_size) - this host's servers take the global ranks O(first_rank) .. "
@@ -118,52 +105,40 @@ SGLANG_EXTRACT = Command(
         count(
             "concurrency",
             default=8,
-            help="requests in flight",
-            role_doc="/generate requests in flight.",
+            doc="C(/generate) requests in flight.",
         ),
         Option(
             "request_timeout",
             "float",
             default=600.0,
             above=0,
-            help="seconds one /generate may take before it is retried",
             doc="Seconds one C(/generate) may take before it is retried.",
-            role_doc="Seconds one /generate may take before it is retried.",
         ),
         Option(
             "retries",
             "int",
             default=5,
             minimum=0,
-            help="retries per row (5xx, 408, 429, timeouts, connection errors)",
+            doc="retries per row (5xx, 408, 429, timeouts, connection errors)",
         ),
-        seconds("backoff", default=1.0, param=False, help="first retry delay (s); doubles, with jitter"),
-        seconds("backoff_max", default=60.0, param=False, help="longest retry delay (s)"),
+        seconds("backoff", default=1.0, param=False, doc="first retry delay (s); doubles, with jitter"),
+        seconds("backoff_max", default=60.0, param=False, doc="longest retry delay (s)"),
         seconds(
             "health_timeout",
             default=1800.0,
-            help="seconds to wait for the server's /health",
             doc="Seconds to wait for C(/health) (loading a large model takes minutes).",
-            role_doc="Seconds to wait for the server's /health.",
         ),
-        seconds("confirm_timeout", default=120.0, param=False, help="wait this long for a row's file"),
+        seconds("confirm_timeout", default=120.0, param=False, doc="wait this long for a row's file"),
         LIMIT.but(role="extract_limit"),
         Option(
             "server_unit",
             "list",
             elements="str",
-            help="systemd units to start and stop: one, or one per --url in the same order (default: attach to "
-            "--url)",
             doc=(
-                "systemd units to start before and stop after - one, or one per I(url) in the same "
+                "The systemd units to start before and stop after - one, or one per I(url) in the same "
                 "order (role C(sglang) installs C(eagle3ops-sglang-extract), or "
-                "C(eagle3ops-sglang-extract-0) .. C(-N) for several servers). A single string is one unit."
-            ),
-            role_doc=(
-                "systemd units started before and stopped after the run, one per server in "
-                "extract_sglang_url's order (default the sglang phase's: eagle3ops_sglang_unit with "
-                "one server, eagle3ops_sglang_unit-0 .. -N with several); empty = attach to servers "
-                "already answering at extract_sglang_url."
+                "C(eagle3ops-sglang-extract-0) .. C(-N) for several servers). A single string is one unit; none: "
+                "attach to the servers already answering at I(url)."
             ),
             # the sglang phase's unit names, derived in roles/extract/vars/main.yml (one line here is too long)
             role_value="{{ extract_sglang_units }}",
@@ -171,42 +146,34 @@ SGLANG_EXTRACT = Command(
         count(
             "server_pid",
             param=False,
-            help="the attached server's PID: when it dies, stop waiting for /health at once (exit 2)",
+            doc="the attached server's PID: when it dies, stop waiting for /health at once (exit 2)",
         ),
         Option(
             "keep_server",
             "bool",
             default=False,
-            help="leave --server-unit running at the end",
             doc="Leave I(server_unit) running at the end.",
-            role_doc="Leave extract_sglang_server_unit running at the end.",
         ),
         Option(
             "restore_patch",
             "path",
             metavar="FILE",
             role=False,  # the role restores the patch with eagle3ops_sglang_patch (extract_sglang_restore_patch)
-            help="deepseek_v2.py to restore byte-exact when every row is done",
             doc="The patched C(deepseek_v2.py) to restore when every row is done.",
         ),
         Option(
-            "restore_patch_always", "bool", default=False, role=False, help="restore even when rows failed"
+            "restore_patch_always", "bool", default=False, role=False, doc="restore even when rows failed"
         ),
         Option(
             "sglang_version",
             default=_versions.DEFAULT_VERSION,
             role="extract_sglang_version",
             role_choices=list(_versions.KNOWN),
-            help=f"the server's SGLang version (the patch --restore-patch checks), one of {', '.join(_versions.KNOWN)}",
             doc=[
                 ("The server's SGLang version; I(restore_patch) is checked against its capture patch."),
                 f"One of the versions in C(eagle3ops.sglang.versions) ({', '.join(_versions.KNOWN)}); another "
                 "is refused with that list.",
             ],
-            role_doc=(
-                "The SGLang version the capture patch is checked against (default the shared "
-                "eagle3ops_sglang_version)."
-            ),
             role_value="{{ eagle3ops_sglang_version }}",
         ),
         MARGIN.but(role="extract_margin"),
@@ -234,14 +201,13 @@ SGLANG_PATCH = Command(
             positional=True,
             choices=["status", "apply", "restore"],
             param=False,  # the module's state: present -> apply, absent -> restore, query -> status
-            help="what to do",
+            doc="what to do",
         ),
         Option(
             "state",
             default="present",
             choices=["present", "absent", "query"],
             cli=False,
-            help="the module's: present applies the patch, absent restores the pristine file, query reports",
             doc=(
                 "C(present) applies the patch, C(absent) restores the pristine file, C(query) only reports."
             ),
@@ -250,13 +216,11 @@ SGLANG_PATCH = Command(
             "file",
             "path",
             param="path",
-            help="path of sglang/srt/models/deepseek_v2.py",
             doc="The C(deepseek_v2.py) to manage. Give this, I(python) or I(site_packages).",
         ),
         Option(
             "python",
             "path",
-            help="the SGLang venv's python (the file is found without importing sglang)",
             doc=(
                 "The SGLang venv's interpreter; the file is found through it without importing "
                 "SGLang (no GPU needed)."
@@ -265,16 +229,14 @@ SGLANG_PATCH = Command(
         Option(
             "site_packages",
             "path",
-            help="a directory holding sglang/",
             doc="A directory that holds C(sglang/).",
         ),
         Option(
             "sglang_version",
             default=_versions.DEFAULT_VERSION,
-            help=f"the installed SGLang version, one of {', '.join(_versions.KNOWN)}",
             doc="The SGLang version the patch entry is for.",
         ),
-        Option("diff", "bool", default=False, param=False, help="include the unified diff of the change"),
+        Option("diff", "bool", default=False, param=False, doc="include the unified diff of the change"),
         EXECUTABLE,
     ],
 )

@@ -16,15 +16,15 @@ DEMO = Command(
     ),
     check_help="only report whether a build would happen",
     options=[
-        Option("out", "path", required=True, metavar="DIR", help="directory to build the demo in"),
-        count("num_conversations", default=300, metavar="N", help="conversations to write"),
-        seed(default=0, help="the seed of everything built"),
+        Option("out", "path", required=True, metavar="DIR", doc="directory to build the demo in"),
+        count("num_conversations", default=300, metavar="N", doc="conversations to write"),
+        seed(default=0, doc="the seed of everything built"),
         count(
             "train_steps",
             default=120,
             metavar="N",
             why="the target needs at least 1 training step",
-            help="optimiser steps of the target's training (fewer: cheaper, less trained)",
+            doc="optimiser steps of the target's training (fewer: cheaper, less trained)",
         ),
     ],
 )
@@ -41,8 +41,8 @@ DEMO_KIMI = Command(
     ),
     check_help="only report whether a build would happen",
     options=[
-        Option("out", "path", required=True, metavar="DIR", help="directory to build the fixture in"),
-        seed(default=0, help="the seed of everything built"),
+        Option("out", "path", required=True, metavar="DIR", doc="directory to build the fixture in"),
+        seed(default=0, doc="the seed of everything built"),
     ],
 )
 
@@ -53,31 +53,31 @@ LAYER_IDS = Command(
     "--ids, checked against its layer count, or the default [2, N//2, N-3]. Reads config.json only.",
     check=False,  # it only reads
     options=[
-        Option("model", "path", required=True, help="the target model directory (its config.json gives N)"),
-        Option("ids", "list", elements="int", help="aux layer ids to check (default: [2, N//2, N-3])"),
+        Option("model", "path", required=True, doc="the target model directory (its config.json gives N)"),
+        Option("ids", "list", elements="int", doc="aux layer ids to check (default: [2, N//2, N-3])"),
         Option(
             "convention",
             default="input",
             choices=["input", "output"],
-            help="what --ids name: layer inputs (SGLang, speculators) or outputs (SpecForge, ModelOpt)",
+            doc="what --ids name: layer inputs (SGLang, speculators) or outputs (SpecForge, ModelOpt)",
         ),
         Option(
             "sglang",
             "bool",
             default=False,
-            help="also refuse what SGLang's set_eagle3_layers_to_capture would shift: ids must come distinct "
+            doc="also refuse what SGLang's set_eagle3_layers_to_capture would shift: ids must come distinct "
             "and ascending, the first not 1",
         ),
         Option(
             "sglang_version",
-            help="also give the server flags that make this SGLang version capture these ids without a draft "
+            doc="also give the server flags that make this SGLang version capture these ids without a draft "
             "(sglang_capture_args in the JSON result; none for a version whose capture patch turns the capture "
             "on itself); a version eagle3ops has no entry for is refused with the known ones",
         ),
     ],
 )
 
-CONFIG = Option("config", "path", positional=True, help="/etc/pve/lxc/<vmid>.conf (or a copy)")
+CONFIG = Option("config", "path", positional=True, doc="/etc/pve/lxc/<vmid>.conf (or a copy)")
 
 PVE_SHOW = Command(
     "show", help="sections, keys and raw lines of a container config", check=False, options=[CONFIG]
@@ -89,11 +89,11 @@ PVE_PLAN = Command(
     check=False,  # it only reads
     options=[
         CONFIG,
-        Option("mode", default="dev", choices=["dev", "raw"], help="devN (PVE >= 8.1) or raw lxc lines"),
-        Option("gpus", default="all", help="all, none, or indices: 0,1,2"),
-        Option("dev_root", "path", default="/dev", help="where the NVIDIA nodes are"),
-        Option("dev_listing", "path", help="a file of `stat -c '%n %Hr %Lr'` lines instead of --dev-root"),
-        Option("proc_devices", "path", default="/proc/devices", help="the host's /proc/devices (or a copy)"),
+        Option("mode", default="dev", choices=["dev", "raw"], doc="devN (PVE >= 8.1) or raw lxc lines"),
+        Option("gpus", default="all", doc="all, none, or indices: 0,1,2"),
+        Option("dev_root", "path", default="/dev", doc="where the NVIDIA nodes are"),
+        Option("dev_listing", "path", doc="a file of `stat -c '%n %Hr %Lr'` lines instead of --dev-root"),
+        Option("proc_devices", "path", default="/proc/devices", doc="the host's /proc/devices (or a copy)"),
         Option(
             "option",
             "list",
@@ -101,9 +101,9 @@ PVE_PLAN = Command(
             default=[],
             nargs="append",
             metavar="KEY=VALUE",
-            help="a key to enforce, e.g. cores=64 or mp0=/data,mp=/data (repeatable)",
+            doc="a key to enforce, e.g. cores=64 or mp0=/data,mp=/data (repeatable)",
         ),
-        Option("running", "bool", default=False, help="plan as for a running container (restart?)"),
+        Option("running", "bool", default=False, doc="plan as for a running container (restart?)"),
     ],
 )
 
@@ -123,17 +123,17 @@ MEMORY_FIT = Command(
     "without a GPU (and no --gpu-memory-mib) nothing is checked.",
     check=False,  # it only reads
     options=[
-        Option("model", "path", required=True, help="the target model directory (config.json + safetensors)"),
+        Option("model", "path", required=True, doc="the target model directory (config.json + safetensors)"),
         Option(
             "phase",
             default="capture",
             choices=["capture", "serve"],
-            help="the server checked: the capture server (adds the dump buffers) or the serving one",
+            doc="the server checked: the capture server (adds the dump buffers) or the serving one",
         ),
         Option(
             "server_args",
             default="",
-            help="the SGLang flags the server starts with, one string (pass it as --server-args='...'): "
+            doc="the SGLang flags the server starts with, one string (pass it as --server-args='...'): "
             "--mem-fraction-static, --context-length, --chunked-prefill-size, --max-prefill-tokens, "
             "--cuda-graph-max-bs, --tp-size, --kv-cache-dtype, --speculative-algorithm are read",
         ),
@@ -142,24 +142,24 @@ MEMORY_FIT = Command(
             "int",
             default=0,
             minimum=0,
-            help="tensor parallel size (0: --tp-size of --server-args)",
+            doc="tensor parallel size (0: --tp-size of --server-args)",
         ),
         Option(
             "gpu_memory_mib",
             "int",
             default=0,
             minimum=0,
-            help="memory of one GPU in MiB (0: the smallest GPU nvidia-smi reports)",
+            doc="memory of one GPU in MiB (0: the smallest GPU nvidia-smi reports)",
         ),
         count(
-            "aux_layers", default=3, help="aux layers captured (the dump buffers hold these + the last state)"
+            "aux_layers", default=3, doc="aux layers captured (the dump buffers hold these + the last state)"
         ),
         Option(
             "dtype",
             default="bfloat16",
             choices=["bfloat16", "float16", "float32", "float8_e4m3fn"],
-            help="the dtype the capture stores the states in",
+            doc="the dtype the capture stores the states in",
         ),
-        Option("draft", "path", help="the served draft's directory (its safetensors count on every GPU)"),
+        Option("draft", "path", doc="the served draft's directory (its safetensors count on every GPU)"),
     ],
 )

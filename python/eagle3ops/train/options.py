@@ -38,15 +38,8 @@ TRAIN = Command(
         data_dir(
             "data_dir",
             flag="--data",
-            help="data dir: Arrow dataset + hidden_states/ + token_freq.pt",
             doc=(
                 "Data directory from prepare + extract (Arrow dataset, C(hidden_states/), C(token_freq.pt))."
-            ),
-            role_doc=(
-                "The data directory training reads (Arrow dataset, hidden_states/, "
-                "token_freq.pt). Default this host's own store (train_data_source_dir), or, when "
-                "other hosts' stores are gathered (train_data_sync), "
-                "<eagle3ops_workdir>/train/data."
             ),
             role_value=(
                 "{{ eagle3ops_workdir ~ '/train/data' if train_data_gather else train_data_source_dir }}"
@@ -57,10 +50,6 @@ TRAIN = Command(
             "the one the states came from",
             flag="--verifier",
             doc="The target model directory the hidden states were extracted from.",
-            role_doc=(
-                "The target model the hidden states were extracted from (default the extract "
-                "phase's extract_model_path)."
-            ),
             role_value="{{ eagle3ops_model_path }}",
         ),
         _o.trust_remote_code("config (the verifier's)"),
@@ -68,9 +57,7 @@ TRAIN = Command(
             "run_dir",
             "path",
             required=True,
-            help="run directory (state, rendered config, log, metrics)",
             doc=("Run directory (state file, rendered config, log, metrics, checkpoints by default)."),
-            role_doc="Run directory (state, rendered config, log, metrics, checkpoints).",
             role_value="{{ eagle3ops_train_run_dir }}",
         ),
         # the role's "" (and [] below) mean "not set": the CLI leaves the option out (Option.argv)
@@ -78,50 +65,37 @@ TRAIN = Command(
             "save_path",
             "path",
             role_default="",
-            help="checkpoint directory (default RUN/checkpoints)",
             doc="Checkpoint directory; default O(run_dir)/checkpoints.",
-            role_doc="Checkpoint directory; empty for <train_run_dir>/checkpoints.",
         ),
         Option(
             "layer_ids",
             "list",
             elements="int",
             role_default=[],
-            help="only to assert: must equal extract_meta.json's",
             doc=(
                 "Only an assertion; the ids come from C(extract_meta.json). A different value fails the task."
-            ),
-            role_doc=(
-                "Only an assertion against extract_meta.json's ids; default the shared "
-                "eagle3ops_layer_ids when set, empty to just use those."
             ),
             role_value="{{ eagle3ops_layer_ids or [] }}",
         ),
         count(
             "draft_vocab_size",
             role_default=DEFAULT_DRAFT_VOCAB,  # the playbook says what the CLI leaves implicit
-            help=f"default {DEFAULT_DRAFT_VOCAB}, capped at the distinct tokens seen",
             doc=(
                 "Draft vocabulary size (default 32000), capped at the distinct tokens counted in "
                 "C(token_freq.pt)."
             ),
-            role_doc="Draft vocabulary, capped at the distinct tokens of token_freq.pt.",
         ),
         Option(
             "token_freq_path",
             "path",
             flag="--token-freq",
             role_default="",
-            help="token frequencies (default DATA/token_freq.pt)",
             doc="Token frequencies; default O(data_dir)/token_freq.pt.",
-            role_doc="Token frequencies; empty for <train_data_dir>/token_freq.pt.",
         ),
         Option(
             "init_from",
             "path",
             role_default="",
-            help="warm start: fine-tune this speculators EAGLE-3 draft (a checkpoint, save or run directory); its "
-            "layers, attention and vocabulary maps (d2t/t2d) are kept",
             doc=[
                 "Warm start - fine-tune this speculators EAGLE-3 draft (a checkpoint directory, a speculators save "
                 "directory or a train run directory) instead of a new one.",
@@ -129,41 +103,30 @@ TRAIN = Command(
                 "and its shape is kept (O(num_layers), O(attention), O(draft_vocab_size) do not apply). Refused "
                 "before launch when its aux layer ids differ from the store's or it was made for another target.",
             ],
-            role_doc=(
-                "Warm start from this speculators EAGLE-3 draft (checkpoint, save or run dir); empty = a new "
-                "draft. Its shape and d2t/t2d maps are kept."
-            ),
         ),
         count(
             "epochs",
             default=3,
-            help="training epochs",
-            role_doc="Epochs.",
+            doc="training epochs",
         ),
         Option(
             "lr",
             "float",
             above=0,
-            help="learning rate (default: the trainer's own: speculators 0.001, specforge 0.0001)",
             doc="Learning rate (unset - the trainer's own, speculators 0.001, specforge 0.0001).",
-            role_doc="Learning rate (null = the trainer's own, speculators 0.001, specforge 0.0001).",
         ),
         count(
             "ttt_steps",
-            help="test-time-training steps, the draft positions trained (default: the trainer's own: speculators 3, "
-            "specforge 7)",
             doc=(
                 "Test-time-training steps, the draft positions trained (unset - the trainer's "
                 "own, speculators 3, specforge 7)."
             ),
-            role_doc=("Test-time-training steps (null = the trainer's own, speculators 3, specforge 7)."),
         ),
-        count("num_layers", default=1, help="draft decoder layers"),
+        count("num_layers", default=1, doc="draft decoder layers"),
         count(
             "total_seq_len",
             default=8192,
-            help="tokens per packed batch (per process)",
-            role_doc="Tokens per packed batch per process.",
+            doc="tokens per packed batch (per process)",
         ),
         Option(
             "train_data_ratio",
@@ -172,84 +135,64 @@ TRAIN = Command(
             param=False,
             above=0,
             maximum=1,
-            help="share of the rows trained on",
+            doc="share of the rows trained on",
         ),
         count(
             "max_steps",
-            help="stop after this many optimizer steps (smoke runs)",
-            role_doc="Stop after this many optimizer steps (null = all epochs).",
+            doc="Stop after this many optimizer steps (smoke runs); unset, every epoch runs.",
         ),
         Option(
             "checkpoint_freq",
             "float",
             default=1.0,
             above=0,
-            help="epochs between checkpoints (<1: within)",
             doc="Epochs between checkpoints; below 1 saves within epochs (e.g. 0.25).",
-            role_doc="Epochs between checkpoints (below 1 = within an epoch).",
         ),
-        count("log_freq", default=1, param=False, help="steps between metric records"),
-        seed(default=42, param=False, help="the training seed"),
+        count("log_freq", default=1, param=False, doc="steps between metric records"),
+        seed(default=42, param=False, doc="the training seed"),
         Option(
             "norm_before_residual",
             "bool",
             default=False,
-            help="speculators' default; SGLang 0.5.23 cannot serve it, so off unless asked",
-            doc="speculators' own default is true, which SGLang 0.5.23 cannot serve.",
-            role_doc="speculators' default is true; SGLang 0.5.23 cannot serve it.",
+            doc="Off unless asked: speculators' own default is true, which SGLang 0.5.23 cannot serve.",
         ),
         Option(
             "specforge_fc_norm",
             "bool",
             default=False,
-            help="trainer specforge only: an RMSNorm on each aux hidden state before the draft's fc (SpecForge's "
-            "fc_norm; off in its recipe; speculators always normalises its input there)",
             doc=(
                 "Trainer C(specforge) only: an RMSNorm on each of the target's aux hidden states before the "
                 "draft's first projection (SpecForge 0.2.0's C(fc_norm), which SGLang serves). Off in "
                 "SpecForge's own recipe; speculators normalises the concatenated states there "
                 "(C(norm_before_fc)). Refused with another trainer."
             ),
-            role_doc=(
-                "Trainer specforge only: RMSNorm each aux hidden state before the draft's fc (SpecForge's "
-                "fc_norm, off in its recipe). Refused with another trainer."
-            ),
         ),
         one_of(
             "attention",
             ["full", "sliding"],
-            help="draft attention",
             doc=(
                 "C(full) attention in every draft layer (SGLang's default), or C(sliding) with "
                 "O(sliding_window); serve a sliding-window draft with "
                 "C(--speculative-draft-window-size) equal to it (returned as "
                 "C(serve_window_size))."
             ),
-            role_doc="Draft attention; a sliding window must be matched by the serve phase.",
         ),
         count(
             "sliding_window",
             default=2048,
-            help="window of sliding attention",
             doc="Window of C(sliding) attention.",
-            role_doc="Window for C(sliding).",
         ),
         one_of(
             "verify",
             ["checksum", "size", "overlapped"],
-            help="before a trainer is launched: checksum = every hidden-state file's content against the checksum "
-            "its writer recorded, reading only files not verified since they last changed (hidden_states/"
-            "verified.jsonl; docs/performance.md has the cost); size = only the size + header check every run makes; "
-            "overlapped = no up-front content check: the loader's workers compare each file on its first read, "
-            "skip a damaged one and queue it for re-extraction (docs/reliability.md)",
             doc=[
                 (
                     "Before a trainer is launched, C(checksum) compares every hidden-state file's "
                     "content with the checksum its writer recorded in the manifest and fails naming "
                     "damaged files; only files not verified since they last changed are read (a "
                     "record in C(hidden_states/verified.jsonl) keyed by inode, size, mtime and "
-                    "ctime), so a re-run on an unchanged store reads nothing. Check mode reads "
-                    "nothing and returns what would be read (C(content_check))."
+                    "ctime), so a re-run on an unchanged store reads nothing (docs/performance.md has the "
+                    "cost). Check mode reads nothing and returns what would be read (C(content_check))."
                 ),
                 "C(size) - only the size + safetensors header check every run makes.",
                 (
@@ -257,54 +200,33 @@ TRAIN = Command(
                     "workers compare each file with its checksum on its first read (the same record); a damaged "
                     "file is skipped, logged and queued in C(hidden_states/requeue.jsonl), which the next extract "
                     "run redoes. The default stays C(checksum): with C(overlapped) the steps before a damaged "
-                    "file is found have trained without that one sample, never on its bad bytes."
-                ),
-            ],
-            role_doc=[
-                (
-                    "Before a trainer is launched, C(checksum) compares every hidden-state file's "
-                    "content with the checksum its writer recorded and refuses damaged files by "
-                    "name; only files not verified since they last changed are read (a record in "
-                    "hidden_states/verified.jsonl keyed by inode, size, mtime and ctime), so a "
-                    "re-run on an unchanged store reads nothing. Cost of the first run - "
-                    "docs/performance.md."
-                ),
-                "C(size) - only the size + safetensors header check every run makes.",
-                (
-                    "C(overlapped) - no up-front check; the loader checks each file on its first read, skips and "
-                    "queues a damaged one for re-extraction (hidden_states/requeue.jsonl)."
+                    "file is found have trained without that one sample, never on its bad bytes (docs/reliability.md)."
                 ),
             ],
         ),
         one_of(
             "on_missing",
             ["raise", "skip", "warn"],
-            help="a sample without hidden states: raise refuses incomplete extraction",
             doc=(
                 "What the loader does for a sample without hidden states; C(raise) refuses "
                 "incomplete extraction."
             ),
-            role_doc="Samples without hidden states; raise refuses incomplete extraction.",
         ),
         Option(
             "mask_token_id",
             "int",
             param=False,
             minimum=0,
-            help="speculators' mask token (default from the verifier)",
+            doc="speculators' mask token (default from the verifier)",
         ),
         one_of(
             "device",
             ["auto", "cpu", "gpu"],
-            help="auto: GPUs when visible",
-            doc="C(auto) (GPUs when visible), C(cpu) or C(gpu).",
-            role_doc="auto uses every visible GPU through torchrun, else the CPU.",
+            doc="C(auto) (every visible GPU through torchrun, else the CPU), C(cpu) or C(gpu).",
         ),
         count(
             "nproc",
-            help="trainer processes on GPUs (default: every visible GPU)",
             doc="Trainer processes on GPUs; default every visible GPU.",
-            role_doc="Trainer processes on GPUs (null = every visible GPU).",
         ),
         # the role passes null as omitted (0 workers is a value): not a plain pass-through
         Option(
@@ -312,7 +234,6 @@ TRAIN = Command(
             "int",
             role=False,
             minimum=0,
-            help="loader workers per process (default 0 on CPU)",
             doc="Loader workers per process; default 0 on CPU, up to 12 on GPUs.",
         ),
         # several hosts (docs/scale.md): the role computes these from train_hosts and the job it decides on
@@ -320,7 +241,6 @@ TRAIN = Command(
             "nnodes",
             default=1,
             role=False,
-            help="hosts training together (torchrun --nnodes)",
             doc=[
                 (
                     "Hosts that train one draft together (docs/scale.md) - torchrun C(--nnodes) on "
@@ -339,13 +259,11 @@ TRAIN = Command(
             default=0,
             minimum=0,
             role=False,
-            help="this host's index among them (0 = rendezvous host)",
             doc="This host's index among the O(nnodes) hosts (0 = the rendezvous host).",
         ),
         Option(
             "rdzv_endpoint",
             role=False,
-            help="HOST:PORT of the c10d rendezvous (the first host), with --nnodes > 1",
             doc=(
                 "C(HOST:PORT) of the rendezvous (the first host, reachable from every node), "
                 "with O(nnodes) > 1."
@@ -354,7 +272,6 @@ TRAIN = Command(
         Option(
             "rdzv_id",
             role=False,
-            help="rendezvous id, the same on every node (default from the run directory)",
             doc=(
                 "Rendezvous id, the same on every node; default from the path of O(run_dir). It "
                 "names the job - a node that runs (or finished) a job with another id is stopped "
@@ -365,22 +282,14 @@ TRAIN = Command(
         Option(
             "nic",
             role_default="",
-            help="network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)",
             doc=(
                 "Network interface NCCL and gloo use between the nodes (C(NCCL_SOCKET_IFNAME), "
                 "C(GLOO_SOCKET_IFNAME))."
-            ),
-            role_doc=(
-                "Network interface NCCL and gloo use between the nodes (NCCL_SOCKET_IFNAME, "
-                "GLOO_SOCKET_IFNAME)."
             ),
         ),
         one_of(
             "trainer",
             ["speculators", "specforge", "ddp_probe"],
-            help="speculators; specforge: SpecForge's offline EAGLE-3 trainer on the same extraction (read in place; "
-            "GPU hosts); or ddp_probe: the minimal DDP job through the same launcher (a cluster check; the "
-            "multi-node trainer on CPU)",
             doc=(
                 "C(speculators); C(specforge) - SpecForge 0.2.0's offline EAGLE-3 trainer on the "
                 "same extraction (it reads the store in place through one pointer file a row, "
@@ -391,22 +300,12 @@ TRAIN = Command(
                 "cluster's launch, data and restart in seconds before a long run, and it is the "
                 "only trainer that runs over several CPU hosts."
             ),
-            role_doc=(
-                "speculators; specforge - SpecForge 0.2.0's offline EAGLE-3 trainer on the same "
-                "extraction (read in place through one pointer file a row; the same rows, draft "
-                "vocabulary and layer ids; GPU hosts only; the serve phase exports its draft "
-                "with SpecForge's own exporter); or ddp_probe - the minimal DDP job of "
-                "eagle3ops.ddp_probe (a linear model on the same data, checkpoints and records) "
-                "through the same launcher, rendezvous and restarts. A cluster check before a "
-                "long run, and the only trainer that runs over several CPU hosts."
-            ),
         ),
         # the role's "auto" is the CLI's default (left out): not a plain pass-through
         Option(
             "draft_attn_impl",
             choices=["simple_flex_attention", "sdpa", "eager"],
             role=False,
-            help="draft attention (default simple_flex_attention on GPUs, sdpa on CPU)",
             doc=(
                 "Draft attention; default C(simple_flex_attention) (torch.compile) on GPUs, C(sdpa) on CPU."
             ),
@@ -417,16 +316,11 @@ TRAIN = Command(
             # the module and the role ask for eager on every device (speculators 0.9.0's fused KL loss failed
             # under torch 2.11's dynamo on an H200, docs/performance.md); the CLI's None is eager too
             module_default="eager",
-            help="speculators' loss kernel (default eager)",
             doc=(
-                "speculators' loss kernel. C(eager) by default on every device - speculators "
+                "The speculators loss kernel. C(eager) by default on every device - speculators "
                 "0.9.0's C(fused) KL loss failed under torch 2.11's dynamo on an H200 "
                 "(C(ListVariable ... is already tracked for mutation)); choose C(fused) only on "
                 "a torch where it is known to compile."
-            ),
-            role_doc=(
-                "speculators' loss kernel; fused failed under torch 2.11's dynamo on an H200 "
-                "(speculators 0.9.0), so eager is the default."
             ),
         ),
         Option(
@@ -435,63 +329,52 @@ TRAIN = Command(
             default={},
             as_json=True,
             flag="--extra",
-            help="{group: {speculators key: value}} for other settings",
             doc=(
                 "Other speculators settings as a mapping of group to a mapping of speculators "
                 "keys and values (groups verifier, draft, data, loss, optimizer, scheduler, "
                 "trainer). Keys the module manages are refused."
             ),
-            role_doc="Other speculators settings, {group {key value}}.",
         ),
         Option(
             "env",
             "dict",
             default={},
             as_json=True,
-            help="extra environment variables for the trainer",
-            role_doc="Extra environment for the trainer.",
+            doc="extra environment variables for the trainer",
         ),
         Option(
             "restart_on_change",
             "bool",
             default=False,
-            help="a changed config: stop, set aside, start over",
-            doc=("When the configuration changed, stop the run, move its checkpoints aside and start over."),
-            role_doc=(
-                "On a changed configuration, stop, move the checkpoints aside and start over (else fail)."
+            doc=(
+                "When the configuration changed, stop the run, move its checkpoints aside and start over; "
+                "without it a changed configuration fails."
             ),
         ),
         one_of(
             "launcher",
             ["auto", "systemd", "setsid"],
-            help="auto: systemd-run where systemd is PID 1",
-            doc="C(auto) (systemd when it is PID 1), C(systemd) or C(setsid).",
-            role_doc="auto = systemd-run where systemd is PID 1, else setsid with a PID file.",
+            doc="C(auto) (C(systemd-run) when systemd is PID 1, else C(setsid) with a PID file), C(systemd) or C(setsid).",
         ),
         Option(
             "unit_name",
             role_default="",
-            help="systemd unit name (default eagle3-train-<hash of run dir>)",
             doc="Transient systemd unit name; default C(eagle3-train-<hash of run_dir>).",
-            role_doc="Transient unit name (empty = eagle3-train-<hash of the run dir>).",
         ),
-        Option("python", param=False, help="interpreter for the trainer (default: this one)"),
+        Option("python", param=False, doc="interpreter for the trainer (default: this one)"),
         Option(
             "gpu_free_check",
             "bool",
             default=True,
-            help="assert free VRAM before launching on GPUs",
             doc="Assert free VRAM on every GPU (eagle3ops.gpu_free) before launching on GPUs.",
-            role_doc="Run the gpu_free check before launching on GPUs.",
         ),
-        seconds("gpu_free_timeout", default=60, param=False, help="seconds the VRAM check waits"),
+        seconds("gpu_free_timeout", default=60, param=False, doc="seconds the VRAM check waits"),
         # the role waits only once every node started (several hosts): computed, not a pass-through
         Option(
             "wait",
             "bool",
             default=False,
             role=False,
-            help="block until the run ends; return its metrics",
             doc="Block until the run ends and return its final metrics.",
         ),
         seconds(
@@ -499,9 +382,7 @@ TRAIN = Command(
             default=3600,
             role="train_wait_timeout",
             role_default=86400,  # a playbook waiting for a training run waits a day; a CLI call an hour
-            help="seconds --wait waits",
             doc="Seconds O(wait) waits; the run keeps going after a timeout.",
-            role_doc="Seconds train_wait waits (the run continues after it).",
         ),
         EXECUTABLE.but(role_pass=" | default(omit, true)"),
     ],
@@ -511,15 +392,15 @@ TRAIN_STATUS = Command(
     "train-status",
     help="state, resume point and metrics of a training run dir",
     check=False,
-    options=[Option("run_dir", "path", required=True, help="the run directory")],
+    options=[Option("run_dir", "path", required=True, doc="the run directory")],
 )
 
 TRAIN_STOP = Command(
     "train-stop",
     help="stop a running training run (SIGTERM: speculators saves 'interrupted')",
     options=[
-        Option("run_dir", "path", required=True, help="the run directory"),
-        seconds("grace", default=60, help="seconds between SIGTERM and SIGKILL"),
+        Option("run_dir", "path", required=True, doc="the run directory"),
+        seconds("grace", default=60, doc="seconds between SIGTERM and SIGKILL"),
     ],
 )
 
@@ -536,11 +417,11 @@ TRAIN_VERIFY = Command(
     ),
     check_help="read nothing: say what a check would read and how far a running one is",
     options=[
-        data_dir("data_dir", flag="--data", help="data dir holding hidden_states/"),
+        data_dir("data_dir", flag="--data", doc="data dir holding hidden_states/"),
         Option(
             "job_file",
             "path",
-            help="with --check: the results file of the Ansible async job running the check; the result's "
+            doc="with --check: the results file of the Ansible async job running the check; the result's "
             "job_finished says whether it has ended",
         ),
     ],

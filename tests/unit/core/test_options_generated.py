@@ -8,11 +8,18 @@ such role's README, and the bounds table of
 
 from __future__ import annotations
 
+import argparse
+import ast
 import difflib
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
-from eagle3ops import option_render
+from eagle3ops import option_render, options
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from options_defs import CLI_COMMANDS, COMMANDS, _real_parsers
 
 REPO = option_render.REPO
 STALE = option_render.stale()
@@ -114,3 +121,87 @@ def test_the_check_command_names_make_options(capsys, monkeypatch):
     monkeypatch.setattr(option_render, "stale", lambda: {REPO / "Makefile": ""})
     assert option_render.main(["--check"]) == 1
     assert "make options" in capsys.readouterr().err
+
+
+# ---- one description per option: every copy is rendered from the definition's doc ---------------------------
+def _documentation(module: str) -> dict:
+    """{parameter: description} of a module's DOCUMENTATION as the file holds it (read statically, as ansible-doc)."""
+    tree = ast.parse((REPO / "library" / f"{module}.py").read_text())
+    (text,) = [
+        n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["DOCUMENTATION"]
+    ]
+    return {p: d["description"] for p, d in (yaml.safe_load(text).get("options") or {}).items()}
+
+
+def _text(description) -> str:
+    return " ".join(description) if isinstance(description, list) else description
+
+
+def test_no_option_has_a_second_description():
+    """An option is described once (``doc``): the former ``help`` (CLI) and ``role_doc`` (argument_specs) copies
+    are refused, and every option of every definition has a description of its own."""
+    for field in ("help", "role_doc"):
+        with pytest.raises(TypeError):
+            options.Option("x", **{field: "a second description"})
+    missing = []
+    for cmd in option_render.commands():
+        for o in cmd.options:
+            paragraphs = o.doc if isinstance(o.doc, (list, tuple)) else [o.doc]
+            if not paragraphs or not all(isinstance(p, str) and p.strip() for p in paragraphs):
+                missing.append(f"{cmd.full_name} {o.name}")
+    assert not missing, f"options without a description (doc): {missing}"
+
+
+@pytest.mark.parametrize("name", CLI_COMMANDS)
+def test_the_cli_help_is_the_module_documentation(name):
+    """``eagle3ops <command> --help`` says of each option what the module's DOCUMENTATION (the file, as committed)
+    says, as plain text: a help or a documentation that drifted from the other fails here."""
+    cmd = COMMANDS[name]
+    documented = _documentation(cmd.module) if cmd.module else {}
+    flags = {key: o.flag for o in cmd.options if o.cli for key in (o.name, o.param) if key}
+    helps = {a.dest: (a.help or "").replace("%%", "%") for a in _real_parsers()[name]._actions}
+    checked = 0
+    for o in cmd.options:
+        if not o.cli:
+            continue
+        source = _text(option_render.doc_of(o))  # a CLI-only option: its definition
+        if o.param in documented and option_render.module_options(cmd.module)[o.param].doc == o.doc:
+            source = _text(documented[o.param])  # a command of several of one module has its own text
+        want = options.plain(source, flags)
+        want = want[:-1] if want.endswith(".") and not want.endswith("...") else want
+        assert helps[o.name].startswith(want), (
+            f"eagle3ops {name} {o.flag}: --help {helps[o.name]!r}, doc {want!r}"
+        )
+        checked += 1
+    assert checked == len([o for o in cmd.options if o.cli])
+
+
+def test_a_changed_description_reaches_every_copy(monkeypatch):
+    """One edit of a definition's ``doc`` is all it takes: the module documentation, the role's argument_specs,
+    defaults comment and README row are stale until ``make options``, and ``--help`` says the new text (with the
+    option it names as the CLI flag there, as the role variable in the role's copies)."""
+    from eagle3ops.extract import options as extract
+
+    o = extract.EXTRACT.option("disk_margin_mib")
+    monkeypatch.setattr(o, "doc", "Free space kept besides O(margin), in MiB (a new description).")
+    stale = option_render.stale()
+    assert {
+        "doc_fragments/eagle3ops.py",  # the extraction modules' shared options
+        "roles/extract/meta/argument_specs.yml",
+        "roles/extract/defaults/main.yml",
+        "roles/extract/README.md",
+    } <= {str(p.relative_to(REPO)) for p in stale}
+    specs = stale[REPO / "roles/extract/meta/argument_specs.yml"]
+    assert "besides O(extract_margin), in MiB (a new description)." in " ".join(specs.split())
+    parser = argparse.ArgumentParser()
+    extract.EXTRACT.add_parser(parser.add_subparsers())
+    (action,) = [
+        a
+        for p in parser._subparsers._group_actions[0].choices.values()
+        for a in p._actions
+        if a.dest == "disk_margin_mib"
+    ]
+    assert action.help.startswith("Free space kept besides --margin, in MiB (a new description)")
