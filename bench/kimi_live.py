@@ -66,6 +66,14 @@ def _args() -> argparse.Namespace:
     )
     ap.add_argument("--device", default="cuda")
     ap.add_argument(
+        "--regenerate-tokens",
+        type=int,
+        default=128,
+        help="the plain server rewrites the fixture's answers (eagle3ops regenerate, this many tokens each) and "
+        "the capture and draft train on them, so acceptance says whether the draft learnt the target (0: off)",
+    )
+    ap.add_argument("--epochs", type=int, default=3, help="epochs of the draft's training")
+    ap.add_argument(
         "--stages", default="tokenizers,serve,capture,draft", help="which stages run (a CPU dry run: capture)"
     )
     return ap.parse_args()
@@ -80,6 +88,14 @@ def kimi_flags(a) -> list[str]:
     """The flags every server of this lane gets: the remote code, the kimi_k2 parsers, the vision tower's
     attention, the MoE runner."""
     return [*KIMI_FLAGS, *(["--moe-runner-backend", a.moe_runner] if a.moe_runner else [])]
+
+
+def prompt_ids(tok, messages: list[dict]) -> list[int]:
+    """Our ids of a generation prompt: the template's text, encoded as prepare encodes (no special tokens added).
+    Not ``apply_chat_template(tokenize=True)``: transformers 5 returns a BatchEncoding there, whose len() is its
+    number of keys (the H100 run of 2026-12-07 17:36 compared 2 with the server's 30-49)."""
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tok.encode(text, add_special_tokens=False))
 
 
 def server_tokenize(url: str, **body) -> list[int]:
@@ -102,7 +118,7 @@ def tokenize_agreement(url: str, remote, convs: list[dict]) -> dict:
         theirs = server_tokenize(url, prompt=text, add_special_tokens=False)
         text_eq += ours == theirs
         user = [t for t in m if t["role"] != "assistant"][:1]
-        ours_m = list(remote.apply_chat_template(user, tokenize=True, add_generation_prompt=True))
+        ours_m = prompt_ids(remote, user)
         theirs_m = server_tokenize(url, messages=user)
         msgs_eq += ours_m == theirs_m
         for kind, x, y in (("text", ours, theirs), ("messages", ours_m, theirs_m)):
@@ -167,7 +183,7 @@ def _chat(url: str, messages: list[dict], **extra) -> dict:
 
 
 @L.stage("serve", need_s=120)
-def serve(a, model: Path, convs: list[dict]) -> dict:
+def serve(a, model: Path, conv_path: Path, convs: list[dict]) -> dict:
     from transformers import AutoTokenizer
 
     remote = AutoTokenizer.from_pretrained(str(model), trust_remote_code=True)
@@ -184,11 +200,16 @@ def serve(a, model: Path, convs: list[dict]) -> dict:
         counts = []
         for c in convs[:8]:
             m = [t for t in _messages(c) if t["role"] != "assistant"][:1]
-            ours = len(remote.apply_chat_template(m, tokenize=True, add_generation_prompt=True))
+            ours = len(prompt_ids(remote, m))
             theirs = _chat(srv.url, m, max_tokens=1)["usage"]["prompt_tokens"]
             counts.append([ours, theirs])
         out["prompt_tokens_ours_vs_server"] = counts
         out["prompt_tokens_agree"] = all(x == y for x, y in counts)
+        if a.regenerate_tokens:
+            out["regenerate"] = L.cli("regenerate", "--backend", "openai", "--url", srv.url, "--model", str(model),
+                                      "--input", str(conv_path), "--out", str(Path(a.work) / "regenerated.jsonl"),
+                                      "--max-new-tokens", str(a.regenerate_tokens), "--concurrency", "8", "--on-error", "skip",
+                                      "--trust-remote-code", name="regenerate", timeout=240)  # fmt: skip
         try:
             out["tokenize_endpoint"] = tokenize_agreement(srv.url, remote, convs)
         except Exception as e:  # recorded; the stage's other results stand
@@ -244,8 +265,8 @@ def draft(a, model: Path, fixture: Path) -> dict:
     text = json.loads((model / "config.json").read_text())["text_config"]
     # --mask-token-id: speculators would otherwise load the wrapper's processor without trust_remote_code
     out["train"] = L.cli("train", "--data", str(data), "--verifier", str(model), "--run-dir", str(run), "--device",
-                         "gpu", "--epochs", "3", "--total-seq-len", "2048", "--launcher", "setsid", "--wait",
-                         "--timeout", str(int(max(60, min(240, L.left() - 200)))), "--no-gpu-free-check",
+                         "gpu", "--epochs", str(a.epochs), "--total-seq-len", "2048", "--launcher", "setsid", "--wait",
+                         "--timeout", str(int(max(60, min(420, L.left() - 200)))), "--no-gpu-free-check",
                          "--mask-token-id", str(text["pad_token_id"]), "--draft-vocab-size", "256",
                          "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--trust-remote-code",
                          "--env", json.dumps({"TORCH_COMPILE_DISABLE": "1"}), name="train")  # fmt: skip
@@ -277,9 +298,10 @@ def main() -> int:
     if "tokenizers" in stages:
         tokenizers(model, convs)
     if "serve" in stages:
-        serve(a, model, convs)
+        serve(a, model, conv_path, convs)
     if "capture" in stages:
-        capture(a, model, conv_path)
+        regen = w / "regenerated.jsonl"  # the target's own answers when the serve stage wrote them
+        capture(a, model, regen if regen.is_file() and regen.stat().st_size else conv_path)
     if "draft" in stages:
         draft(a, model, fixture)
     L.log("done")
