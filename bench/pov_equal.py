@@ -14,7 +14,9 @@ first turns (batch 1) and held-out ShareGPT (concurrency 8).
 ``--plan`` prints how long that takes from the measured rates (:func:`plan`; nothing runs) and how it splits
 into device sessions; ``--jobs`` runs a subset (the plan's job names), so each session lands what it trained.
 The result JSON (``WORK/res/equal.json``) gives ours / SpecForge at equal epochs and at equal wall-clock side
-by side, per TTT: the mean over the seeds and the spread (:func:`compare`).
+by side, per TTT: the mean over the seeds and the spread (:func:`compare`); ``--merge`` compares the sessions'
+``equal.json`` files together (:func:`merge`). ``--smoke``: a CPU dry run of the whole plan's control flow
+(bench/pov_smoke.py: the stand-in server, tiny sizes, our drafts copied in SpecForge's place; nothing measured).
 """
 
 from __future__ import annotations
