@@ -14,7 +14,9 @@ first turns (batch 1) and held-out ShareGPT (concurrency 8).
 ``--plan`` prints how long that takes from the measured rates (:func:`plan`; nothing runs) and how it splits
 into device sessions; ``--jobs`` runs a subset (the plan's job names), so each session lands what it trained.
 The result JSON (``WORK/res/equal.json``) gives ours / SpecForge at equal epochs and at equal wall-clock side
-by side, per TTT: the mean over the seeds and the spread (:func:`compare`).
+by side, per TTT: the mean over the seeds and the spread (:func:`compare`); ``--merge`` compares the sessions'
+``equal.json`` files together (:func:`merge`). ``--smoke``: a CPU dry run of the whole plan's control flow
+(bench/pov_smoke.py: the stand-in server, tiny sizes, our drafts copied in SpecForge's place; nothing measured).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proof_of_value as P
 import sglang_live as L
+from pov_smoke import smoke, stand_in_specforge
 
 # measured alone on the H200 (docs/performance.md, proof of value): ours at TTT 3, 8,192 packed tokens a step,
 # 1,266 steps an epoch of the 15,596 rows (run 5: 7.48 steps/s, 69 s to the first step); SpecForge at TTT 7,
@@ -44,6 +48,14 @@ SERVE_S = 110.0  # one group of servers started 8 s apart, ready (runs 3-5: 74-1
 MEASURE_S = 55.0  # one server: 80 MT-bench prompts at batch 1 + 64 held-out at concurrency 8, 256 tokens
 SESSION_S = 1800.0  # device time of one session
 MARGIN = 1.3  # a job's budget: the plan's time x this (a guard; a full schedule is never cut on plan)
+
+# what proof_of_value.Run and train read: the same data, store, vocabulary and servers as its runs 1-5
+FIXED = {"wide_dir": "/tmp/pov-wide", "conversations": "smollm2-regenerated-sharegpt-15600.jsonl.xz",
+         "n_conv": 15600, "max_length": 2048, "prepare_workers": 8, "draft_vocab": 32768, "total_seq_len": 8192,
+         "sf_batch": 8, "sf_save_interval": 250, "sf_max_checkpoints": 2, "sf_fc_norm": False, "sf_lr": 0.0,
+         "wide_late": True, "wide_intermediate": 153600, "mt_prompts": 80, "heldout_prompts": 64,
+         "tokens": 256, "kv_tokens": 65536, "port0": 30100, "stagger_s": 8.0, "wide_prefill": 1024,
+         "no_radix_cache": True, "mem_smol": 0.12, "device": "cuda"}  # fmt: skip
 
 
 def rate(trainer: str, ttt: int) -> dict:
@@ -98,7 +110,7 @@ def plan(
         cur["seconds"] = round(cur["seconds"] + need, 1)
     too_long = [j["name"] for j in jobs if DATA_S + SERVE_S + j["seconds"] + per_draft > SESSION_S]
     total = round(sum(s["seconds"] for s in sessions), 1)
-    return {"jobs": jobs, "sessions": sessions, "device_s": total, "session_s": SESSION_S,
+    return {"jobs": jobs, "wall_clock": wall_clock, "sessions": sessions, "device_s": total, "session_s": SESSION_S,
             "fits_one_session": len(sessions) == 1 and not too_long, "longer_than_a_session": too_long,
             "rates": {k: {str(t): rate(k, t) for t in ttts} for k in RATES}}  # fmt: skip
 
@@ -109,10 +121,12 @@ def _stats(xs: list[float]) -> dict:
     )
 
 
-def compare(results: dict, jobs: list[dict]) -> dict:
+def compare(results: dict, jobs: list[dict], wall_clock: bool = True) -> dict:
     """Ours / SpecForge per TTT and measure (``results``: job name -> {measure -> acceptance}), at equal epochs
-    (the two ``equal_epochs`` jobs of a seed) and at equal wall-clock (the slower one's equal-epochs job against
-    the faster one's ``equal_wall`` job): the per-seed ratios, their mean and spread, and each side's mean."""
+    (the two ``equal_epochs`` jobs of a seed) and, with ``wall_clock`` (the plan's), at equal wall-clock (the
+    slower one's equal-epochs job against the faster one's ``equal_wall`` job; where the plan has none, no whole
+    epoch more fits the slower one's time and the equal-epochs pair is also the equal wall-clock one): the
+    per-seed ratios, their mean and spread, and each side's mean."""
     out: dict = {}
     by = {j["name"]: j for j in jobs}
     for j in jobs:
@@ -126,6 +140,8 @@ def compare(results: dict, jobs: list[dict]) -> dict:
         if wall:
             w = wall[0]
             pairs["equal_wall_clock"] = (w["name"], sf) if w["trainer"] == "ours" else (j["name"], w["name"])
+        elif wall_clock:
+            pairs["equal_wall_clock"] = pairs["equal_epochs"]
         for kind, (a, b) in pairs.items():
             ra, rb = results.get(a) or {}, results.get(b) or {}
             for measure in sorted(set(ra) & set(rb)):
@@ -161,7 +177,10 @@ def run(a, p: dict) -> None:
         return
     names = a.jobs.split(",") if a.jobs else [j["name"] for j in p["jobs"]]
     jobs = [j for j in p["jobs"] if j["name"] in names]
+    stood_in = [j for j in jobs if a.smoke and j["trainer"] == "specforge"]  # no SpecForge on a CPU
     for j in jobs:
+        if j in stood_in:
+            continue
         run_dir = r.d / f"run-{j['name']}"
 
         @L.stage(f"train_{j['name']}", 60)
@@ -171,6 +190,8 @@ def run(a, p: dict) -> None:
 
         tr()
         r.convert_draft(j["name"], run_dir)
+    for j in stood_in:
+        stand_in_specforge(r, smoke_twin(j, jobs), j["name"])
     configs = [tuple(int(x) for x in c.split("-")) for c in a.configs.split(",")]
     group = [
         (f"smol_{k}_{'-'.join(map(str, c))}", r.m, d, c, a.mem_smol)
@@ -198,8 +219,34 @@ def run(a, p: dict) -> None:
                 results.setdefault(key, {})[f"{measure}_{tag}"] = v["acceptance_length"]
     for s in r.servers.values():
         s.stop()
-    L.save("equal", {"plan": p, "acceptance": results, "compare": compare(results, p["jobs"]),
-                     "jobs_run": [j["name"] for j in jobs], "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})  # fmt: skip
+    L.save("equal", {"plan": p, "acceptance": results, "compare": compare(results, p["jobs"], p["wall_clock"]),
+                     "jobs_run": [j["name"] for j in jobs if j not in stood_in],
+                     "smoke": {"stood_in": L.SUMMARY.get("smoke_note") or {}} if a.smoke else None,
+                     "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})  # fmt: skip
+
+
+def merge(sessions: list[dict]) -> dict:
+    """The comparison over several sessions' ``equal.json`` (each ran some of one plan's jobs, ``--jobs``): their
+    measurements together (a job measured in two sessions: the later one's, named in ``measured_twice``)."""
+    plans = {json.dumps(s["plan"]["jobs"], sort_keys=True) for s in sessions}
+    if len(plans) != 1:
+        raise ValueError(
+            "the sessions ran different plans (--ttt, --seeds, --epochs, --no-wall-clock differ)"
+        )
+    p, results, twice = sessions[0]["plan"], {}, []
+    for s in sessions:
+        twice += [k for k in s["acceptance"] if k in results]
+        results.update(s["acceptance"])
+    return {"plan": p, "acceptance": results, "compare": compare(results, p["jobs"], p.get("wall_clock", True)),
+            "sessions": [s.get("jobs_run") for s in sessions], "measured_twice": twice}  # fmt: skip
+
+
+def smoke_twin(j: dict, jobs: list[dict]) -> str:
+    """The job of ours whose draft stands in for SpecForge's job ``j`` in a smoke run: ours at its TTT, seed and
+    epochs, else ours at equal epochs of its TTT and seed."""
+    ours = [o for o in jobs if o["trainer"] == "ours" and (o["ttt"], o["seed"]) == (j["ttt"], j["seed"])]
+    same = [o for o in ours if o["epochs"] == j["epochs"]] or [o for o in ours if o["role"] == "equal_epochs"]
+    return (same or ours or [{"name": ""}])[0]["name"]
 
 
 def main() -> int:
@@ -214,10 +261,25 @@ def main() -> int:
     ap.add_argument("--jobs", default="", help="the plan's job names to run (comma-separated; default all)")
     ap.add_argument("--work", default="/tmp/pov-equal")
     ap.add_argument("--assets", default="/tmp/assets")
-    ap.add_argument("--smol-dir", default="/dev/shm/pov")
+    ap.add_argument(
+        "--smol-dir",
+        default="",
+        help="data, store, runs, drafts (default /dev/shm/pov; WORK/smol with --smoke)",
+    )
     ap.add_argument("--budget-s", type=float, default=1700)
     ap.add_argument("--configs", default="3-1-4,5-1-6")
+    ap.add_argument("--smoke", action="store_true", help="CPU dry run with the stand-in server, tiny sizes "
+                    "(bench/pov_smoke.py); SpecForge's drafts stood in by copies of ours")  # fmt: skip
+    ap.add_argument("--merge", nargs="+", metavar="EQUAL_JSON", default=[],
+                    help="compare over the sessions' res/equal.json files (printed; runs nothing)")  # fmt: skip
     a = ap.parse_args()
+    if a.merge:
+        try:
+            print(json.dumps(merge([json.loads(Path(f).read_text()) for f in a.merge]), indent=1))
+        except (OSError, ValueError, KeyError) as e:
+            print(f"pov_equal: --merge: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         p = plan([int(x) for x in a.ttt.split(",")], [int(x) for x in a.seeds.split(",")], a.epochs,
                  wall_clock=not a.no_wall_clock, configs=len(a.configs.split(",")))  # fmt: skip
@@ -227,21 +289,21 @@ def main() -> int:
     if a.plan:
         print(json.dumps(p, indent=1))
         return 0
-    # what proof_of_value.Run and train read: the same data, store, vocabulary and servers as its runs 1-5
-    fixed = {"wide_dir": "/tmp/pov-wide", "conversations": "smollm2-regenerated-sharegpt-15600.jsonl.xz",
-             "n_conv": 15600, "max_length": 2048, "prepare_workers": 8, "draft_vocab": 32768, "total_seq_len": 8192,
-             "sf_batch": 8, "sf_save_interval": 250, "sf_max_checkpoints": 2, "sf_fc_norm": False, "sf_lr": 0.0,
-             "wide_late": True, "wide_intermediate": 153600, "mt_prompts": 80, "heldout_prompts": 64,
-             "tokens": 256, "kv_tokens": 65536, "port0": 30100, "stagger_s": 8.0, "wide_prefill": 1024,
-             "no_radix_cache": True, "mem_smol": 0.12, "device": "cuda", "smoke": False}  # fmt: skip
-    for k, v in fixed.items():
+    for k, v in FIXED.items():
         setattr(a, k, v)
+    a.smol_dir = a.smol_dir or (str(Path(a.work) / "smol") if a.smoke else "/dev/shm/pov")
+    if a.smoke:
+        smoke(a, wide_dir=str(Path(a.smol_dir) / "wide"))
     L.W = Path(a.work)
     L.W.mkdir(parents=True, exist_ok=True)
     L.DEADLINE[0] = L.T0 + a.budget_s
     os.environ["PYTHONPATH"] = f"{L.ROOT / 'python'}:{os.environ.get('PYTHONPATH', '')}"  # the CLI's children
     L.log(f"pov_equal: {' '.join(sys.argv[1:])}")
-    run(a, p)
+    try:
+        run(a, p)
+    except Exception as e:  # the results so far are kept; the error says where it stopped
+        L.log(f"FAILED: {type(e).__name__}: {e}")
+        L.save("harness", {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]})
     return 0
 
 

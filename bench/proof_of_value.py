@@ -37,7 +37,6 @@ import concurrent.futures as cf
 import json
 import lzma
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pov_measure as M  # the measurements
 import sglang_live as L  # the live harness: servers, stages, budget
+from pov_smoke import smoke, stand_in_specforge  # --smoke
 
 ROOT = L.ROOT
 PY = sys.executable
@@ -82,10 +82,7 @@ def train(a, key: str, data: Path, model: Path, run_dir: Path, extra: list[str],
     """One trainer through the train phase's CLI, waited for up to ``budget`` s, stopped if it overruns; its wall
     time from launch to exit, its status and its metrics."""
     t = time.time()
-    r = L.cli("train", "--data", str(data), "--verifier", str(model), "--run-dir", str(run_dir),
-              "--device", "gpu" if a.device == "cuda" else "cpu", "--launcher", "setsid", "--wait",
-              "--timeout", str(int(budget)), "--no-gpu-free-check", "--draft-vocab-size", str(a.draft_vocab),
-              *extra, name=f"train_{key}", timeout=budget + 300)  # fmt: skip
+    r = L.cli(*train_argv(a, data, model, run_dir, extra, budget), name=f"train_{key}", timeout=budget + 300)
     if r.get("status") not in ("finished", "done"):
         L.cli("train-stop", "--run-dir", str(run_dir), "--grace", "45", name=f"train_stop_{key}")
     st = L.cli("train-status", "--run-dir", str(run_dir), name=f"train_status_{key}")
@@ -97,6 +94,14 @@ def train(a, key: str, data: Path, model: Path, run_dir: Path, extra: list[str],
         (L.W / "logs" / f"train_metrics_{key}.jsonl").write_bytes(metrics.read_bytes())
         r["rate"] = step_rate(metrics)
     return r
+
+
+def train_argv(a, data: Path, model: Path, run_dir: Path, extra: list[str], budget: float) -> list[str]:
+    """``eagle3ops train`` and its flags (``--json`` aside) for one trainer: the run's common ones, then ``extra``."""
+    return ["train", "--data", str(data), "--verifier", str(model), "--run-dir", str(run_dir),
+            "--device", "gpu" if a.device == "cuda" else "cpu", "--launcher", "setsid", "--wait",
+            "--timeout", str(int(budget)), "--no-gpu-free-check", "--draft-vocab-size", str(a.draft_vocab),
+            *extra]  # fmt: skip
 
 
 def step_rate(metrics: Path) -> dict | None:
@@ -462,13 +467,7 @@ def run_one_after_the_other(a, r: Run, train_sf, train_ours, sf_run: Path, ours_
     train_ours()
     L.save("disk_after_training", disk("after training", [*r.paths, sf_run, ours_run]))
     r.convert_draft("ours", ours_run)
-    # no SpecForge on a CPU: a copy of ours drives the same code paths
-    if a.smoke and not a.only_ours and "ours" in r.drafts:
-        shutil.copytree(r.drafts["ours"], r.d / "draft-specforge-standin", dirs_exist_ok=True)
-        r.drafts["specforge"] = r.d / "draft-specforge-standin"
-        L.save(
-            "smoke_note", {"specforge": "not trained (CPU); a copy of our draft stands in for the code paths"}
-        )
+    if a.smoke and not a.only_ours and stand_in_specforge(r, "ours", "specforge"):
         waiting += r.start_group(r.group("specforge"))
     if "ours" in r.drafts:
         waiting += r.start_group(r.group("ours"))
@@ -576,14 +575,8 @@ def main() -> int:
     L.W = Path(a.work)
     L.W.mkdir(parents=True, exist_ok=True)
     if a.smoke:
-        L.SERVER_CMD = [PY, str(ROOT / "tests" / "fixtures" / "sglang_standin_server.py")]
-        os.environ["LIVE_SERVER_CMD"] = shlex.join(L.SERVER_CMD)
-        for k, v in {"device": "cpu", "n_conv": 12, "max_length": 256, "epochs": 1, "total_seq_len": 512,
-                     "train_s": 400, "draft_vocab": 512, "mt_prompts": 4, "heldout_prompts": 3, "tokens": 16,
-                     "per_category": 1, "curve": "1,2", "curve_rounds": 1, "lossless_sample": 2, "identity_prompts": 2,
-                     "identity_tokens": 8, "wide_intermediate": 3072, "prepare_workers": 2, "stagger_s": 0.5,
-                     "kv_tokens": 4096}.items():  # fmt: skip
-            setattr(a, k, v)
+        smoke(a, epochs=1, train_s=400, per_category=1, curve="1,2", curve_rounds=1, lossless_sample=2,
+              identity_prompts=2, identity_tokens=8, wide_intermediate=3072)  # fmt: skip
     L.DEADLINE[0] = L.T0 + a.budget_s
     os.environ["PYTHONPATH"] = f"{ROOT / 'python'}:{os.environ.get('PYTHONPATH', '')}"
     L.log(f"proof of value: {' '.join(sys.argv[1:])}")

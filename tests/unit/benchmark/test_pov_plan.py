@@ -147,3 +147,91 @@ def test_the_pov_measurements_run_against_stand_in_servers(tmp_path):
     finally:
         for name in urls:
             sp.stop(tmp_path / "run", name, grace=10)
+
+
+# what bench/pov_equal.py's CPU dry run (--smoke, bench/results/pov_equal_2026-12-07_cpu_smoke.json) showed can
+# break with no GPU to find it: the flags of every job, the comparison of the results' shape, several sessions
+
+
+def test_every_equal_footing_job_s_train_flags_are_accepted_by_the_train_command_s_parser():
+    """Each job of the default plan (TTT 3 and 7, seeds 0 and 1, both trainers, equal wall-clock) with the run's
+    fixed settings and with the smoke sizes: its ``eagle3ops train`` argv parses (the parser only, no training)
+    into its TTT steps, seed, epochs, trainer and aux layer ids; SpecForge's recipe departures parse too."""
+    from eagle3ops.cli import build_parser
+    from pov_smoke import SMOKE_SIZES
+
+    p = pov_equal.plan([3, 7], [0, 1], 2)
+    assert len(p["jobs"]) == 10
+    parser = build_parser(json_errors=True)
+    for settings in (pov_equal.FIXED, {**pov_equal.FIXED, **SMOKE_SIZES, "sf_fc_norm": True, "sf_lr": 1e-4}):
+        a = Namespace(**settings)
+        for j in p["jobs"]:
+            flags = pov_equal._train_flags(a, j)
+            argv = proof_of_value.train_argv(a, Path("d"), Path("m"), Path("r"), flags, j["seconds"] * 1.3)
+            got = parser.parse_args([*argv, "--json"])
+            assert (got.ttt_steps, got.seed, got.epochs) == (j["ttt"], j["seed"], j["epochs"]), j["name"]
+            assert got.trainer == ("specforge" if j["trainer"] == "specforge" else "speculators"), j["name"]
+            assert got.layer_ids == list(proof_of_value.LAYER_IDS)
+            assert got.draft_vocab_size == a.draft_vocab and got.device == (
+                "cpu" if a.device == "cpu" else "gpu"
+            )
+            if j["trainer"] == "specforge" and a.sf_fc_norm:
+                assert got.specforge_fc_norm is True and got.lr == 1e-4
+
+
+def _smoke_results(jobs: list[dict]) -> dict:
+    """The smoke run's shape of ``acceptance``: every job's draft measured on MT-bench at batch 1 and held-out at
+    concurrency 8, at both settings (made-up values, distinct per job)."""
+    return {j["name"]: {f"{m}_{c}": round(2.0 + 0.1 * i + 0.01 * k, 3)
+                        for k, (m, c) in enumerate((m, c) for m in ("mtbench_batch1", "heldout_conc8")
+                                                   for c in ("3-1-4", "5-1-6"))}
+            for i, j in enumerate(jobs)}  # fmt: skip
+
+
+def test_the_comparison_of_the_smoke_run_s_shape_gives_both_ratios_at_each_ttt():
+    """TTT 3 has an equal wall-clock job (ours, 3 epochs in SpecForge's 2 epochs' time); at TTT 7 no whole epoch
+    more fits (the dry run's equal.json had no equal wall-clock ratio there): the equal-epochs pair is also the
+    equal wall-clock one. ``--no-wall-clock`` gives equal epochs only."""
+    p = pov_equal.plan([3, 7], [0], 2)
+    res = _smoke_results(p["jobs"])
+    c = pov_equal.compare(res, p["jobs"], p["wall_clock"])
+    measures = {f"{m}_{s}" for m in ("mtbench_batch1", "heldout_conc8") for s in ("3-1-4", "5-1-6")}
+    assert sorted(c) == ["ttt3", "ttt7"]
+    for ttt in c.values():
+        assert set(ttt) == measures
+        assert all(set(v) == {"equal_epochs", "equal_wall_clock"} for v in ttt.values())
+    m = "mtbench_batch1_3-1-4"
+    t3 = c["ttt3"][m]
+    assert t3["equal_wall_clock"]["epochs"] == (3, 2) and t3["equal_epochs"]["epochs"] == (2, 2)
+    assert t3["equal_wall_clock"]["ratio"] == [
+        round(res["ours_ttt3_s0_e3"][m] / res["specforge_ttt3_s0_e2"][m], 4)
+    ]
+    t7 = c["ttt7"][m]
+    assert (
+        t7["equal_wall_clock"]["ratio"]
+        == t7["equal_epochs"]["ratio"]
+        == [round(res["ours_ttt7_s0_e2"][m] / res["specforge_ttt7_s0_e2"][m], 4)]
+    )
+    p0 = pov_equal.plan([3, 7], [0], 2, wall_clock=False)
+    c0 = pov_equal.compare(res, p0["jobs"], p0["wall_clock"])
+    assert all(set(v) == {"equal_epochs"} for ttt in c0.values() for v in ttt.values())
+
+
+def test_sessions_that_each_ran_some_jobs_are_compared_together():
+    """The plan does not fit one device session: each session's equal.json holds only the jobs it ran, and its
+    own comparison lacks the other side; merged, both sides are there. Different plans are refused."""
+    p = pov_equal.plan([3], [0], 2)
+    res = _smoke_results(p["jobs"])
+    s1 = {"plan": p, "acceptance": {"specforge_ttt3_s0_e2": res["specforge_ttt3_s0_e2"]}, "jobs_run": ["sf"]}
+    s2 = {
+        "plan": p,
+        "acceptance": {k: v for k, v in res.items() if k.startswith("ours")},
+        "jobs_run": ["ours"],
+    }
+    assert pov_equal.compare(s1["acceptance"], p["jobs"]) == {}
+    m = pov_equal.merge([s1, s2])
+    assert set(m["compare"]["ttt3"]["mtbench_batch1_3-1-4"]) == {"equal_epochs", "equal_wall_clock"}
+    assert m["measured_twice"] == [] and m["sessions"] == [["sf"], ["ours"]]
+    assert pov_equal.merge([s1, s1])["measured_twice"] == ["specforge_ttt3_s0_e2"]
+    with pytest.raises(ValueError, match="different plans"):
+        pov_equal.merge([s1, {**s2, "plan": pov_equal.plan([3], [1], 2)}])
