@@ -15,20 +15,17 @@ Returns ``msg``, printed as ansible.builtin.debug prints it.
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 from pathlib import Path
 
 from ansible.plugins.action import ActionBase
 
-try:
-    import eagle3ops  # noqa: F401  (the package installed in the controller's venv)
-except (
-    ImportError
-):  # a controller venv with ansible-core alone: the checkout's package (standard library parts)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+# the checkout's package: found after one installed in the controller's venv, for a venv with ansible-core
+# alone (Ansible puts nothing of this repository on the controller's sys.path)
+sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))
 
 from eagle3ops.extract import report as extract_report
+from eagle3ops.plain_values import plain
 from eagle3ops.prepare import report as prepare_report
 from eagle3ops.sglang import patch_choice
 from eagle3ops.train import report as train_report
@@ -40,10 +37,6 @@ REPORTS = {
     "extract_sglang": extract_report.sglang_line,
     "sglang_patch": patch_choice.auto,
 }
-
-
-def plain(value):
-    return json.loads(json.dumps(value, default=str))
 
 
 class ActionModule(ActionBase):
