@@ -186,7 +186,7 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir)")
     ap.add_argument("--mib", default="33,8", help="MiB per sample file, comma-separated")
@@ -202,6 +202,11 @@ def main() -> int:
         "--name", help="result file name under --out (default write_path_<date>_<card>[_<suffix>].json)"
     )
     ap.add_argument("--suffix", help="what tells this run apart in the default name (e.g. variants_wb2)")
+    return ap
+
+
+def main() -> int:
+    ap = parser()
     args = ap.parse_args()
     global WRITEBACK_MIB
     WRITEBACK_MIB = args.writeback_mib
