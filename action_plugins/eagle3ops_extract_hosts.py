@@ -18,18 +18,12 @@ from pathlib import Path
 
 from ansible.plugins.action import ActionBase
 
-try:
-    import eagle3ops  # noqa: F401  (the package installed in the controller's venv)
-except (
-    ImportError
-):  # a controller venv with ansible-core alone: the checkout's package (standard library parts)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+# the checkout's package: found after one installed in the controller's venv, for a venv with ansible-core
+# alone (Ansible puts nothing of this repository on the controller's sys.path)
+sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))
 
 from eagle3ops.extract import hosts as shares
-
-
-def plain(value):
-    return json.loads(json.dumps(value, default=str))
+from eagle3ops.plain_values import plain
 
 
 class ActionModule(ActionBase):

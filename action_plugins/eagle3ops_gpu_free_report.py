@@ -10,24 +10,17 @@ are not free, and the task fails when there is one).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from ansible.plugins.action import ActionBase
 
-try:
-    import eagle3ops  # noqa: F401  (the package installed in the controller's venv)
-except (
-    ImportError
-):  # a controller venv with ansible-core alone: the checkout's package (standard library parts)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+# the checkout's package: found after one installed in the controller's venv, for a venv with ansible-core
+# alone (Ansible puts nothing of this repository on the controller's sys.path)
+sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))
 
 from eagle3ops.gpu_free import report
-
-
-def plain(value):
-    return json.loads(json.dumps(value, default=str))
+from eagle3ops.plain_values import plain
 
 
 class ActionModule(ActionBase):

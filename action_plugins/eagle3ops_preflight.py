@@ -16,22 +16,15 @@ from pathlib import Path
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
-try:
-    import eagle3ops  # noqa: F401  (the package installed in the controller's venv)
-except (
-    ImportError
-):  # a controller venv with ansible-core alone: the checkout's package (standard library parts)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+# the checkout's package: found after one installed in the controller's venv, for a venv with ansible-core
+# alone (Ansible puts nothing of this repository on the controller's sys.path)
+sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))
 
 from eagle3ops import preflight
+from eagle3ops.plain_values import plain
 from eagle3ops.sglang.layout import server_layout
 
 NOTHING_RUN = "Nothing was run"
-
-
-def plain(value):
-    """A rendered variable as plain JSON types (Ansible's lazy containers and tagged strings)."""
-    return json.loads(json.dumps(value, default=str))
 
 
 class ActionModule(ActionBase):

@@ -12,19 +12,16 @@ and, as ``msg``, their description for the phase's report.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from ansible.plugins.action import ActionBase
 
-try:
-    import eagle3ops  # noqa: F401  (the package installed in the controller's venv)
-except (
-    ImportError
-):  # a controller venv with ansible-core alone: the checkout's package (standard library parts)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+# the checkout's package: found after one installed in the controller's venv, for a venv with ansible-core
+# alone (Ansible puts nothing of this repository on the controller's sys.path)
+sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))
 
+from eagle3ops.plain_values import plain
 from eagle3ops.sglang.layout import described, server_layout, servers_of
 
 
@@ -35,7 +32,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        a = json.loads(json.dumps(dict(self._task.args), default=str))
+        a = plain(dict(self._task.args))
         layout = server_layout(
             a.get("servers"), int(a["tp_size"]), int(a["port"]), a.get("environment") or {}
         )

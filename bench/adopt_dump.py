@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 SIDE = {"layer_ids": [2, 4, 5], "layer_convention": "input", "last_state": "pre-norm"}
@@ -207,7 +209,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    ap.add_argument("--name", default="adopt_dump_2026-12-07_cpu.json")
+    ap.add_argument("--name", help="result file name (default adopt_dump_<date>_<card>.json)")
     ap.add_argument("--parts", default="small,large,loader", help="which of small, large, loader to run")
     a = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="adopt_bench_", dir=os.environ.get("BENCH_TMP")))
@@ -224,7 +226,7 @@ def main() -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    Path(a.out, a.name).write_text(json.dumps(out, indent=2) + "\n")
+    Path(a.out, a.name or result_name("adopt_dump")).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
     return 0
 

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 
@@ -103,7 +105,7 @@ def main() -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "extract_oom_gpu.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / result_name("extract_oom_gpu")).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))
     return 0 if all(res["checks"].values()) else 1
 

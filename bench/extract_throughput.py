@@ -10,7 +10,7 @@ Shape: a random-init Llama-shaped target of ~1.1B parameters (hidden 2048, 16 la
   bound = min((a), (b) / bytes per token); goal (d) >= 0.85 x bound.
 
 Usage (GPU machine): PYTHONPATH=python python3 bench/extract_throughput.py --out "$OUT" [--rows 384] [--workers 1]
-Writes OUT/extract_throughput.json and prints a summary. Runs on CPU too with --tiny (for a smoke test).
+Writes OUT/extract_throughput_<date>_<card>_w<workers>.json and prints a summary. Runs on CPU too with --tiny (for a smoke test).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
@@ -295,7 +297,7 @@ def main():
     res["bytes_overhead_ratio"] = round(any_run["bytes"] / any_run["tokens"] / (4 * H * 2), 4)
     shutil.rmtree(work, ignore_errors=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    name = f"extract_throughput_w{args.workers}.json"
+    name = result_name("extract_throughput", f"w{args.workers}")
     (Path(args.out) / name).write_text(json.dumps(res, indent=2))
     print(json.dumps(res, indent=2))
 

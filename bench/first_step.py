@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "bench"))
@@ -134,7 +136,7 @@ def main() -> int:
     result["loadavg_end"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "first_step.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / result_name("first_step")).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k.startswith(("median_", "ratio_", "goal_"))}))
     return 0 if result["goal_le_1_2"] else 1
 

@@ -8,7 +8,7 @@ Checks: every file's header (F8_E4M3 states + F32 scales [T, K+1, 1]), token ids
 dequantised states vs the bf16 states < 5 %, fp8 bytes <= 0.51 x bf16 bytes.
 
 Usage (GPU box): PYTHONPATH=python python3 bench/fp8_gpu.py --out "$OUT" [--rows 64]
-Writes OUT/fp8_gpu.json; exit 0 when every check held.
+Writes OUT/fp8_gpu_<date>_<card>.json; exit 0 when every check held.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
@@ -129,7 +131,7 @@ def main() -> int:
         }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "fp8_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / result_name("fp8_gpu")).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("device", "rel_error_vs_bf16", "bytes_ratio", "checks")}))
     return 0 if all(result["checks"].values()) else 1
 

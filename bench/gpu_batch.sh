@@ -68,7 +68,7 @@ run_step() { # gpus step
     fp8) cmd=(python3 bench/fp8_gpu.py --out "$r") ;;
     # durable-write variants on this box's disk, then the end-to-end effect of the best CPU candidate
     writepath) cmd=(python3 bench/write_path.py --dir /tmp/e3o-writepath --reps "${WRITEPATH_REPS:-6}"
-      --writeback-mib 2 --out "$r" --name write_path_variants_wb2.json ${WRITEPATH_ARGS:-}) ;;
+      --writeback-mib 2 --out "$r" --suffix variants_wb2 ${WRITEPATH_ARGS:-}) ;;
     extract_wb2) cmd=(env EAGLE3OPS_WRITEBACK_MIB=2 python3 bench/extract_throughput.py --out "$r"
       --rows "${EXTRACT_ROWS:-640}" --workers 1 --modes "${EXTRACT_WB_MODES:-fsync_4threads}" ${EXTRACT_ARGS:-}) ;;
     extract_bs) cmd=(env EAGLE3OPS_BATCH_SYNC=1 python3 bench/extract_throughput.py --out "$r"

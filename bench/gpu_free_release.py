@@ -5,7 +5,7 @@ stop, and the verdict latency after the memory is released.
 Needs only Python + torch (CUDA) + nvidia-ml-py + this repository; no Ansible (it runs the ``eagle3ops
 gpu-free`` CLI, which is what the Ansible module runs, and the Python API for the latency loop):
 
-    PYTHONPATH=python python3 bench/gpu_free_release.py            # writes $OUT/gpu_free_release.json
+    PYTHONPATH=python python3 bench/gpu_free_release.py            # writes $OUT/gpu_free_release_<date>_<card>.json
 
 Steps (GPU ``--gpu``, default 0):
  1. idle reading: NVML v1 vs v2 memory struct; the CLI on the idle GPU must pass;
@@ -40,6 +40,8 @@ import threading
 import time
 import uuid
 from pathlib import Path
+
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
@@ -430,7 +432,7 @@ def main(argv=None) -> int:
     res = bench.run()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "gpu_free_release.json"
+    path = out / result_name("gpu_free_release")
     path.write_text(json.dumps(res, indent=2, default=str, sort_keys=True))
     print(
         json.dumps(

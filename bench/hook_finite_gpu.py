@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
+
 # name, hidden, aux layers (the shapes of the project's targets: SmolLM2-135M, an 8B-class model, Kimi-K2.5)
 SHAPES = [("smollm2-135m", 576, 3), ("8b-class", 4096, 3), ("kimi-k2.5", 7168, 3)]
 
@@ -150,7 +152,7 @@ def main() -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "hook_finite_gpu.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / result_name("hook_finite_gpu")).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))
     return 0 if all(ok for ok, _ in agree.values()) else 1
 

@@ -1,6 +1,6 @@
 """What the multi-host paths cost between two nspawn hosts on this machine (issue #21, docs/scale.md).
 
-    sudo .venv/bin/python bench/multihost_nspawn.py [--mib 512] [--files 2000] [--out bench/results/multihost_nspawn.json]
+    sudo .venv/bin/python bench/multihost_nspawn.py [--mib 512] [--files 2000] [--out FILE (default bench/results/multihost_nspawn_<date>_cpu.json)]
 
 Boots two throwaway hosts of the test harness (tests/hosts/nspawn.py, tests/hosts/multihost.py: the controller's
 venv bound in, the hosts routed to each other through this machine over their veth pairs) and measures, from
@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "python"), str(REPO / "tests" / "unit")]
@@ -72,7 +74,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=int, default=512, help="size of the one large file")
     ap.add_argument("--files", type=int, default=2000, help="number of 128 KiB files")
-    ap.add_argument("--out", default=str(REPO / "bench/results/multihost_nspawn.json"))
+    ap.add_argument(
+        "--out", default=str(REPO / "bench/results" / result_name("multihost_nspawn", card="cpu"))
+    )
     args = ap.parse_args()
     reason = nspawn.unavailable_reason()
     if reason:

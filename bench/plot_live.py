@@ -6,10 +6,10 @@ draft at the same settings (what regeneration is worth) or, for a run with ``--c
 training conversations (``smol_curve``; points of earlier runs can be added as ``N:ACCEPTANCE:LABEL``); output tok/s
 with and without the draft, each pair measured one right after the other.
 
-    python bench/plot_live.py bench/results/sglang_live_2026-12-02_run3.json docs/img/live-smol-2026-12-02.png
-    python bench/plot_live.py bench/results/sglang_live_2026-12-02_run4.json docs/img/live-smol-2026-12-02-run4.png \
+    python bench/plot_live.py bench/results/sglang_live_2026-12-02_h200_run3.json docs/img/live-smol-2026-12-02.png
+    python bench/plot_live.py bench/results/sglang_live_2026-12-02_h200_run4.json docs/img/live-smol-2026-12-02-run4.png \
         3000:2.113:run3
-    python bench/plot_live.py bench/results/sglang_live_2026-12-03_run6.json docs/img/live-smol-2026-12-03-run6.png \
+    python bench/plot_live.py bench/results/sglang_live_2026-12-03_h200_run6.json docs/img/live-smol-2026-12-03-run6.png \
         1500:1.657:run4 3000:2.113:run3 8000:2.347:run4
 """
 

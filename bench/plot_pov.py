@@ -1,9 +1,9 @@
 """Plot of a proof-of-value run (bench/proof_of_value.py, issue #31): the widened target's batch-1 rounds with and
 without the draft, the acceptance lengths, and both trainers' accuracy against their wall-clock time.
 
-    python bench/plot_pov.py bench/results/proof_of_value_2026-12-04_run1.json docs/img/pov-2026-12-04-run1.png \
-        bench/results/proof_of_value_2026-12-04_run1_ours_metrics.jsonl.gz \
-        bench/results/proof_of_value_2026-12-04_run1_specforge_metrics.jsonl.gz "proof-of-value run 1 (...)"
+    python bench/plot_pov.py bench/results/proof_of_value_2026-12-04_h200_run1.json docs/img/pov-2026-12-04-run1.png \
+        bench/results/proof_of_value_2026-12-04_h200_run1_ours_metrics.jsonl.gz \
+        bench/results/proof_of_value_2026-12-04_h200_run1_specforge_metrics.jsonl.gz "proof-of-value run 1 (...)"
 """
 
 from __future__ import annotations

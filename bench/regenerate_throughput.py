@@ -12,7 +12,7 @@ Output tokens come from the server's ``usage.completion_tokens`` in both legs. R
 Usage (the GPU box, an SGLang server already up):
   PYTHONPATH=python python3 bench/regenerate_throughput.py --url http://127.0.0.1:30000 --model M \\
       --input sharegpt.json --n 512 --concurrency 64 --max-new-tokens 256 --out "$OUT"
-Writes OUT/regenerate_throughput.json. Smoke test on a CPU box: against tests/fixtures/openai_standin.py.
+Writes OUT/regenerate_throughput_<date>_<card>.json. Smoke test on a CPU box: against tests/fixtures/openai_standin.py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
@@ -188,7 +190,7 @@ def main() -> None:
             legs["regenerate"]["tok_per_s"] / max(1e-9, legs["load"]["tok_per_s"]), 3
         ),
     }
-    (outdir / "regenerate_throughput.json").write_text(json.dumps(res, indent=2) + "\n")
+    (outdir / result_name("regenerate_throughput")).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))
 
 

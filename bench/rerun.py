@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 TASK_T = re.compile(r"^(.+?) -+ (\d+\.\d+)s$", re.M)
@@ -116,7 +118,7 @@ def main() -> int:
     result["loadavg_end"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "rerun.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / result_name("rerun")).write_text(json.dumps(result, indent=2) + "\n")
     keys = ("second_best_s", "gpu_free_best_s", "goal_second_le_60s_changed_0", "goal_gpu_free_le_15s")
     print(json.dumps({k: result[k] for k in keys}))
     return 0

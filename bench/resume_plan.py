@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
@@ -235,7 +237,7 @@ def main() -> int:
     result["goal_le_2s"] = worst <= 2.0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "resume_plan.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / result_name("resume_plan")).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("ratio_large_over_small", "goal_le_2s")}))
     return 0 if result["goal_le_2s"] else 1
 

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
@@ -62,7 +64,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--sizes", default="64,7168")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    ap.add_argument("--name", default=None, help="result file name (default resume_verify_<host>.json)")
+    ap.add_argument(
+        "--name", default=None, help="result file name (default resume_verify_<date>_<card>.json)"
+    )
     args = ap.parse_args()
     from eagle3ops.store import HiddenStateStore
 
@@ -109,7 +113,7 @@ def main() -> int:
     result["goal_le_2s"] = all(s["store_plan_size_check_s"] <= 2.0 for s in result["sizes"].values())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = args.name or f"resume_verify_{platform.node() or 'host'}.json"
+    name = args.name or result_name("resume_verify")
     (out / name).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("host", "cpus", "goal_le_2s")}))
     return 0

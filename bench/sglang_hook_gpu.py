@@ -14,7 +14,7 @@ Checks and measures:
 
 Usage (GPU machine, no internet): PYTHONPATH=python python3 bench/sglang_hook_gpu.py --out "$OUT" [--batches 24]
 [--dtype float8_e4m3fn]  (fp8: the files are checked bit for bit against the CPU quantisation of what was handed in)
-Writes OUT/sglang_hook_gpu.json and prints a summary. ``--tiny`` runs a small CPU/GPU smoke version.
+Writes OUT/sglang_hook_gpu_<date>_<card>[_fp8].json and prints a summary. ``--tiny`` runs a small CPU/GPU smoke version.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
@@ -206,7 +208,7 @@ def main() -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"sglang_hook_gpu{'' if args.dtype == 'bfloat16' else '_fp8'}.json").write_text(
+    (out / result_name("sglang_hook_gpu", None if args.dtype == "bfloat16" else "fp8")).write_text(
         json.dumps(res, indent=2) + "\n"
     )
     print(json.dumps(res, indent=2))

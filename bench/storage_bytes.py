@@ -15,7 +15,7 @@ work/demo/model), in one run:
      serialiser (zeros; sizes do not depend on values).
 
 Usage: .venv/bin/python bench/storage_bytes.py [--data work/data] [--model work/demo/model] [--limit N]
-Writes bench/results/storage_bytes.json (or --out DIR) and prints a summary.
+Writes bench/results/storage_bytes_<date>_<card>.json (or --out DIR) and prints a summary.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
@@ -173,7 +175,7 @@ def main() -> int:
     result["goal_bytes_le_1_01_raw"] = result["make_run_store"]["logical_over_raw"] <= 1.01
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "storage_bytes.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / result_name("storage_bytes")).write_text(json.dumps(result, indent=2) + "\n")
     print(
         json.dumps(
             {

@@ -2,7 +2,7 @@
 """GPU proof of the train phase: speculators 0.9.0 through ``eagle3ops train`` (torchrun, all visible GPUs).
 
 Runs unattended on the lent H200 boxes (1 or 2 GPUs; Python 3.12, torch 2.11, no internet) and writes
-``$OUT/train_gpu.json``. Stages (each optional, see --stages):
+``$OUT/train_gpu_<date>_<card>.json``. Stages (each optional, see --stages):
 
 ``pipeline``  the real chain on the GPU: ``eagle3ops demo`` -> ``prepare`` -> ``extract --device cuda`` ->
               ``train --device gpu`` (wait), then a second ``train`` that must report changed=false.
@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
@@ -336,7 +338,7 @@ def main() -> int:
         "gpu_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "stages": {},
     }
-    out_path = Path(args.out) / "train_gpu.json"
+    out_path = Path(args.out) / result_name("train_gpu")
 
     def dump():
         out_path.parent.mkdir(parents=True, exist_ok=True)

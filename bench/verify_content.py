@@ -13,7 +13,7 @@ The extrapolation to ``--extrapolate-tb`` (4.6 TB, the production store) uses th
 per-file re-run cost with files of ``--hidden`` (7168: 7.3 MB per 128-token row).
 
 Usage: .venv/bin/python bench/verify_content.py [--files 48] [--hidden 7168] [--reps 3] [--rerun-files 20000]
-       [--dir DIR (default: a temp dir on /tmp's file system)] [--name verify_content.json]
+       [--dir DIR (default: a temp dir on /tmp's file system)] [--name FILE (default verify_content_<date>_<card>.json)]
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
@@ -168,7 +170,7 @@ def main() -> int:
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = args.name or f"verify_content_{platform.node() or 'host'}.json"
+    name = args.name or result_name("verify_content")
     (out / name).write_text(json.dumps(result, indent=2) + "\n")
     print(
         json.dumps({k: result[k] for k in ("cold_read_and_hash_MB_s", "warm_hash_MB_s", "rerun_us_per_file")})

@@ -25,7 +25,7 @@ outside the timing. Reported per variant: median MB/s and spread (min-max), frac
 and the median/min/max of the per-rep ratio to ``default`` (paired: same rep, adjacent in time).
 
 Usage: .venv/bin/python bench/write_path.py [--dir /data/tmp] [--mib 33,8] [--threads 2,4] [--run-mib 1024 | --files N]
-       [--reps 5] [--variants default,fdatasync,...] [--writeback-mib 8] [--out DIR] [--name write_path.json]
+       [--reps 5] [--variants default,fdatasync,...] [--writeback-mib 8] [--out DIR] [--suffix S | --name FILE]
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from result_name import result_name  # bench/result_name.py: this script's directory is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
@@ -184,7 +186,7 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir)")
     ap.add_argument("--mib", default="33,8", help="MiB per sample file, comma-separated")
@@ -196,7 +198,15 @@ def main() -> int:
     ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, of: {','.join(VARIANTS)}")
     ap.add_argument("--writeback-mib", type=int, default=8, help="chunk of the writeback* variants")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    ap.add_argument("--name", default="write_path.json", help="result file name under --out")
+    ap.add_argument(
+        "--name", help="result file name under --out (default write_path_<date>_<card>[_<suffix>].json)"
+    )
+    ap.add_argument("--suffix", help="what tells this run apart in the default name (e.g. variants_wb2)")
+    return ap
+
+
+def main() -> int:
+    ap = parser()
     args = ap.parse_args()
     global WRITEBACK_MIB
     WRITEBACK_MIB = args.writeback_mib
@@ -296,7 +306,9 @@ def main() -> int:
     result["loadavg_end"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / args.name).write_text(json.dumps(result, indent=2) + "\n")
+    (out / (args.name or result_name("write_path", args.suffix))).write_text(
+        json.dumps(result, indent=2) + "\n"
+    )
     print(
         "| config | variant | median MB/s | min-max | of raw | ratio to default (median) | ratio min-max | wins |"
     )

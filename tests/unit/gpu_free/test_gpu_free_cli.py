@@ -98,7 +98,8 @@ def test_gpu_proof_script_runs_end_to_end_on_the_standins(tmp_path):
         timeout=120,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    res = json.loads((tmp_path / "gpu_free_release.json").read_text())
+    (written,) = tmp_path.glob("gpu_free_release_*.json")  # named by bench/result_name.py
+    res = json.loads(written.read_text())
     assert res["ok"] and res["checks"]["failure_names_pid"] and res["checks"]["holder_got_sigterm"]
     assert (
         res["fail_cli"]["rc"] == 2 and res["stop_cli"]["result"]["stopped"][0]["pid"] == res["holder"]["pid"]
