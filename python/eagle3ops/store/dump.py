@@ -319,9 +319,37 @@ def load_sample(path: str, keys: dict, num_aux: int, data: bytes | None = None) 
         from safetensors.torch import load, load_file
 
         return load_file(path) if data is None else load(data)
-    d = torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)
-    ids = d[keys["input_ids"]].reshape(-1).to(torch.int64)
+    d = _tensors_on(path, data, keys) if data is not None else None
+    if d is None:
+        d = torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)
+    ids = d[keys["input_ids"]].reshape(-1).to(torch.int64).clone()  # not a view keeping the file's bytes
     aux, last = d[keys["aux"]], d[keys["last"]]
     t = ids.shape[0]
     aux = aux.reshape(t, num_aux, -1)
     return {"token_ids": ids, "hidden_states": torch.cat([aux, last.reshape(t, 1, -1)], dim=1)}
+
+
+def _tensors_on(path: str, data, keys: dict) -> dict | None:
+    """The sample's three tensors made on ``data`` (a zip's bytes, already read and checked: no copy, no second
+    parse by ``torch.load``); None where that is not possible (a non-contiguous tensor), for ``torch.load``."""
+    import torch
+
+    from eagle3ops.store.torchfile import TorchFile
+
+    try:
+        tf = TorchFile(path, data)
+        metas = [tf.obj[name] for name in (keys["input_ids"], keys["aux"], keys["last"])]
+    except (ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError):
+        return None  # not a zip (a legacy torch.save file): torch.load reads it
+    out = {}
+    for name, t in zip((keys["input_ids"], keys["aux"], keys["last"]), metas, strict=True):
+        if not t.contiguous() or 0 in t.shape:
+            return None
+        start, _ = tf.data_range(tf.storage_name(t))
+        n = 1
+        for x in t.shape:
+            n *= x
+        dtype = getattr(torch, t.dtype)
+        out[name] = torch.frombuffer(data, dtype=dtype, count=n, offset=start + t.offset * t.storage.itemsize)
+        out[name] = out[name].view(t.shape)
+    return out

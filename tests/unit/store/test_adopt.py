@@ -279,6 +279,48 @@ def test_a_file_damaged_after_extraction_is_skipped_queued_and_redone(made, tmp_
     assert not (store.dir / adopted_record.REQUEUE).exists()  # acted on, kept under damaged/
 
 
+def test_status_lengths_and_checks_count_adopted_rows_adopted_without_the_content_pass(made, tmp_path, capsys):
+    """An adoption of metadata only (``adopt_checksum: false``, what a 4.6 TB dump wants before training with
+    ``verify: overlapped``): ``extract-lengths``, the multi-store status and both content checks see its rows
+    (done, with their lengths; a ``torch.save`` zip checkable by its own crc32s though no checksum was recorded),
+    and the file whose bit was flipped after writing is found on its first read."""
+    from eagle3ops.extract.status import status_many
+    from eagle3ops.store.adopt import commit, survey
+    from eagle3ops.store.verified import verify_content
+
+    verifier, _, src, dump, bad = made
+    data = _copy_data(made, tmp_path)
+    commit(survey(data, dump, run_layer_ids=[2, 4, 5], hidden_size=H))
+    rows = adopted_record.read_rows(data / "hidden_states")
+    assert set(rows) == set(range(120)) - {5, 8}  # the flipped row 6 passes the metadata check
+    assert not any("z" in r or "h" in r for r in rows.values() if r["p"].endswith((".ckpt", ".pt")))
+
+    rc, lens = _cli(capsys, "extract-lengths", "--data", str(data))
+    want = {i: len(load_file(src / f"hs_{i}.safetensors")["token_ids"]) for i in rows}
+    assert rc == 0 and lens["count"] == len(rows) == 118
+    assert lens["lengths"] == {str(i): n for i, n in sorted(want.items())}
+
+    empty = tmp_path / "empty"
+    shutil.copytree(made[1], empty)  # the same prepared rows, nothing extracted or adopted
+    many = status_many([data, empty])
+    assert [s["done"] for s in many["stores"]] == [118, 0]
+    assert many["done"] == 118 and many["missing"] == ROWS - 118 and 6 in set(range(ROWS)) - set(many["missing_rows"])
+
+    hs = data / "hidden_states"
+    r = reader.StoreReader(hs, check_on_read=True)
+    got = r.get(0)
+    assert torch.equal(got["hidden_states"], load_file(src / "hs_0.safetensors")["hidden_states"])
+    with pytest.raises(reader.DamagedSample, match="content checksum differs"):
+        r.get(6)
+    r.flush()
+    assert list(adopted_record.read_queue(hs)) == [6]
+    res = verify_content(hs, rows.values(), check=True)
+    # row 0 was checked on its read; the other 107 zips check themselves (the flipped one among them); the 10
+    # safetensors samples adopted without the content pass have no checksum to compare with
+    assert res["already_verified"] == 1 and res["to_verify"] == 107 and res["unchecked"] == 10
+    assert str(bad["flipped"]) == rows[6]["p"]
+
+
 @pytest.mark.slow
 def test_speculators_trains_on_an_adopted_and_extracted_store(made, tmp_path, capsys):
     """The train phase's real trainer (speculators 0.9.0 on CPU through the shim, 2 steps, ``verify: overlapped``)
