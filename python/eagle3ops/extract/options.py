@@ -415,7 +415,7 @@ WORKERS = _report(
 
 LENGTHS = _report(
     "lengths",
-    "index -> seq_len of finished samples, from the manifests",
+    "index -> seq_len of finished samples, from the manifests and the adoption record",
     [
         DATA,
         Option("out", "path", doc="also write them as JSON here (the seed's sample_lengths.json)"),

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3ops.extract.errors import ExtractError
@@ -24,7 +25,50 @@ from eagle3ops.store import (
 
 def status(data_dir: str | os.PathLike) -> dict:
     """Progress of a data directory from the manifests, with the cheap check of every finished file against the
-    disk (size + header, no tensors loaded): damaged or missing files do not count as done."""
+    disk (size + header, no tensors loaded): damaged or missing files do not count as done; rows an adopted dump
+    holds where they lie count as done (one stat each)."""
+    return status_of(data_dir, _held(data_dir))
+
+
+def status_of(data_dir: str | os.PathLike, held: _Held) -> dict:
+    good, dump, lost, damaged, seq_lens = held.good, held.dump, held.lost, held.damaged, held.seq_lens
+    return {
+        "data_dir": str(data_dir),
+        "rows": len(seq_lens),
+        "done": len(good) + len(dump),
+        "remaining": len(seq_lens) - len([i for i in set(good) | set(dump) if i < len(seq_lens)]),
+        "tokens_done": sum(e.seq_len for e in good.values()) + sum(r["n"] for r in dump.values()),
+        "tokens_total": sum(seq_lens),
+        "bytes": sum(e.nbytes for e in good.values()) + sum(r["b"] for r in dump.values()),
+        "adopted_from_dump": len(dump),
+        "adopted_damaged": {str(i): r for i, r in sorted(lost.items())},
+        "damaged": len(damaged),
+        "damaged_files": damaged_report(held.store, damaged),
+        "duplicate_manifest_lines": sum(n - 1 for n in held.scan.duplicates().values()),
+        "torn_manifest_lines": held.scan.torn_lines,
+        "meta": held.meta,
+    }
+
+
+@dataclass
+class _Held:
+    """What one store holds: ``good`` native entries, ``dump`` rows an adopted dump holds (not also native),
+    ``lost`` adopted files gone or changed, ``damaged`` native files."""
+
+    store: HiddenStateStore
+    meta: dict | None
+    seq_lens: list
+    scan: object
+    good: dict
+    dump: dict
+    lost: dict
+    damaged: dict
+
+    def rows(self) -> set[int]:
+        return set(self.good) | set(self.dump)
+
+
+def _held(data_dir: str | os.PathLike) -> _Held:
     store = HiddenStateStore(data_dir)
     meta = store.read_meta()
     seq_lens = load_seq_lens(data_dir)
@@ -45,22 +89,7 @@ def status(data_dir: str | os.PathLike) -> dict:
     taken = adopted.read_rows(store.dir)
     lost = adopted.check_rows(taken)
     dump = {i: r for i, r in taken.items() if i not in lost and i not in good}
-    return {
-        "data_dir": str(data_dir),
-        "rows": len(seq_lens),
-        "done": len(good) + len(dump),
-        "remaining": len(seq_lens) - len([i for i in set(good) | set(dump) if i < len(seq_lens)]),
-        "tokens_done": sum(e.seq_len for e in good.values()) + sum(r["n"] for r in dump.values()),
-        "tokens_total": sum(seq_lens),
-        "bytes": sum(e.nbytes for e in good.values()) + sum(r["b"] for r in dump.values()),
-        "adopted_from_dump": len(dump),
-        "adopted_damaged": {str(i): r for i, r in sorted(lost.items())},
-        "damaged": len(damaged),
-        "damaged_files": damaged_report(store, damaged),
-        "duplicate_manifest_lines": sum(n - 1 for n in scan.duplicates().values()),
-        "torn_manifest_lines": scan.torn_lines,
-        "meta": meta,
-    }
+    return _Held(store, meta, seq_lens, scan, good, dump, lost, damaged)
 
 
 def status_many(data_dirs: Sequence[str | os.PathLike]) -> dict:
@@ -82,7 +111,8 @@ def status_many(data_dirs: Sequence[str | os.PathLike]) -> dict:
     owner: dict[int, list[int]] = {}  # row -> indices of the stores holding it
     covered: set[int] = set()
     for k, d in enumerate(data_dirs):
-        st = status(d)
+        held = _held(d)
+        st = status_of(d, held)
         meta = st.get("meta") or {}
         if meta.get("dataset_fingerprint"):
             fingerprints.add(meta["dataset_fingerprint"])
@@ -94,8 +124,7 @@ def status_many(data_dirs: Sequence[str | os.PathLike]) -> dict:
                 "not shares of one extraction; pass the data directories of one prepared dataset"
             )
         shard = shards[str(d)]
-        store = HiddenStateStore(d)
-        good = {i for i in store.scan_manifest().entries if str(i) not in st["damaged_files"]}
+        good = held.rows()  # native files intact, and rows an adopted dump holds where they lie
         kept_out = bool(
             shard
             and shard.get("ranks")

@@ -94,6 +94,7 @@ def survey(
             f"adopt: the dump {d} holds no sample (*.pt, *.ckpt or *.safetensors, in rows_* folders)"
         )
     probes = [dump.probe(f, spec) for f in files]
+    dump.refuse_legacy(probes)
     _refuse_mixed(probes, spec, hidden_size)
     s = Survey(spec, store_dir, files=len(files))
     hashes = row_token_hashes(data_dir)

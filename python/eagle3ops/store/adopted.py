@@ -62,6 +62,17 @@ def write_record(hs_dir: str | os.PathLike, rows: dict[int, dict], dump_meta: di
     return True
 
 
+def checksums(row: dict) -> dict:
+    """What a content check compares an adopted file with: its recorded xxh3 (``h``, a safetensors sample), or
+    ``{"z": 1}`` for a ``torch.save`` zip, recorded or not (the zip holds its members' crc32s: an adoption
+    without the content pass still leaves every such file checkable on its first read); empty for a safetensors
+    sample adopted without its hash."""
+    want = {k: row[k] for k in ("h", "z") if row.get(k) is not None}
+    if not want and not str(row.get("p", "")).endswith(".safetensors"):
+        want = {"z": 1}
+    return want
+
+
 def check_rows(rows: dict[int, dict]) -> dict[int, str]:
     """The cheap check of adopted files (one ``stat`` each): row -> why, for a file gone, of another size, or
     written since it was adopted (its mtime)."""

@@ -33,6 +33,7 @@ ST_SUFFIX = ".safetensors"
 # SpecForge 0.2.0's offline keys (shared/notes formats.md): aux [1, T, K*H], last [1, T, H]
 DEFAULT_KEYS = {"input_ids": "input_ids", "aux": "aux_hidden_state", "last": "hidden_state"}
 LAST_STATES = ("pre-norm", "post-norm")
+ZIP_MAGIC = b"PK\x03\x04"  # a torch.save zip's first bytes (a legacy-format file begins with a pickle: 0x80)
 try:  # ISA-L's crc32: twice zlib's speed (docs/performance.md, "Adopting a dump"); the same values
     from isal.isal_zlib import crc32 as _crc32
 except ImportError:
@@ -149,6 +150,7 @@ class Probe:
     tokens: int | None = None  # xxh3-64 of the token ids as int64 bytes: what a row is matched by
     error: str | None = None  # unreadable / truncated
     shape_error: str | None = None  # readable, but not a sample of the declared shape
+    legacy: bool = False  # a torch.save file of the legacy (non-zip) format: refused (:func:`refuse_legacy`)
 
 
 def token_hash(ids_int64_bytes) -> int:
@@ -178,6 +180,11 @@ def probe(path: str, spec: DumpSpec) -> Probe:
 def _probe_torch(p: Probe, spec: DumpSpec) -> None:
     from eagle3ops.store.torchfile import TensorMeta, TorchFile
 
+    with open(p.path, "rb") as f:
+        head = f.read(4)
+    if head != ZIP_MAGIC and head[:1] == b"\x80":  # torch.save's legacy format: a pickle stream, no zip
+        p.legacy = True
+        return
     tf = TorchFile(p.path)
     d, k = tf.obj, spec.keys
     if not isinstance(d, dict) or any(
@@ -233,6 +240,24 @@ def _probe_st(p: Probe) -> None:
         a, b = tok["data_offsets"]
         f.seek(8 + n + a)
         p.tokens = token_hash(f.read(b - a))
+
+
+def refuse_legacy(probes: list[Probe]) -> None:
+    """Files of ``torch.save``'s legacy format are refused, naming the first: they carry no checksum (nothing to
+    check them by on read, unlike a zip's crc32s) and their tensors cannot be located without unpickling the
+    whole file (no memory map: every read of a sample would load all of it). Converting costs one read and one
+    write of each file; docs/data-format.md says how."""
+    old = [p.path for p in probes if p.legacy]
+    if old:
+        raise AdoptError(
+            f"adopt: {old[0]} is a torch.save file of the legacy format (_use_new_zipfile_serialization=False), "
+            f"as are {len(old) - 1} more of the dump's {len(probes)} files; only the zip format (torch.save's "
+            "default since PyTorch 1.6) is adopted: it carries the crc32s that check it on read and lets a "
+            "sample be read without loading the whole file. Convert them in place first, e.g. "
+            "`python -c 'import sys, torch; [torch.save(torch.load(f, weights_only=True), f) for f in "
+            "sys.argv[1:]]' FILES` (one read and one write of each; a file pickled with protocol 4 or more "
+            "needs weights_only=False, for files you trust; docs/data-format.md), then adopt again"
+        )
 
 
 def content_check(path: str, data: bytes | None = None, chunk: int = 8 << 20) -> tuple[dict, str | None]:
@@ -319,9 +344,37 @@ def load_sample(path: str, keys: dict, num_aux: int, data: bytes | None = None) 
         from safetensors.torch import load, load_file
 
         return load_file(path) if data is None else load(data)
-    d = torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)
-    ids = d[keys["input_ids"]].reshape(-1).to(torch.int64)
+    d = _tensors_on(path, data, keys) if data is not None else None
+    if d is None:
+        d = torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)
+    ids = d[keys["input_ids"]].reshape(-1).to(torch.int64).clone()  # not a view keeping the file's bytes
     aux, last = d[keys["aux"]], d[keys["last"]]
     t = ids.shape[0]
     aux = aux.reshape(t, num_aux, -1)
     return {"token_ids": ids, "hidden_states": torch.cat([aux, last.reshape(t, 1, -1)], dim=1)}
+
+
+def _tensors_on(path: str, data, keys: dict) -> dict | None:
+    """The sample's three tensors made on ``data`` (a zip's bytes, already read and checked: no copy, no second
+    parse by ``torch.load``); None where that is not possible (a non-contiguous tensor), for ``torch.load``."""
+    import torch
+
+    from eagle3ops.store.torchfile import TorchFile
+
+    try:
+        tf = TorchFile(path, data)
+        metas = [tf.obj[name] for name in (keys["input_ids"], keys["aux"], keys["last"])]
+    except (ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError):
+        return None  # not a zip (a legacy torch.save file): torch.load reads it
+    out = {}
+    for name, t in zip((keys["input_ids"], keys["aux"], keys["last"]), metas, strict=True):
+        if not t.contiguous() or 0 in t.shape:
+            return None
+        start, _ = tf.data_range(tf.storage_name(t))
+        n = 1
+        for x in t.shape:
+            n *= x
+        dtype = getattr(torch, t.dtype)
+        out[name] = torch.frombuffer(data, dtype=dtype, count=n, offset=start + t.offset * t.storage.itemsize)
+        out[name] = out[name].view(t.shape)
+    return out

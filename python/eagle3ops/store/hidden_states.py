@@ -529,8 +529,11 @@ class HiddenStateStore:
         return ManifestEntry(index, seq_len, st.st_size, None, self.rank, h, st.st_ctime_ns)
 
     def lengths(self) -> dict[int, int]:
-        """Index -> seq_len of every finished sample, from the manifest alone."""
-        return {i: e.seq_len for i, e in self.scan_manifest().entries.items()}
+        """Index -> seq_len of every finished sample, from the manifests and the adoption record (rows an adopted
+        dump holds where it lies; a native file wins over an adopted one); no sample file is opened."""
+        out = {i: int(r["n"]) for i, r in dump_rows.read_rows(self.dir).items()}
+        out.update({i: e.seq_len for i, e in self.scan_manifest().entries.items()})
+        return out
 
 
 @dataclass

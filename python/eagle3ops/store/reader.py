@@ -78,7 +78,9 @@ class StoreReader:
 
                 return load_file(path)
             return tensors_of(data)
-        return dump.load_sample(path, self.keys, self.num_aux, bytes(data) if data is not None else None)
+        if data is not None and path.endswith(dump.ST_SUFFIX):
+            return tensors_of(data)  # an adopted safetensors sample is in the store's own format
+        return dump.load_sample(path, self.keys, self.num_aux, data)
 
     # ---------- the check on first read ----------
     def _checked_bytes(self, index: int, path: str, row: dict | None) -> bytes | None:
@@ -90,10 +92,7 @@ class StoreReader:
         key = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
         if self._record.get(index) == key:
             return None
-        if row is not None:
-            want = {k: row[k] for k in ("h", "z") if row.get(k) is not None}
-        else:
-            want = dict(self._sums.get(index, {}))
+        want = adopted.checksums(row) if row is not None else dict(self._sums.get(index, {}))
         if not want:
             return None
         data = bytearray(st.st_size)  # writable: the tensors are made on these bytes, not a copy

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from eagle3ops.durable import atomic_write_text
+from eagle3ops.store import adopted
 from eagle3ops.store.checksum import file_hashes
 from eagle3ops.store.dump import content_check
 from eagle3ops.store.layout import VERIFIED_NAME
@@ -115,7 +116,9 @@ def verify_content(
             out["already_verified"] += 1
             out["bytes_already_verified"] += key[1]
             continue
-        want = {k: r[k] for k in ("h", "c", "z") if r.get(k) is not None}  # z: a zip that checks itself
+        want = {k: r[k] for k in ("h", "c") if r.get(k) is not None}
+        if r.get("p"):  # an adopted file: its xxh3, or a zip that checks itself (z)
+            want = adopted.checksums(r)
         if not want:
             out["unchecked"] += 1
             continue

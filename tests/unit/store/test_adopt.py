@@ -255,6 +255,45 @@ def test_bad_dumps_are_refused_before_any_work(made, tmp_path, capsys):
         assert os.listdir(data / "hidden_states") == [], extra  # nothing written
 
 
+def test_legacy_torch_save_files_are_refused_by_name_and_adopted_once_converted(made, tmp_path, capsys):
+    """Real files of torch.save's legacy (non-zip) format, pickle protocols 2 and 4, beside a zip one: the
+    adoption refuses the dump (exit 2) naming the first, how many, and how to convert, before writing anything;
+    converted in place by the command the message gives, all three are adopted."""
+    verifier, _, src, _, _ = made
+    data = _copy_data(made, tmp_path)
+    dump = tmp_path / "legacy"
+    (dump / "rows_0-2000").mkdir(parents=True)
+    (dump / "eagle3ops-dump.json").write_text(json.dumps(SIDE))
+    files = [dump / "rows_0-2000" / n for n in ("a.ckpt", "b.pt", "c.pt")]
+    kws = [
+        {},
+        {"_use_new_zipfile_serialization": False},
+        {"_use_new_zipfile_serialization": False, "pickle_protocol": 4},
+    ]
+    for i, (f, kw) in enumerate(zip(files, kws, strict=True)):
+        d = load_file(src / f"hs_{i}.safetensors")
+        hs = d["hidden_states"]
+        t = hs.shape[0]
+        obj = {"input_ids": d["token_ids"], "aux_hidden_state": hs[:, :3].reshape(1, t, -1).clone(),
+               "hidden_state": hs[:, 3][None].clone()}  # fmt: skip
+        torch.save(obj, f, **kw)
+    assert files[0].read_bytes()[:2] == b"PK" and files[1].read_bytes()[:2] == b"\x80\x02"
+    common = ["store", "adopt", "--data", str(data), "--model", str(verifier), "--layer-ids", "2", "4", "5"]
+    rc = cli_main([*common, "--adopt-from", str(dump)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{files[1]} is a torch.save file of the legacy format" in err, err
+    assert "as are 1 more of the dump's 3 files" in err and "torch.load(f, weights_only=True)" in err
+    assert not (data / "hidden_states" / adopted_record.RECORD).exists()  # nothing written
+    # the conversion the message names (torch.save's default format is the zip); weights_only=True cannot read
+    # a legacy file of pickle protocol 4 (its frames), which the message says
+    assert "needs weights_only=False" in err
+    torch.save(torch.load(files[1], weights_only=True), files[1])
+    torch.save(torch.load(files[2], weights_only=False), files[2])
+    rc, res = _cli(capsys, *common, "--adopt-from", str(dump))
+    assert rc == 0 and res["adopted"] == 3, res
+    assert set(adopted_record.read_rows(data / "hidden_states")) == {0, 1, 2}
+
+
 def test_a_file_damaged_after_extraction_is_skipped_queued_and_redone(made, tmp_path, loader):
     """verify: overlapped: the loader's first read finds a flipped byte, skips the row (speculators'
     SampleUnavailable), queues it; the next extract plan moves it aside and extracts it again."""
@@ -277,6 +316,54 @@ def test_a_file_damaged_after_extraction_is_skipped_queued_and_redone(made, tmp_
     assert plan.remaining == [3] and "found damaged while training" in plan.damaged[3]
     assert (store.dir / "damaged" / "hs_3.safetensors").exists()
     assert not (store.dir / adopted_record.REQUEUE).exists()  # acted on, kept under damaged/
+
+
+def test_status_lengths_and_checks_count_adopted_rows_adopted_without_the_content_pass(
+    made, tmp_path, capsys
+):
+    """An adoption of metadata only (``adopt_checksum: false``, what a 4.6 TB dump wants before training with
+    ``verify: overlapped``): ``extract-lengths``, the multi-store status and both content checks see its rows
+    (done, with their lengths; a ``torch.save`` zip checkable by its own crc32s though no checksum was recorded),
+    and the file whose bit was flipped after writing is found on its first read."""
+    from eagle3ops.extract.status import status_many
+    from eagle3ops.store.adopt import commit, survey
+    from eagle3ops.store.verified import verify_content
+
+    _, _, src, dump, bad = made
+    data = _copy_data(made, tmp_path)
+    commit(survey(data, dump, run_layer_ids=[2, 4, 5], hidden_size=H))
+    rows = adopted_record.read_rows(data / "hidden_states")
+    assert set(rows) == set(range(120)) - {5, 8}  # the flipped row 6 passes the metadata check
+    assert not any("z" in r or "h" in r for r in rows.values() if r["p"].endswith((".ckpt", ".pt")))
+
+    rc, lens = _cli(capsys, "extract-lengths", "--data", str(data))
+    want = {i: len(load_file(src / f"hs_{i}.safetensors")["token_ids"]) for i in rows}
+    assert rc == 0 and lens["count"] == len(rows) == 118
+    assert lens["lengths"] == {str(i): n for i, n in sorted(want.items())}
+
+    empty = tmp_path / "empty"
+    shutil.copytree(made[1], empty)  # the same prepared rows, nothing extracted or adopted
+    many = status_many([data, empty])
+    assert [s["done"] for s in many["stores"]] == [118, 0]
+    assert (
+        many["done"] == 118
+        and many["missing"] == ROWS - 118
+        and 6 in set(range(ROWS)) - set(many["missing_rows"])
+    )
+
+    hs = data / "hidden_states"
+    r = reader.StoreReader(hs, check_on_read=True)
+    got = r.get(0)
+    assert torch.equal(got["hidden_states"], load_file(src / "hs_0.safetensors")["hidden_states"])
+    with pytest.raises(reader.DamagedSample, match="content checksum differs"):
+        r.get(6)
+    r.flush()
+    assert list(adopted_record.read_queue(hs)) == [6]
+    res = verify_content(hs, rows.values(), check=True)
+    # row 0 was checked on its read; the other 107 zips check themselves (the flipped one among them); the 10
+    # safetensors samples adopted without the content pass have no checksum to compare with
+    assert res["already_verified"] == 1 and res["to_verify"] == 107 and res["unchecked"] == 10
+    assert str(bad["flipped"]) == rows[6]["p"]
 
 
 @pytest.mark.slow
