@@ -47,43 +47,8 @@ _TURNS = one_of(
     role_doc=("MT-bench first turns only, or both turns (the second follows the server's own first answer)."),
 )
 
-# the server's tokenizer against the prepared rows (eagle3ops.serve.tokcheck) before the guard or the live benchmark
-# sends anything: SPEC_PROBE (the serve role's guard) and LIVE (the benchmark role) each take these three
-_TOKCHECK = Option(
-    "tokenizer_check",
-    "bool",
-    default=True,
-    help="first compare the server's /v1/tokenize with a sample of the prepared rows and the target's chat "
-    "template; a difference fails (exit 2) naming the row and the first differing token",
-    doc=(
-        "First compare the server's C(/v1/tokenize) with a sample of the prepared rows (I(data_dir)) and "
-        "the target's chat template; a difference fails naming the row and the first differing token. A "
-        "server without the endpoint, or no prepared data, is reported as not checked. C(guard), C(live)."
-    ),
-    role_doc=(
-        "Before anything is measured, compare the server's tokenizer (/v1/tokenize) with a sample of the "
-        "prepared rows and the target's chat template; a difference fails the phase naming the row and "
-        "the first differing token."
-    ),
-)
-_TOKCHECK_DATA = Option(
-    "data_dir",
-    "path",
-    flag="--data",
-    help="the prepared data directory the draft was trained on (the tokenizer check's sample; unset: not "
-    "checked)",
-    doc="The prepared data directory (the tokenizer check's sample); C(guard), C(live).",
-    role_doc="The prepared data directory the tokenizer check samples. Default the shared eagle3ops_data_dir.",
-    role_value="{{ eagle3ops_data_dir }}",
-)
-_TOKCHECK_MODEL = Option(
-    "tokenizer_model",
-    "path",
-    metavar="MODEL_DIR",
-    role=False,  # the roles pass the target they serve
-    help="the model directory whose tokenizer the server loads (default: the one prepare recorded)",
-    doc="The model directory whose tokenizer the server loads (default the one prepare recorded); C(guard), C(live).",
-)
+# the server's tokenizer against the prepared rows first: the guard (SPEC_PROBE, the serve role's) and LIVE
+_TOKCHECK = _o.server_tokenizer_check()
 
 ACCEPTANCE = Command(
     "benchmark-acceptance",
@@ -355,9 +320,7 @@ SPEC_PROBE = Command(
                 "a misconfigured draft serves at 1.00."
             ),
         ),
-        _TOKCHECK,
-        _TOKCHECK_DATA,
-        _TOKCHECK_MODEL,
+        *_TOKCHECK,
         _TRUST,
         EXECUTABLE.but(
             role="serve_eagle3ops_bin",
@@ -520,9 +483,7 @@ LIVE = Command(
             ),
         ),
         Option("out", "path", required=True, role=False, help="result JSON"),
-        _TOKCHECK,
-        _TOKCHECK_DATA,
-        _TOKCHECK_MODEL,
+        *_TOKCHECK,
         _TRUST,
         _EXE,
     ],
