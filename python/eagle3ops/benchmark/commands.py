@@ -39,6 +39,8 @@ def _tokenizer_check(args) -> dict:
         return {"checked": False, "reason": "no prepared data given (--data)"}
     from eagle3ops.serve import tokcheck
 
+    if args.tokenizer_model:
+        _refuse_remote_code(args.tokenizer_model, args.trust_remote_code)
     try:
         res = tokcheck.check(
             args.url, args.data_dir, args.tokenizer_model, trust_remote_code=args.trust_remote_code
@@ -205,8 +207,6 @@ def cmd_spec_probe(args) -> int:
 
     if args.chat_template:
         _refuse_remote_code(args.chat_template, args.trust_remote_code)
-    if args.tokenizer_model:
-        _refuse_remote_code(args.tokenizer_model, args.trust_remote_code)
     tokenizer_check = _tokenizer_check(args)
     try:
         if args.prompts:
@@ -328,9 +328,8 @@ def cmd_live(args) -> int:
     from eagle3ops.benchmark import promptsets as ps
     from eagle3ops.benchmark.uptodate import recorded_inputs, write_result
 
-    for model in (args.template_model, args.tokenizer_model):
-        if model:
-            _refuse_remote_code(model, args.trust_remote_code)
+    if args.template_model:
+        _refuse_remote_code(args.template_model, args.trust_remote_code)
     inputs = _live_inputs(args)
     out = Path(args.out)
     changed = recorded_inputs(out) != inputs

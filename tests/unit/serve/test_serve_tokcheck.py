@@ -57,27 +57,34 @@ def _server(run_dir: Path, model, *flags):
 def test_the_server_with_the_remote_tokenizer_agrees(kimi, prepared, tmp_path):
     with _server(tmp_path, kimi["model_path"], "--trust-remote-code") as url:
         res = tokcheck.check(url, prepared, kimi["model_path"], trust_remote_code=True)
-    assert (
-        res["checked"] is True
-        and res["conversations"] == tokcheck.SAMPLE
-        and res["rows"] >= res["conversations"]
-    )
+        rc, out = _cli("benchmark-live", "--url", url, "--set", f"heldout={kimi['heldout_path']}", "--out",
+                       tmp_path / "live.json", "--data", prepared, "--tokenizer-model", kimi["model_path"],
+                       "--trust-remote-code", "--concurrency", 1, "--num-requests", 1, "--max-new-tokens", 4,
+                       "--lossless-sample", 0)  # fmt: skip
+    assert res["checked"] is True and res["conversations"] == tokcheck.SAMPLE
+    assert res["rows"] >= res["conversations"]
+    assert rc == 0 and out["tokenizer_check"] == res, out
+    assert json.loads((tmp_path / "live.json").read_text())["tokenizer_check"] == res  # measured after it
 
 
 def test_a_server_without_trust_remote_code_is_refused_naming_the_token(kimi, prepared, tmp_path):
-    """The guard stops with exit 2 before any probe prompt is sent: the message names the conversation
-    (file:line), the row of the prepared data, the position and both tokens."""
+    """The guard and benchmark-live stop with exit 2 before anything is sent or written: the message names the
+    conversation (file:line), the row of the prepared data, the position and both tokens."""
     with _server(tmp_path, kimi["model_path"]) as url:
         with pytest.raises(tokcheck.TokcheckError) as e:
             tokcheck.check(url, prepared, kimi["model_path"], trust_remote_code=True)
         rc, out = _cli("benchmark-spec-probe", "--url", url, "--data", prepared, "--tokenizer-model",
                        kimi["model_path"], "--trust-remote-code", "--min-accept-length", 1.0)  # fmt: skip
+        live_rc, live = _cli("benchmark-live", "--url", url, "--set", f"heldout={kimi['heldout_path']}", "--out",
+                             tmp_path / "live.json", "--data", prepared, "--tokenizer-model", kimi["model_path"],
+                             "--trust-remote-code")  # fmt: skip
     msg = str(e.value)
     conv = Path(kimi["conversations_path"]).name
     assert f"{conv}:" in msg and e.value.details["loc"].startswith(str(kimi["conversations_path"]))
     assert f"row {e.value.details['row']} of {prepared}" in msg
     assert "first at token" in msg and "ours " in msg and "the server's " in msg and "'" in msg
     assert rc == 2 and out["failed"] and out["msg"] == msg and "acceptance_length" not in out
+    assert live_rc == 2 and live["msg"] == msg and not (tmp_path / "live.json").exists()
 
 
 def test_a_server_without_the_endpoint_is_reported_not_checked(kimi, prepared, tmp_path):
