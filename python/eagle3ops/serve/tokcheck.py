@@ -4,7 +4,8 @@ Prepare checked its rows against the target's tokenizer loaded as SGLang loads i
 this asks the server itself, through SGLang's ``POST /v1/tokenize``, on a sample of the prepared data:
 
 - **text**: the exact text prepare tokenised for a row (the conversation up to one assistant turn, rendered with
-  the target's chat template), sent as ``prompt`` with ``add_special_tokens`` off, must come back as the row's ids;
+  the target's chat template), sent as ``prompt`` with ``add_special_tokens`` off, must come back as the row's ids
+  (a row prepare cut at ``max_length``: as its first ids);
 - **messages**: the conversation up to its first user turn, sent as ``messages`` (the server renders them with its
   chat template and the generation prompt), must come back as our template's render of the same messages.
 
@@ -57,7 +58,8 @@ def _tokenize(url: str, body: dict, timeout: float):
 
 def _sample(data_dir: Path, meta: dict, tok) -> list[dict]:
     """Up to :data:`SAMPLE` conversations of prepare's inputs, each with the renders that are rows of the dataset:
-    ``{loc, messages, tools, rows: [(row index, text, ids)]}``."""
+    ``{loc, messages, tools, rows: [(row index, text, ids, cut)]}`` (``cut``: the row is the render's first
+    ``max_length`` ids)."""
     from datasets import load_from_disk
 
     table = load_from_disk(str(data_dir)).data
@@ -82,7 +84,7 @@ def _sample(data_dir: Path, meta: dict, tok) -> list[dict]:
             want = ids[:max_length]
             row = next((i for i in by_len.get(len(want), ()) if column[i].as_py() == want), None)
             if row is not None:
-                rows.append((row, text, want))
+                rows.append((row, text, want, len(want) < len(ids)))
         if rows:
             out.append({"loc": loc, "messages": messages, "tools": tools, "rows": rows})
     return out
@@ -132,13 +134,14 @@ def check(
             f"{model}'s tokenizer (inputs changed since prepare, or the rows were made with another tokenizer)",
         }
     texts = [(c, r) for c in sample for r in c["rows"]]
-    got = _tokenize(url, {"prompt": [t for _, (_, t, _) in texts], "add_special_tokens": False}, timeout)
+    got = _tokenize(url, {"prompt": [r[1] for _, r in texts], "add_special_tokens": False}, timeout)
     if got is None:
         return {
             "checked": False,
             "reason": f"{url} has no /v1/tokenize (404): the server's tokenizer is unknown",
         }
-    for (c, (row, _text, ids)), theirs in zip(texts, got, strict=True):
+    for (c, (row, _text, ids, cut)), theirs in zip(texts, got, strict=True):
+        theirs = theirs[: len(ids)] if cut else theirs  # a row cut at max_length: its text's first ids
         why = _difference(tok, f"{c['loc']} (row {row} of {data})", ids, theirs, "prepare's text of this row")
         if why:
             raise TokcheckError(why, loc=c["loc"], row=row)
@@ -155,4 +158,11 @@ def check(
         )
         if why:
             raise TokcheckError(why, loc=c["loc"])
-    return {"checked": True, "conversations": len(sample), "rows": len(texts), "model": str(model)}
+    cut = sum(r[3] for _, r in texts)
+    return {
+        "checked": True,
+        "conversations": len(sample),
+        "rows": len(texts),
+        "rows_cut": cut,
+        "model": str(model),
+    }

@@ -33,7 +33,7 @@ def _cli(*argv) -> tuple[int, dict]:
 def prepared(kimi, tmp_path_factory):
     data = tmp_path_factory.mktemp("tokcheck") / "data"
     rc, out = _cli("prepare", "--model", kimi["model_path"], "--input", kimi["conversations_path"], "--out", data,
-                   "--max-length", 4096, "--trust-remote-code")  # fmt: skip
+                   "--max-length", 100, "--trust-remote-code")  # fmt: skip
     assert rc == 0 and out["num_rows"] > 0, out
     return data
 
@@ -62,7 +62,9 @@ def test_the_server_with_the_remote_tokenizer_agrees(kimi, prepared, tmp_path):
                        "--trust-remote-code", "--concurrency", 1, "--num-requests", 1, "--max-new-tokens", 4,
                        "--lossless-sample", 0)  # fmt: skip
     assert res["checked"] is True and res["conversations"] == tokcheck.SAMPLE
-    assert res["rows"] >= res["conversations"]
+    assert (
+        res["rows"] >= res["conversations"] and res["rows_cut"] > 0
+    )  # rows cut at --max-length compared too
     assert rc == 0 and out["tokenizer_check"] == res, out
     assert json.loads((tmp_path / "live.json").read_text())["tokenizer_check"] == res  # measured after it
 
