@@ -193,9 +193,6 @@ def check_servable(cfg: dict, serve_window: int | None = None, sglang_version: s
     return {"window": window}
 
 
-_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
-
-
 def target_facts(target: str | os.PathLike) -> dict:
     """What the draft config takes from the target's ``config.json``: its special token ids (``text_config``
     first, then the top level) and what it is (the ``verifier`` record)."""
@@ -209,14 +206,13 @@ def target_facts(target: str | os.PathLike) -> dict:
             target=str(target),
         ) from None
     text = layers.text_config(cfg)
-    ids = {k: text.get(k, cfg.get(k)) for k in _TOKEN_IDS}
     verifier = {
         "name_or_path": str(target),
         "architectures": list(cfg.get("architectures") or []),
         "model_type": cfg.get("model_type"),
         "text_model_type": text.get("model_type"),
     }
-    return {"token_ids": {k: v for k, v in ids.items() if v is not None}, "verifier": verifier}
+    return {"token_ids": layers.special_token_ids(cfg), "verifier": verifier}
 
 
 def _target_of(cfg: dict, target: str | os.PathLike | None) -> dict | None:
@@ -266,7 +262,7 @@ def sglang_config(
         "fc_norm": bool(cfg.get("fc_norm")),
         "norm_output": bool(cfg.get("norm_output")),
     }
-    for k in _TOKEN_IDS:
+    for k in layers.SPECIAL_TOKEN_IDS:
         if tl.get(k) is not None:
             out[k] = tl[k]
     if (

@@ -258,8 +258,8 @@ def test_idempotent_check_mode_and_cli(base, tmp_path, capsys):
 
 
 def test_kimi_draft_takes_token_ids_and_verifier_from_the_target(kimi, tmp_path, capsys):
-    """On the Kimi-K2.5-format fixture: speculators builds the draft's decoder config as a LlamaConfig (bos 1,
-    eos 2: Llama's defaults); the converted draft carries the target's ids (from its text_config) and names the
+    """On the Kimi-K2.5-format fixture: speculators' own construction (without the train phase's shim) builds the
+    draft's decoder config as a LlamaConfig (bos 1, eos 2: Llama's defaults); the converted draft carries the target's ids (from its text_config) and names the
     wrapper as its verifier, with the target given (the serve role's --target) or found through the checkpoint's
     own verifier record; an unreadable --target is refused, nothing written."""
     from eagle3ops.cli import main
