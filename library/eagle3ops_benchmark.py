@@ -128,6 +128,21 @@ options:
       C(guard) only.'
     type: float
     default: 1.3
+  tokenizer_check:
+    description: Before anything is measured, compare the server's C(/v1/tokenize) with a sample of the prepared
+      rows (O(data_dir)) and the target's chat template; a difference fails (exit 2) naming the row and the
+      first differing token. A server without the endpoint, or no prepared data, is reported as not checked.
+      C(guard), C(live).
+    type: bool
+    default: true
+  data_dir:
+    description: 'The prepared data directory the draft was trained on: the tokenizer check''s sample (unset:
+      not checked); C(guard), C(live).'
+    type: path
+  tokenizer_model:
+    description: The model directory whose tokenizer the server loads (default the one prepare recorded);
+      C(guard), C(live).
+    type: path
   label:
     description: C(with_draft) or C(without_draft); C(live) only.
     type: str
@@ -245,6 +260,13 @@ measure:
   description: Whether the live benchmark measures (measured) this server - its inputs changed (C(live)).
   returned: when action is live
   type: bool
+tokenizer_check:
+  description:
+    - The server's C(/v1/tokenize) against the prepared rows and the target's chat template (C(guard), C(live)),
+      before anything is measured - C(checked) with C(conversations) and C(rows), or C(checked=false) with the
+      C(reason). A difference fails the task naming the row and the first differing token.
+  returned: when action is guard, or live when it measures
+  type: dict
 acceptance_length:
   description: Completion tokens / spec_verify_ct over the probe prompts (C(guard)).
   returned: when action is guard

@@ -48,8 +48,9 @@ options:
       the SGLang installed on the host when it is one of them, else 0.5.23; the stamp records the one used.
     type: str
   target:
-    description: The target model directory SGLang will serve; a remote-code one (an auto_map) is refused
-      without O(trust_remote_code), before anything is converted or started.
+    description: The target model directory SGLang will serve; the draft config takes its token ids (C(text_config)
+      first) and records its architecture (default the verifier the checkpoint names). A remote-code one (an
+      auto_map) is refused without O(trust_remote_code), before anything is converted or started.
     type: path
   trust_remote_code:
     description: Let the target's own code (an auto_map in tokenizer_config.json or config.json) load its
@@ -93,9 +94,13 @@ serve_args:
   returned: always
   type: list
 config:
-  description: The config.json written for SGLang.
+  description: The config.json written for SGLang (its token ids and C(verifier) from the target's config).
   returned: always
   type: dict
+token_ids_from:
+  description: The target model directory whose config.json gave the draft's token ids and C(verifier) record.
+  returned: when a speculators checkpoint is converted
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule

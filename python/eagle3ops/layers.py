@@ -59,6 +59,17 @@ def text_config(cfg: dict) -> dict:
     return sub if isinstance(sub, dict) else cfg
 
 
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def special_token_ids(cfg: dict) -> dict:
+    """The language model's special token ids of a ``config.json`` (``text_config`` first, then the top level), the
+    ones it has: what a draft trained for it must say (speculators' draft decoder config carries Llama's)."""
+    text = text_config(cfg)
+    ids = {k: text.get(k, cfg.get(k)) for k in SPECIAL_TOKEN_IDS}
+    return {k: v for k, v in ids.items() if v is not None}
+
+
 def num_layers_of(model_dir: str | os.PathLike) -> int:
     """``num_hidden_layers`` of the model in ``model_dir`` (its ``config.json``, ``text_config`` first)."""
     path = Path(model_dir) / "config.json"

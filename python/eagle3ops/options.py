@@ -390,6 +390,43 @@ def trust_remote_code(what: str = "tokenizer and config", **kw) -> Option:
     return Option("trust_remote_code", "bool", default=False, **kw)
 
 
+def server_tokenizer_check() -> list[Option]:
+    """The serve-time tokenizer check's options (eagle3ops.serve.tokcheck), for the commands that measure a running
+    server (the guard, benchmark-live): on by default, the prepared data it samples, the tokenizer's model."""
+    check = Option(
+        "tokenizer_check",
+        "bool",
+        default=True,
+        doc=(
+            "Before anything is measured, compare the server's C(/v1/tokenize) with a sample of the prepared rows "
+            "(O(data_dir)) and the target's chat template; a difference fails (exit 2) naming the row and the "
+            "first differing token. A server without the endpoint, or no prepared data, is reported as not "
+            "checked. C(guard), C(live)."
+        ),
+    )
+    data = Option(
+        "data_dir",
+        "path",
+        flag="--data",
+        doc=(
+            "The prepared data directory the draft was trained on: the tokenizer check's sample (unset: not "
+            "checked); C(guard), C(live)."
+        ),
+        role_value="{{ eagle3ops_data_dir }}",
+    )
+    model = Option(
+        "tokenizer_model",
+        "path",
+        metavar="MODEL_DIR",
+        role=False,  # the roles pass the target they serve
+        doc=(
+            "The model directory whose tokenizer the server loads (default the one prepare recorded); C(guard), "
+            "C(live)."
+        ),
+    )
+    return [check, data, model]
+
+
 def data_dir(name: str, **kw) -> Option:
     """The required path option naming the pipeline's data directory, one for every phase that reads or writes it
     (prepare writes the Arrow rows, extract writes hidden_states/ inside it, train reads both); the role's default

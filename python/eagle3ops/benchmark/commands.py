@@ -29,6 +29,35 @@ def _refuse_remote_code(model_path, trust_remote_code: bool) -> None:
     require_trusted(model_path, trust_remote_code, CommandError)
 
 
+def _tokenizer_check(args) -> dict:
+    """The server's tokenizer against the prepared rows (eagle3ops.serve.tokcheck), before anything is measured: a
+    difference is refused (exit 2) naming the row and the first differing token; what was not checked, and why,
+    goes into the result."""
+    if not args.tokenizer_check:
+        return {"checked": False, "reason": "off (--no-tokenizer-check)"}
+    if not args.data_dir:
+        return {"checked": False, "reason": "no prepared data given (--data)"}
+    from eagle3ops.serve import tokcheck
+
+    if args.tokenizer_model:
+        _refuse_remote_code(args.tokenizer_model, args.trust_remote_code)
+    try:
+        res = tokcheck.check(
+            args.url, args.data_dir, args.tokenizer_model, trust_remote_code=args.trust_remote_code
+        )
+    except tokcheck.TokcheckError as e:
+        raise CommandError(str(e), **e.details) from None
+    if res["checked"]:
+        print(
+            f"tokenizer check: the server's ids equal the prepared rows ({res['rows']} rows of "
+            f"{res['conversations']} conversations) and our chat template's",
+            file=sys.stderr,
+        )
+    else:
+        print(f"tokenizer check: not checked: {res['reason']}", file=sys.stderr)
+    return res
+
+
 def cmd_acceptance(args) -> int:
     from eagle3ops.benchmark import acceptance as acc
     from eagle3ops.benchmark import uptodate
@@ -178,6 +207,7 @@ def cmd_spec_probe(args) -> int:
 
     if args.chat_template:
         _refuse_remote_code(args.chat_template, args.trust_remote_code)
+    tokenizer_check = _tokenizer_check(args)
     try:
         if args.prompts:
             rows = load_prompts(args.prompts, args.limit)
@@ -204,6 +234,7 @@ def cmd_spec_probe(args) -> int:
     except (AcceptanceError, loadgen.LiveError, OSError) as e:
         raise CommandError(str(e)) from None
     res["prompts_file"] = args.prompts or "(built-in probe prompts)"
+    res["tokenizer_check"] = tokenizer_check
     if args.chat_template and render is None:
         res["chat_template_note"] = (
             f"{args.chat_template} has no chat template: prompts were sent as they are"
@@ -306,6 +337,7 @@ def cmd_live(args) -> int:
         res = {"changed": changed, "measure": changed, "check_mode": args.check, "out": str(out)}
         emit(args, res, f"{out}: {'would measure' if changed else 'up to date'}")
         return 0
+    tokenizer_check = _tokenizer_check(args)
     try:
         sets = _sets(args, args.mtbench_turns)
         render = None
@@ -363,13 +395,24 @@ def cmd_live(args) -> int:
         "sampled": sampled,
         "lossless": lossless,
         "server": {k: info.get(k) for k in loadgen.SERVER_KEYS} if info else None,
+        "tokenizer_check": tokenizer_check,
         "inputs": inputs,
     }
     write_result(out, result)
     summary = [
         {k: r[k] for k in ("set", "concurrency", "output_tok_s", "acceptance_length", "turns")} for r in runs
     ]
-    emit(args, {"changed": True, "measure": True, "check_mode": False, "out": str(out), "summary": summary})
+    emit(
+        args,
+        {
+            "changed": True,
+            "measure": True,
+            "check_mode": False,
+            "out": str(out),
+            "summary": summary,
+            "tokenizer_check": tokenizer_check,
+        },
+    )
     return 0
 
 

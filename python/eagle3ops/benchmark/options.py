@@ -42,6 +42,9 @@ _TURNS = one_of(
     ),
 )
 
+# the server's tokenizer against the prepared rows first: the guard (SPEC_PROBE, the serve role's) and LIVE
+_TOKCHECK = _o.server_tokenizer_check()
+
 ACCEPTANCE = Command(
     "benchmark-acceptance",
     help="offline acceptance length of a draft: greedy chain drafting verified by the target (transformers)",
@@ -263,6 +266,7 @@ SPEC_PROBE = Command(
                 "causes; C(guard) only."
             ),
         ),
+        *_TOKCHECK,
         _TRUST,
         EXECUTABLE.but(
             role="serve_eagle3ops_bin",
@@ -390,6 +394,7 @@ LIVE = Command(
             ),
         ),
         Option("out", "path", required=True, role=False, doc="result JSON"),
+        *_TOKCHECK,
         _TRUST,
         _EXE,
     ],

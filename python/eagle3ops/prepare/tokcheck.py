@@ -38,25 +38,49 @@ def client_messages(conv: list[dict]) -> list[dict]:
     ]
 
 
-def _first_difference(a, b) -> int | None:
+def first_difference(a, b) -> int | None:
+    """The first position where ``a`` and ``b`` differ, or ``len(b)`` when ``b`` ends first; None when ``a`` is
+    (a prefix of) ``b``."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if int(x) != int(y):
             return i
     return None if len(a) <= len(b) else len(b)
 
 
-def check_conversation(tok, loc: str, conv: list[dict], tools, rows: list) -> str | None:
-    """None when every row equals (a prefix of) the serving render of the conversation up to one of its assistant
-    turns; else what differs, at the first differing token of the closest such render."""
-    messages = client_messages(conv)
-    renders = []
+def token_text(tok, token_id: int | None) -> str:
+    """A token as a message names it: its id and its string (``the end`` past the last one)."""
+    return "the end" if token_id is None else f"{token_id} ({tok.convert_ids_to_tokens(int(token_id))!r})"
+
+
+def conversation_of(rec: dict) -> tuple[list[dict], list | None]:
+    """A record's turns and its tools (a tools column given as a JSON string, as speculators reads it, parsed)."""
+    tools = rec.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            tools = None
+    return rec.get("conversations", rec.get("messages")), tools or None
+
+
+def renders(tok, messages: list[dict], tools) -> list[tuple[str, list[int]]]:
+    """The text and ids of the conversation up to each of its assistant turns, as prepare renders a row (the chat
+    template as text, then ``encode`` without special tokens)."""
+    out = []
     for i, m in enumerate(messages):
         if m["role"] == "assistant":
             text = tok.apply_chat_template(messages[: i + 1], tools=tools or None, tokenize=False)
-            renders.append(tok.encode(text, add_special_tokens=False))
+            out.append((text, tok.encode(text, add_special_tokens=False)))
+    return out
+
+
+def check_conversation(tok, loc: str, conv: list[dict], tools, rows: list) -> str | None:
+    """None when every row equals (a prefix of) the serving render of the conversation up to one of its assistant
+    turns; else what differs, at the first differing token of the closest such render."""
+    rendered = [ids for _text, ids in renders(tok, client_messages(conv), tools)]
     for n, (ids, _mask) in enumerate(rows):
         ids = [int(x) for x in ids]
-        diffs = [(_first_difference(ids, r), r) for r in renders]
+        diffs = [(first_difference(ids, r), r) for r in rendered]
         if any(d is None for d, _ in diffs):
             continue
         at, closest = max(diffs, key=lambda dr: dr[0])
@@ -64,9 +88,8 @@ def check_conversation(tok, loc: str, conv: list[dict], tools, rows: list) -> st
         theirs = closest[at] if at < len(closest) else None
         return (
             f"{loc}: row {n} of this conversation differs from the serving tokenizer's ids at token {at}: "
-            f"prepare has {ours} ({tok.convert_ids_to_tokens(ours)!r}), the server would see "
-            + (f"{theirs} ({tok.convert_ids_to_tokens(theirs)!r})" if theirs is not None else "the end")
-            + ". Prepare and SGLang must tokenise the same text to the same ids (same tokenizer class, "
+            f"prepare has {token_text(tok, ours)}, the server would see {token_text(tok, theirs)}"
+            ". Prepare and SGLang must tokenise the same text to the same ids (same tokenizer class, "
             "trust_remote_code as SGLang serves, every message key the chat template reads)."
         )
     return None
@@ -79,13 +102,7 @@ def check_samples(model: str | os.PathLike, trust_remote_code: bool, samples: li
         return 0
     tok = serving_tokenizer(model, trust_remote_code)
     for loc, rec, rows in samples:
-        conv = rec.get("conversations", rec.get("messages"))
-        tools = rec.get("tools")
-        if isinstance(tools, str):  # a tools column as a JSON string, as speculators reads it
-            try:
-                tools = json.loads(tools)
-            except ValueError:
-                tools = None
+        conv, tools = conversation_of(rec)
         why = check_conversation(tok, loc, conv, tools, rows)
         if why:
             raise PrepareError(why)

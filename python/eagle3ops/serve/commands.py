@@ -41,6 +41,7 @@ def cmd_convert(args) -> int:
                     "target_arch",
                     "check",
                     "sglang_version",
+                    "target",
                     sglang_ids="sglang_layer_ids",
                 ),
             )

@@ -29,6 +29,12 @@ What SGLang 0.5.23 expects (read from its source, ``sglang/srt/models/llama_eagl
   ``llama.py``, ``qwen2.py``, ``qwen3.py``... always add 1 (id i = output of layer i). eagle3ops' ids (from
   extract_meta.json) are "input of layer i"; they are translated per :data:`LAYER_ID_RULES`, and ids that
   SGLang cannot express for that target are refused.
+- The target (``--target``, else the verifier the checkpoint names): speculators builds the draft's decoder config
+  as a ``LlamaConfig``, whose ``bos_token_id``/``eos_token_id`` are Llama's defaults (1, 2), not the target's; the
+  draft config takes them (and ``pad_token_id``) from the target's ``config.json`` (``text_config`` first, for a
+  wrapper such as Kimi-K2.5's), and records the target as ``verifier`` (``architectures``, ``model_type``, the
+  text model's ``model_type``, ``name_or_path``: speculators' own record of its verifier; a key SGLang does not
+  read).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from eagle3ops.errors import WithDetails
 from eagle3ops.sglang import versions as sglang_versions
 
 SGLANG_VERSION = sglang_versions.DEFAULT_VERSION
-CONVERTER_VERSION = 2  # 2: weights always written in DRAFT_DTYPE
+CONVERTER_VERSION = 3  # 2: weights always written in DRAFT_DTYPE; 3: token ids and verifier from the target
 # SGLang serves target and draft in one dtype (serve passes --dtype bfloat16): the draft is written in bf16 whatever
 # speculators saved (float32 from a CPU run), and its config says so
 DRAFT_DTYPE = "bfloat16"
@@ -187,8 +193,44 @@ def check_servable(cfg: dict, serve_window: int | None = None, sglang_version: s
     return {"window": window}
 
 
-def sglang_config(cfg: dict, layer_ids_sglang: list[int], sglang_version: str | None = None) -> dict:
-    """The config.json SGLang loads for LlamaForCausalLMEagle3 (the same keys in 0.5.17 and 0.5.23)."""
+def target_facts(target: str | os.PathLike) -> dict:
+    """What the draft config takes from the target's ``config.json``: its special token ids (``text_config``
+    first, then the top level) and what it is (the ``verifier`` record)."""
+    path = Path(target) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConvertError(
+            f"{path}: cannot read the target's config ({e}); point --target (serve_model_path) at the model "
+            "directory SGLang serves",
+            target=str(target),
+        ) from None
+    text = layers.text_config(cfg)
+    verifier = {
+        "name_or_path": str(target),
+        "architectures": list(cfg.get("architectures") or []),
+        "model_type": cfg.get("model_type"),
+        "text_model_type": text.get("model_type"),
+    }
+    return {"token_ids": layers.special_token_ids(cfg), "verifier": verifier}
+
+
+def _target_of(cfg: dict, target: str | os.PathLike | None) -> dict | None:
+    """The target's facts: from ``target`` when given (refused when unreadable), else from the verifier the
+    checkpoint names when that directory is here; None when neither is."""
+    if target:
+        return target_facts(target)
+    named = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    if named and (Path(named) / "config.json").is_file():
+        return target_facts(named)
+    return None
+
+
+def sglang_config(
+    cfg: dict, layer_ids_sglang: list[int], sglang_version: str | None = None, target: dict | None = None
+) -> dict:
+    """The config.json SGLang loads for LlamaForCausalLMEagle3 (the same keys in 0.5.17 and 0.5.23); with the
+    ``target``'s facts (:func:`target_facts`), its token ids and the ``verifier`` record."""
     tl = dict(cfg["transformer_layer_config"])
     hidden = int(tl["hidden_size"])
     heads = int(tl["num_attention_heads"])
@@ -220,9 +262,14 @@ def sglang_config(cfg: dict, layer_ids_sglang: list[int], sglang_version: str | 
         "fc_norm": bool(cfg.get("fc_norm")),
         "norm_output": bool(cfg.get("norm_output")),
     }
-    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    for k in layers.SPECIAL_TOKEN_IDS:
         if tl.get(k) is not None:
             out[k] = tl[k]
+    if (
+        target
+    ):  # speculators' LlamaConfig carries Llama's defaults: the target's ids are the ones it generates
+        out.update(target["token_ids"])
+        out["verifier"] = target["verifier"]
     if cfg.get("target_hidden_size"):
         out["target_hidden_size"] = int(cfg["target_hidden_size"])
     rope = tl.get("rope_parameters") or tl.get("rope_scaling") or {}
@@ -270,8 +317,10 @@ def plan(
     target_arch: str | None = None,
     sglang_ids: list[int] | None = None,
     sglang_version: str | None = None,
+    target: str | os.PathLike | None = None,
 ) -> dict:
-    """Everything convert would write, checked, without writing (what --check reports)."""
+    """Everything convert would write, checked, without writing (what --check reports). ``target``: the model
+    directory SGLang serves (default: the verifier the checkpoint names, when it is here)."""
     version = _version(sglang_version).version
     try:
         ckpt = resolve_checkpoint(checkpoint)
@@ -294,7 +343,8 @@ def plan(
             )
     else:
         out_ids, rule = sglang_layer_ids(ids, arch, sglang_version=version)
-    scfg = sglang_config(cfg, out_ids, version)
+    tfacts = _target_of(cfg, target)
+    scfg = sglang_config(cfg, out_ids, version, tfacts)
     src = {
         "config.json": sha256_file(ckpt / "config.json"),
         "model.safetensors": sha256_file(ckpt / "model.safetensors"),
@@ -317,6 +367,9 @@ def plan(
         "config": scfg,
         "source_sha256": src,
         "serve_args": serve_args,
+        "token_ids_from": tfacts["verifier"]["name_or_path"]
+        if tfacts
+        else "the checkpoint (no target found)",
         "stamp": {
             "converter_version": CONVERTER_VERSION,
             "dtype": DRAFT_DTYPE,
@@ -324,6 +377,7 @@ def plan(
             "source": src,
             "sglang_layer_ids": out_ids,
             "draft_window_size": facts["window"],
+            "target": tfacts,
         },
     }
 
@@ -359,6 +413,7 @@ def convert(
     sglang_ids: list[int] | None = None,
     check: bool = False,
     sglang_version: str | None = None,
+    target: str | os.PathLike | None = None,
 ) -> dict:
     """Write the SGLang draft directory (config.json, model.safetensors, stamp); idempotent, atomic."""
     p = plan(
@@ -367,6 +422,7 @@ def convert(
         target_arch=target_arch,
         sglang_ids=sglang_ids,
         sglang_version=sglang_version,
+        target=target,
     )
     out = Path(out_dir)
     p["out"] = str(out)

@@ -81,8 +81,10 @@ CONVERT = Command(
             "path",
             role=False,  # the role passes serve_model_path
             doc=(
-                "The target model directory SGLang will serve; a remote-code one (an auto_map) is refused "
-                "without O(trust_remote_code), before anything is converted or started."
+                "The target model directory SGLang will serve; the draft config takes its token ids "
+                "(C(text_config) first) and records its architecture (default the verifier the checkpoint "
+                "names). A remote-code one (an auto_map) is refused without O(trust_remote_code), before "
+                "anything is converted or started."
             ),
         ),
         _o.trust_remote_code("tokenizer (its chat template) and config"),

@@ -1,7 +1,7 @@
 """Entry point of one speculators training process: ``python -m eagle3ops.speculators_shim --config C``.
 
 It is what the ``train`` phase launches (directly, or under ``torchrun -m``), instead of
-``speculators train``, for three reasons:
+``speculators train``, for these reasons:
 
 1. **CPU device shim** (only when no accelerator is available), written for and pinned to
    ``speculators==0.9.0`` (any other version is refused: re-check these lines before bumping it):
@@ -23,7 +23,10 @@ It is what the ``train`` phase launches (directly, or under ``torchrun -m``), in
 4. **An honest exit record**: speculators turns SIGINT/SIGTERM into an "interrupted" checkpoint and a
    normal return; the shim notices that and writes ``$EAGLE3OPS_EXIT`` (JSON) with ``status``
    ``finished`` only for a run that really completed, ``interrupted``/``failed`` otherwise (each node's
-   first process writes its node's record).
+   first process writes its node's record).5. **The target's token ids**: speculators builds the draft's decoder config as a ``LlamaConfig`` from the
+   verifier's shapes, which leaves Llama's ``bos_token_id``/``eos_token_id`` (1, 2) in the saved draft;
+   :func:`install_target_token_ids` sets the verifier's own (``text_config`` first). Its ``pad_token_id`` is
+   left alone: in a Llama config it is also the embedding's padding row.
 """
 
 from __future__ import annotations
@@ -211,6 +214,30 @@ def _hook_metrics(path: str) -> None:
     cli.setup_metric_logger = setup_metric_logger
 
 
+def install_target_token_ids() -> None:
+    """5.: the draft decoder config speculators builds from a verifier (``create_transformer_layer_config``, the
+    default path; a given draft config or a warm start keeps its own) gets the verifier's bos/eos ids."""
+    import speculators.train.cli as speculators_cli
+
+    from eagle3ops.layers import special_token_ids
+
+    build = speculators_cli.create_transformer_layer_config
+
+    def create_transformer_layer_config(verifier_name_or_path, *args, **kwargs):
+        config = build(verifier_name_or_path, *args, **kwargs)
+        try:
+            with open(os.path.join(verifier_name_or_path, "config.json")) as f:
+                ids = special_token_ids(json.load(f))
+        except (OSError, ValueError):
+            return config  # a hub id: speculators resolved it itself; nothing here to read
+        for k in ("bos_token_id", "eos_token_id"):
+            if k in ids:
+                setattr(config, k, ids[k])
+        return config
+
+    speculators_cli.create_transformer_layer_config = create_transformer_layer_config
+
+
 def write_exit(status: str, **extra) -> None:
     """The exit record of this node's run directory, by its first process (LOCAL_RANK 0): on several hosts
     every node has its own run directory, and each must know how its trainer ended (rank 0 alone would leave
@@ -240,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     from speculators.train.config import TrainConfig
 
     install_store_reader()
+    install_target_token_ids()
 
     _install_interrupt_probe()
     metrics_path = os.environ.get(ENV_METRICS)

@@ -53,6 +53,16 @@ DECLARED = {
         "eagle3ops.sglang.versions",
     ): "make options writes the version table's keys into the choices of the version variables no option "
     "definition holds",
+    (
+        "eagle3ops.serve.tokcheck",
+        "eagle3ops.prepare.tokcheck",
+    ): "the serve-time tokenizer check is prepare's pointed at the server: one client render of a conversation, "
+    "one row render, one first difference",
+    (
+        "eagle3ops.benchmark.commands",
+        "eagle3ops.serve.tokcheck",
+    ): "the guard and the live benchmark check the server's tokenizer against the prepared rows before they "
+    "measure (serve's check)",
 }
 # (importing package, imported package or module): every module of the one may use the other, why
 DECLARED_PACKAGES = {

@@ -255,3 +255,37 @@ def test_idempotent_check_mode_and_cli(base, tmp_path, capsys):
     assert main(["serve-convert", "--checkpoint", str(bad), "--out", str(tmp_path / "o"), "--json"]) == 2
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["failed"] and "norm_before_residual" in res["msg"]
+
+
+def test_kimi_draft_takes_token_ids_and_verifier_from_the_target(kimi, tmp_path, capsys):
+    """On the Kimi-K2.5-format fixture: speculators' own construction (without the train phase's shim) builds the
+    draft's decoder config as a LlamaConfig (bos 1, eos 2: Llama's defaults); the converted draft carries the target's ids (from its text_config) and names the
+    wrapper as its verifier, with the target given (the serve role's --target) or found through the checkpoint's
+    own verifier record; an unreadable --target is refused, nothing written."""
+    from eagle3ops.cli import main
+
+    model = Path(kimi["model_path"])
+    wrapper = json.loads((model / "config.json").read_text())
+    text = wrapper["text_config"]
+    ck = make_draft_checkpoint(tmp_path / "ck", model, layer_ids=(0, 2, 3), draft_vocab=64)
+    tl = json.loads((ck / "config.json").read_text())["transformer_layer_config"]
+    assert (tl["bos_token_id"], tl["eos_token_id"]) == (1, 2)  # what speculators wrote
+    assert (text["bos_token_id"], text["eos_token_id"]) != (1, 2)
+    for name, given in (("given", model), ("named", None)):
+        res = cv_convert.convert(ck, tmp_path / name, target=given)
+        cfg = json.loads((tmp_path / name / "config.json").read_text())
+        for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            assert cfg[k] == text[k], (name, k)
+        assert cfg["verifier"] == {
+            "name_or_path": str(model),
+            "architectures": ["KimiK25ForConditionalGeneration"],
+            "model_type": "kimi_k25",
+            "text_model_type": "kimi_k2",
+        }
+        assert res["target_arch"] == "KimiK25ForConditionalGeneration" and res["token_ids_from"] == str(model)
+        assert cv_convert.convert(ck, tmp_path / name, target=given)["changed"] is False
+    # an unreadable target: exit 2 naming its config.json, no draft written
+    argv = ["serve-convert", "--checkpoint", str(ck), "--out", str(tmp_path / "o"), "--json"]
+    assert main([*argv, "--target", str(tmp_path / "nowhere")]) == 2
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert str(tmp_path / "nowhere" / "config.json") in res["msg"] and not (tmp_path / "o").exists()

@@ -56,6 +56,12 @@ def test_prepare_extract_train_convert_on_the_kimi_fixture(tmp_path, kimi):
     assert cfg["hidden_size"] == text["hidden_size"] == 128  # the text model's, not the wrapper's
     assert cfg["vocab_size"] == text["vocab_size"] == 1024 and cfg["draft_vocab_size"] == v
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
+    # the target's token ids (speculators' LlamaConfig would say Llama's 1 and 2: the shim sets the verifier's in
+    # the trained draft, the converter in the served one), the wrapper as verifier
+    tl = json.loads((Path(conv["checkpoint"]) / "config.json").read_text())["transformer_layer_config"]
+    assert [tl["bos_token_id"], tl["eos_token_id"]] == [text["bos_token_id"], text["eos_token_id"]] != [1, 2]
+    assert [cfg[k] for k in ("bos_token_id", "eos_token_id")] == [text["bos_token_id"], text["eos_token_id"]]
+    assert cfg["verifier"]["architectures"] == ["KimiK25ForConditionalGeneration"]
     w = load_file(str(draft / "model.safetensors"))
     # SGLang loads d2t as hot_token_id = d2t + arange (t2d it skips): the draft's tokens in the target's vocabulary,
     # the ones the training run's own map (t2d over all 1024 target ids) marks
