@@ -184,6 +184,9 @@ STORAGE_STATE = Command(
     ],
 )
 
+RSYNC_OPTS = Option("rsync_opts", "list", elements="str", default=[], role_doc="Extra rsync options for the copy.",
+                    help="extra rsync options (--bwlimit=100M); --bwlimit is not applied to verification",
+                    doc="Extra rsync options (e.g. C(--bwlimit=100M)); C(--bwlimit) is not applied to verification.")  # fmt: skip
 STORAGE_SYNC = Command(
     "storage-sync",
     help="copy, verify or quick-check the data onto the new filesystem (rsync)",
@@ -199,17 +202,7 @@ STORAGE_SYNC = Command(
             help="allow an empty source (only if the migration started from an empty one)",
             doc="Allow an empty source (only if the migration started from an empty one).",
         ),
-        Option(
-            "rsync_opts",
-            "list",
-            elements="str",
-            default=[],
-            help="extra rsync options (--bwlimit=100M); --bwlimit is not applied to verification",
-            doc=(
-                "Extra rsync options (e.g. C(--bwlimit=100M)); C(--bwlimit) is not applied to verification."
-            ),
-            role_doc="Extra rsync options for the copy.",
-        ),
+        RSYNC_OPTS,
     ],
 )
 
@@ -549,34 +542,57 @@ STORAGE_VOLUME = Command(
     module="eagle3ops_storage_volume",
     role="storage",
     options=[
-        Option(
-            "volume",
-            required=True,
-            role="storage_source_volume",
-            role_default="",
-            help="the PVE volume that holds the old data (<storage>:vm-<vmid>-disk-<n>)",
-            doc="The PVE storage volume that holds the old data (C(<storage>:vm-<vmid>-disk-<n>)).",
-            role_doc=(
-                "The PVE storage volume that holds the old data (ceph-rbd:vm-129-disk-1): it is mounted at "
-                "storage_data_path and migrated from there; the volume is the rollback. Empty: the old data is "
-                "a host directory."
-            ),
-        ),
-        Option(
-            "vmid",
-            "int",
-            required=True,
-            minimum=0,
-            role="storage_source_vmid",
-            role_default=0,
-            help="the container that owns the volume (it must be stopped)",
-            doc="The container that owns the volume; it must be stopped.",
-            role_doc="The container that owns storage_source_volume (stopped while the phase runs).",
-        ),
+        Option("volume", required=True, role="storage_source_volume", role_default="",
+               help="the PVE volume that holds the old data (<storage>:vm-<vmid>-disk-<n>)",
+               doc="The PVE storage volume that holds the old data (C(<storage>:vm-<vmid>-disk-<n>)).",
+               role_doc=("The PVE storage volume that holds the old data (ceph-rbd:vm-129-disk-1): it is mounted at "
+                         "storage_data_path and migrated from there; the volume is the rollback. Empty: the old data "
+                         "is a host directory.")),
+        Option("vmid", "int", required=True, minimum=0, role="storage_source_vmid", role_default=0,
+               help="the container that owns the volume (it must be stopped)",
+               doc="The container that owns the volume; it must be stopped.",
+               role_doc="The container that owns storage_source_volume (stopped while the phase runs)."),
         DATA_PATH,
         STATE_FILE,
         PVESM.but(role="storage_pvesm"),
         PCT.but(role="storage_pct"),
         PVE_CONFIG_DIR.but(role="storage_pve_config_dir"),
     ],
-)
+)  # fmt: skip
+
+# ---- storage: the data mount moved onto a new PVE storage volume ----------------------------------------------
+_TARGET_DOC = ("A new PVE storage volume for the container's data mount, <storage>:<GiB> (local-lvm:500): allocated, "
+               "the data copied onto it and verified by checksum, then storage_target_key of storage_target_vmid "
+               "points at it; the old volume stays as unusedN (the rollback). Empty: the data moves onto storage_disk.")  # fmt: skip
+STORAGE_VOLUME_MOVE = Command(
+    "storage-volume-move",
+    help="move a container's data mount onto a new PVE storage volume: allocate, copy, verify, switch mpN",
+    cli=False,
+    module="eagle3ops_storage_volume_move",
+    role="storage",
+    options=[
+        Option("target", required=True, role="storage_target_volume", role_default="", role_doc=_TARGET_DOC,
+               help="the new volume, <storage>:<size in GiB>",
+               doc="The new volume, C(<storage>:<size in GiB>) (C(local-lvm:500)), allocated with C(pvesm alloc)."),
+        Option("vmid", "int", required=True, minimum=0, role="storage_target_vmid", role_default=0,
+               help="the container whose data mount moves (it must be stopped)",
+               doc="The container whose data mount moves; it must be stopped.",
+               role_doc="The container whose data mount moves onto storage_target_volume (stopped while it moves)."),
+        Option("key", default="mp0", role="storage_target_key", help="the container's mount point that holds the data",
+               doc="The container's mount point (C(mpN)) that holds the data.",
+               role_doc="The container's mount point (mpN) that holds the data."),
+        Option("state_file", "path", default="/var/lib/eagle3ops/storage-volume-move.json",
+               role="storage_volume_state_file", help="the move's state file (the allocated volume, the step)",
+               doc="The move's state file (the allocated volume and the step), on the PVE host.",
+               role_doc="The state file of a move onto storage_target_volume, on the PVE host."),
+        Option("source_path", "path", default="/mnt/eagle3ops-storage-old", role="storage_volume_source_path",
+               help="where the old volume is mounted read-only while it is copied",
+               doc="Where the old volume is mounted read-only while it is copied.",
+               role_doc="Where the old volume is mounted read-only while it is copied."),
+        STAGING_PATH,
+        RSYNC_OPTS,
+        PVESM.but(role="storage_pvesm"),
+        PCT.but(role="storage_pct"),
+        PVE_CONFIG_DIR.but(role="storage_pve_config_dir"),
+    ],
+)  # fmt: skip
