@@ -8,14 +8,14 @@ module: eagle3ops_storage_volume_move
 short_description: Move a Proxmox VE container's data mount onto a new storage volume - allocate, copy, verify, switch
 description:
   - Runs on the PVE host. Allocates the new volume (C(pvesm alloc)), makes an ext4 filesystem on it, copies the
-    data of the container's mount point O(key) onto it (C(rsync -aHAX --numeric-ids)), verifies it by checksum
-    (a C(rsync --checksum) dry-run must list no difference), then points O(key) at the new volume (C(pct set)).
+    data of the container's mount point O(mount_point) onto it (C(rsync -aHAX --numeric-ids)), verifies it by checksum
+    (a C(rsync --checksum) dry-run must list no difference), then points O(mount_point) at the new volume (C(pct set)).
   - The old volume is mounted read-only while it is copied and never written; PVE keeps it as C(unusedN), the
     rollback (C(pct set <vmid> --mp0 <old volume>,mp=/data) puts it back). An old host path stays where it is.
   - Refused before anything is allocated or copied, naming the thing - a target that is not
     C(<storage>:<GiB>), a storage that C(pvesm status) does not list or that is not active, a target smaller
     than the data (both sizes named) or a storage with less room than the data, a container that is not
-    stopped, a container without O(key).
+    stopped, a container without O(mount_point).
   - Check mode measures the old data (its volume mounted read-only for a moment), applies the same refusals
     and says what it would do; it allocates, copies and switches nothing. A re-run after the switch changes
     nothing; a re-run after an interruption reuses the allocated volume (O(state_file)).
@@ -29,7 +29,7 @@ options:
     description: The container whose data mount moves; it must be stopped.
     type: int
     required: true
-  key:
+  mount_point:
     description: The container's mount point (C(mpN)) that holds the data.
     type: str
     default: mp0

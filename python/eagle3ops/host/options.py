@@ -562,7 +562,7 @@ STORAGE_VOLUME = Command(
 
 # ---- storage: the data mount moved onto a new PVE storage volume ----------------------------------------------
 _TARGET_DOC = ("A new PVE storage volume for the container's data mount, <storage>:<GiB> (local-lvm:500): allocated, "
-               "the data copied onto it and verified by checksum, then storage_target_key of storage_target_vmid "
+               "the data copied onto it and verified by checksum, then storage_target_mount_point of storage_target_vmid "
                "points at it; the old volume stays as unusedN (the rollback). Empty: the data moves onto storage_disk.")  # fmt: skip
 STORAGE_VOLUME_MOVE = Command(
     "storage-volume-move",
@@ -578,7 +578,7 @@ STORAGE_VOLUME_MOVE = Command(
                help="the container whose data mount moves (it must be stopped)",
                doc="The container whose data mount moves; it must be stopped.",
                role_doc="The container whose data mount moves onto storage_target_volume (stopped while it moves)."),
-        Option("key", default="mp0", role="storage_target_key", help="the container's mount point that holds the data",
+        Option("mount_point", default="mp0", role="storage_target_mount_point", help="the container's mount point that holds the data",
                doc="The container's mount point (C(mpN)) that holds the data.",
                role_doc="The container's mount point (mpN) that holds the data."),
         Option("state_file", "path", default="/var/lib/eagle3ops/storage-volume-move.json",

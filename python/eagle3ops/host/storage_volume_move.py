@@ -66,7 +66,7 @@ def _mounted(path: str) -> bool:
 def plan(p: dict, run) -> dict:
     """Read-only: where the data is now, where it goes, and what is refused (PveError). ``run(argv)`` -> (rc,
     stdout, stderr). The sizes are compared once the old data is measured (:func:`move`)."""
-    vmid, key, target = p["vmid"], p["key"], p["target"]
+    vmid, key, target = p["vmid"], p["mount_point"], p["target"]
     conf = os.path.join(p["config_dir"], f"{vmid}.conf")
     keys = pve.read_config(conf).main.keys()
     if key not in keys:
@@ -121,7 +121,7 @@ def move(p: dict, run, *, check_mode: bool = False, sh=_sh) -> dict:
         return {
             "changed": False,
             "volume": pl["state"]["volume"],
-            "msg": f"{p['key']} is {pl['current']} already",
+            "msg": f"{p['mount_point']} is {pl['current']} already",
         }
     source, ours = pl["old_volume"], []
     try:
@@ -138,7 +138,7 @@ def move(p: dict, run, *, check_mode: bool = False, sh=_sh) -> dict:
         _refuse_small(p, pl, need)
         if check_mode:
             return {"changed": True, "bytes": need, "msg": f"would allocate {p['target']}, copy {need} bytes from "
-                    f"{source}, verify and switch {p['key']} of container {p['vmid']}"}  # fmt: skip
+                    f"{source}, verify and switch {p['mount_point']} of container {p['vmid']}"}  # fmt: skip
         state = pl["state"] if pl["state"].get("target") == p["target"] else {}
         storage = pl["storage"].name
         if not state.get("volume"):
@@ -182,6 +182,6 @@ def move(p: dict, run, *, check_mode: bool = False, sh=_sh) -> dict:
     props = pve.parse_property_string(pl["current"])
     rest = ",".join(f"{k}={v}" for k, v in props.items() if k not in ("_", "size"))
     value = ",".join(x for x in (state["volume"], rest, f"size={p['target'].split(':', 1)[1]}G") if x)
-    _out(run, [p["pct"], "set", str(p["vmid"]), f"--{p['key']}", value], f"switch {p['key']}")
+    _out(run, [p["pct"], "set", str(p["vmid"]), f"--{p['mount_point']}", value], f"switch {p['mount_point']}")
     _fs.write_json(p["state_file"], {**state, "step": "switched", "bytes": need})
     return {"changed": True, "volume": state["volume"], "old": pl["current"], "bytes": need, "value": value}

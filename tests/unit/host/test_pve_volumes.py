@@ -284,7 +284,7 @@ def test_the_standin_allocates_as_pve_does_and_the_move_reads_its_line(pve):
 
 
 def _move_params(pve: Path, target: str) -> dict:
-    return {"vmid": 129, "key": "mp0", "target": target, "state_file": str(pve / "move.json"),
+    return {"vmid": 129, "mount_point": "mp0", "target": target, "state_file": str(pve / "move.json"),
             "source_path": str(pve / "old"), "staging_path": str(pve / "new"), "rsync_opts": [],
             "pvesm": str(FIX / "pvesm"), "pct": str(FIX / "pct"), "config_dir": str(pve / "etc/pve/lxc")}  # fmt: skip
 
