@@ -125,7 +125,7 @@ def test_a_full_volume_moves_to_a_bigger_disk_and_stays_the_rollback(env, run_pl
     (env.data / "rows_more.pt").write_bytes(os.urandom(80 * MiB))
 
 
-def _pve_host(env: Env, vol: str) -> tuple[Path, str, str]:
+def pve_host(env: Env, vol: str) -> tuple[Path, str, str]:
     """The stand-ins' PVE host: container 129 with its data on ``ceph-rbd:vm-129-disk-1`` (the loop device ``vol``)
     and an empty LVM-thin storage ``local-lvm`` to move it to."""
     root = env.tmp / "pve"
@@ -157,7 +157,7 @@ def test_the_data_mount_moves_onto_a_new_pve_volume_and_the_old_one_stays(env, r
     (mnt / "rows_0.pt").write_bytes(os.urandom(30 * MiB))
     before = snapshot(mnt)
     sh("umount", mnt)
-    root, pvesm, pct = _pve_host(env, vol)
+    root, pvesm, pct = pve_host(env, vol)
     state_json, conf = root / "var/lib/pct-standin/storage.json", root / "etc/pve/lxc/129.conf"
     pve_before = (state_json.read_text(), conf.read_text())
     ask = dict(storage_target_vmid=129, storage_pvesm=pvesm, storage_pct=pct,

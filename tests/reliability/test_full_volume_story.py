@@ -6,8 +6,9 @@ Nothing lost, nothing redone that was whole, nothing doubled.
    ``torch.save`` dicts of rows 0..DUMPED-1, its last file cut short where that run died.
 2. ``eagle3ops extract --adopt-from`` on that volume adopts the dump's whole files and extracts the rest until the
    volume is full: it fails with exit 2 and one line naming the file, nothing torn, nothing half-written.
-3. The storage phase (the real role through ansible-runner, as ``--tags storage`` runs it) moves /data onto a
-   bigger disk: copy, checksum verification, cut-over; the old volume stays mounted at the rollback path.
+3. The storage phase (the real role through ansible-runner, as ``--tags storage`` runs it, with
+   ``storage_source_volume``: the volume is the container's ``mp0`` on "Ceph RBD") moves /data onto a bigger disk:
+   copy, checksum verification, cut-over; the old volume stays mounted at the rollback path, untouched.
 4. ``eagle3ops store adopt`` of the dump on the new disk: the same rows, where they lie, no file rewritten.
 5. ``eagle3ops extract`` writes exactly the rows still missing (the truncated file's row among them).
 6. ``eagle3ops train`` (speculators on CPU, 2 steps, ``--verify overlapped``) reads adopted and extracted rows
@@ -19,8 +20,9 @@ kernel's ENOSPC, the ``eagle3ops`` entry point as a user runs it (extract on CPU
 store adopt, train with speculators 0.9.0). STAND-INS: the dump's writer is this test (``torch.save`` of the
 reference extraction's states in SpecForge's offline layout; SpecForge on GPUs cannot run here), and the volume
 fills while the run is held at its 8th rename by tests/reliability/faulthook (``pause:replace:8``) and the test
-writes the rest of the volume full from outside, as other writers did to the original run's pool. Every path the
-role touches lives under tmp_path (fstab included).
+writes the rest of the volume full from outside, as other writers did to the original run's pool; ``pvesm`` and
+``pct`` are tests/fixtures' stand-ins (no PVE host can run here; ``pvesm path`` answers the loop device). Every
+path the role touches lives under tmp_path (fstab included).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from eagle3ops.store import adopted as adopted_record
 from eagle3ops.store.reader import StoreReader
 from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
 from hosts.test_storage_local import NEEDS_ROOT_AND_TOOLS, Env, mounted_source, run, sh, snapshot
+from hosts.test_storage_pve_volume import pve_host
 from rel_common import EAGLE3OPS, ENV, finish, paused_run
 from safetensors.torch import load_file
 
@@ -116,12 +119,12 @@ def test_full_volume_moved_dump_adopted_rest_extracted_and_trained(env, run_play
     assert rc == 0 and res["written"] == ROWS, err[-3000:]
     ref_files = {i: (ref / "hidden_states" / f"hs_{i}.safetensors").read_bytes() for i in range(ROWS)}
 
-    # 1. the data volume with what the first run left on it
+    # 1. the data volume (container 129's mp0, ceph-rbd:vm-129-disk-1) with what the first run left on it; mounted
+    # at the data path as the container sees it
     volume = env.loop("8M")
     sh("mkfs.ext4", "-q", "-m", "0", volume)
+    root, pvesm, pct = pve_host(env, volume)
     env.data.mkdir()
-    uuid = sh("blkid", "-p", "-o", "value", "-s", "UUID", volume).stdout.strip()
-    env.fstab.write_text(f"# test fstab\nUUID={uuid} {env.data} ext4 defaults 0 2\n")
     sh("mount", volume, env.data)
     data, dump = env.data / "data", env.data / "dump"
     shutil.copytree(prepared, data)
@@ -147,10 +150,12 @@ def test_full_volume_moved_dump_adopted_rest_extracted_and_trained(env, run_play
     assert native_before and native_before.isdisjoint(range(DUMPED - 1)), sorted(native_before)
     assert set(adopted_record.read_rows(data / "hidden_states")) == set(range(DUMPED - 1))
     before = snapshot(env.data)
+    sh("umount", env.data)  # the container is stopped
 
-    # 3. the storage phase moves /data onto a bigger disk; the old volume is the rollback
+    # 3. the storage phase moves the volume's data onto a bigger disk at the data path; the volume is the rollback
     env.disk = env.loop("512M")
-    r = run(run_playbook, env)
+    r = run(run_playbook, env, storage_source_volume="ceph-rbd:vm-129-disk-1", storage_source_vmid=129,
+            storage_pvesm=pvesm, storage_pct=pct, storage_pve_config_dir=str(root / "etc/pve/lxc"))  # fmt: skip
     assert r.rc == 0, r.summary()
     assert mounted_source(env.data) == f"{env.disk}p1" and mounted_source(env.old) == volume
     assert snapshot(env.data) == before and snapshot(env.old) == before, "nothing lost in the move"
