@@ -9,8 +9,8 @@ Refused before anything is allocated or copied, naming the thing: a target that 
 storage that ``pvesm status`` does not list or that is not active, a target smaller than the data (both sizes
 named) or a storage with less room than the data, a container that is not stopped (its volume would be mounted
 twice), a container without that mount point. Resumable: the state file records the allocated volume and the
-step (allocated, verified, switched); a re-run reuses the volume, copies again and verifies; once switched a
-re-run changes nothing. Standard library only (shipped as ``module_utils/eagle3ops_storage_volume_move.py``).
+step (allocated, formatted, switched); a re-run reuses the volume (formatting it only if that had not finished),
+copies again and verifies; once switched a re-run changes nothing. Standard library only (shipped as ``module_utils/eagle3ops_storage_volume_move.py``).
 """
 
 from __future__ import annotations
@@ -75,9 +75,8 @@ def plan(p: dict, run) -> dict:
         )
     current = keys[key]
     state = _load(p["state_file"])
-    done = state.get("step") == "switched" and pve.parse_property_string(current).get("_") == state.get(
-        "volume"
-    )
+    here = pve.parse_property_string(current).get("_")
+    done = state.get("step") == "switched" and state.get("target") == target and here == state.get("volume")
     out = {"current": current, "state": state, "done": done}
     if done:
         return out
@@ -156,8 +155,13 @@ def move(p: dict, run, *, check_mode: bool = False, sh=_sh) -> dict:
                 "old": pl["current"],
                 "step": "allocated",
             }
+            _fs.write_json(
+                p["state_file"], state
+            )  # before mkfs: a re-run reuses the volume, never allocates twice
+        if state["step"] == "allocated":  # ours (recorded above): -F re-formats what an interrupted mkfs left
             dev = _out(run, [p["pvesm"], "path", state["volume"]], "the new volume's path").strip()
-            _out(sh, ["mkfs.ext4", "-q", dev], f"mkfs.ext4 on {state['volume']}")
+            _out(sh, ["mkfs.ext4", "-q", "-F", dev], f"mkfs.ext4 on {state['volume']}")
+            state = {**state, "step": "formatted"}
             _fs.write_json(p["state_file"], state)
         dst = p["staging_path"]
         if not _mounted(dst):
