@@ -36,7 +36,8 @@ options:
     type: bool
     default: false
   rsync_opts:
-    description: Extra rsync options (e.g. C(--bwlimit=100M)); C(--bwlimit) is not applied to verification.
+    description: Extra rsync options for the copy (e.g. C(--bwlimit=100M)); C(--bwlimit) is not applied to
+      verification.
     type: list
     elements: str
     default: []

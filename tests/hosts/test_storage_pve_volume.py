@@ -123,3 +123,87 @@ def test_a_full_volume_moves_to_a_bigger_disk_and_stays_the_rollback(env, run_pl
     )
     # the bigger disk takes what the volume could not
     (env.data / "rows_more.pt").write_bytes(os.urandom(80 * MiB))
+
+
+def pve_host(env: Env, vol: str) -> tuple[Path, str, str]:
+    """The stand-ins' PVE host: container 129 with its data on ``ceph-rbd:vm-129-disk-1`` (the loop device ``vol``)
+    and an empty LVM-thin storage ``local-lvm`` to move it to."""
+    root = env.tmp / "pve"
+    (root / "var/lib/pct-standin").mkdir(parents=True)
+    (root / "var/lib/pct-standin/storage.json").write_text(json.dumps({
+        "storages": {"ceph-rbd": {"type": "rbd", "total": 11 * 2**40, "used": 11 * 2**40 - MiB},
+                     "local-lvm": {"type": "lvmthin", "total": 100 * 2**30, "used": 0, "vgname": "pve",
+                                   "thinpool": "data"}},
+        "volumes": {"ceph-rbd": [{"name": "vm-129-disk-1", "format": "raw", "content": "rootdir",
+                                  "size": 64 * MiB, "vmid": 129, "path": vol}]}}))  # fmt: skip
+    (root / "etc/pve/lxc").mkdir(parents=True)
+    (root / "etc/pve/lxc/129.conf").write_text(
+        "arch: amd64\nmp0: ceph-rbd:vm-129-disk-1,mp=/data,backup=0,size=64M\nrootfs: local-lvm:vm-129-disk-0,size=8G\n"
+    )
+    return root, standin(env.tmp, "pvesm", root), standin(env.tmp, "pct", root)
+
+
+@pytest.mark.slow
+def test_the_data_mount_moves_onto_a_new_pve_volume_and_the_old_one_stays(env, run_playbook):
+    """``storage_target_volume: local-lvm:<GiB>``: the volume is allocated (stand-in ``pvesm alloc``: a sparse file
+    standing in for the LV), formatted, the data copied and verified by checksum, ``mp0`` switched; the old volume
+    is never written and PVE keeps it as ``unused0``. Too small a target, a running container: refused first."""
+    vol = env.loop("64M")
+    sh("mkfs.ext4", "-q", "-F", vol)
+    mnt = env.tmp / "vol"
+    mnt.mkdir()
+    sh("mount", vol, mnt)
+    fill(mnt, n_files=4)
+    (mnt / "rows_0.pt").write_bytes(os.urandom(30 * MiB))
+    before = snapshot(mnt)
+    sh("umount", mnt)
+    root, pvesm, pct = pve_host(env, vol)
+    state_json, conf = root / "var/lib/pct-standin/storage.json", root / "etc/pve/lxc/129.conf"
+    pve_before = (state_json.read_text(), conf.read_text())
+    ask = dict(storage_target_vmid=129, storage_pvesm=pvesm, storage_pct=pct,
+               storage_pve_config_dir=str(root / "etc/pve/lxc"), storage_volume_source_path=str(env.tmp / "old"),
+               storage_volume_state_file=str(env.tmp / "move.json"))  # fmt: skip
+
+    # a target smaller than the data: refused naming both sizes, nothing allocated, mounted or switched
+    r = run(run_playbook, env, storage_target_volume="local-lvm:0.02", **ask)
+    assert r.rc == 2, r.summary()
+    assert (
+        "local-lvm:0.02 (21474836 bytes) is smaller than the data on ceph-rbd:vm-129-disk-1 (" in r.stdout
+    ), r.stdout[-3000:]
+    assert (state_json.read_text(), conf.read_text()) == pve_before and not (env.tmp / "move.json").exists()
+    assert mounted_source(env.tmp / "old") is None and mounted_source(env.staging) is None
+
+    ask["storage_target_volume"] = "local-lvm:1"
+    sh(pct, "start", "129")
+    r = run(run_playbook, env, **ask)
+    assert r.rc == 2 and "container 129 is running" in r.stdout, r.summary()
+    assert (state_json.read_text(), conf.read_text()) == pve_before
+    sh(pct, "stop", "129")
+
+    r = run(run_playbook, env, check=True, **ask)
+    assert r.rc == 0 and r.host("localhost")["changed"] > 0 and "would allocate local-lvm:1" in r.stdout, (
+        r.summary()
+    )
+    assert (state_json.read_text(), conf.read_text()) == pve_before
+
+    r = run(run_playbook, env, **ask)
+    assert r.rc == 0, r.summary()
+    cfg = conf.read_text()
+    assert "mp0: local-lvm:vm-129-disk-2,mp=/data,backup=0,size=1G\n" in cfg, cfg  # 0 and 1 are named
+    assert "unused0: ceph-rbd:vm-129-disk-1\n" in cfg, cfg
+    new = json.loads(state_json.read_text())["volumes"]["local-lvm"][0]
+    assert new["name"] == "vm-129-disk-2" and new["size"] == 2**30 and new["vmid"] == 129
+    for dev, label in (
+        (new["path"], "the new volume holds every file"),
+        (vol, "the old volume is untouched"),
+    ):
+        sh("mount", "-o", "ro", dev, mnt)
+        try:
+            assert snapshot(mnt) == before, label
+        finally:
+            sh("umount", mnt)
+    assert mounted_source(env.tmp / "old") is None and mounted_source(env.staging) is None
+
+    again = run(run_playbook, env, **ask)
+    assert again.rc == 0 and again.host("localhost")["changed"] == 0, again.changed_tasks()
+    assert conf.read_text() == cfg

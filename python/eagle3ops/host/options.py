@@ -166,6 +166,8 @@ STORAGE_STATE = Command(
     ],
 )
 
+RSYNC_OPTS = Option("rsync_opts", "list", elements="str", default=[],
+                    doc="Extra rsync options for the copy (e.g. C(--bwlimit=100M)); C(--bwlimit) is not applied to verification.")  # fmt: skip
 STORAGE_SYNC = Command(
     "storage-sync",
     help="copy, verify or quick-check the data onto the new filesystem (rsync)",
@@ -180,15 +182,7 @@ STORAGE_SYNC = Command(
         ALLOW_EMPTY_SOURCE.but(
             doc="Allow an empty source (only if the migration started from an empty one).",
         ),
-        Option(
-            "rsync_opts",
-            "list",
-            elements="str",
-            default=[],
-            doc=(
-                "Extra rsync options (e.g. C(--bwlimit=100M)); C(--bwlimit) is not applied to verification."
-            ),
-        ),
+        RSYNC_OPTS,
     ],
 )
 
@@ -486,30 +480,45 @@ STORAGE_VOLUME = Command(
     module="eagle3ops_storage_volume",
     role="storage",
     options=[
-        Option(
-            "volume",
-            required=True,
-            role="storage_source_volume",
-            role_default="",
-            doc=(
-                "The PVE storage volume that holds the old data (C(<storage>:vm-<vmid>-disk-<n>)); it is "
-                "mounted at O(data_path), migrated from there and kept as the rollback. Empty: the old data "
-                "is a host directory."
-            ),
-        ),
-        Option(
-            "vmid",
-            "int",
-            required=True,
-            minimum=0,
-            role="storage_source_vmid",
-            role_default=0,
-            doc="The container that owns the volume; it must be stopped.",
-        ),
+        Option("volume", required=True, role="storage_source_volume", role_default="",
+               doc="The PVE storage volume that holds the old data (C(<storage>:vm-<vmid>-disk-<n>)); it is mounted at "
+               "O(data_path), migrated from there and kept as the rollback. Empty: the old data is a host directory."),
+        Option("vmid", "int", required=True, minimum=0, role="storage_source_vmid", role_default=0,
+               doc="The container that owns the volume; it must be stopped."),
         DATA_PATH,
         STATE_FILE,
         PVESM.but(role="storage_pvesm"),
         PCT.but(role="storage_pct"),
         PVE_CONFIG_DIR.but(role="storage_pve_config_dir"),
     ],
-)
+)  # fmt: skip
+
+# ---- storage: the data mount moved onto a new PVE storage volume ----------------------------------------------
+STORAGE_VOLUME_MOVE = Command(
+    "storage-volume-move",
+    help="move a container's data mount onto a new PVE storage volume: allocate, copy, verify, switch mpN",
+    cli=False,
+    module="eagle3ops_storage_volume_move",
+    role="storage",
+    options=[
+        Option("target", required=True, role="storage_target_volume", role_default="",
+               doc=["A new PVE storage volume for the container's data mount, C(<storage>:<size in GiB>) (C(local-lvm:500)), "
+                    "allocated with C(pvesm alloc): the data is copied onto it and verified by checksum, then "
+                    "O(mount_point) of O(vmid) points at it; the old volume stays as C(unusedN) (the rollback).",
+                    "Empty: the data moves onto a disk instead (C(storage_disk))."]),
+        Option("vmid", "int", required=True, minimum=0, role="storage_target_vmid", role_default=0,
+               doc="The container whose data mount moves; it must be stopped while it moves."),
+        Option("mount_point", default="mp0", role="storage_target_mount_point",
+               doc="The container's mount point (C(mpN)) that holds the data."),
+        Option("state_file", "path", default="/var/lib/eagle3ops/storage-volume-move.json",
+               role="storage_volume_state_file",
+               doc="The move's state file (the allocated volume and the step), on the PVE host."),
+        Option("source_path", "path", default="/mnt/eagle3ops-storage-old", role="storage_volume_source_path",
+               doc="Where the old volume is mounted read-only while it is copied."),
+        STAGING_PATH,
+        RSYNC_OPTS,
+        PVESM.but(role="storage_pvesm"),
+        PCT.but(role="storage_pct"),
+        PVE_CONFIG_DIR.but(role="storage_pve_config_dir"),
+    ],
+)  # fmt: skip

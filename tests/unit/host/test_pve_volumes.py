@@ -1,6 +1,8 @@
 """A PVE storage volume as the container's data mount: eagle3ops.host.pve_volumes (reading ``pvesm``, refusing a
 volume that is not this container's, a wanted mount point equal to what PVE wrote back) and the container phase's
-``converge`` with it (an existing ``mpN`` never replaced without ``mp_replace``; check mode and diff).
+``converge`` with it (an existing ``mpN`` never replaced without ``mp_replace``; check mode and diff), and the
+storage phase's move onto a new volume (eagle3ops.host.storage_volume_move): ``pvesm alloc`` as PVE prints it, and
+what is refused before anything is allocated (the move itself, with mounts: tests/hosts/test_storage_pve_volume.py).
 
 STAND-INS (no Proxmox VE host can run here): ``pvesm``/``lvs`` are tests/fixtures/pvesm and ``pct`` is
 tests/fixtures/pct, their state under ``PCT_STANDIN_ROOT``. Their output format is checked here against
@@ -13,11 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from eagle3ops.host import container, pve_volumes
+from eagle3ops.host import container, pve_volumes, storage_volume_move
 from eagle3ops.host.pve import PveError
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures"
@@ -263,3 +266,60 @@ def test_the_usage_under_the_data_directory_comes_from_its_storage(pve):
         "local-lvm", "lvmthin", "active", 100 * GiB, GiB, 99 * GiB), {"metadata_percent": 100.0})  # fmt: skip
     with pytest.raises(DiskSpaceError, match=r"thin-pool metadata 100.0%"):
         preflight_disk(pve, 1, margin_bytes=0, pool=full_meta.to_dict())
+
+
+def test_the_standin_allocates_as_pve_does_and_the_move_reads_its_line(pve):
+    """``pvesm alloc`` prints the one line PVE prints (the record's sample shape); the size is KiB or M/G."""
+    out = run(FIX / "pvesm", "alloc", "local-lvm", "129", "vm-129-disk-7", str(3 * 2**20))
+    assert out == "successfully created 'local-lvm:vm-129-disk-7'\n"
+    assert storage_volume_move.CREATED_RE.search(out).group(1) == "local-lvm:vm-129-disk-7"
+    sample = FORMAT["pvesm alloc"]["sample"]
+    assert storage_volume_move.CREATED_RE.search(sample).group(1) == "local-lvm:vm-129-disk-2"
+    run(FIX / "pvesm", "alloc", "local-lvm", "129", "vm-129-disk-8", "2G")
+    listed = {v.volid: v.size for v in pve_volumes.parse_pvesm_list(run(FIX / "pvesm", "list", "local-lvm"))}
+    assert (listed["local-lvm:vm-129-disk-7"], listed["local-lvm:vm-129-disk-8"]) == (3 * GiB, 2 * GiB)
+    bad = subprocess.run([str(FIX / "pvesm"), "alloc", "local-lvm", "129", "vm-130-disk-9", "1G"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode != 0 and "should be 'vm-129-*'" in bad.stderr
+
+
+def _move_params(pve: Path, target: str) -> dict:
+    return {"vmid": 129, "mount_point": "mp0", "target": target, "state_file": str(pve / "move.json"),
+            "source_path": str(pve / "old"), "staging_path": str(pve / "new"), "rsync_opts": [],
+            "pvesm": str(FIX / "pvesm"), "pct": str(FIX / "pct"), "config_dir": str(pve / "etc/pve/lxc")}  # fmt: skip
+
+
+def _sh(argv):
+    p = subprocess.run(argv, capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.mark.parametrize(
+    ("target", "named"),
+    [
+        ("local-lvm:vm-129-disk-1", "must be <storage>:<size in GiB> (a new volume)"),
+        ("nowhere:10", "storage 'nowhere' does not exist"),
+        ("local-lvm:0.001", "local-lvm:0.001 (1073741 bytes) is smaller than the data on "),
+        (
+            "local-lvm:2",
+            "storage local-lvm (lvmthin) has 1048576 bytes available (pvesm status), less than the",
+        ),
+    ],
+)
+def test_a_volume_move_is_refused_before_anything_is_allocated(pve, tmp_path, target, named):
+    """A target that is no new volume, on no storage, smaller than the data (both sizes named) or bigger than the
+    storage's room: refused, nothing allocated, the config and the state file untouched (no root: the old data is
+    a host path, measured where it is)."""
+    data = tmp_path / "hostdata"
+    data.mkdir()
+    (data / "rows.pt").write_bytes(os.urandom(2 * 2**20))
+    run(FIX / "pct", "set", "129", "--mp0", f"{data},mp=/data")
+    storage_json, conf = pve / "var/lib/pct-standin/storage.json", pve / "etc/pve/lxc/129.conf"
+    if target == "local-lvm:2":  # a thin pool with 1 MiB left: less than the data's 2 MiB
+        st = json.loads(storage_json.read_text())
+        st["storages"]["local-lvm"]["used"] = st["storages"]["local-lvm"]["total"] - 2**20
+        storage_json.write_text(json.dumps(st))
+    before = (storage_json.read_text(), conf.read_text())
+    with pytest.raises(PveError, match=re.escape(named)):
+        storage_volume_move.move(_move_params(pve, target), _sh, sh=_sh)
+    assert (storage_json.read_text(), conf.read_text()) == before and not (pve / "move.json").exists()

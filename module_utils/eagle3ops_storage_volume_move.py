@@ -1,0 +1,1 @@
+../python/eagle3ops/host/storage_volume_move.py
