@@ -74,6 +74,12 @@ def _args() -> argparse.Namespace:
     )
     ap.add_argument("--epochs", type=int, default=3, help="epochs of the draft's training")
     ap.add_argument(
+        "--skip-sglang-capture",
+        action="store_true",
+        help="the capture stage extracts with the transformers backend only (a short run: the SGLang capture "
+        "already ran on this fixture)",
+    )
+    ap.add_argument(
         "--stages", default="tokenizers,serve,capture,draft", help="which stages run (a CPU dry run: capture)"
     )
     return ap.parse_args()
@@ -231,7 +237,7 @@ def capture(a, model: Path, conv_path: Path) -> dict:
     shutil.copytree(tf, sg)
     out["extract_tf"] = L.cli("extract", "--data", str(tf), "--model", str(model), "--device", a.device,
                               "--layer-ids", *LAYER_IDS, "--trust-remote-code", name="extract_tf")  # fmt: skip
-    if out["extract_tf"].get("rc") or a.device != "cuda":
+    if out["extract_tf"].get("rc") or a.device != "cuda" or a.skip_sglang_capture:
         return out
     meta = json.loads((tf / "hidden_states" / "extract_meta.json").read_text())
     ids = [int(i) for i in meta["layer_ids"]]
