@@ -36,9 +36,18 @@ def _commands(model: str, conv: str, tmp: Path) -> dict[str, list[str]]:
         "extract --check": ["extract", "--data", str(w), "--model", model, "--check"],
         "extract-sglang": ["extract-sglang", "--data", str(w), "--model", model],
         "train": ["train", "--data", str(w), "--verifier", model, "--run-dir", str(w / "run")],
+        "serve-convert": [
+            *("serve-convert", "--checkpoint", str(tmp), "--out", str(w / "draft"), "--target", model),
+        ],
         "benchmark-spec-probe": [
             *("benchmark-spec-probe", "--url", "http://127.0.0.1:9", "--chat-template", model),
             *("--out", str(w / "probe.json")),
+        ],
+        # the serve phase's guard as the role calls it with serve_probe_chat_template off: only the tokenizer
+        # check loads the target's tokenizer
+        "guard": [
+            *("benchmark-spec-probe", "--url", "http://127.0.0.1:9", "--tokenizer-model", model),
+            *("--data", str(w / "data"), "--min-accept-length", "1.5", "--out", str(w / "guard.json")),
         ],
         "benchmark-live": [
             *("benchmark-live", "--url", "http://127.0.0.1:9", "--set", f"held={prompts}"),
@@ -72,7 +81,9 @@ def test_the_fixture_is_remote_code_and_a_plain_target_is_not(model, tmp_path):
         "extract --check",
         "extract-sglang",
         "train",
+        "serve-convert",
         "benchmark-spec-probe",
+        "guard",
         "benchmark-live",
         "benchmark-acceptance",
     ],
