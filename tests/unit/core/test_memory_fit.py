@@ -236,6 +236,23 @@ def test_the_cli_checks_the_serving_server_as_the_serve_role_calls_it(tmp_path):
     assert "lower it to 0.63 (serve_mem_fraction_static)" in out["msg"] and out["phase"] == "serve", out
 
 
+def test_a_checkpoint_without_a_decoder_is_refused_naming_the_phases_variable(tmp_path):
+    """A vision tower alone (the wrapper's config, only vision tensors) and an encoder: the preflight the sglang
+    and serve roles run before a server starts refuses them (exit 2) naming the variable that points at the
+    model, instead of sizing a server that cannot run them."""
+    d = tmp_path / "vision"
+    d.mkdir()
+    cfg = json.loads(_wrapper(tmp_path).joinpath("config.json").read_text())
+    (d / "config.json").write_text(json.dumps(cfg))
+    _shard(d / "model.safetensors", {"vision_tower.blocks.0.weight": np.zeros((32, 32), np.float16)})
+    rc, out = _cli("--model", d, "--gpu-memory-mib", 16384, "--phase", "serve")
+    assert rc == 2 and "no model.layers.0.* tensors" in out["msg"] and "serve_model_path" in out["msg"], out
+    (d / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "hidden_size": 32}))
+    rc, out = _cli("--model", d, "--gpu-memory-mib", 16384, "--phase", "capture")
+    assert rc == 2 and "names ['BertModel']: not a decoder language model" in out["msg"], out
+    assert "sglang_model_path" in out["msg"], out
+
+
 def test_gpu_memory_is_the_smallest_card_nvidia_smi_reports():
     """nvidia-smi cannot run here: a stand-in runner answers as it does (one line a GPU, MiB)."""
 
