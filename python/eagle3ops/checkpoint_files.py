@@ -5,7 +5,9 @@
 - :func:`read_header`: one shard's header (a little-endian u64 length, then JSON: per tensor its dtype, shape
   and byte range), refused when the file is shorter than the header says (a copy cut off);
 - :func:`tensors`: every tensor of the checkpoint with its byte size and shard, the index checked against the
-  shards (a shard it lists is there and whole; a tensor it maps is in that shard).
+  shards (a shard it lists is there and whole; a tensor it maps is in that shard);
+- :func:`decoder_prefix`: where the decoder language model's tensors are (``language_model.`` in a multimodal
+  wrapper), refusing a checkpoint that holds none (a vision tower or an encoder alone).
 
 What the memory preflight (:mod:`eagle3ops.memory_fit`) counts, and what a loader checks before it reads a byte
 of weights. Errors are :class:`CheckpointError` naming the file and what to do.
@@ -23,6 +25,9 @@ from eagle3ops.store.sample import safetensors_layout
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+WRAPPER_PREFIX = "language_model."
+# what a decoder language model's config.json names (text_config's or its own architectures)
+DECODER_ARCHITECTURES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
 
 
 class CheckpointError(WithDetails, ValueError):
@@ -130,3 +135,36 @@ def tensors(model_dir: str | os.PathLike) -> list[TensorInfo]:
                 shard=v,
             )
     return out
+
+
+def decoder_prefix(model_dir: str | os.PathLike, cfg: dict, names: list[str] | None, setting: str) -> str:
+    """The prefix of the decoder's tensor names (:data:`WRAPPER_PREFIX` for a multimodal wrapper, else ``""``) in
+    the checkpoint ``model_dir`` whose ``config.json`` is ``cfg`` and whose tensors are ``names`` (None: not
+    safetensors, only the config is looked at). Refused (:class:`CheckpointError`, naming ``setting``, the
+    variable that points at the model): a config whose architectures name no decoder language model (an
+    encoder, an encoder-decoder, a vision model), and tensors without the decoder's layer 0 (a vision tower or an
+    encoder alone beside a decoder's config)."""
+    d = Path(model_dir)
+    sub = cfg.get("text_config")
+    text = sub if isinstance(sub, dict) else cfg
+    archs = list(text.get("architectures") or cfg.get("architectures") or [])
+    if cfg.get("is_encoder_decoder") or (archs and not any(a.endswith(DECODER_ARCHITECTURES) for a in archs)):
+        raise CheckpointError(
+            f"{d}: config.json names {archs or 'no architectures'}"
+            f"{' (an encoder-decoder)' if cfg.get('is_encoder_decoder') else ''}: not a decoder language model, so "
+            f"there are no hidden states of one to capture or serve; point {setting} at the target LLM (a "
+            "multimodal wrapper is fine: its text_config is used)",
+            path=str(d),
+            architectures=archs,
+        )
+    if names is None:
+        return ""
+    prefix = WRAPPER_PREFIX if any(n.startswith(WRAPPER_PREFIX) for n in names) else ""
+    if not any(n.startswith(f"{prefix}model.layers.0.") for n in names):
+        raise CheckpointError(
+            f"{d}: no {prefix}model.layers.0.* tensors in the checkpoint (its tensors start "
+            f"{sorted({n.split('.')[0] for n in names})[:5]}): a vision tower or an encoder alone, not the decoder "
+            f"layers config.json describes; copy the whole checkpoint ({setting})",
+            path=str(d),
+        )
+    return prefix

@@ -57,6 +57,7 @@ VARIABLES = {
         "tp_size": "eagle3ops_tp_size",
         "dtype": "eagle3ops_extract_dtype",
         "reserve": "sglang_extra_args: --cuda-graph-max-bs",
+        "model": "sglang_model_path",
     },
     "serve": {
         "mem_fraction_static": "serve_mem_fraction_static",
@@ -65,6 +66,7 @@ VARIABLES = {
         "tp_size": "serve_tp_size",
         "dtype": "serve_dtype",
         "reserve": "serve_extra_args: --cuda-graph-max-bs / --chunked-prefill-size",
+        "model": "serve_model_path",
     },
 }
 
@@ -127,15 +129,20 @@ def is_replicated(name: str) -> bool:
     return not name.startswith(TEXT_PREFIXES) or bool(_REPLICATED.search(name))
 
 
-def model_memory(model_dir: str | os.PathLike) -> ModelMemory:
-    """The model in ``model_dir``: its shards' tensor bytes (headers only) and its (text) config's shape."""
+def model_memory(model_dir: str | os.PathLike, setting: str = "--model") -> ModelMemory:
+    """The model in ``model_dir``: its shards' tensor bytes (headers only) and its (text) config's shape; a
+    checkpoint without a decoder language model is refused naming ``setting``
+    (:func:`eagle3ops.checkpoint_files.decoder_prefix`)."""
     d = Path(model_dir)
     try:
-        cfg = layers.text_config(json.loads((d / "config.json").read_text()))
+        full = json.loads((d / "config.json").read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise MemoryFitError(f"{d / 'config.json'}: cannot be read ({e})", path=str(d)) from e
+    cfg = layers.text_config(full)
+    found = checkpoint_files.tensors(d)
+    checkpoint_files.decoder_prefix(d, full, [t.name for t in found], setting)
     sharded = replicated = 0
-    for t in checkpoint_files.tensors(d):
+    for t in found:
         if is_replicated(t.name):
             replicated += t.nbytes
         else:

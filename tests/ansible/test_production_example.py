@@ -211,6 +211,14 @@ def test_the_rtx_pro_6000_profile_gives_reasons_and_sm120_settings(tmp_path):
     assert not any(a.startswith(("--ep", "--expert-parallel")) for a in cap + srv)
     assert hv["eagle3ops_tp_size"] == 8 == hv["serve_tp_size"] and hv["eagle3ops_trust_remote_code"] is True
     assert hv["regenerate_concurrency"] < shipped["regenerate_concurrency"]
+    # fewer CUDA-graph sizes than SGLang's 512, the vision tower's attention off FA3 (no sm_120 build), no
+    # DeepGEMM (no sm_120 kernels), the kimi_k2 parsers for thinking and tool calls
+    assert int(flag(cap, "--cuda-graph-max-bs")) == int(flag(srv, "--cuda-graph-max-bs")) < 512
+    assert flag(cap, "--mm-attention-backend") == "sdpa" == flag(srv, "--mm-attention-backend")
+    for env in (hv["sglang_environment"], hv["serve_environment"]):
+        assert env["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
+    assert flag(srv, "--reasoning-parser") == "kimi_k2" == flag(srv, "--tool-call-parser")
+    assert int(flag(cap, "--max-prefill-tokens")) <= 8192 and int(flag(srv, "--chunked-prefill-size")) <= 4096
 
 
 def test_the_rtx_pro_6000_profile_passes_the_roles_argument_specs(tmp_path):

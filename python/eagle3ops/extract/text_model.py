@@ -22,11 +22,9 @@ from pathlib import Path
 from eagle3ops import checkpoint_files, layers
 from eagle3ops.extract.errors import ExtractError
 
-PREFIX = "language_model."
+PREFIX = checkpoint_files.WRAPPER_PREFIX
 _INT4 = (".weight_packed", ".weight_scale", ".weight_shape")
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-# what a decoder language model's config.json names (text_config's or its own architectures)
-_DECODER = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
 
 
 @dataclass(frozen=True)
@@ -49,27 +47,15 @@ def describe(model_path: str | os.PathLike) -> Checkpoint:
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ExtractError(f"{p / 'config.json'}: cannot be read ({e})") from e
     text = layers.text_config(cfg)
-    archs = list(text.get("architectures") or cfg.get("architectures") or [])
-    if cfg.get("is_encoder_decoder") or (archs and not any(a.endswith(_DECODER) for a in archs)):
-        raise ExtractError(
-            f"{p}: config.json names {archs or 'no architectures'}"
-            f"{' (an encoder-decoder)' if cfg.get('is_encoder_decoder') else ''}: not a decoder language model, so "
-            "there are no hidden states of one to extract; point extract_model_path at the target LLM (a "
-            "multimodal wrapper is fine: its text_config is used)"
-        )
-    if not (p / checkpoint_files.INDEX).is_file() and not (p / checkpoint_files.SINGLE).is_file():
-        return Checkpoint(p, text, "", False)  # not safetensors (.bin): transformers' own loader decides
+    safetensors = (p / checkpoint_files.INDEX).is_file() or (p / checkpoint_files.SINGLE).is_file()
     try:
-        names = [t.name for t in checkpoint_files.tensors(p)]
+        # not safetensors (.bin): the config only; transformers' own loader decides about the weights
+        names = [t.name for t in checkpoint_files.tensors(p)] if safetensors else None
+        prefix = checkpoint_files.decoder_prefix(p, cfg, names, "extract_model_path")
     except checkpoint_files.CheckpointError as e:
         raise ExtractError(str(e)) from None
-    prefix = PREFIX if any(n.startswith(PREFIX) for n in names) else ""
-    if not any(n.startswith(f"{prefix}model.layers.0.") for n in names):
-        raise ExtractError(
-            f"{p}: no {prefix}model.layers.0.* tensors in the checkpoint (its tensors start "
-            f"{sorted({n.split('.')[0] for n in names})[:5]}): a vision tower or an encoder alone, not the decoder "
-            "layers config.json describes; copy the whole checkpoint"
-        )
+    if names is None:
+        return Checkpoint(p, text, "", False)
     quantized = any(n.endswith(_INT4[0]) for n in names)
     return Checkpoint(p, text, prefix, quantized)
 

@@ -51,6 +51,23 @@ def cmd_patch(args) -> int:
     return 0
 
 
+def _refuse_non_decoder(model) -> None:
+    """A checkpoint with no decoder layers to capture (a vision tower or an encoder alone), or a shard its index
+    lists that is missing or truncated: refused before the run lock, the run log or a request, as the transformers
+    backend refuses it (eagle3ops.extract.text_model.describe reads config.json and the safetensors headers only).
+    A model path that does not exist is left to the run's own check (it names the setting)."""
+    from pathlib import Path
+
+    from eagle3ops.extract.errors import ExtractError
+    from eagle3ops.extract.text_model import describe
+
+    if Path(model).is_dir():
+        try:
+            describe(model)
+        except ExtractError as e:
+            raise CommandError(str(e)) from None
+
+
 def cmd_extract(args) -> int:
     from eagle3ops.extract.errors import ExtractError
     from eagle3ops.extract.status import note_running, run_log
@@ -61,6 +78,7 @@ def cmd_extract(args) -> int:
 
     _check_version(args.sglang_version)
     require_trusted(args.model, args.trust_remote_code, CommandError)  # before any work, check mode too
+    _refuse_non_decoder(args.model)
     cfg = SGLangExtractConfig(
         **pick(
             args,

@@ -32,7 +32,7 @@ def cmd_memory_fit(args) -> int:
             res = {"changed": False, "checked": False, "reason": "no GPU (nvidia-smi answered none)"}
             emit(args, res, "memory-fit: no GPU here (nvidia-smi answered none): nothing to check")
             return 0
-        model = memory_fit.model_memory(args.model)
+        model = memory_fit.model_memory(args.model, memory_fit.VARIABLES[args.phase]["model"])
         tp = args.tp_size or flags.get("tp_size", 1)
         profile = memory_fit.Profile(
             phase=args.phase,

@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from eagle3ops import layers, remote_code
+from eagle3ops import checkpoint_files, layers, remote_code
 from eagle3ops.durable import atomic_write_bytes
 from eagle3ops.store import HS_DIR, META_NAME, HiddenStateStore, adopted, human_bytes, verify_content
 from eagle3ops.store.layout import DATASET_FILES
@@ -57,6 +57,20 @@ def layer_ids_from_meta(meta: dict, meta_path: Path, given: list[int] | None) ->
     return ids
 
 
+def _check_shards(verifier: Path) -> None:
+    """The trainer reads the verifier's embedding and lm_head from its safetensors: a shard the index lists that is
+    missing or truncated is refused here, before a run directory or a trainer process exists (headers only)."""
+    if (
+        not (verifier / checkpoint_files.INDEX).is_file()
+        and not (verifier / checkpoint_files.SINGLE).is_file()
+    ):
+        return  # not safetensors (or no weights yet): the trainer's own loader says what is wrong
+    try:
+        checkpoint_files.tensors(verifier)
+    except checkpoint_files.CheckpointError as e:
+        raise TrainError(f"the verifier (train_verifier_path): {e}") from None
+
+
 def verifier_facts(verifier_path: str, trust_remote_code: bool = False) -> dict:
     """The verifier's shapes from its config.json (``text_config`` first); a remote-code verifier is refused
     unless ``trust_remote_code`` (eagle3ops.remote_code)."""
@@ -71,6 +85,7 @@ def verifier_facts(verifier_path: str, trust_remote_code: bool = False) -> dict:
         found = remote_code.check(verifier_path, trust_remote_code)
     except remote_code.RemoteCodeError as e:
         raise TrainError(str(e)) from None
+    _check_shards(Path(verifier_path))
     cfg = json.loads(cfg_path.read_text())
     text = layers.text_config(cfg)
     return {

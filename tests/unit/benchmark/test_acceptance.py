@@ -373,6 +373,20 @@ def test_serve_unit_renders_valid_sglang_flags(tmp_path):
         assert v.returncode == 0, v.stderr
 
 
+def test_serve_command_lines_carry_trust_remote_code_exactly_when_set():
+    """serve_trust_remote_code (the shared eagle3ops_trust_remote_code, false by default) puts
+    --trust-remote-code on both served command lines (the draft server's and the baseline's): SGLang then loads
+    the target's own tokenizer code, the ids the draft was trained on."""
+    off = _serve_vars()
+    assert off["serve_trust_remote_code"] is False
+    assert "--trust-remote-code" not in off["serve_draft_argv"] + off["serve_baseline_argv"]
+    for value in (True, "true"):  # a bool, or a string from an inventory / extra vars
+        on = _serve_vars(eagle3ops_trust_remote_code=value)
+        for argv in ("serve_draft_argv", "serve_baseline_argv"):
+            assert on[argv].count("--trust-remote-code") == 1, (value, argv)
+            assert [a for a in on[argv] if a != "--trust-remote-code"] == off[argv], (value, argv)
+
+
 def _cli_flags(version: str) -> set[str]:
     """Every command-line flag of that SGLang version's launch_server: ServerArgs fields without no_cli (in
     arg_groups/fields/*.py from 0.5.23 on, in srt/server_args.py before) and the extra parser.add_argument ones."""

@@ -212,6 +212,47 @@ def test_the_cli_refuses_with_exit_2_and_skips_without_a_gpu(tmp_path, monkeypat
     assert rc == 2 and "are missing (model-00001-of-00002.safetensors)" in out["msg"]
 
 
+def test_the_cli_checks_the_serving_server_as_the_serve_role_calls_it(tmp_path):
+    """The serve role's call: ``--phase serve --draft DIR`` and the draft server's whole argv. The draft's
+    weights count (their share a rank), SGLang's 2 GiB for speculative decoding counts, and a refusal names the
+    serve phase's variable."""
+    d = _wrapper(tmp_path)
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    _shard(draft / "model.safetensors", {"fc.weight": np.zeros((64, 192), np.float16)})
+    argv = (
+        f"/opt/sgl/bin/python -m sglang.launch_server --model-path {d} --tp-size 2 --trust-remote-code "
+        f"--port 30000 --speculative-algorithm EAGLE3 --speculative-draft-model-path {draft} "
+        "--context-length 4096 --chunked-prefill-size 2048 --cuda-graph-max-bs 8"
+    )
+    common = ("--model", d, "--phase", "serve", "--tp-size", 2, "--draft", draft, "--gpu-memory-mib", 16384)
+    rc, out = _cli(*common, f"--server-args={argv} --mem-fraction-static 0.6")
+    assert rc == 0 and out["checked"] and out["profile"]["speculative"], out
+    draft_share = -(-(draft / "model.safetensors").stat().st_size // 2)
+    assert out["weights"] == memory_fit.model_memory(d).weight_bytes_per_gpu(2) + draft_share
+    assert out["reserve"] == (512 + 3072 + 16 + 256 + 2048) * 2**20 and out["capture"] == 0, out
+    rc, out = _cli(*common, f"--server-args={argv} --mem-fraction-static 0.95")
+    assert rc == 2 and "leaves 0.8 GiB a GPU outside it for reserve 5.8 GiB" in out["msg"], out
+    assert "lower it to 0.63 (serve_mem_fraction_static)" in out["msg"] and out["phase"] == "serve", out
+
+
+def test_a_checkpoint_without_a_decoder_is_refused_naming_the_phases_variable(tmp_path):
+    """A vision tower alone (the wrapper's config, only vision tensors) and an encoder: the preflight the sglang
+    and serve roles run before a server starts refuses them (exit 2) naming the variable that points at the
+    model, instead of sizing a server that cannot run them."""
+    d = tmp_path / "vision"
+    d.mkdir()
+    cfg = json.loads(_wrapper(tmp_path).joinpath("config.json").read_text())
+    (d / "config.json").write_text(json.dumps(cfg))
+    _shard(d / "model.safetensors", {"vision_tower.blocks.0.weight": np.zeros((32, 32), np.float16)})
+    rc, out = _cli("--model", d, "--gpu-memory-mib", 16384, "--phase", "serve")
+    assert rc == 2 and "no model.layers.0.* tensors" in out["msg"] and "serve_model_path" in out["msg"], out
+    (d / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "hidden_size": 32}))
+    rc, out = _cli("--model", d, "--gpu-memory-mib", 16384, "--phase", "capture")
+    assert rc == 2 and "names ['BertModel']: not a decoder language model" in out["msg"], out
+    assert "sglang_model_path" in out["msg"], out
+
+
 def test_gpu_memory_is_the_smallest_card_nvidia_smi_reports():
     """nvidia-smi cannot run here: a stand-in runner answers as it does (one line a GPU, MiB)."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -35,10 +36,21 @@ def _commands(model: str, conv: str, tmp: Path) -> dict[str, list[str]]:
         "extract": ["extract", "--data", str(w), "--model", model],
         "extract --check": ["extract", "--data", str(w), "--model", model, "--check"],
         "extract-sglang": ["extract-sglang", "--data", str(w), "--model", model],
+        # the plan the extract and sglang roles ask first (check mode) refuses as the run does
+        "extract-sglang --check": ["extract-sglang", "--data", str(w), "--model", model, "--check"],
         "train": ["train", "--data", str(w), "--verifier", model, "--run-dir", str(w / "run")],
+        "serve-convert": [
+            *("serve-convert", "--checkpoint", str(tmp), "--out", str(w / "draft"), "--target", model),
+        ],
         "benchmark-spec-probe": [
             *("benchmark-spec-probe", "--url", "http://127.0.0.1:9", "--chat-template", model),
             *("--out", str(w / "probe.json")),
+        ],
+        # the serve phase's guard as the role calls it with serve_probe_chat_template off: only the tokenizer
+        # check loads the target's tokenizer
+        "guard": [
+            *("benchmark-spec-probe", "--url", "http://127.0.0.1:9", "--tokenizer-model", model),
+            *("--data", str(w / "data"), "--min-accept-length", "1.5", "--out", str(w / "guard.json")),
         ],
         "benchmark-live": [
             *("benchmark-live", "--url", "http://127.0.0.1:9", "--set", f"held={prompts}"),
@@ -71,8 +83,11 @@ def test_the_fixture_is_remote_code_and_a_plain_target_is_not(model, tmp_path):
         "extract",
         "extract --check",
         "extract-sglang",
+        "extract-sglang --check",
         "train",
+        "serve-convert",
         "benchmark-spec-probe",
+        "guard",
         "benchmark-live",
         "benchmark-acceptance",
     ],
@@ -138,3 +153,45 @@ def test_serve_refuses_a_remote_code_target_before_converting(model, tmp_path, c
         "eagle3ops_trust_remote_code"
         not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
     )
+
+
+# the benchmark module's actions that never load the target's tokenizer or config
+_NO_TARGET = {("eagle3ops_benchmark", "report"), ("eagle3ops_benchmark", "contamination")}
+
+
+def _module_calls(tasks, where: str):
+    """(file, task name, module, its arguments) of every eagle3ops module call in ``tasks``, blocks included."""
+    for t in tasks or []:
+        if not isinstance(t, dict):
+            continue
+        for key in ("block", "rescue", "always"):
+            yield from _module_calls(t.get(key), where)
+        for name, args in t.items():
+            if name.startswith("eagle3ops_") and isinstance(args, dict):
+                yield where, t.get("name", "?"), name, args
+
+
+def test_every_role_task_that_loads_the_target_passes_the_flag():
+    """Each role's call of a module that has ``trust_remote_code`` (a module that loads the target's tokenizer or
+    config) passes it from the role's variable (eagle3ops_trust_remote_code by default), plan and watch calls too:
+    a plan run in check mode refuses a remote-code target like the run itself, so a call that leaves the flag out
+    stops a Kimi-K2.5 run that set it. YAML merge keys (``<<: *anchor``) count as the task's own arguments."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[3]
+    with_flag = {
+        p.stem for p in (repo / "library").glob("eagle3ops_*.py") if "\n  trust_remote_code:" in p.read_text()
+    }
+    assert {"eagle3ops_prepare", "eagle3ops_extract_sglang", "eagle3ops_benchmark"} <= with_flag
+    calls, missing = 0, []
+    for f in sorted((repo / "roles").glob("*/tasks/*.yml")):
+        for where, task, module, args in _module_calls(
+            yaml.safe_load(f.read_text()), str(f.relative_to(repo))
+        ):
+            if module not in with_flag or (module, args.get("action")) in _NO_TARGET:
+                continue
+            calls += 1
+            value = str(args.get("trust_remote_code", ""))
+            if not re.fullmatch(r"\{\{ [a-z_]*trust_remote_code \}\}", value):
+                missing.append(f"{where}: {task} ({module}): trust_remote_code {value or 'not passed'}")
+    assert calls >= 15 and not missing, "\n".join(missing)

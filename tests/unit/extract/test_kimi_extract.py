@@ -1,11 +1,14 @@
 """Extraction (transformers backend) of a Kimi-K2.5-format target (the kimi fixture: a KimiK25ForConditionalGeneration
 wrapper, ``language_model.`` weights in three shards + index, INT4 compressed-tensors routed experts, a vision
 tower beside them): the text model's layers, resolved through ``text_config``; the INT4 experts dequantised on
-load; no vision tensor read; and the refusals (exit 2, the thing named, nothing written)."""
+load; no vision tensor read; and the refusals (exit 2, the thing named, nothing written), by extract-sglang too."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from eagle3ops import int4
+from eagle3ops.cli import main
 from eagle3ops.extract import text_model
 from eagle3ops.extract.errors import ExtractError
 from eagle3ops.extract.session import ExtractConfig
@@ -106,9 +110,19 @@ def _copy(kimi, tmp_path) -> Path:
 
 
 def _refused(data: Path, model: Path, match: str, **kw) -> None:
+    """Refused by both backends before anything is written: the transformers one (in this process) and
+    ``extract-sglang`` (exit 2, the message; no server runs here, none is asked: the refusal comes first)."""
     with pytest.raises(ExtractError, match=match):
         _run(data, model, **kw)
     assert not (data / "hidden_states").exists() and not list(data.glob("extract*")), sorted(data.iterdir())
+    before = sorted(p.name for p in data.iterdir())
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
+        rc = main(["extract-sglang", "--data", str(data), "--model", str(model), "--url", "http://127.0.0.1:9",
+                   "--layer-ids", *map(str, kw["layer_ids"]), "--trust-remote-code", "--health-timeout", "1", "--json"])  # fmt: skip
+    out = json.loads(buf.getvalue().splitlines()[-1])
+    assert rc == 2 and re.search(match, out["msg"]), out
+    assert sorted(p.name for p in data.iterdir()) == before
 
 
 def test_broken_or_wrong_checkpoints_are_refused_before_anything_is_written(tmp_path, kimi):

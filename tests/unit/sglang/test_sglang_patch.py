@@ -253,7 +253,7 @@ def _server_fields(version: str) -> str:
         )
 
 
-def _render_unit(version: str) -> str:
+def _render_unit(version: str, trust_remote_code: bool = True) -> str:
     """The role's extraction unit rendered with jinja2 (Ansible's engine) for ``version``, with the ids and
     capture flags the role takes from ``eagle3ops layer-ids --sglang --sglang-version`` (roles/sglang/tasks/
     layers.yml), run here on an 8-layer config."""
@@ -286,7 +286,7 @@ def _render_unit(version: str) -> str:
         sglang_resolved_layer_ids=answer["layer_ids"],
         sglang_capture_args=answer["sglang_capture_args"],
         sglang_dump_data_dir="/data",
-        sglang_trust_remote_code=True,  # the flag is checked against the version's fields too
+        sglang_trust_remote_code=trust_remote_code,  # on: the flag is checked against the version's fields too
     )
     # one server (roles/sglang/tasks/servers.yml's list for sglang_servers: 1)
     server = {"unit": "eagle3ops-sglang-extract", "port": 30000, "gpus": [], "manifest_rank": 0}
@@ -321,6 +321,17 @@ def test_the_server_flags_exist_in_each_sglang_version(version):
         m = re.search(rf"^    {name}: A\[(.*?)\n    \] = |^    {name}: A\[[^\n]*\] = ", fields, re.M | re.S)
         assert m, f"{flag}: no field {name} in sglang {version}'s ServerArgs"
         assert "no_cli=True" not in m.group(0), f"{flag} is not a command-line option in {version}"
+
+
+def test_the_capture_server_gets_trust_remote_code_exactly_when_set():
+    """sglang_trust_remote_code (the shared eagle3ops_trust_remote_code) puts --trust-remote-code on the capture
+    server's command line, so SGLang loads the target's own tokenizer code as every other phase does; off, the
+    flag is absent (a remote-code target is then refused by the phases that load it)."""
+    for version in KNOWN:
+        on = _render_unit(version).split("ExecStart=", 1)[1].split()
+        off = _render_unit(version, trust_remote_code=False).split("ExecStart=", 1)[1].split()
+        assert on.count("--trust-remote-code") == 1 and "--trust-remote-code" not in off, version
+        assert [a for a in on if a != "--trust-remote-code"] == off, version
 
 
 def test_module_returns_the_patch_state_beside_ansibles_file_state(tmp_path):

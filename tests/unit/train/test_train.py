@@ -104,6 +104,32 @@ def test_verifier_of_another_shape_is_refused(inputs, tmp_path):
         train_planning.plan(s)
 
 
+def test_a_verifier_with_a_truncated_or_missing_shard_is_refused_before_the_run(inputs, tmp_path, capsys):
+    """The trainer reads the verifier's embedding and lm_head: a shard cut off or absent stops ``train`` (exit 2)
+    naming it, before the run directory or a trainer exists (safetensors headers only)."""
+    from eagle3ops.cli import main
+
+    verifier, data = inputs
+    copy = Path(shutil.copytree(verifier, tmp_path / "verifier"))
+    shard = copy / "model.safetensors"
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[: len(whole) - 64])
+    run = tmp_path / "run"
+    argv = ["train", "--data", str(data), "--verifier", str(copy), "--run-dir", str(run), "--json"]
+    assert main(argv) == 2
+    msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
+    assert f"{shard}: " in msg and "truncated" in msg and "train_verifier_path" in msg, msg
+    assert not run.exists()
+    shard.write_bytes(whole)  # whole again, but the index lists a second shard that is not there
+    names = list(json.loads(whole[8 : 8 + int.from_bytes(whole[:8], "little")]))
+    wm = {n: "model.safetensors" for n in names if n != "__metadata__"}
+    wm["lm_head.extra"] = "model-00002-of-00002.safetensors"
+    (copy / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    assert main(argv) == 2
+    msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["msg"]
+    assert "1 are missing (model-00002-of-00002.safetensors)" in msg and not run.exists(), msg
+
+
 def test_missing_meta_and_incomplete_extraction_are_explained(inputs, tmp_path):
     verifier, data = inputs
     empty = tmp_path / "empty"
