@@ -3,8 +3,8 @@
 - A phase package (``eagle3ops.<phase>``) imports its own modules and the shared ones (the top-level modules:
   ``store``, ``durable``, ``options``, ``runlock``, ``conversations``, ``checkpoints``, ...), never another
   phase's, except the edges declared below with their reason (one module's, or a whole package's).
-- A shared module imports no phase (the entry points kept by name, ``python -m eagle3ops.speculators_shim`` and
-  the like, are the declared exceptions: each only runs its phase's module).
+- A shared module imports no phase (``eagle3ops.sglang_hook``, the import path the patched SGLang file holds, is
+  the declared exception: it only re-exports its phase's module).
 - Only the entry point (``python -m eagle3ops``) imports ``eagle3ops.cli``; only command modules (those that
   ``register`` sub-commands) import command modules: the logic never imports upward.
 - The host wing's rule (standard library only) is tests/unit/core/test_durable.py's.
@@ -89,10 +89,8 @@ def _declared(mod: str, target: str) -> bool:
     )
 
 
-# shared-looking modules that are entry points of a phase's module, kept by name for what runs them
+# shared-looking modules kept by name for what imports them: {module: the phase's module it re-exports}
 ENTRY_POINTS = {
-    "eagle3ops.speculators_shim": "eagle3ops.train.speculators_shim",
-    "eagle3ops.ddp_probe": "eagle3ops.train.ddp_probe",
     "eagle3ops.sglang_hook": "eagle3ops.sglang.hook",
 }
 
