@@ -1,7 +1,7 @@
 """Time to the first training step at 1k vs 20k samples (issue #9, target 3), CPU, real speculators 0.9.0.
 
 Runs the real ``eagle3ops train`` (the train phase's CLI: renders the speculators config, launches the detached
-trainer through ``eagle3ops.speculators_shim``, waits) on two synthetic stores that differ only in row count.
+trainer through ``eagle3ops.train.speculators_shim``, waits) on two synthetic stores that differ only in row count.
 STAND-IN data (as in bench/train_gpu.py, whose ``make_synth_store`` this reuses): K distinct random samples, row
 i = sample i % K, its ``hs_i.safetensors`` a hard link to that sample's file; the verifier is the tiny
 DeepSeek-V3 of ``eagle3ops.train.fixtures`` (hidden 64), so the draft is tiny and what is timed is the

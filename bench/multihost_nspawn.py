@@ -10,7 +10,7 @@ host A to host B:
   ``ansible.posix.synchronize`` with ``delegate_to`` runs), one large file (``--mib``) and many hidden-state-sized
   files (``--files`` x 128 KiB, like a store's ``hs_*.safetensors``); wall time of the rsync command on A.
 - **rendezvous time**: torch's c10d rendezvous (``next_rendezvous()`` of the handler torchrun uses, host A serving
-  the store, both started together), then the gloo process group of ``eagle3ops.ddp_probe`` under the train
+  the store, both started together), then the gloo process group of ``eagle3ops.train.ddp_probe`` under the train
   phase's torchrun argv (launch to both ranks done, and the probe's own ``init_process_group`` time).
 
 STAND-IN, said here: both hosts share this machine's 2 CPU cores and memory; their "network" is two veth pairs
@@ -114,7 +114,7 @@ def main() -> int:
 
         argvs = []
         for rank, h in enumerate(hosts):
-            argv = torchrun_argv(py, ["-m", "eagle3ops.ddp_probe", "--out", "/srv/probe"], nproc=1, nnodes=2,
+            argv = torchrun_argv(py, ["-m", "eagle3ops.train.ddp_probe", "--out", "/srv/probe"], nproc=1, nnodes=2,
                                  node_rank=rank, rdzv_endpoint=f"{a.ip}:29400", rdzv_id="bench")  # fmt: skip
             cmd = "PYTHONPATH=/opt/e3/python OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=host0 " + shlex.join(argv)
             argvs.append(_on(h, cmd))

@@ -263,7 +263,7 @@ class Run:
 
         @L.stage("convert_target", 60)
         def convert():
-            return L.cli("assets", "convert", "--gguf", str(self.assets / "SmolLM2-135M-Instruct.Q4_1.gguf"), "--out",
+            return L.cli("assets", "convert", "--source", str(self.assets / "SmolLM2-135M-Instruct.Q4_1.gguf"), "--out",
                          str(m), name="assets_convert", timeout=900)  # fmt: skip
 
         convert()

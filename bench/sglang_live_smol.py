@@ -66,7 +66,7 @@ def lane_smol(a) -> None:
     @stage("smol_convert", 60)
     def convert():
         return cli(
-            "assets", "convert", "--gguf", str(gguf), "--out", str(m), name="assets_convert", timeout=900
+            "assets", "convert", "--source", str(gguf), "--out", str(m), name="assets_convert", timeout=900
         )
 
     convert()

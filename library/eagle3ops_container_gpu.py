@@ -92,9 +92,9 @@ options:
     description:
       - Regular expressions (Python, searched in the space-joined command line) of processes in the container
         that a restart must not kill. Default - the eagle3ops data-writing commands (prepare, regenerate,
-        extract, extract-sglang, extract-verify, train, serve-convert, benchmark-*, and their former names
-        sglang-extract, verify, convert; not the read-only ones such as extract-status or train-status) and
-        the detached trainer (C(eagle3ops.speculators_shim)).
+        extract, extract-sglang, extract-verify, train, serve-convert, benchmark-*; not the read-only ones
+        such as extract-status or train-status) and the detached trainers (C(eagle3ops.train.speculators_shim),
+        C(specforge_shim), C(ddp_probe)).
       - Add e.g. C(sglang\.launch_server) to keep a serving container from being restarted.
     type: list
     elements: str

@@ -23,7 +23,7 @@ description:
     running or finished with another id is stopped if need be and relaunched into this one, resuming from the newest
     checkpoint in its save path. The train role decides the id for every node at once (docs/scale.md).
   - On GPUs it runs C(torchrun --nproc_per_node=<visible GPUs>), after the C(gpu_free) check of eagle3ops.gpu_free. On a
-    host without GPUs it trains on CPU (the shim in C(eagle3ops.speculators_shim), pinned to speculators 0.9.0).
+    host without GPUs it trains on CPU (the shim in C(eagle3ops.train.speculators_shim), pinned to speculators 0.9.0).
   - O(wait=true) blocks until the run ends (or O(timeout)) and returns the final metrics; O(wait=false) returns
     once the trainer is started.
 version_added: "0.1.0"
@@ -177,9 +177,9 @@ options:
     description: C(speculators); C(specforge) - SpecForge 0.2.0's offline EAGLE-3 trainer on the same extraction
       (it reads the store in place through one pointer file a row, with the same rows, draft vocabulary and
       layer ids; GPU hosts only; C(eagle3ops serve-convert) exports its draft with SpecForge's own exporter);
-      or C(ddp_probe) - the minimal DDP job of C(eagle3ops.ddp_probe) (a linear model on the same data, checkpoints
-      and records) through the same launcher and rendezvous. It checks a cluster's launch, data and restart
-      in seconds before a long run, and it is the only trainer that runs over several CPU hosts.
+      or C(ddp_probe) - the minimal DDP job of C(eagle3ops.train.ddp_probe) (a linear model on the same data,
+      checkpoints and records) through the same launcher and rendezvous. It checks a cluster's launch, data
+      and restart in seconds before a long run, and it is the only trainer that runs over several CPU hosts.
     type: str
     default: speculators
     choices: [speculators, specforge, ddp_probe]

@@ -1,7 +1,7 @@
 """Processes the tests start, wait for and look at.
 
 :func:`run_together` runs several commands side by side that need each other (the torchrun nodes of one
-rendezvous) and waits for all of them; :func:`probe_records` reads what ``eagle3ops.ddp_probe`` wrote per rank;
+rendezvous) and waits for all of them; :func:`probe_records` reads what ``eagle3ops.train.ddp_probe`` wrote per rank;
 :func:`alive` says whether a PID still runs; :func:`cli_imports` runs the ``eagle3ops`` console script and says
 which packages it imported (a command that needs no torch must not pay seconds of CPU for it); :func:`run_infra`
 runs testinfra checks of tests/infra against a host, as a user would.
@@ -49,7 +49,7 @@ def run_together(argvs: list[list[str]], *, timeout: float = 300, **popen_kw) ->
 
 
 def probe_records(*dirs: Path) -> list[dict]:
-    """Every ``rank*.json`` that ``eagle3ops.ddp_probe --out DIR`` wrote in ``dirs``, in order of rank."""
+    """Every ``rank*.json`` that ``eagle3ops.train.ddp_probe --out DIR`` wrote in ``dirs``, in order of rank."""
     recs = (json.loads(f.read_text()) for d in dirs for f in sorted(Path(d).glob("rank*.json")))
     return sorted(recs, key=lambda d: d["rank"])
 

@@ -38,8 +38,6 @@ class Option:
       only a role has (its default) comes from a structured field, not from a second description.
     flag: the CLI flag (default ``--name-with-dashes``); ``positional=True`` makes it a positional argument.
       A bool whose default is True gets ``--flag/--no-flag``; one whose default is False ``--flag``.
-    aliases: older CLI flags that still work (same meaning); false_aliases: older flags that set a bool to False
-      (``--gpu-optional`` for ``gpu_required``).
     nargs: for a list, ``"+"`` (``--flag a b``, the default) or ``"append"`` (``--flag a --flag b``).
     param: the module parameter's name, or False when the module has no such parameter (CLI only).
     module_value: for a CLI-only option, the value the module always passes (e.g. ``progress=False``).
@@ -85,8 +83,6 @@ class Option:
         elements=None,
         required=False,
         flag=None,
-        aliases=(),
-        false_aliases=(),
         positional=False,
         nargs=None,
         metavar=None,
@@ -107,13 +103,7 @@ class Option:
         command=False,
         role_value=None,
         role_pass=None,
-        **former,
     ):
-        if former:  # help= (the CLI's copy) and role_doc= (the role's) are gone: an option is described once
-            raise TypeError(
-                f"option {name}: no field {', '.join(sorted(former))}: give its one description as doc= "
-                "(docs/architecture.md, 'One description per option')"
-            )
         if type not in ("str", "path", "int", "float", "bool", "list", "dict", "raw"):
             raise ValueError(f"option {name}: unknown type {type!r}")
         if type == "list" and not elements:
@@ -134,8 +124,6 @@ class Option:
         self.required = required or positional  # argparse requires a positional argument
         self.positional = positional
         self.flag = name if positional else (flag or "--" + name.replace("_", "-"))
-        self.aliases = tuple(aliases)
-        self.false_aliases = tuple(false_aliases)
         self.nargs = nargs or ("+" if type == "list" else None)
         self.metavar = metavar
         self.param = name if param is None else param
@@ -341,9 +329,7 @@ class Option:
             return
         if self.required:
             kw["required"] = True
-        parser.add_argument(self.flag, *self.aliases, dest=self.name, **kw)
-        for old in self.false_aliases:
-            parser.add_argument(old, dest=self.name, action="store_false", help=f"the same as {self.no_flag}")
+        parser.add_argument(self.flag, dest=self.name, **kw)
 
     def cli_help(self, flags=None) -> str:
         """The ``--help`` text: :attr:`doc` (its paragraphs in one) as plain text (:func:`plain`), capitalised,

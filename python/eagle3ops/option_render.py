@@ -20,8 +20,10 @@ Everything outside the markers is written by hand and kept. The key says what th
 - ``readme <role>``: the table of those variables in the role's README (markers as HTML comments there);
 - ``bounds``: the table of every phase role's bounded variables (``roles/eagle3ops/vars/main.yml``);
 - ``returns extract``: the RETURN entries both extraction modules share (:data:`eagle3ops.extract.returns.RETURNS`);
-- ``choices sglang_versions``: the ``choices:`` of a role's SGLang version variable that no option definition
-  holds (``sglang_version``, ``eagle3ops_sglang_version``): :data:`eagle3ops.sglang.versions.KNOWN`.
+- ``sglang_versions``: the ``default:`` and ``choices:`` of a role's SGLang version variable that no option
+  definition holds (``sglang_version``, ``eagle3ops_sglang_version``), and ``sglang_default`` the shared
+  variable's default in ``roles/eagle3ops/defaults/main.yml``: :data:`eagle3ops.sglang.versions.DEFAULT_VERSION`
+  and :data:`~eagle3ops.sglang.versions.KNOWN`.
 
 From each :class:`~eagle3ops.option_def.Option`: name, type, elements, choices, required, the module's default;
 ``doc``, its one description (:func:`doc_of`: the module documentation's, each paragraph a sentence;
@@ -448,10 +450,17 @@ def render(key: str, indent: int, text: str) -> list:
         from eagle3ops.extract.returns import RETURNS
 
         return [line for name, doc in RETURNS.items() for line in _entry(name, list(doc.items()), indent)]
-    if kind == "choices" and rest == "sglang_versions":  # version variables no option definition holds
-        from eagle3ops.sglang.versions import KNOWN
+    if kind == "sglang_default":  # the shared version variable's default (roles/eagle3ops/defaults/main.yml)
+        from eagle3ops.sglang.versions import DEFAULT_VERSION
 
-        return [" " * indent + f"choices: {_flow(list(KNOWN))}"]
+        return [" " * indent + f'eagle3ops_sglang_version: "{DEFAULT_VERSION}"']
+    if kind == "sglang_versions":  # version variables no option definition holds
+        from eagle3ops.sglang.versions import DEFAULT_VERSION, KNOWN
+
+        return [
+            " " * indent + f'default: "{DEFAULT_VERSION}"',
+            " " * indent + f"choices: {_flow(list(KNOWN))}",
+        ]
     raise ValueError(f"unknown generated block {key!r}")
 
 

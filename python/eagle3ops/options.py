@@ -29,9 +29,6 @@ Check mode is one flag everywhere: ``--check``.
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 try:
     from eagle3ops.option_def import _UNSET, EXECUTABLE, Option, plain
 except ImportError:  # on a target, as module_utils/eagle3ops_options.py: eagle3ops is not installed there
@@ -59,18 +56,6 @@ __all__ = [
 CHECK_FLAG = "--check"
 
 
-class _Renamed(argparse.Action):
-    """A flag that no longer exists: one line naming the new one, exit 2."""
-
-    def __init__(self, option_strings, dest, new="", why="", **kw):
-        self.new, self.why = new, why
-        super().__init__(option_strings, dest, nargs=0, help=argparse.SUPPRESS)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"{parser.prog}: error: {option_string} was replaced by {self.new}{self.why}", file=sys.stderr)
-        sys.exit(2)
-
-
 class Command:
     """One ``eagle3ops`` sub-command and the module that drives it.
 
@@ -78,9 +63,6 @@ class Command:
     role: the role whose variables feed that module; its variables are ``<role_prefix>_<param>`` (role_prefix:
       the role's name unless given) unless an option names its own.
     check: the command has the check-mode flag (``--check``).
-    renamed: {old flag: new flag}: an old flag fails with one line naming the new one (exit 2).
-    aliases: older names of the sub-command itself that still run it (``status`` for ``extract-status``); left out
-      of ``eagle3ops --help``, which lists the names by phase.
     exclusive: tuples of option names of which exactly one must be given (a required mutually exclusive group on
       the command line; the module's ``required_one_of`` and ``mutually_exclusive``: :meth:`one_of`).
     cli: False for a module that calls the host wing directly and has no sub-command behind it (the storage and
@@ -101,13 +83,10 @@ class Command:
         role_prefix=None,
         check=True,
         check_help="write nothing; report what would change",
-        renamed=None,
-        aliases=(),
         exclusive=(),
         cli=True,
     ):
         self.name = name
-        self.aliases = tuple(aliases)
         self.group = None  # set by Group
         self.cli = cli
         self.exclusive = [tuple(names) for names in exclusive]
@@ -119,7 +98,6 @@ class Command:
         self.role_prefix = role_prefix or role
         self.check = check
         self.check_help = check_help
-        self.renamed = dict(renamed or {})
         names = [o.name for o in self.options]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup or "check" in names:
@@ -168,10 +146,9 @@ class Command:
         """The sub-command's parser, every option on it, ``--check`` and ``--json``."""
         if not self.cli:
             raise ValueError(f"{self.name}: a module-only definition has no sub-command")
-        kw = {"help": self.help, "description": _description(self.help, self.description)}
-        if self.aliases:
-            kw["aliases"] = list(self.aliases)
-        p = subparsers.add_parser(self.name, **kw)
+        p = subparsers.add_parser(
+            self.name, help=self.help, description=_description(self.help, self.description)
+        )
         self.add_arguments(p)
         return p
 
@@ -186,10 +163,6 @@ class Command:
                 o.add_to(groups.get(o.name, parser), flags)
         if self.check:
             parser.add_argument(CHECK_FLAG, dest="check", action="store_true", help=self.check_help)
-        for old, new in self.renamed.items():
-            parser.add_argument(
-                old, action=_Renamed, new=new, dest="_renamed_" + old.strip("-").replace("-", "_")
-            )
         parser.add_argument(
             "--json", action="store_true", help="print the result as one JSON object on stdout"
         )

@@ -12,7 +12,7 @@ STAND-INS, said here: the hosts run the controller's venv (torch, transformers) 
 test_runtime_remote.py proves that part); the model is bound read-only into both (a copy per host in a
 cluster). The hosts reach each other through this machine: the harness gives each its own veth /30, the
 test routes 10.213.0.0/16 via the controller in each guest and turns on forwarding on those two veth
-interfaces only (removed with them). The trainer on the torchrun nodes is ``eagle3ops.ddp_probe``:
+interfaces only (removed with them). The trainer on the torchrun nodes is ``eagle3ops.train.ddp_probe``:
 speculators 0.9.0 cannot train over several CPU nodes (tests/unit/train/test_train_multinode.py pins why).
 """
 
@@ -126,7 +126,7 @@ def test_two_hosts_share_extraction_survive_a_host_loss_and_meet_for_torchrun(
     argvs = []
     for rank, h in enumerate(hosts):
         argv = torchrun_argv(
-            f"{multihost.VENV}/bin/python", ["-m", "eagle3ops.ddp_probe", "--out", "/srv/probe"], nproc=1, nnodes=2,
+            f"{multihost.VENV}/bin/python", ["-m", "eagle3ops.train.ddp_probe", "--out", "/srv/probe"], nproc=1, nnodes=2,
             node_rank=rank, rdzv_endpoint=f"{a.ip}:29400", rdzv_id="e3t-nspawn",
         )  # fmt: skip
         cmd = "PYTHONPATH=/opt/e3/python OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=host0 " + shlex.join(argv)

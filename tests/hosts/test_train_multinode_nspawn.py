@@ -8,7 +8,7 @@ playbook (the role's status probe, job decision, all-or-nothing gate, stop, ``an
 one host pushing to the other over ssh with host-key checking, the launch), the module, the CLI, torchrun's c10d
 rendezvous on the first host with gloo over the hosts' network, ``systemctl kill --signal=KILL`` of a node's
 whole trainer unit.
-STAND-INS, said here: the trainer is ``eagle3ops.ddp_probe`` (``train_trainer: ddp_probe``: a linear model on
+STAND-INS, said here: the trainer is ``eagle3ops.train.ddp_probe`` (``train_trainer: ddp_probe``: a linear model on
 the same data, checkpoints and records), because speculators 0.9.0 cannot train over several CPU nodes
 (tests/unit/train/test_train_multinode.py pins why). The two stores are one synthetic store
 (``eagle3ops.train.fixtures.make_data_dir``, random hidden states) split by row parity into the layout a

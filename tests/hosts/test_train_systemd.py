@@ -4,7 +4,7 @@ Real: systemd (PID 1), ``systemd-run --unit=... --collect`` transient units, Mai
 the launcher code of ``eagle3ops.train`` (launch, liveness by PID + command line, run status, stop: its
 ``launch``, ``run`` and ``metrics`` modules).
 STAND-IN: the trainer. The guest has no torch/speculators, so ``python`` is a small script that runs
-``fake_trainer.py`` with the shim's argv (``-m eagle3ops.speculators_shim --config RUN/config.yaml``); it
+``fake_trainer.py`` with the shim's argv (``-m eagle3ops.train.speculators_shim --config RUN/config.yaml``); it
 writes the metric and exit records like the shim does, then exits (or sleeps until stopped).
 """
 
@@ -155,7 +155,9 @@ def test_systemd_transient_unit_launch_liveness_and_stop(nspawn_host):
     assert r["systemd_pid1"] is True
     assert st["launcher"] == "systemd" and st["unit"].startswith("eagle3-train-") and st["pid"] > 1
     assert r["status"] == "finished"  # exit record written through the env the unit got
-    assert "fake trainer running" in r["log"] and "eagle3ops.speculators_shim" in r["log"]  # appended log
+    assert (
+        "fake trainer running" in r["log"] and "eagle3ops.train.speculators_shim" in r["log"]
+    )  # appended log
     assert r["metrics"]["attempts"][0]["first_global_step"] == 0
     # --collect: the finished transient unit is gone, so the same name can be launched again
     assert h.ssh(f"systemctl is-active {st['unit']}", check=False).stdout.strip() in ("inactive", "unknown")

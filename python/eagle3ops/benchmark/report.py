@@ -484,13 +484,3 @@ def write(
         "report": rep,
         "markdown": md,
     }
-
-
-def spec_probe(url: str, prompts: list[str], *, max_new_tokens: int = 128, timeout: float = 600) -> dict:
-    """Acceptance length as SGLang counts it (:func:`eagle3ops.loadgen.spec_probe`); errors as ReportError."""
-    from eagle3ops.benchmark import loadgen
-
-    try:
-        return loadgen.spec_probe(url, prompts, max_new_tokens=max_new_tokens, timeout=timeout)
-    except loadgen.LiveError as e:
-        raise ReportError(str(e)) from None

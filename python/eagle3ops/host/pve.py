@@ -471,11 +471,6 @@ def plan(
     return p
 
 
-def diff_text(before: PveConfig, after: PveConfig) -> tuple[str, str]:
-    """The main sections before/after (what Ansible's --diff shows); snapshot sections never change."""
-    return before.main.render(), after.main.render()
-
-
 # --------------------------------------------------------------------------------------------------
 # pct output
 # --------------------------------------------------------------------------------------------------

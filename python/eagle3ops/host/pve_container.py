@@ -25,13 +25,13 @@ except (
 
 
 # Command lines of pipeline jobs that a container restart would kill (they resume, but the run is lost):
-# the CLI's data-writing commands (console script or ``python -m eagle3ops``) and the detached trainer.
-# the commands that work on /data for long (their former names too); not the read-only ones (extract-status,
-# train-status, extract-lengths, ...): a whole word, so "extract" does not take "extract-status" along
+# the CLI's data-writing commands (console script or ``python -m eagle3ops``) and the detached trainers.
+# the commands that work on /data for long; not the read-only ones (extract-status, train-status,
+# extract-lengths, ...): a whole word, so "extract" does not take "extract-status" along
 DEFAULT_BUSY_PATTERNS = (
-    r"\beagle3ops(\.cli)?\s+(prepare|regenerate|extract|extract-sglang|sglang-extract|extract-verify|verify|train"
-    r"|serve-convert|convert|benchmark-[\w-]+)(?![\w-])",
-    r"\beagle3ops\.speculators_shim\b",
+    r"\beagle3ops(\.cli)?\s+(prepare|regenerate|extract|extract-sglang|extract-verify|train"
+    r"|serve-convert|benchmark-[\w-]+)(?![\w-])",
+    r"\beagle3ops\.train\.(speculators_shim|specforge_shim|ddp_probe)\b",
 )
 
 

@@ -51,10 +51,6 @@ def special_id(token: str) -> int:
     return BPE_RANKS + next(k for k, v in SPECIAL_TOKENS.items() if v == token)
 
 
-def reserved_name(token_id: int) -> str:
-    return SPECIAL_TOKENS.get(token_id - BPE_RANKS, f"<|reserved_token_{token_id}|>")
-
-
 # DeepSeek-V3 / Kimi-K2 text model, scaled down: 4 layers (the first dense), 4 routed experts (top 2) + 1 shared
 TEXT = {
     "hidden_size": 128,

@@ -80,7 +80,6 @@ CONVERT = Command(
     **ROLE,
     options=[
         SOURCE.but(
-            aliases=("--gguf",),
             metavar="PATH",
             doc=("C(step=convert) - the C(.gguf) file or wheel; C(step=sharegpt) - the ShareGPT JSON."),
         ),

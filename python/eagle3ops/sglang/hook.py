@@ -61,6 +61,7 @@ from pathlib import Path
 from eagle3ops import layers
 from eagle3ops.extract.writer import PinnedPool, write_batch
 from eagle3ops.sglang.hook_copy import copy_to_host, device_block
+from eagle3ops.sglang.versions import KNOWN, VERSIONS
 from eagle3ops.store import HiddenStateStore
 from eagle3ops.store.layout import HS_DIR, SGLANG_ERRORS
 from eagle3ops.store.sample import FP8_DTYPE
@@ -78,6 +79,12 @@ ENV_MANIFEST_RANK = "EAGLE3OPS_SGLANG_MANIFEST_RANK"
 ERRORS_NAME = SGLANG_ERRORS
 RID_PREFIX = "e3o-"
 _RID_RE = re.compile(r"^e3o-(\d+)-(\d+)(?:-\d+)?$")
+
+
+def _capture_versions() -> tuple[str, str]:
+    """(the versions whose dump server turns the capture on with a flag, those whose patch does it), as text."""
+    flag = [v for v in KNOWN if VERSIONS[v].capture_only_flag]
+    return ", ".join(flag) or "none", ", ".join(v for v in KNOWN if v not in flag) or "none"
 
 
 class HookError(RuntimeError):
@@ -360,19 +367,20 @@ class DumpHook:
     def _check_model(self, model, aux) -> None:
         inner = getattr(model, "model", None)
         captured = list(getattr(inner, "layers_to_capture", []) or [])
+        flag, own = _capture_versions()
         if aux is None or not getattr(model, "capture_aux_hidden_states", True):
             raise HookError(
                 "SGLang returned no aux hidden states: start the server with "
                 "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 "
-                f"--return-aux-hidden-state-layer-ids {' '.join(map(str, self.layer_ids))} (SGLang 0.5.23); "
-                "on 0.5.17 the capture patch turns the capture on itself: check it is complete "
-                "(eagle3ops sglang-patch status --sglang-version 0.5.17)"
+                f"--return-aux-hidden-state-layer-ids {' '.join(map(str, self.layer_ids))} (SGLang {flag}); "
+                f"on {own} the capture patch turns the capture on itself: check it is complete "
+                "(eagle3ops sglang-patch status --sglang-version VERSION)"
             )
         if captured and captured != self.layer_ids:
             raise HookError(
                 f"SGLang captures layers {captured} but the dump needs {self.layer_ids} (input-of-layer). SGLang "
                 "adds 1 to every id when the first is 1 (set_eagle3_layers_to_capture); pass ids that do not "
-                "start at 1, fix --return-aux-hidden-state-layer-ids (0.5.23), or do not load a draft (0.5.17)"
+                f"start at 1, fix --return-aux-hidden-state-layer-ids ({flag}), or do not load a draft ({own})"
             )
         self._checked_model = True
 

@@ -18,7 +18,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -247,16 +247,6 @@ class HiddenStateStore:
         return removed
 
     # ---------- resume ----------
-    def existing_files(self) -> Iterator[int]:
-        if not self.dir.exists():
-            return
-        # listdir + string tests: 3x cheaper than scandir + a regex per name at 100k files
-        for name in os.listdir(self.dir):
-            if name.startswith("hs_") and name.endswith(".safetensors"):
-                num = name[3:-12]
-                if num.isdigit() and num.isascii():
-                    yield int(num)
-
     def validate_header(
         self, index: int, seq_len: int, num_states: int, hidden_size: int, dtype: str
     ) -> str | None:

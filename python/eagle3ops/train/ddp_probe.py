@@ -2,13 +2,13 @@
 
 Two ways to run it, both under the torchrun argv ``eagle3ops.train.planning.torchrun_argv`` builds:
 
-``-m eagle3ops.ddp_probe --out DIR`` (a one-shot check): every process joins the process group (gloo on CPU,
+``-m eagle3ops.train.ddp_probe --out DIR`` (a one-shot check): every process joins the process group (gloo on CPU,
 NCCL on GPUs), runs one all-reduce of its rank and one DDP step of a tiny linear model on its own rank's data,
 and writes ``DIR/rank{RANK}.json`` with what it saw: the world size, its global and local rank, the host, the
 all-reduce sum (must be 0 + 1 + ... + W-1) and the averaged gradient (equal on every rank after DDP's
 all-reduce). Nothing else is written.
 
-``-m eagle3ops.ddp_probe --config RUN/config.yaml`` (the ``train`` phase with ``trainer: ddp_probe``): the same
+``-m eagle3ops.train.ddp_probe --config RUN/config.yaml`` (the ``train`` phase with ``trainer: ddp_probe``): the same
 run directory, data, checkpoints and records as the speculators trainer, with a linear model in its place. It
 is what trains over several CPU hosts (speculators 0.9.0 cannot: docs/scale.md), and a quick check of a
 cluster's launch, data and restart before a long run:
@@ -45,7 +45,7 @@ from eagle3ops.durable import atomic_write_text
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="eagle3ops.ddp_probe")
+    ap = argparse.ArgumentParser(prog="eagle3ops.train.ddp_probe")
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--out", help="one-shot check: directory for rank{RANK}.json")
     mode.add_argument("--config", help="train as the train phase's trainer, from this rendered config")

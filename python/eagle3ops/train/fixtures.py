@@ -54,7 +54,7 @@ def write_verifier_config(
     out_dir: str | os.PathLike, *, num_layers: int = 8, hidden_size: int = 64, vocab_size: int = 512
 ) -> Path:
     """A verifier directory holding only ``config.json``, the shapes of :func:`make_tiny_verifier`'s model: all the
-    train phase's plan reads of a verifier, and all ``eagle3ops.ddp_probe`` needs (it loads no model)."""
+    train phase's plan reads of a verifier, and all ``eagle3ops.train.ddp_probe`` needs (it loads no model)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = {"model_type": "deepseek_v3", "num_hidden_layers": num_layers, "hidden_size": hidden_size,

@@ -295,7 +295,7 @@ TRAIN = Command(
                 "same extraction (it reads the store in place through one pointer file a row, "
                 "with the same rows, draft vocabulary and layer ids; GPU hosts only; C(eagle3ops "
                 "serve-convert) exports its draft with SpecForge's own exporter); or C(ddp_probe) - "
-                "the minimal DDP job of C(eagle3ops.ddp_probe) (a linear model on the same data, "
+                "the minimal DDP job of C(eagle3ops.train.ddp_probe) (a linear model on the same data, "
                 "checkpoints and records) through the same launcher and rendezvous. It checks a "
                 "cluster's launch, data and restart in seconds before a long run, and it is the "
                 "only trainer that runs over several CPU hosts."

@@ -64,7 +64,7 @@ def check_nodes(spec: TrainSpec, device: str) -> None:
             "torch.accelerator.set_device_index(LOCAL_RANK) ('Cannot access accelerator device when none is "
             "available') and shards the draft with FSDP on that device. Train on GPU hosts (NCCL), or on one "
             "host (train_hosts: [one host]). The launcher's rendezvous itself runs on CPU: train_trainer: ddp_probe "
-            "runs the minimal DDP job of eagle3ops.ddp_probe through it."
+            "runs the minimal DDP job of eagle3ops.train.ddp_probe through it."
         )
 
 

@@ -7,7 +7,7 @@ One **run directory** holds everything about one training run::
                          line, the config's sha256, launch time
     RUN/train.pid        the PID of the detached trainer (setsid launches; systemd units too)
     RUN/train.log        stdout+stderr of every attempt, appended, one header line per attempt
-    RUN/metrics.jsonl    every speculators metric record as JSON (written by eagle3ops.speculators_shim),
+    RUN/metrics.jsonl    every speculators metric record as JSON (written by eagle3ops.train.speculators_shim),
                          with one ``attempt`` marker line per launch
     RUN/exit.json        written by the shim when the trainer ends: finished | failed | interrupted
     RUN/vocab/           d2t/t2d maps built here from token_freq.pt (never speculators' cache in the data

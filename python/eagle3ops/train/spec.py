@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 from eagle3ops.errors import WithDetails
 from eagle3ops.train.options import TRAIN
 
-SHIM_MODULE = "eagle3ops.speculators_shim"
+SHIM_MODULE = "eagle3ops.train.speculators_shim"
 
 
 # what a run trains with: speculators (through the shim), SpecForge on the same extraction (eagle3ops.train.specforge:
-# its offline trainer reading our store through pointer files), or the minimal DDP job of eagle3ops.ddp_probe, which
-# goes through the same launcher, rendezvous, data and checkpoints (a cluster check; the multi-node trainer on CPU)
+# its offline trainer reading our store through pointer files), or the minimal DDP job of eagle3ops.train.ddp_probe,
+# which goes through the same launcher, rendezvous, data and checkpoints (a cluster check; the multi-node trainer on CPU)
 TRAINERS = {
     "speculators": SHIM_MODULE,
     "specforge": "eagle3ops.train.specforge_shim",
-    "ddp_probe": "eagle3ops.ddp_probe",
+    "ddp_probe": "eagle3ops.train.ddp_probe",
 }
 # each trainer's own learning rate and test-time-training steps, used where the run sets none
 TRAINER_DEFAULTS = {

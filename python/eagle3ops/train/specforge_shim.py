@@ -1,6 +1,6 @@
 """Entry point of one SpecForge training process: ``[torchrun -m] eagle3ops.train.specforge_shim --config C``.
 
-What the ``train`` phase launches for ``trainer: specforge`` (the twin of :mod:`eagle3ops.speculators_shim`): it
+What the ``train`` phase launches for ``trainer: specforge`` (the twin of :mod:`eagle3ops.train.speculators_shim`): it
 runs ``specforge train --config C`` in this process (under torchrun, SpecForge sees the worker environment and
 launches nothing of its own), and adds what the phase needs around it:
 

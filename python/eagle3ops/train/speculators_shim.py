@@ -1,4 +1,4 @@
-"""Entry point of one speculators training process: ``python -m eagle3ops.speculators_shim --config C``.
+"""Entry point of one speculators training process: ``python -m eagle3ops.train.speculators_shim --config C``.
 
 It is what the ``train`` phase launches (directly, or under ``torchrun -m``), instead of
 ``speculators train``, for these reasons:
@@ -66,7 +66,7 @@ def check_version(installed: str | None = None) -> str:
     if installed != SUPPORTED_SPECULATORS:
         raise UnsupportedSpeculatorsVersion(
             f"speculators {installed} is installed in {sys.prefix}, but eagle3ops' training shim "
-            f"(python/eagle3ops/speculators_shim.py) is pinned to {SUPPORTED_SPECULATORS}: it patches "
+            f"(python/eagle3ops/train/speculators_shim.py) is pinned to {SUPPORTED_SPECULATORS}: it patches "
             "trainer/checkpointer internals and parses its metric records. Install "
             f"speculators=={SUPPORTED_SPECULATORS}, or re-validate the shim against {installed} and bump "
             "SUPPORTED_SPECULATORS."
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         version = check_version()
     except UnsupportedSpeculatorsVersion as e:
-        print(f"eagle3ops.speculators_shim: {e}", file=sys.stderr)
+        print(f"eagle3ops.train.speculators_shim: {e}", file=sys.stderr)
         write_exit("failed", error=str(e))
         return 2
     device = "accelerator"
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if metrics_path and _rank() == 0:
         _hook_metrics(metrics_path)
     print(
-        f"eagle3ops.speculators_shim: speculators {version}, device {device}, rank {_rank()}, "
+        f"eagle3ops.train.speculators_shim: speculators {version}, device {device}, rank {_rank()}, "
         f"pid {os.getpid()}",
         file=sys.stderr,
         flush=True,

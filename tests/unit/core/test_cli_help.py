@@ -1,5 +1,5 @@
-"""``eagle3ops --help`` as a new user reads it (issue #32): the commands by phase in site.yml's order, each with
-a one-line description, no reStructuredText markup, clear names; the older names keep working.
+"""``eagle3ops --help`` as a new user reads it: the commands by phase in site.yml's order, each with a one-line
+description, no reStructuredText markup, clear names, one name a command.
 
 Real: the parser ``eagle3ops`` builds (every command module registered), the console script as a process.
 """
@@ -20,15 +20,6 @@ from tinymodels import build_prepared_dataset
 REPO = Path(__file__).resolve().parents[3]
 EAGLE3OPS = str(Path(sys.executable).parent / "eagle3ops")
 RST = re.compile(r"``|:\w+:`|\.\. \w+::")
-# the commands' names before they carried their phase's: gone, none of them runs a command any more
-FORMER = {
-    "status": "extract-status",
-    "workers": "extract-workers",
-    "lengths": "extract-lengths",
-    "verify": "extract-verify",
-    "sglang-extract": "extract-sglang",
-    "convert": "serve-convert",
-}
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
@@ -61,7 +52,7 @@ def test_the_help_lists_every_command_once_under_its_phase_in_pipeline_order():
     names = _current_names()
     listed = re.findall(r"^    (\S+)", text, flags=re.M)
     assert sorted(listed) == sorted(names), "each command once, none missing, no alias"
-    assert not set(FORMER) & set(listed)
+    assert sorted(_subcommands(cli.build_parser()).choices) == sorted(names), "a command has a second name"
     headings = re.findall(r"^  (\w+): ", text, flags=re.M)
     tags = [t for play in yaml.safe_load((REPO / "site.yml").read_text()) for t in play["tags"]]
     phases = [h for h in headings if h != "tools"]
@@ -118,12 +109,6 @@ def test_an_option_names_no_choice_it_refuses():
         )
 
 
-def test_no_command_keeps_a_former_name():
-    sub = _subcommands(cli.build_parser())
-    assert not set(FORMER) & set(sub.choices), sorted(set(FORMER) & set(sub.choices))
-    assert set(FORMER.values()) <= set(sub.choices)
-
-
 def test_a_command_answers_and_an_unknown_one_lists_current_names(tmp_path):
     """Real processes: ``eagle3ops extract-status`` answers; a mistyped command lists the current names."""
     data = build_prepared_dataset(tmp_path / "data", [5, 7, 3])
@@ -136,4 +121,4 @@ def test_a_command_answers_and_an_unknown_one_lists_current_names(tmp_path):
     r = subprocess.run([EAGLE3OPS, "extract-stats"], capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "invalid choice: 'extract-stats'" in r.stderr, r.stderr
     choices = [c.strip() for c in r.stderr.split("choose from", 1)[1].strip().rstrip(")").split(",")]
-    assert sorted(choices) == sorted(_current_names()) and not set(FORMER) & set(choices), choices
+    assert sorted(choices) == sorted(_current_names()), choices

@@ -1,10 +1,10 @@
-"""What may import what in ``python/eagle3ops`` (docs/architecture.md, "What may import what").
+"""What may import what in ``python/eagle3ops`` (docs/architecture.md, "What may import what"), and no import circle.
 
 - A phase package (``eagle3ops.<phase>``) imports its own modules and the shared ones (the top-level modules:
   ``store``, ``durable``, ``options``, ``runlock``, ``conversations``, ``checkpoints``, ...), never another
   phase's, except the edges declared below with their reason (one module's, or a whole package's).
-- A shared module imports no phase (the entry points kept by name, ``python -m eagle3ops.speculators_shim`` and
-  the like, are the declared exceptions: each only runs its phase's module).
+- A shared module imports no phase (``eagle3ops.sglang_hook``, the import path the patched SGLang file holds, is
+  the declared exception: it only re-exports its phase's module).
 - Only the entry point (``python -m eagle3ops``) imports ``eagle3ops.cli``; only command modules (those that
   ``register`` sub-commands) import command modules: the logic never imports upward.
 - The host wing's rule (standard library only) is tests/unit/core/test_durable.py's.
@@ -89,10 +89,8 @@ def _declared(mod: str, target: str) -> bool:
     )
 
 
-# shared-looking modules that are entry points of a phase's module, kept by name for what runs them
+# shared-looking modules kept by name for what imports them: {module: the phase's module it re-exports}
 ENTRY_POINTS = {
-    "eagle3ops.speculators_shim": "eagle3ops.train.speculators_shim",
-    "eagle3ops.ddp_probe": "eagle3ops.train.ddp_probe",
     "eagle3ops.sglang_hook": "eagle3ops.sglang.hook",
 }
 
@@ -213,3 +211,48 @@ def test_the_check_can_fail(rel, code, expected):
     """The package with one more file holding a forbidden import (in a function too) is reported, naming the line."""
     bad = violations(extra={rel: code})
     assert len(bad) == 1 and expected in bad[0] and bad[0].startswith(f"eagle3ops/{rel[:-3]}.py:"), bad
+
+
+def circles(pkg: Path = PKG, extra: dict[str, str] | None = None) -> list[list[str]]:
+    """The package's import circles: each set of modules that reach one another through their imports (a
+    strongly connected component of more than one module, Tarjan's algorithm), sorted; every import counts, also
+    one inside a function."""
+    graph = {m: sorted({t for t, _ in found} - {m}) for m, found in imports(pkg, extra).items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(mod: str) -> None:
+        index[mod] = low[mod] = len(index)
+        stack.append(mod)
+        for nxt in graph.get(mod, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[mod] = min(low[mod], low[nxt])
+            elif nxt in stack:
+                low[mod] = min(low[mod], index[nxt])
+        if low[mod] == index[mod]:
+            group = []
+            while not group or group[-1] != mod:
+                group.append(stack.pop())
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for mod in sorted(graph):
+        if mod not in index:
+            visit(mod)
+    return sorted(out)
+
+
+def test_the_package_has_no_import_circle():
+    assert circles() == []
+
+
+def test_a_circle_through_a_function_level_import_is_found():
+    """Two modules added to the package that import each other (one inside a function) make one circle."""
+    extra = {
+        "store/circle_a.py": "from eagle3ops.store.circle_b import f\n",
+        "store/circle_b.py": "def f():\n    import eagle3ops.store.circle_a\n",
+    }
+    assert circles(extra=extra) == [["eagle3ops.store.circle_a", "eagle3ops.store.circle_b"]]

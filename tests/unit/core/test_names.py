@@ -1,39 +1,15 @@
-"""Names (issues 19 and 33): every module in library/ is ``eagle3ops_<phase>[_<action>]``, the old module names of
-before the rename are gone (no symlinks in library/, nothing in the roles or tests uses them), and every task of a
-role is named "Phase | Action".
-
-Real: ``ansible-playbook`` (connection local) asked to run an old name fails as for any unknown module.
-"""
+"""Names: every module in library/ is ``eagle3ops_<phase>[_<action>]`` under that one name (no symlink in
+library/), and every task of a role is named "Phase | Action"."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import yaml
 from library_docs import MODULES, REPO
 from role_tasks import each_task
 
 LIBRARY = REPO / "library"
-# the names of before issue 19, each now under its eagle3ops_<phase> name; they ran as symlinks with a deprecation
-# until issue 33 removed them (the project had no users of them)
-RENAMED = {
-    "dataset_prepare": "eagle3ops_prepare",
-    "hidden_states_extract": "eagle3ops_extract",
-    "sglang_extract": "eagle3ops_extract_sglang",
-    "gpu_vram_free": "eagle3ops_gpu_free",
-    "eagle3_train": "eagle3ops_train",
-    "eagle3_convert": "eagle3ops_serve_convert",
-    "eagle3_serve_process": "eagle3ops_serve_process",
-    "eagle3_benchmark": "eagle3ops_benchmark",
-    "sglang_capture_patch": "eagle3ops_sglang_patch",
-    "proxmox_lxc_gpu": "eagle3ops_container_gpu",
-    "eagle3ops_assets": "eagle3ops_runtime_assets",
-    "eagle3ops_unit_backup": "eagle3ops_services_backup",
-}
 
 
 def _phases() -> list[str]:
@@ -54,14 +30,9 @@ def test_every_module_is_named_eagle3ops_phase_action():
     assert not wrong, f"library/: {wrong} are not eagle3ops_<phase>[_<action>] (phases: {phases})"
 
 
-def test_no_old_module_name_is_left_in_library():
+def test_a_module_has_one_name():
     links = sorted(p.name for p in LIBRARY.iterdir() if p.is_symlink())
-    assert not links, f"library/: symlinks {links} (old module names are gone: write the eagle3ops_* name)"
-    assert not set(RENAMED) & {p.stem for p in LIBRARY.glob("*.py")}
-    for new in RENAMED.values():
-        assert new in MODULES, new
-        text = (LIBRARY / f"{new}.py").read_text()
-        assert "deprecate_old_name" not in text and "Formerly named" not in text, new
+    assert not links, f"library/: symlinks {links} (a module has one name, its eagle3ops_* file)"
 
 
 def test_every_role_task_is_named_phase_action():
@@ -98,34 +69,3 @@ def test_every_role_task_is_named_phase_action():
                 )
     # every role with tasks belongs to a phase playbook (or is a dependency of the roles of one)
     assert seen | dependencies >= {p.parent.parent.name for p in REPO.glob("roles/*/tasks/main.yml")}, seen
-
-
-def test_no_role_or_playbook_uses_an_old_name():
-    word = re.compile(rf"\b({'|'.join(RENAMED)})\b")
-    files = [
-        *REPO.glob("roles/*/tasks/*.yml"),
-        *REPO.glob("roles/*/handlers/*.yml"),
-        *REPO.glob("playbooks/*.yml"),
-    ]
-    files += [*REPO.glob("tests/**/*.yml"), REPO / "site.yml"]
-    used = [f"{f.relative_to(REPO)}: {m[0]}" for f in files for m in word.finditer(f.read_text())]
-    assert not used, used
-
-
-def test_an_old_name_fails_as_an_unknown_module(tmp_path):
-    """A playbook still written with an old name stops at Ansible's own "couldn't resolve module" for that task."""
-    (tmp_path / "pb.yml").write_text(
-        yaml.safe_dump(
-            [{"hosts": "localhost", "gather_facts": False, "tasks": [{"name": "old", "gpu_vram_free": {}}]}]
-        )
-    )
-    r = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
-         "-e", f"ansible_python_interpreter={sys.executable}", str(tmp_path / "pb.yml")],
-        capture_output=True, text=True, cwd=REPO, check=False,
-        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
-    )  # fmt: skip
-    assert r.returncode != 0
-    assert (
-        "gpu_vram_free" in r.stdout + r.stderr and "couldn't resolve module" in (r.stdout + r.stderr).lower()
-    )

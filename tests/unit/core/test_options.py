@@ -15,8 +15,7 @@ checked against it here.
     of the role really passes it to that module parameter;
 (e) params -> argv -> the generated parser gives every value back (the runner loses and renames nothing), for
     non-default values, for the defaults, and for a value that starts with ``-``;
-(f) check mode is ``--check`` in every command; the one older flag kept (``assets convert --gguf``) works; a
-    renamed flag fails with one line naming the new one, exit 2;
+(f) check mode is ``--check`` in every command (a flag beside the definition's fails (a));
 (g) the Python API the commands call (``prepare()``, ``ExtractConfig``, ``TrainSpec``, ``ensure_free()``, ...)
     has the definition's defaults, or a reason beside the one that differs.
 
@@ -282,7 +281,7 @@ def test_module_params_reach_the_cli_unchanged(name, values):
             assert getattr(args, o.name) == o.module_value, (o.name, argv)
 
 
-# ---- (f) check mode and renamed flags ----------------------------------------------------------------
+# ---- (f) check mode --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c.check and c.cli))
@@ -292,38 +291,6 @@ def test_check_mode_is_check(name):
     parser = _real_parsers()[name]
     assert parser.parse_args([*required, "--check"]).check is True
     assert parser.parse_args(required).check is False
-
-
-ALIASED = sorted(
-    (n, o.name) for n, c in COMMANDS.items() for o in c.cli_options() if o.aliases or o.false_aliases
-)
-
-
-@pytest.mark.parametrize(("name", "option"), ALIASED)
-def test_an_older_flag_that_is_kept_still_works(name, option):
-    """The one older flag kept: ``assets convert --gguf`` (``--source``), which bench/proof_of_value.py passes."""
-    cmd = COMMANDS[name]
-    o = cmd.option(option)
-    required = [w for r in _given(cmd) if r is not o for w in r.argv(_sample(r))]
-    parser = _real_parsers()[name]
-    new = o.argv(_sample(o))
-    want = getattr(parser.parse_args([*required, *new]), o.name)
-    for old in o.aliases:
-        assert (
-            getattr(parser.parse_args([*required, *[old if w == o.flag else w for w in new]]), o.name) == want
-        )
-    for old in o.false_aliases:
-        assert getattr(parser.parse_args([*required, old]), o.name) is False
-
-
-def test_the_former_flags_are_gone():
-    kept = {
-        (n, old)
-        for n, c in COMMANDS.items()
-        for o in c.cli_options()
-        for old in (*o.aliases, *o.false_aliases)
-    }
-    assert kept == {("assets convert", "--gguf")}, kept
 
 
 def test_a_value_that_looks_like_a_flag_reaches_the_cli():
@@ -336,15 +303,6 @@ def test_a_value_that_looks_like_a_flag_reaches_the_cli():
     assert "--stop-cmdline=-m sglang" in argv, argv
     args = _generated(cmd).parse_args(argv[1:])
     assert args.stop_cmdline_patterns == ["-m sglang", "^python"] and args.stop_units == ["-weird.service"]
-
-
-def test_a_renamed_flag_fails_with_one_line_naming_the_new_one(capsys):
-    cmd = options.Command("demo", [options.Option("allow_unit", "list", elements="str", nargs="append")],
-                          help="x", renamed={"--old-unit": "--allow-unit"})  # fmt: skip
-    with pytest.raises(SystemExit) as e:
-        _generated(cmd).parse_args(["--old-unit", "x"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and "--old-unit" in err[0] and "--allow-unit" in err[0], err
 
 
 def test_an_exclusive_group_takes_exactly_one(capsys):

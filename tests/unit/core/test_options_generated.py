@@ -67,7 +67,8 @@ def test_every_module_and_role_of_a_definition_has_its_blocks():
 def test_each_block_is_in_its_own_kind_of_file():
     where = {"doc": "library/", "fragment": "doc_fragments/", "defaults": "/defaults/main.yml",
              "argument_specs": "/meta/argument_specs.yml", "task": "/tasks/", "readme": "/README.md", "bounds": "roles/eagle3ops/vars/",
-             "choices": "/meta/argument_specs.yml", "returns": "library/"}  # fmt: skip
+             "sglang_versions": "/meta/argument_specs.yml", "sglang_default": "roles/eagle3ops/defaults/main.yml",
+             "returns": "library/"}  # fmt: skip
     wrong = [(f, k) for f, k in _keys() if where[k.split()[0]] not in f]
     assert not wrong, wrong
 
@@ -88,15 +89,24 @@ def test_a_changed_definition_makes_its_blocks_stale(monkeypatch):
 
 
 def test_a_new_sglang_version_reaches_every_version_choice(monkeypatch):
-    """Adding a version to the table is all a role's version variable needs: the blocks of sglang_version and
-    eagle3ops_sglang_version (no option definition holds them) are stale until `make options` lists it."""
+    """Adding a version to the table (and making it the default) is all a role's version variable needs: the
+    blocks of sglang_version and eagle3ops_sglang_version (no option definition holds them) are stale until
+    `make options` lists it; no role file names a version by hand."""
     from eagle3ops.sglang import versions
 
     monkeypatch.setattr(versions, "KNOWN", (*versions.KNOWN, "0.5.99"))
+    monkeypatch.setattr(versions, "DEFAULT_VERSION", "0.5.99")
     stale = {str(p.relative_to(REPO)) for p in option_render.stale()}
-    assert {"roles/sglang/meta/argument_specs.yml", "roles/eagle3ops/meta/argument_specs.yml"} <= stale, stale
+    assert {
+        "roles/sglang/meta/argument_specs.yml",
+        "roles/eagle3ops/meta/argument_specs.yml",
+        "roles/eagle3ops/defaults/main.yml",
+    } <= stale, stale
     text = (REPO / "roles/sglang/meta/argument_specs.yml").read_text()
     assert "choices: [" + ", ".join(versions.KNOWN) + "]" in option_render.rewrite(text)
+    assert 'default: "0.5.99"' in option_render.rewrite(text)
+    defaults = option_render.rewrite((REPO / "roles/eagle3ops/defaults/main.yml").read_text())
+    assert yaml.safe_load(defaults)["eagle3ops_sglang_version"] == "0.5.99"
 
 
 def test_the_text_outside_the_markers_is_kept():

@@ -81,3 +81,29 @@ def test_the_tests_the_docs_name_exist():
         if not re.search(rf"^\s*(async def|def|class) {test}\b", text, re.M):
             missing.append(f"{f.relative_to(REPO)}:{no}: {path}::{test}")
     assert not missing, "\n".join(missing)
+
+
+def test_the_layout_docs_name_what_is_there():
+    """The README's Layout names every top-level folder the repository holds, each one that exists; the tree in
+    docs/architecture.md "Where the logic lives" names every package and module of python/eagle3ops (the
+    fixture's remote-code files aside) and no folder that is gone."""
+    readme = (REPO / "README.md").read_text().split("## Layout", 1)[1]
+    named = set(re.findall(r"`([\w.-]+)/", readme))
+    folders = {p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    tracked = folders - {"build", "work"} - {p.name for p in REPO.iterdir() if p.name.endswith(".egg-info")}
+    assert tracked <= named, f"README Layout: {sorted(tracked - named)} not named"
+    assert named <= folders | {"tests/unit", "bench/results"}, (
+        f"README Layout: {sorted(named - folders)} gone"
+    )
+    text = (REPO / "docs/architecture.md").read_text()
+    tree = text[text.index("```\npython/eagle3ops/") :]
+    tree = tree[: tree.index("```", 4)]
+    words = set(re.findall(r"\w+", tree))
+    pkg = PKG / "eagle3ops"
+    modules = {p.stem for p in pkg.rglob("*.py") if p.name != "__init__.py" and "remote" not in p.parts}
+    packages = {p.parent.name for p in pkg.rglob("__init__.py") if p.parent != pkg} | {"templates"}
+    assert not (modules | packages) - words, (
+        f"docs/architecture.md's tree: {sorted((modules | packages) - words)}"
+    )
+    listed = set(re.findall(r"^  (\w+)/ ", tree, flags=re.M))
+    assert listed <= packages, f"docs/architecture.md's tree: {sorted(listed - packages)} are gone"

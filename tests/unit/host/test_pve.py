@@ -361,18 +361,18 @@ def test_container_jobs_are_the_namespace_members_running_pipeline_commands(tmp_
     proc = _fake_proc(tmp_path, {
         4242: ("4026532001", "/sbin/init"),
         4300: ("4026532001", "/opt/eagle3ops/venv/bin/python /opt/eagle3ops/venv/bin/eagle3ops extract --data /data/x --json"),
-        4301: ("4026532001", "/opt/eagle3ops/venv/bin/python -m eagle3ops.speculators_shim --config /data/run/config.yaml"),
+        4301: ("4026532001", "/opt/eagle3ops/venv/bin/python -m eagle3ops.train.speculators_shim --config /data/run/config.yaml"),
         4302: ("4026532001", "/usr/bin/python3 -m eagle3ops extract-status --data /data/x"),
         4303: ("4026532001", "/opt/sglang/bin/python -m sglang.launch_server --port 30000"),
-        4304: ("4026532001", "/usr/bin/python3 -m eagle3ops status --data /data/x"),  # its former name
+        4304: ("4026532001", "/opt/eagle3ops/venv/bin/python -m eagle3ops.train.ddp_probe --config /data/run/c.yaml"),
         4305: ("4026532001", "/usr/bin/eagle3ops train-status --run-dir /data/run --json"),
         4306: ("4026532001", "/usr/bin/eagle3ops extract-verify --data /data/x --level checksum"),
-        4307: ("4026532001", "/usr/bin/eagle3ops verify --data /data/x"),  # its former name
+        4307: ("4026532001", "/usr/bin/eagle3ops extract-lengths --data /data/x"),  # read-only
         4308: ("4026532001", "/usr/bin/eagle3ops serve-convert --checkpoint /data/run/checkpoints --out /d"),
         4400: ("4026531840", "/usr/bin/eagle3ops extract --data /srv/other"),  # the host's, not the container's
     })  # fmt: skip
     jobs = pve_pve_container.container_jobs(4242, proc=str(proc))
-    assert [j for j, _cmd in jobs] == [4300, 4301, 4306, 4307, 4308], jobs  # not the read-only ones
+    assert [j for j, _cmd in jobs] == [4300, 4301, 4304, 4306, 4308], jobs  # not the read-only ones
     assert jobs[0][1].startswith("/opt/eagle3ops/venv/bin/python /opt/eagle3ops/venv/bin/eagle3ops extract")
     assert [
         j for j, _ in pve_pve_container.container_jobs(4242, [r"sglang\.launch_server"], proc=str(proc))

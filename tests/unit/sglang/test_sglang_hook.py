@@ -16,6 +16,7 @@ from eagle3ops.extract.session import ExtractConfig, build_meta, model_facts
 from eagle3ops.extract.transformers_backend import run_extraction
 from eagle3ops.extract.writer import PinnedPool
 from eagle3ops.sglang import hook as sglang_hook
+from eagle3ops.sglang import versions
 from eagle3ops.sglang.hook import DumpHook, HookError, make_rid
 from eagle3ops.store import HiddenStateStore
 from tinymodels import build_prepared_dataset
@@ -146,8 +147,9 @@ def test_wrong_layers_or_no_aux_are_refused(tmp_path, tiny_target, states):
     try:
         with pytest.raises(HookError, match=r"adds 1 to every id"):
             run_patched_calls(hooks[0], StandInModel([3, 5, 6]), fb, aux, last)
-        with pytest.raises(HookError, match="--enable-return-aux-hidden-states"):
+        with pytest.raises(HookError, match="--enable-return-aux-hidden-states") as e:
             run_patched_calls(hooks[1], StandInModel([], capture_aux_hidden_states=False), fb, None, last)
+        assert all(v in str(e.value) for v in versions.KNOWN), e.value  # each version's way, from the table
     finally:
         for hook in hooks:  # their writer threads end
             hook.close()

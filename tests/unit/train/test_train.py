@@ -228,7 +228,7 @@ def test_shim_exits_clearly_on_a_bad_version(tmp_path):
     )
     env = {**os.environ, "PYTHONPATH": str(site), "EAGLE3OPS_EXIT": str(tmp_path / "exit.json")}
     r = subprocess.run(
-        [sys.executable, "-m", "eagle3ops.speculators_shim", "--config", "x"],
+        [sys.executable, "-m", "eagle3ops.train.speculators_shim", "--config", "x"],
         env=env,
         capture_output=True,
         text=True,
@@ -354,7 +354,7 @@ def test_liveness_needs_matching_command_line_and_ignores_zombies(tmp_path):
             sys.executable,
             "-c",
             "import time; time.sleep(300)",
-            "eagle3ops.speculators_shim",
+            "eagle3ops.train.speculators_shim",
             "--config",
             str(cfg),
         ]
@@ -422,7 +422,7 @@ def test_a_trainer_known_only_from_the_pid_file_is_never_doubled(inputs, tmp_pat
             sys.executable,
             "-c",
             "import time; time.sleep(60)",
-            "eagle3ops.speculators_shim",
+            "eagle3ops.train.speculators_shim",
             "--config",
             str(run / train_spec.CONFIG),
         ],

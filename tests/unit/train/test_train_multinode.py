@@ -4,7 +4,7 @@ stopped and joins the new one; nodes holding different checkpoints refuse to tra
 
 Real: ``python -m torch.distributed.run`` (torchrun) twice, as node 0 and node 1 of 2, meeting at a c10d
 rendezvous on 127.0.0.1 with the argv ``eagle3ops.train.planning.torchrun_argv`` builds for the train phase; each
-runs ``eagle3ops.ddp_probe`` (gloo all-reduce + one DDP step). STAND-IN: the two nodes are two process trees
+runs ``eagle3ops.train.ddp_probe`` (gloo all-reduce + one DDP step). STAND-IN: the two nodes are two process trees
 on this machine (loopback), not two hosts; the trainer is the probe, because speculators 0.9.0 cannot train
 over several nodes on CPU (``test_speculators_distributed_setup_needs_an_accelerator`` pins why). The training
 inputs are ``eagle3ops.train.fixtures``' (test_train.py's ``inputs``: a tiny verifier, random hidden states).
@@ -86,7 +86,7 @@ def test_the_ddp_probe_trainer_runs_over_cpu_nodes_through_the_same_launcher(tmp
     )  # no refusal
     argv = train_launch.build_command(_plan(tmp_path, device="cpu", nproc=1, **kw), "py")
     assert argv[argv.index("--rdzv-conf=is_host=0") + 1 :] == [
-        "-m", "eagle3ops.ddp_probe", "--config", str(tmp_path / "run" / train_spec.CONFIG),
+        "-m", "eagle3ops.train.ddp_probe", "--config", str(tmp_path / "run" / train_spec.CONFIG),
     ]  # fmt: skip
     with pytest.raises(train_spec.TrainError, match="trainer must be one of"):
         train_planning.plan(
@@ -273,7 +273,7 @@ def test_two_nodes_meet_at_the_c10d_rendezvous_and_all_reduce_with_gloo(tmp_path
         [
             train_planning.torchrun_argv(
                 sys.executable,
-                ["-m", "eagle3ops.ddp_probe", "--out", str(out)],
+                ["-m", "eagle3ops.train.ddp_probe", "--out", str(out)],
                 nproc=1,
                 nnodes=2,
                 node_rank=r,
@@ -294,7 +294,7 @@ def test_two_nodes_meet_at_the_c10d_rendezvous_and_all_reduce_with_gloo(tmp_path
 @pytest.mark.slow  # five launches of torchrun (agents + workers): ~40 s quiet, minutes at load 8
 def test_a_node_of_another_job_is_stopped_and_joins_the_new_one(inputs, tmp_path):  # noqa: F811
     """Two nodes as two run directories on this machine (STAND-IN for two hosts, loopback), trained by
-    ``eagle3ops.ddp_probe`` through ``train.ensure_run``: node 0 alone waits at the rendezvous (half a job);
+    ``eagle3ops.train.ddp_probe`` through ``train.ensure_run``: node 0 alone waits at the rendezvous (half a job);
     asked to run another job it stops that trainer first and joins the new one with node 1; finished nodes
     of job 2 are left alone; asked for job 3 while only one node holds the checkpoints, both refuse to train,
     naming both save paths (the train role copies the newest checkpoint before such a restart)."""
