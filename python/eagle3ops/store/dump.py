@@ -206,6 +206,13 @@ def _probe_torch(p: Probe, spec: DumpSpec) -> None:
     p.seq_len = ishape[0]
     p.hidden_size = lshape[-1] if lshape else 0
     p.dtype, p.num_states = last.dtype, n_aux + 1
+    h, width = p.hidden_size, ashape[-1] if len(ashape) == 2 else 0
+    if len(ishape) == 1 and lshape == [p.seq_len, h] and ashape[:1] == [p.seq_len] and h and width % h == 0:
+        # a whole sample of another number of aux layers: another extraction's layer ids, not damage
+        # (refused by the survey, naming the file and the run's layout), as a sample of another hidden size is
+        p.num_states = width // h + 1
+        if p.num_states != n_aux + 1:
+            return
     if (
         len(ishape) != 1
         or ashape != [p.seq_len, n_aux * p.hidden_size]

@@ -91,9 +91,7 @@ def made(tmp_path_factory):
         "truncated": dump / "rows_0-2000" / "data_74.ckpt",  # row 5
         "flipped": dump / "rows_0-2000" / "data_73.ckpt",  # row 6
         "duplicate": dump / "rows_0-2000" / "zz_copy_of_row_7.ckpt",
-        "wrong_shape": dump
-        / "rows_0-2000"
-        / "data_71.ckpt",  # row 8: two aux states where three are declared
+        "wrong_shape": dump / "rows_0-2000" / "data_71.ckpt",  # row 8: a last state one token short
         "unmatched": dump / "rows_0-2000" / "data_9999.ckpt",
     }
     size = bad["truncated"].stat().st_size
@@ -101,7 +99,9 @@ def made(tmp_path_factory):
     _flip_inside_tensor(bad["flipped"])
     shutil.copy(dump / "rows_0-2000" / "data_72.ckpt", bad["duplicate"])
     d8 = load_file(src / "hs_8.safetensors")
-    _save_specforge(bad["wrong_shape"], d8["token_ids"], d8["hidden_states"], aux_states=2)
+    t8 = d8["hidden_states"].shape[0]
+    torch.save({"input_ids": d8["token_ids"], "aux_hidden_state": d8["hidden_states"][:, :3].reshape(1, t8, -1),
+                "hidden_state": d8["hidden_states"][:-1, 3][None].clone()}, bad["wrong_shape"])  # fmt: skip
     d9 = load_file(src / "hs_9.safetensors")
     _save_specforge(bad["unmatched"], torch.randint(3, 500, (12,)), d9["hidden_states"][:12])
     return verifier, data, src, dump, bad
@@ -206,6 +206,14 @@ def test_bad_dumps_are_refused_before_any_work(made, tmp_path, capsys):
     d = load_file(src / "hs_0.safetensors")
     _save_specforge(mixed / "rows_0-2000" / "a.ckpt", d["token_ids"], d["hidden_states"])
     _save_specforge(mixed / "rows_0-2000" / "b.ckpt", d["token_ids"], d["hidden_states"][..., :32])
+    layers = (
+        tmp_path / "layers"
+    )  # whole samples of two aux layers beside three: another extraction's layer ids
+    shutil.copytree(mixed, layers)
+    _save_specforge(layers / "rows_0-2000" / "b.ckpt", d["token_ids"], d["hidden_states"], aux_states=2)
+    other = tmp_path / "other"  # every sample of two aux layers where three are declared
+    shutil.copytree(layers, other)
+    (other / "rows_0-2000" / "a.ckpt").unlink()
     undeclared = tmp_path / "undeclared"
     shutil.copytree(mixed, undeclared)
     (undeclared / "eagle3ops-dump.json").unlink()
@@ -247,6 +255,14 @@ def test_bad_dumps_are_refused_before_any_work(made, tmp_path, capsys):
             "holds aux layers [1, 3, 4] (input convention",
         ),
         (["--adopt-from", str(mixed)], "mixes layouts"),
+        (
+            ["--adopt-from", str(layers)],
+            "holds 4 states of 64 bfloat16, " + str(layers / "rows_0-2000/b.ckpt"),
+        ),
+        (
+            ["--adopt-from", str(other)],
+            f"{other / 'rows_0-2000/b.ckpt'} holds 3 states of hidden size 64; this",
+        ),
     ]
     for extra, words in cases:
         rc = cli_main([*common, *extra])
