@@ -323,3 +323,42 @@ def test_a_volume_move_is_refused_before_anything_is_allocated(pve, tmp_path, ta
     with pytest.raises(PveError, match=re.escape(named)):
         storage_volume_move.move(_move_params(pve, target), _sh, sh=_sh)
     assert (storage_json.read_text(), conf.read_text()) == before and not (pve / "move.json").exists()
+
+
+def test_a_zfs_subvol_is_a_source_bind_mounted_and_another_guests_is_refused(pve):
+    """A container's /data on a zfspool (PVE gives a container there a ``subvol-<vmid>-disk-<n>`` dataset, a
+    directory rather than a block device): the storage phase plans a bind mount of the dataset (no blkid, no
+    mkfs), refuses another guest's subvol naming its owner, and the usage beneath it is the pool's own line of
+    ``pvesm status``. STAND-IN: the dataset is a directory the stand-in's ``pvesm path`` answers."""
+    from eagle3ops.host import storage_volume
+
+    dataset = pve / "rpool/data/subvol-129-disk-1"
+    (dataset / "rows_0-2000").mkdir(parents=True)
+    storage_json = pve / "var/lib/pct-standin/storage.json"
+    st = json.loads(storage_json.read_text())
+    st["storages"]["local-zfs"] = {"type": "zfspool", "total": 100 * GiB, "used": 100 * GiB - 2**29}
+    st["volumes"]["local-zfs"] = [
+        {"name": "subvol-129-disk-1", "format": "subvol", "content": "rootdir", "size": 500 * GiB, "vmid": 129,
+         "path": str(dataset)},
+        {"name": "subvol-130-disk-0", "format": "subvol", "content": "rootdir", "size": 8 * GiB, "vmid": 130},
+    ]  # fmt: skip
+    storage_json.write_text(json.dumps(st))
+    run(FIX / "pct", "set", "129", "--mp0", "local-zfs:subvol-129-disk-1,mp=/data,size=500G")
+
+    def p(volume):
+        return {"volume": volume, "vmid": 129, "data_path": str(pve / "mnt/data"), "pvesm": str(FIX / "pvesm"),
+                "pct": str(FIX / "pct"), "state_file": str(pve / "storage.json"),
+                "config_dir": str(pve / "etc/pve/lxc")}  # fmt: skip
+
+    plan = storage_volume.plan_source_volume(p("local-zfs:subvol-129-disk-1"), _sh, mounts=[])
+    assert plan == {"action": "mount", "device": str(dataset), "fstype": "none", "opts": "bind", "why": ""}
+    with pytest.raises(PveError, match="belongs to guest 130, not to container 129"):
+        storage_volume.plan_source_volume(p("local-zfs:subvol-130-disk-0"), _sh, mounts=[])
+    keys = {"mp0": "local-zfs:subvol-129-disk-1,mp=/data,size=500G"}
+    ask = dict(pvesm=str(FIX / "pvesm"), lvs=str(pve / "lvs"), storage_cfg={})
+    usage = pve_volumes.storage_usage(keys, "/data/eagle3", lambda a: _sh(a), **ask)["usage"]
+    assert usage["storage"] == "local-zfs" and usage["type"] == "zfspool" and usage["avail"] == 2**29
+    from eagle3ops.store import DiskSpaceError, preflight_disk
+
+    with pytest.raises(DiskSpaceError, match=r"PVE storage 'local-zfs' \(zfspool"):
+        preflight_disk(pve, GiB, margin_bytes=0, pool=usage)
