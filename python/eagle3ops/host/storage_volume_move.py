@@ -129,7 +129,9 @@ def move(p: dict, run, *, check_mode: bool = False, sh=_sh) -> dict:
             if not _mounted(src):
                 os.makedirs(src, exist_ok=True)
                 dev = _out(run, [p["pvesm"], "path", source], "the old volume's path").strip()
-                _out(sh, ["mount", "-o", "ro", dev, src], f"mount {source} read-only")
+                # a ZFS subvol is a dataset (a directory): bound read-only; the others are block devices
+                how = ["--bind", "-o", "ro"] if os.path.isdir(dev) else ["-o", "ro"]
+                _out(sh, ["mount", *how, dev, src], f"mount {source} read-only")
                 ours.append(src)
         else:
             src = source

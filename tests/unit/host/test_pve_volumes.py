@@ -8,7 +8,7 @@ STAND-INS (no Proxmox VE host can run here): ``pvesm``/``lvs`` are tests/fixture
 tests/fixtures/pct, their state under ``PCT_STANDIN_ROOT``. Their output format is checked here against
 tests/fixtures/pve/pvesm-format.json, a record of PVE's own format read from its source (the file says where).
 Real: the config files, the parsing and the checks, every ``pct``/``pvesm`` call as a process. No root needed
-(no GPU nodes: ``gpus: none``).
+(no GPU nodes: ``gpus: none``) but for the one move that mounts (a ZFS subvol's; skipped without root).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -362,3 +363,39 @@ def test_a_zfs_subvol_is_a_source_bind_mounted_and_another_guests_is_refused(pve
 
     with pytest.raises(DiskSpaceError, match=r"PVE storage 'local-zfs' \(zfspool"):
         preflight_disk(pve, GiB, margin_bytes=0, pool=usage)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("mkfs.ext4"), reason="needs root (mounts) and mkfs.ext4"
+)
+def test_a_full_zfs_subvol_moves_onto_a_new_volume_and_stays_untouched(pve):
+    """The move from a container's ZFS subvol (a dataset: a directory, bind-mounted read-only, not a block device
+    to mount) onto a new volume: copied, verified by checksum, ``mp0`` switched, the subvol left as it was.
+    Real: mkfs.ext4, mount (the new volume is the stand-in's sparse image file, mounted through a loop device), rsync.
+    STAND-INS: ``pvesm``/``pct`` (the subvol is a directory their ``pvesm path`` answers)."""
+    dataset = pve / "rpool/data/subvol-129-disk-1"
+    (dataset / "rows_0-2000").mkdir(parents=True)
+    for i in range(3):
+        (dataset / "rows_0-2000" / f"data_{i}.ckpt").write_bytes(os.urandom(300_000))
+    storage_json = pve / "var/lib/pct-standin/storage.json"
+    st = json.loads(storage_json.read_text())
+    st["storages"]["local-zfs"] = {"type": "zfspool", "total": 10 * GiB, "used": 10 * GiB - 2**20}
+    st["volumes"]["local-zfs"] = [{"name": "subvol-129-disk-1", "format": "subvol", "content": "rootdir",
+                                   "size": GiB, "vmid": 129, "path": str(dataset)}]  # fmt: skip
+    st["storages"]["local-lvm"]["total"] = 10 * GiB
+    storage_json.write_text(json.dumps(st))
+    run(FIX / "pct", "set", "129", "--mp0", "local-zfs:subvol-129-disk-1,mp=/data,size=1G")
+    before = {p.relative_to(dataset): p.read_bytes() for p in dataset.rglob("*") if p.is_file()}
+    res = storage_volume_move.move(_move_params(pve, "local-lvm:1"), _sh, sh=_sh)
+    assert res["changed"] and res["old"] == "local-zfs:subvol-129-disk-1,mp=/data,size=1G", res
+    assert f"mp0: {res['volume']},mp=/data,size=1G\n" in conf(pve)
+    assert {p.relative_to(dataset): p.read_bytes() for p in dataset.rglob("*") if p.is_file()} == before
+    new = pve / "check"
+    new.mkdir()
+    image = run(FIX / "pvesm", "path", res["volume"]).strip()
+    subprocess.run(["mount", "-o", "ro", image, str(new)], check=True)
+    try:
+        assert {p.relative_to(new): p.read_bytes() for p in new.rglob("*") if p.is_file()} == before
+    finally:
+        subprocess.run(["umount", str(new)], check=True)
+    assert not storage_volume_move.move(_move_params(pve, "local-lvm:1"), _sh, sh=_sh)["changed"]
