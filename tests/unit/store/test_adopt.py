@@ -381,6 +381,17 @@ def test_status_lengths_and_checks_count_adopted_rows_adopted_without_the_conten
     assert res["already_verified"] == 1 and res["to_verify"] == 107 and res["unchecked"] == 10
     assert str(bad["flipped"]) == rows[6]["p"]
 
+    # the next extraction's plan drops the queued adopted row from the record (its file stays: the dump is the
+    # user's), logs it under damaged/ and extracts it; the other adopted rows stay done
+    from eagle3ops.extract.session import load_seq_lens
+
+    plan = HiddenStateStore(data).plan(load_seq_lens(data), num_states=4, hidden_size=H, dtype="bfloat16")
+    assert 6 in plan.remaining and 6 in plan.damaged and plan.done == 117
+    assert set(adopted_record.read_rows(hs)) == set(rows) - {6} and bad["flipped"].exists()
+    logged = [json.loads(x) for x in (hs / "damaged" / "damaged.jsonl").read_text().splitlines()]
+    assert [(r["index"], r["file"], r["adopted"]) for r in logged] == [(6, str(bad["flipped"]), True)]
+    assert adopted_record.read_queue(hs) == {}
+
 
 @pytest.mark.slow
 def test_speculators_trains_on_an_adopted_and_extracted_store(made, tmp_path, capsys):
