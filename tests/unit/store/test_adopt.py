@@ -214,6 +214,12 @@ def test_bad_dumps_are_refused_before_any_work(made, tmp_path, capsys):
     other = tmp_path / "other"  # every sample of two aux layers where three are declared
     shutil.copytree(layers, other)
     (other / "rows_0-2000" / "a.ckpt").unlink()
+    keyed = tmp_path / "keyed"  # another tool's key names, not declared
+    (keyed / "rows_0-2000").mkdir(parents=True)
+    (keyed / "eagle3ops-dump.json").write_text(json.dumps(SIDE))
+    t = d["hidden_states"].shape[0]
+    torch.save({"ids": d["token_ids"], "aux": d["hidden_states"][:, :3].reshape(1, t, -1).clone(),
+                "last": d["hidden_states"][:, 3][None].clone(), "step": 7}, keyed / "rows_0-2000" / "a.pt")  # fmt: skip
     undeclared = tmp_path / "undeclared"
     shutil.copytree(mixed, undeclared)
     (undeclared / "eagle3ops-dump.json").unlink()
@@ -256,6 +262,11 @@ def test_bad_dumps_are_refused_before_any_work(made, tmp_path, capsys):
         ),
         (["--adopt-from", str(mixed)], "mixes layouts"),
         (
+            ["--adopt-from", str(keyed)],
+            f"{keyed / 'rows_0-2000/a.pt'} holds {{aux: tensor, ids: tensor, last: tensor, step: int}}, not a "
+            "tensor under each of the dump's key names input_ids='input_ids', aux='aux_hidden_state'",
+        ),
+        (
             ["--adopt-from", str(layers)],
             "holds 4 states of 64 bfloat16, " + str(layers / "rows_0-2000/b.ckpt"),
         ),
@@ -269,6 +280,21 @@ def test_bad_dumps_are_refused_before_any_work(made, tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and words in err, (extra, err)
         assert os.listdir(data / "hidden_states") == [], extra  # nothing written
+    # the keys declared, the same file is adopted
+    rc = cli_main(
+        [
+            *common,
+            "--adopt-from",
+            str(keyed),
+            "--adopt-keys",
+            "input_ids=ids",
+            "--adopt-keys",
+            "aux=aux",
+            "--adopt-keys",
+            "last=last",
+        ]
+    )
+    assert rc == 0 and set(adopted_record.read_rows(data / "hidden_states")) == {0}, capsys.readouterr().err
 
 
 def test_legacy_torch_save_files_are_refused_by_name_and_adopted_once_converted(made, tmp_path, capsys):
