@@ -281,6 +281,12 @@ def test_bad_dumps_are_refused_before_any_work(made, tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and words in err, (extra, err)
         assert os.listdir(data / "hidden_states") == [], extra  # nothing written
+    # the extract phase's adoption (either way it runs) refuses the same way, before the store is touched
+    for argv in (["extract", "--device", "cpu"], ["extract", "--check"]):
+        rc = cli_main([*argv, *common[2:], "--adopt-from", str(tmp_path / "nowhere")])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"the dump {tmp_path / 'nowhere'} does not exist" in err, (argv, err)
+        assert os.listdir(data / "hidden_states") == [], argv
     # the keys declared, the same file is adopted
     rc = cli_main(
         [
