@@ -249,6 +249,18 @@ layer_ids:
   returned: always
   type: list
   elements: int
+dump:
+  description:
+    - With O(adopt_from) - the adoption of the existing dump before any row is sent - C(adopted) (rows recorded
+      where their files lie), C(files), C(damaged), C(wrong_shape), C(duplicates) (file -> why, or the file it
+      repeats), C(unmatched) (files of no prepared row), C(already_in_store), C(bytes_read), C(seconds),
+      C(changed). Their rows, and the rows the dump lacks, are sent.
+  returned: with adopt_from
+  type: dict
+dump_rows:
+  description: Check mode with O(adopt_from) - rows the dump would supply (not counted in RV(to_extract)).
+  returned: check mode with adopt_from
+  type: int
 """
 
 from ansible.module_utils.basic import AnsibleModule
