@@ -399,3 +399,30 @@ def test_a_full_zfs_subvol_moves_onto_a_new_volume_and_stays_untouched(pve):
     finally:
         subprocess.run(["umount", str(new)], check=True)
     assert not storage_volume_move.move(_move_params(pve, "local-lvm:1"), _sh, sh=_sh)["changed"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bind mounts)")
+def test_a_move_onto_a_zfspool_allocates_a_subvol_as_pve_does(pve, tmp_path):
+    """Onto a zfspool the new volume is a ``subvol-<vmid>-disk-<n>`` dataset (``pvesm alloc ... --format subvol``,
+    ZFSPoolPlugin's name rule), bound rather than formatted; the data copied and verified, ``mp0`` switched.
+    STAND-INS: ``pvesm``/``pct`` (the dataset is a directory under the stand-in's images)."""
+    bad = subprocess.run([str(FIX / "pvesm"), "alloc", "local-lvm", "129", "subvol-129-disk-5", "1G", "--format",
+                          "subvol"], capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode != 0 and "unsupported format 'subvol'" in bad.stderr
+    data = tmp_path / "hostdata"
+    (data / "rows_0-2000").mkdir(parents=True)
+    (data / "rows_0-2000" / "data_0.ckpt").write_bytes(os.urandom(200_000))
+    storage_json = pve / "var/lib/pct-standin/storage.json"
+    st = json.loads(storage_json.read_text())
+    st["storages"]["local-zfs"] = {"type": "zfspool", "total": 10 * GiB, "used": 0}
+    storage_json.write_text(json.dumps(st))
+    run(FIX / "pct", "set", "129", "--mp0", f"{data},mp=/data")
+    res = storage_volume_move.move(_move_params(pve, "local-zfs:2"), _sh, sh=_sh)
+    assert res["volume"] == "local-zfs:subvol-129-disk-0", res
+    assert "mp0: local-zfs:subvol-129-disk-0,mp=/data,size=2G\n" in conf(pve)
+    dataset = Path(run(FIX / "pvesm", "path", res["volume"]).strip())
+    assert dataset.is_dir() and not (pve / "new").is_mount()
+    got = (dataset / "rows_0-2000" / "data_0.ckpt").read_bytes()
+    assert got == (data / "rows_0-2000" / "data_0.ckpt").read_bytes()
+    listed = pve_volumes.parse_pvesm_list(run(FIX / "pvesm", "list", "local-zfs"))
+    assert [(v.volid, v.format) for v in listed] == [("local-zfs:subvol-129-disk-0", "subvol")]
