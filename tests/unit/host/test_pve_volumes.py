@@ -208,6 +208,19 @@ def test_a_new_volume_is_allocated_once_and_a_second_run_changes_nothing(pve):
     assert conf(pve) == text
 
 
+def test_a_new_volume_on_a_zfspool_is_a_subvol_and_a_second_run_changes_nothing(pve):
+    """PVE gives a container's new volume on a zfspool as ``subvol-<vmid>-disk-<n>`` (the stand-in ``pct`` does
+    too): what it writes back is the wanted mount point, so the second run changes nothing."""
+    storage_json = pve / "var/lib/pct-standin/storage.json"
+    st = json.loads(storage_json.read_text())
+    st["storages"]["local-zfs"] = {"type": "zfspool", "total": 2000 * GiB, "used": 0}
+    storage_json.write_text(json.dumps(st))
+    ask = params(pve, options={"mp0": "local-zfs:500,mp=/data,backup=0"})
+    container.converge(ask, container.Host())
+    assert "mp0: local-zfs:subvol-129-disk-0,mp=/data,backup=0,size=500G\n" in conf(pve), conf(pve)
+    assert not container.converge(ask, container.Host())["changed"]
+
+
 @pytest.mark.parametrize(
     "value, named",
     [
