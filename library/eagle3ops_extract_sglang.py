@@ -108,6 +108,46 @@ options:
         list.
     type: str
     default: 0.5.23
+  adopt_from:
+    description:
+      - An existing hidden-state dump to adopt in place before extracting - C(rows_*/) folders of per-sample
+        C(torch.save) dicts (C(.pt), C(.ckpt); the SpecForge offline layout) or our own safetensors samples.
+        Each file is matched to a prepared row by a hash of its token ids, its length and shapes checked from
+        its metadata (with O(adopt_checksum) every byte, against the zip's own crc32s), and recorded in C(hidden_states/adopted.jsonl)
+        where it lies; no byte is copied.
+      - Damaged, truncated, duplicated, unmatched and wrong-shaped files are listed in the result and their
+        rows extracted, as are the rows the dump lacks. What the dump holds is declared by O(adopt_layer_ids),
+        O(adopt_layer_convention), O(adopt_last_state), O(adopt_keys) or its sidecar C(eagle3ops-dump.json),
+        never guessed; a dump of other layers or a post-norm last state is refused naming both.
+    type: path
+  adopt_layer_ids:
+    description: The aux layer ids the dump holds (in O(adopt_layer_convention)), unless its C(eagle3ops-dump.json)
+      says.
+    type: list
+    elements: int
+  adopt_layer_convention:
+    description: The convention of O(adopt_layer_ids) - C(output) for SpecForge/ModelOpt ids (one less than
+      C(input)).
+    type: str
+    choices: [input, output]
+  adopt_last_state:
+    description: 'Whether the dump''s last state is the last decoder layer''s output before the final norm
+      (C(pre-norm), what speculators trains on) or after it (C(post-norm), SpecForge''s C(hidden_state)):
+      post-norm is refused, naming both.'
+    type: str
+    choices: [pre-norm, post-norm]
+  adopt_keys:
+    description: The dump's dict keys when they differ from SpecForge's (C(input_ids), C(aux_hidden_state)
+      [1, T, K*H], C(hidden_state) [1, T, H]) - C(input_ids), C(aux), C(last).
+    type: dict
+    default: {}
+  adopt_checksum:
+    description: Read every adopted file once - a C(torch.save) zip's members against the crc32s its writer
+      recorded (bit flips are found; the file is its own checksum for the train phase's content check), a
+      safetensors sample's xxh3-64 recorded for it. False checks length and shapes only (no tensor bytes read;
+      docs/performance.md has both costs).
+    type: bool
+    default: true
   # END generated: doc eagle3ops_extract_sglang
 """
 
@@ -209,6 +249,18 @@ layer_ids:
   returned: always
   type: list
   elements: int
+dump:
+  description:
+    - With O(adopt_from) - the adoption of the existing dump before any row is sent - C(adopted) (rows recorded
+      where their files lie), C(files), C(damaged), C(wrong_shape), C(duplicates) (file -> why, or the file it
+      repeats), C(unmatched) (files of no prepared row), C(already_in_store), C(bytes_read), C(seconds),
+      C(changed). Their rows, and the rows the dump lacks, are sent.
+  returned: with adopt_from
+  type: dict
+dump_rows:
+  description: Check mode with O(adopt_from) - rows the dump would supply (not counted in RV(to_extract)).
+  returned: check mode with adopt_from
+  type: int
 """
 
 from ansible.module_utils.basic import AnsibleModule

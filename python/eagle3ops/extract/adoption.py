@@ -15,6 +15,14 @@ def survey_dump(cfg, layer_ids: list[int], hidden_size: int, *, content: bool = 
     bytes; a plan of a 2.3 TB dump must not)."""
     if not getattr(cfg, "adopt_from", None):
         return None
+    ranks = getattr(cfg, "ranks", None) or []
+    if ranks and cfg.world_size > len(ranks):
+        raise ExtractError(
+            f"adopt_from {cfg.adopt_from}: this host's store covers ranks {list(ranks)} of {cfg.world_size}; a "
+            "dump's rows belong to every host's share, so one host's store cannot take it (the others would "
+            "extract those rows again); adopting into a multi-host extraction is not supported: extract on one "
+            "host with adopt_from"
+        )
     try:
         return survey(
             cfg.data_dir,

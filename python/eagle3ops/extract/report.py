@@ -23,6 +23,24 @@ def _stored(result: dict, data_dir: str) -> str:
     return f"layers {result.get('layer_ids')} + pre-norm last -> {data_dir}/hidden_states"
 
 
+def dump_line(r: dict, check_mode: bool) -> str:
+    """What the adoption of an existing dump (``adopt_from``) took, or would take; "" without one."""
+    d = r.get("dump") or {}
+    if not d:
+        return ""
+    bad = [
+        (len(d.get(k) or ()), k.replace("_", "-"))
+        for k in ("damaged", "wrong_shape", "duplicates", "unmatched")
+    ]
+    left = ", ".join(f"{n} {what}" for n, what in bad if n)
+    return (
+        f"{'would adopt' if check_mode else 'adopted'} {d.get('adopted')} of the {d.get('files')} files of "
+        f"{d.get('dump')} where they lie"
+        + (f" ({left}: listed in the result, their rows extracted)" if left else "")
+        + "; "
+    )
+
+
 def transformers_line(
     result: dict, check_mode: bool, data_dir: str, reassign_dirs: list | None = None
 ) -> str:
@@ -42,7 +60,7 @@ def transformers_line(
             out += f" ({r['adoptable']} of them finished files without a manifest line, which a run records)"
         if int(r.get("importable") or 0) > 0:
             out += f"; would copy {r['importable']} rows the lost hosts finished from their parts ({dirs})"
-        return damaged + out
+        return damaged + dump_line(r, True) + out
     adopted = int(r.get("adopted") or 0)
     out = (
         f"extracted {r.get('written')} of {r.get('total')} rows ({r.get('tokens')} tokens, {size(r.get('bytes'))}) "
@@ -52,7 +70,7 @@ def transformers_line(
         out += f", {adopted} finished files without a manifest line adopted"
     if int(r.get("imported") or 0) > 0:
         out += f", of them {r['imported']} rows the lost hosts finished, copied from their parts ({dirs})"
-    return damaged + f"{out}; {_stored(r, data_dir)}"
+    return damaged + dump_line(r, False) + f"{out}; {_stored(r, data_dir)}"
 
 
 def patch_line(restore: dict | None, patch: dict | None) -> str:
@@ -84,11 +102,11 @@ def sglang_line(
         )
     r = result
     if check_mode:
-        return (
+        return dump_line(r, True) + (
             f"would send {r.get('to_extract', '?')} of {r.get('total', '?')} rows to SGLang at "
             f"{', '.join(str(u) for u in urls or [])} ({size(r.get('bytes_needed'))}); {tail}"
         )
-    return (
+    return dump_line(r, False) + (
         f"SGLang extracted {r.get('written')} rows ({r.get('tokens')} tokens, {size(r.get('bytes'))}) in "
         f"{r.get('seconds')} s with {r.get('retries')} retries; {r.get('done_before')} of {r.get('total')} were "
         f"already done; {_stored(r, data_dir)}; {tail}"

@@ -1,6 +1,6 @@
 """The storage phase's move of a container's data mount onto a NEW PVE storage volume (``storage_target_volume:
-local-lvm:500``): allocate it (``pvesm alloc``), make its filesystem (ext4, as PVE makes a container volume's),
-copy the old data onto it (rsync -aHAX, the phase's own command lines), verify by checksum (a dry-run with
+local-lvm:500``): allocate it (``pvesm alloc``), make its filesystem (ext4, as PVE makes a container volume's;
+on a zfspool a ``subvol`` dataset, bind-mounted, as PVE gives a container there), copy the old data onto it (rsync -aHAX, the phase's own command lines), verify by checksum (a dry-run with
 ``--checksum`` must list nothing), then switch the container's ``mpN`` to the new volume (``pct set``). The old
 volume is never written: it is mounted read-only while it is copied and PVE keeps it as ``unusedN`` (the rollback:
 ``pct set <vmid> --mp0 <old volume>,mp=/data`` puts it back); an old host path stays where it is.
@@ -49,14 +49,20 @@ def _load(path: str) -> dict:
     return _fs.read_json(path) or {}
 
 
-def _free_name(vmid: int, listed: list, config_dir: str) -> str:
-    """The first ``vm-<vmid>-disk-<n>`` no volume of the storage and no container config names."""
+def _free_name(vmid: int, listed: list, config_dir: str, prefix: str = "vm") -> str:
+    """The first ``<prefix>-<vmid>-disk-<n>`` no volume of the storage and no container config names."""
     taken = {v.volid.split(":", 1)[1] for v in listed}
     for name in sorted(os.listdir(config_dir)):
         if name.endswith(".conf"):
             with open(os.path.join(config_dir, name)) as f:
-                taken |= set(re.findall(rf"vm-{vmid}-disk-\d+", f.read()))
-    return next(f"vm-{vmid}-disk-{n}" for n in range(1000) if f"vm-{vmid}-disk-{n}" not in taken)
+                taken |= set(re.findall(rf"{prefix}-{vmid}-disk-\d+", f.read()))
+    return next(f"{prefix}-{vmid}-disk-{n}" for n in range(1000) if f"{prefix}-{vmid}-disk-{n}" not in taken)
+
+
+def _mount(sh, dev: str, at: str, what: str, ro: bool = False) -> None:
+    """A block device mounted, or a ZFS subvol (a dataset: a directory) bound, at ``at``."""
+    how = ["--bind"] if os.path.isdir(dev) else []
+    _out(sh, ["mount", *how, *(["-o", "ro"] if ro else []), dev, at], what)
 
 
 def _mounted(path: str) -> bool:
@@ -129,7 +135,7 @@ def move(p: dict, run, *, check_mode: bool = False, sh=_sh) -> dict:
             if not _mounted(src):
                 os.makedirs(src, exist_ok=True)
                 dev = _out(run, [p["pvesm"], "path", source], "the old volume's path").strip()
-                _out(sh, ["mount", "-o", "ro", dev, src], f"mount {source} read-only")
+                _mount(sh, dev, src, f"mount {source} read-only", ro=True)
                 ours.append(src)
         else:
             src = source
@@ -140,12 +146,15 @@ def move(p: dict, run, *, check_mode: bool = False, sh=_sh) -> dict:
                     f"{source}, verify and switch {p['mount_point']} of container {p['vmid']}"}  # fmt: skip
         state = pl["state"] if pl["state"].get("target") == p["target"] else {}
         storage = pl["storage"].name
+        # on a zfspool a container's volume is a subvol (a dataset, no filesystem to make), as PVE allocates it
+        subvol = pl["storage"].type == "zfspool"
         if not state.get("volume"):
             listed = pve_volumes.parse_pvesm_list(_out(run, [p["pvesm"], "list", storage], "volumes"))
-            name = _free_name(p["vmid"], listed, p["config_dir"])
+            name = _free_name(p["vmid"], listed, p["config_dir"], "subvol" if subvol else "vm")
             size = f"{int(float(p['target'].split(':', 1)[1]) * 2**20)}"  # KiB, as pvesm alloc takes it
+            fmt = ["--format", "subvol"] if subvol else []
             made = CREATED_RE.search(
-                _out(run, [p["pvesm"], "alloc", storage, str(p["vmid"]), name, size], "alloc")
+                _out(run, [p["pvesm"], "alloc", storage, str(p["vmid"]), name, size, *fmt], "alloc")
             )
             if not made:
                 raise pve.PveError(f"`pvesm alloc` did not say which volume it created ({storage}:{name})")
@@ -153,7 +162,7 @@ def move(p: dict, run, *, check_mode: bool = False, sh=_sh) -> dict:
                 "target": p["target"],
                 "volume": made.group(1),
                 "old": pl["current"],
-                "step": "allocated",
+                "step": "formatted" if subvol else "allocated",
             }
             _fs.write_json(
                 p["state_file"], state
@@ -167,7 +176,7 @@ def move(p: dict, run, *, check_mode: bool = False, sh=_sh) -> dict:
         if not _mounted(dst):
             os.makedirs(dst, exist_ok=True)
             dev = _out(run, [p["pvesm"], "path", state["volume"]], "the new volume's path").strip()
-            _out(sh, ["mount", dev, dst], f"mount {state['volume']}")
+            _mount(sh, dev, dst, f"mount {state['volume']}")
             ours.append(dst)
         res = _rsync.run_rsync(
             cmd := _rsync.rsync_command(src, dst, mode="copy", extra=p.get("rsync_opts") or [])

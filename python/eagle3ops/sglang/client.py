@@ -72,6 +72,14 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
     margin_bytes: int = 64 * 1024 * 1024
     # the PVE storage underneath the data directory (store.pool); {} = not a PVE storage volume
     pve_storage: dict = field(default_factory=dict)
+    # an existing dump adopted where it lies before any row is sent (eagle3ops.extract.adoption; the transformers
+    # backend's ExtractConfig has the same six)
+    adopt_from: str | None = None
+    adopt_layer_ids: list[int] | None = None
+    adopt_layer_convention: str | None = None
+    adopt_last_state: str | None = None
+    adopt_keys: dict = field(default_factory=dict)
+    adopt_checksum: bool = True
     # systemd units to start: one, or one per URL in the same order (several servers of one host); None = attach
     server_unit: str | list[str] | None = None
     server_pid: int | None = None  # the attached server's PID: its death ends a wait for /health at once
@@ -122,6 +130,12 @@ class SGLangExtractConfig(RetrySettings):  # its requests and retries: RetrySett
             ranks=ranks,
             reassign_ranks=self.reassign_ranks,
             reassign_from_data=self.reassign_from_data,
+            adopt_from=self.adopt_from,
+            adopt_layer_ids=self.adopt_layer_ids,
+            adopt_layer_convention=self.adopt_layer_convention,
+            adopt_last_state=self.adopt_last_state,
+            adopt_keys=self.adopt_keys,
+            adopt_checksum=self.adopt_checksum,
         )
 
     def check_units(self) -> None:
@@ -324,7 +338,9 @@ class _Runner:
 def run_sglang_extraction(
     cfg: SGLangExtractConfig, *, on_progress: Callable[[int, int], None] | None = None
 ) -> dict:
-    """Extract every remaining row through the patched server; resumable; returns counts."""
+    """Extract every remaining row through the patched server; resumable; returns counts. With ``adopt_from``, an
+    existing dump is surveyed before anything is written and adopted where it lies: its rows are not sent."""
+    from eagle3ops.extract.adoption import commit_dump, survey_dump
     from eagle3ops.extract.session import (
         build_meta,
         load_seq_lens,
@@ -340,11 +356,15 @@ def run_sglang_extraction(
     layer_ids = resolve_layer_ids(facts["num_layers"], cfg.layer_ids, cfg.layer_convention)
     num_states, hidden = len(layer_ids) + 1, facts["hidden_size"]
     cfg.check_units()
+    indices, ranks, server_for = routing(cfg, len(seq_lens))
+    dump = survey_dump(
+        cfg.store_config(ranks), layer_ids, hidden
+    )  # every refusal before the store is touched
     store = HiddenStateStore(cfg.data_dir, rank=0)
     meta = build_meta(cfg.store_config(), facts, layer_ids, len(seq_lens))
     meta["backend"] = "sglang"
     store.ensure_meta(meta)
-    indices, ranks, server_for = routing(cfg, len(seq_lens))
+    adopted_dump = commit_dump(dump)
     if ranks is not None:  # several hosts: the store records the ranks it covers (refused if they moved)
         from eagle3ops.extract.session import import_from_lost_parts
 
@@ -366,6 +386,7 @@ def run_sglang_extraction(
         world_size=cfg.world_size,
         ranks=ranks,
         **imported,
+        **adopted_dump,
         server_env={
             sglang_hook.ENV_DUMP_DIR: str(Path(cfg.data_dir).resolve()),
             sglang_hook.ENV_LAYER_IDS: ",".join(map(str, layer_ids)),

@@ -12,6 +12,14 @@ from eagle3ops.sglang.versions import KNOWN, UnknownVersion, get
 
 # the options of the store both the SGLang run and its check-mode plan (the transformers backend's) take
 _STORE_OPTIONS = ("layer_ids", "layer_convention", "dtype", "limit", "trust_remote_code")
+_ADOPT_OPTIONS = (
+    "adopt_from",
+    "adopt_layer_ids",
+    "adopt_layer_convention",
+    "adopt_last_state",
+    "adopt_keys",
+    "adopt_checksum",
+)
 _STORE_RENAMED = {"data_dir": "data", "model_path": "model", "margin_frac": "margin"}
 
 
@@ -102,6 +110,7 @@ def cmd_extract(args) -> int:
             "sglang_version",
             "progress",
             "pve_storage",
+            *_ADOPT_OPTIONS,
             **_STORE_RENAMED,
         ),
         margin_bytes=disk_margin_bytes(args.disk_margin_mib),
@@ -121,7 +130,7 @@ def cmd_extract(args) -> int:
             res.update(
                 backend="sglang",
                 check_mode=True,
-                changed=bool(res["to_extract"] or res.get("importable")),
+                changed=bool(res["to_extract"] or res.get("importable") or res.get("dump_rows")),
                 written=0,
                 failed=0,
             )
@@ -139,7 +148,10 @@ def cmd_extract(args) -> int:
     except (SGLangClientError, ExtractError, StoreError, PatchError) as e:
         raise CommandError(str(e)) from None
     res["changed"] = (
-        res["written"] > 0 or res.get("imported", 0) > 0 or bool(res.get("patch", {}).get("changed"))
+        res["written"] > 0
+        or res.get("imported", 0) > 0
+        or bool(res.get("patch", {}).get("changed"))
+        or bool((res.get("dump") or {}).get("changed"))
     )
     human = (
         f"sglang extract: {res['written']} written, {res['done_before']} already done, {res['failed']} failed "

@@ -32,6 +32,8 @@ JOB_FILE, PROGRESS, REASSIGN_RANKS, REASSIGN_FROM_DATA = (
     _x.REASSIGN_RANKS,
     _x.REASSIGN_FROM_DATA,
 )
+# an existing dump adopted before the rows are sent: the transformers backend's options and role variables
+ADOPT = [o.but(role=f"extract_{o.name}") for o in _x.ADOPT]
 
 SGLANG_EXTRACT = Command(
     "extract-sglang",
@@ -179,6 +181,7 @@ SGLANG_EXTRACT = Command(
         MARGIN.but(role="extract_margin"),
         DISK_MARGIN_MIB.but(role="extract_disk_margin_mib"),
         PVE_STORAGE,
+        *ADOPT,
         WAIT_RUNNING,
         JOB_FILE,
         PROGRESS,

@@ -95,6 +95,7 @@ def survey(
         )
     probes = [dump.probe(f, spec) for f in files]
     dump.refuse_legacy(probes)
+    dump.refuse_keys(probes, spec)
     _refuse_mixed(probes, spec, hidden_size)
     s = Survey(spec, store_dir, files=len(files))
     hashes = row_token_hashes(data_dir)

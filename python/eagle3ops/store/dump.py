@@ -151,6 +151,9 @@ class Probe:
     error: str | None = None  # unreadable / truncated
     shape_error: str | None = None  # readable, but not a sample of the declared shape
     legacy: bool = False  # a torch.save file of the legacy (non-zip) format: refused (:func:`refuse_legacy`)
+    other_keys: list[str] | None = (
+        None  # what a file without the declared keys holds: refused (:func:`refuse_keys`)
+    )
 
 
 def token_hash(ids_int64_bytes) -> int:
@@ -190,8 +193,10 @@ def _probe_torch(p: Probe, spec: DumpSpec) -> None:
     if not isinstance(d, dict) or any(
         not isinstance(d.get(k[n]), TensorMeta) for n in ("input_ids", "aux", "last")
     ):
-        have = sorted(d) if isinstance(d, dict) else type(d).__name__
-        p.shape_error = f"keys {have} lack a tensor of {[k['input_ids'], k['aux'], k['last']]}"
+        items = sorted(d.items()) if isinstance(d, dict) else [("", d)]
+        p.other_keys = [
+            f"{n}: {'tensor' if isinstance(v, TensorMeta) else type(v).__name__}" for n, v in items
+        ]
         return
     ids, aux, last = d[k["input_ids"]], d[k["aux"]], d[k["last"]]
     for t in (ids, aux, last):
@@ -206,6 +211,13 @@ def _probe_torch(p: Probe, spec: DumpSpec) -> None:
     p.seq_len = ishape[0]
     p.hidden_size = lshape[-1] if lshape else 0
     p.dtype, p.num_states = last.dtype, n_aux + 1
+    h, width = p.hidden_size, ashape[-1] if len(ashape) == 2 else 0
+    if len(ishape) == 1 and lshape == [p.seq_len, h] and ashape[:1] == [p.seq_len] and h and width % h == 0:
+        # a whole sample of another number of aux layers: another extraction's layer ids, not damage
+        # (refused by the survey, naming the file and the run's layout), as a sample of another hidden size is
+        p.num_states = width // h + 1
+        if p.num_states != n_aux + 1:
+            return
     if (
         len(ishape) != 1
         or ashape != [p.seq_len, n_aux * p.hidden_size]
@@ -257,6 +269,21 @@ def refuse_legacy(probes: list[Probe]) -> None:
             "`python -c 'import sys, torch; [torch.save(torch.load(f, weights_only=True), f) for f in "
             "sys.argv[1:]]' FILES` (one read and one write of each; a file pickled with protocol 4 or more "
             "needs weights_only=False, for files you trust; docs/data-format.md), then adopt again"
+        )
+
+
+def refuse_keys(probes: list[Probe], spec: DumpSpec) -> None:
+    """Files without a tensor under each of the dump's key names (SpecForge's unless declared) are refused, naming
+    the first and what it holds: another tool's keys are a declaration to make (``adopt_keys`` or the sidecar's
+    ``keys``), not damage to redo silently (a damaged file does not parse at all)."""
+    odd = [p for p in probes if p.other_keys is not None]
+    if odd:
+        k = spec.keys
+        raise AdoptError(
+            f"adopt: {odd[0].path} holds {{{', '.join(odd[0].other_keys)}}}, not a tensor under each of the "
+            f"dump's key names input_ids={k['input_ids']!r}, aux={k['aux']!r}, last={k['last']!r} (as {len(odd) - 1} "
+            f"more of its {len(probes)} files); declare the dump's key names (adopt_keys input_ids=.. aux=.. "
+            f'last=.., or "keys" in {SIDECAR}), then adopt again'
         )
 
 

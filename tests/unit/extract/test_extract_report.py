@@ -56,3 +56,23 @@ def test_sglang_lines_name_the_servers_and_the_patch():
     assert said.startswith(
         "nothing to extract: 9 of 9 rows already in the manifests (no SGLang server started);"
     )
+
+
+def test_both_backends_say_what_an_adopted_dump_gave():
+    dump = {"dump": "/old/dump", "files": 12, "adopted": 9, "damaged": {"/old/dump/a.pt": "truncated"},
+            "wrong_shape": {}, "duplicates": {"/old/dump/b.pt": "/old/dump/c.pt"}, "unmatched": []}  # fmt: skip
+    said = report.transformers_line({**RUN, "layer_ids": [2], "dump": dump}, False, "/d")
+    assert said.startswith(
+        "adopted 9 of the 12 files of /old/dump where they lie (1 damaged, 1 duplicates: listed in the result, "
+        "their rows extracted); extracted 6 of 9 rows"
+    ), said
+    said = report.sglang_line({"to_extract": 3, "total": 9, "dump": {**dump, "damaged": {}, "duplicates": {}}},
+                              True, "/d", ["u1"], patch_restore={"skipped": True})  # fmt: skip
+    assert said.startswith("would adopt 9 of the 12 files of /old/dump where they lie; would send 3 of 9"), (
+        said
+    )
+    said = report.sglang_line({**RUN, "retries": 0, "layer_ids": [1], "dump": dump}, False, "/d", ["u1"])
+    assert said.startswith(
+        "adopted 9 of the 12 files of /old/dump where they lie (1 damaged, 1 duplicates"
+    ), said
+    assert report.dump_line(RUN, False) == ""

@@ -8,7 +8,7 @@ STAND-INS (no Proxmox VE host can run here): ``pvesm``/``lvs`` are tests/fixture
 tests/fixtures/pct, their state under ``PCT_STANDIN_ROOT``. Their output format is checked here against
 tests/fixtures/pve/pvesm-format.json, a record of PVE's own format read from its source (the file says where).
 Real: the config files, the parsing and the checks, every ``pct``/``pvesm`` call as a process. No root needed
-(no GPU nodes: ``gpus: none``).
+(no GPU nodes: ``gpus: none``) but for the one move that mounts (a ZFS subvol's; skipped without root).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -207,6 +208,19 @@ def test_a_new_volume_is_allocated_once_and_a_second_run_changes_nothing(pve):
     assert conf(pve) == text
 
 
+def test_a_new_volume_on_a_zfspool_is_a_subvol_and_a_second_run_changes_nothing(pve):
+    """PVE gives a container's new volume on a zfspool as ``subvol-<vmid>-disk-<n>`` (the stand-in ``pct`` does
+    too): what it writes back is the wanted mount point, so the second run changes nothing."""
+    storage_json = pve / "var/lib/pct-standin/storage.json"
+    st = json.loads(storage_json.read_text())
+    st["storages"]["local-zfs"] = {"type": "zfspool", "total": 2000 * GiB, "used": 0}
+    storage_json.write_text(json.dumps(st))
+    ask = params(pve, options={"mp0": "local-zfs:500,mp=/data,backup=0"})
+    container.converge(ask, container.Host())
+    assert "mp0: local-zfs:subvol-129-disk-0,mp=/data,backup=0,size=500G\n" in conf(pve), conf(pve)
+    assert not container.converge(ask, container.Host())["changed"]
+
+
 @pytest.mark.parametrize(
     "value, named",
     [
@@ -323,3 +337,105 @@ def test_a_volume_move_is_refused_before_anything_is_allocated(pve, tmp_path, ta
     with pytest.raises(PveError, match=re.escape(named)):
         storage_volume_move.move(_move_params(pve, target), _sh, sh=_sh)
     assert (storage_json.read_text(), conf.read_text()) == before and not (pve / "move.json").exists()
+
+
+def test_a_zfs_subvol_is_a_source_bind_mounted_and_another_guests_is_refused(pve):
+    """A container's /data on a zfspool (PVE gives a container there a ``subvol-<vmid>-disk-<n>`` dataset, a
+    directory rather than a block device): the storage phase plans a bind mount of the dataset (no blkid, no
+    mkfs), refuses another guest's subvol naming its owner, and the usage beneath it is the pool's own line of
+    ``pvesm status``. STAND-IN: the dataset is a directory the stand-in's ``pvesm path`` answers."""
+    from eagle3ops.host import storage_volume
+
+    dataset = pve / "rpool/data/subvol-129-disk-1"
+    (dataset / "rows_0-2000").mkdir(parents=True)
+    storage_json = pve / "var/lib/pct-standin/storage.json"
+    st = json.loads(storage_json.read_text())
+    st["storages"]["local-zfs"] = {"type": "zfspool", "total": 100 * GiB, "used": 100 * GiB - 2**29}
+    st["volumes"]["local-zfs"] = [
+        {"name": "subvol-129-disk-1", "format": "subvol", "content": "rootdir", "size": 500 * GiB, "vmid": 129,
+         "path": str(dataset)},
+        {"name": "subvol-130-disk-0", "format": "subvol", "content": "rootdir", "size": 8 * GiB, "vmid": 130},
+    ]  # fmt: skip
+    storage_json.write_text(json.dumps(st))
+    run(FIX / "pct", "set", "129", "--mp0", "local-zfs:subvol-129-disk-1,mp=/data,size=500G")
+
+    def p(volume):
+        return {"volume": volume, "vmid": 129, "data_path": str(pve / "mnt/data"), "pvesm": str(FIX / "pvesm"),
+                "pct": str(FIX / "pct"), "state_file": str(pve / "storage.json"),
+                "config_dir": str(pve / "etc/pve/lxc")}  # fmt: skip
+
+    plan = storage_volume.plan_source_volume(p("local-zfs:subvol-129-disk-1"), _sh, mounts=[])
+    assert plan == {"action": "mount", "device": str(dataset), "fstype": "none", "opts": "bind", "why": ""}
+    with pytest.raises(PveError, match="belongs to guest 130, not to container 129"):
+        storage_volume.plan_source_volume(p("local-zfs:subvol-130-disk-0"), _sh, mounts=[])
+    keys = {"mp0": "local-zfs:subvol-129-disk-1,mp=/data,size=500G"}
+    ask = dict(pvesm=str(FIX / "pvesm"), lvs=str(pve / "lvs"), storage_cfg={})
+    usage = pve_volumes.storage_usage(keys, "/data/eagle3", lambda a: _sh(a), **ask)["usage"]
+    assert usage["storage"] == "local-zfs" and usage["type"] == "zfspool" and usage["avail"] == 2**29
+    from eagle3ops.store import DiskSpaceError, preflight_disk
+
+    with pytest.raises(DiskSpaceError, match=r"PVE storage 'local-zfs' \(zfspool"):
+        preflight_disk(pve, GiB, margin_bytes=0, pool=usage)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("mkfs.ext4"), reason="needs root (mounts) and mkfs.ext4"
+)
+def test_a_full_zfs_subvol_moves_onto_a_new_volume_and_stays_untouched(pve):
+    """The move from a container's ZFS subvol (a dataset: a directory, bind-mounted read-only, not a block device
+    to mount) onto a new volume: copied, verified by checksum, ``mp0`` switched, the subvol left as it was.
+    Real: mkfs.ext4, mount (the new volume is the stand-in's sparse image file, mounted through a loop device), rsync.
+    STAND-INS: ``pvesm``/``pct`` (the subvol is a directory their ``pvesm path`` answers)."""
+    dataset = pve / "rpool/data/subvol-129-disk-1"
+    (dataset / "rows_0-2000").mkdir(parents=True)
+    for i in range(3):
+        (dataset / "rows_0-2000" / f"data_{i}.ckpt").write_bytes(os.urandom(300_000))
+    storage_json = pve / "var/lib/pct-standin/storage.json"
+    st = json.loads(storage_json.read_text())
+    st["storages"]["local-zfs"] = {"type": "zfspool", "total": 10 * GiB, "used": 10 * GiB - 2**20}
+    st["volumes"]["local-zfs"] = [{"name": "subvol-129-disk-1", "format": "subvol", "content": "rootdir",
+                                   "size": GiB, "vmid": 129, "path": str(dataset)}]  # fmt: skip
+    st["storages"]["local-lvm"]["total"] = 10 * GiB
+    storage_json.write_text(json.dumps(st))
+    run(FIX / "pct", "set", "129", "--mp0", "local-zfs:subvol-129-disk-1,mp=/data,size=1G")
+    before = {p.relative_to(dataset): p.read_bytes() for p in dataset.rglob("*") if p.is_file()}
+    res = storage_volume_move.move(_move_params(pve, "local-lvm:1"), _sh, sh=_sh)
+    assert res["changed"] and res["old"] == "local-zfs:subvol-129-disk-1,mp=/data,size=1G", res
+    assert f"mp0: {res['volume']},mp=/data,size=1G\n" in conf(pve)
+    assert {p.relative_to(dataset): p.read_bytes() for p in dataset.rglob("*") if p.is_file()} == before
+    new = pve / "check"
+    new.mkdir()
+    image = run(FIX / "pvesm", "path", res["volume"]).strip()
+    subprocess.run(["mount", "-o", "ro", image, str(new)], check=True)
+    try:
+        assert {p.relative_to(new): p.read_bytes() for p in new.rglob("*") if p.is_file()} == before
+    finally:
+        subprocess.run(["umount", str(new)], check=True)
+    assert not storage_volume_move.move(_move_params(pve, "local-lvm:1"), _sh, sh=_sh)["changed"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bind mounts)")
+def test_a_move_onto_a_zfspool_allocates_a_subvol_as_pve_does(pve, tmp_path):
+    """Onto a zfspool the new volume is a ``subvol-<vmid>-disk-<n>`` dataset (``pvesm alloc ... --format subvol``,
+    ZFSPoolPlugin's name rule), bound rather than formatted; the data copied and verified, ``mp0`` switched.
+    STAND-INS: ``pvesm``/``pct`` (the dataset is a directory under the stand-in's images)."""
+    bad = subprocess.run([str(FIX / "pvesm"), "alloc", "local-lvm", "129", "subvol-129-disk-5", "1G", "--format",
+                          "subvol"], capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode != 0 and "unsupported format 'subvol'" in bad.stderr
+    data = tmp_path / "hostdata"
+    (data / "rows_0-2000").mkdir(parents=True)
+    (data / "rows_0-2000" / "data_0.ckpt").write_bytes(os.urandom(200_000))
+    storage_json = pve / "var/lib/pct-standin/storage.json"
+    st = json.loads(storage_json.read_text())
+    st["storages"]["local-zfs"] = {"type": "zfspool", "total": 10 * GiB, "used": 0}
+    storage_json.write_text(json.dumps(st))
+    run(FIX / "pct", "set", "129", "--mp0", f"{data},mp=/data")
+    res = storage_volume_move.move(_move_params(pve, "local-zfs:2"), _sh, sh=_sh)
+    assert res["volume"] == "local-zfs:subvol-129-disk-0", res
+    assert "mp0: local-zfs:subvol-129-disk-0,mp=/data,size=2G\n" in conf(pve)
+    dataset = Path(run(FIX / "pvesm", "path", res["volume"]).strip())
+    assert dataset.is_dir() and not (pve / "new").is_mount()
+    got = (dataset / "rows_0-2000" / "data_0.ckpt").read_bytes()
+    assert got == (data / "rows_0-2000" / "data_0.ckpt").read_bytes()
+    listed = pve_volumes.parse_pvesm_list(run(FIX / "pvesm", "list", "local-zfs"))
+    assert [(v.volid, v.format) for v in listed] == [("local-zfs:subvol-129-disk-0", "subvol")]

@@ -32,7 +32,8 @@ from eagle3ops.train.fixtures import make_data_dir, make_tiny_verifier
 from eagle3ops.train.speculators_shim import install_store_reader
 from safetensors.torch import load_file
 
-ROWS = 200
+ROWS = 320
+DUMPED = 300  # rows 0..299 in the dump: 200 .ckpt, 80 .pt, 20 safetensors samples
 H = 64
 SIDE = {"layer_ids": [1, 3, 4], "layer_convention": "output", "last_state": "pre-norm"}  # = inputs [2, 4, 5]
 
@@ -67,7 +68,7 @@ def _flip_inside_tensor(path: Path, member_suffix: str = "data/2") -> None:
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     """A prepared dataset of ROWS rows with no hidden states, their states apart (``src``), and a dump of rows
-    0..119 in three layouts, names in no row order, with five bad files among them."""
+    0..DUMPED-1 in three layouts, names in no row order, with five bad files among them."""
     base = tmp_path_factory.mktemp("adopt")
     verifier = make_tiny_verifier(base / "verifier")
     data = make_data_dir(base / "data", verifier, num_samples=ROWS, min_len=8, max_len=24, real=False)
@@ -76,11 +77,11 @@ def made(tmp_path_factory):
     dump = base / "dump"
     for g in ("rows_0-2000", "rows_2000-4000", "rows_4000-6000"):
         (dump / g).mkdir(parents=True)
-    for i in range(120):
+    for i in range(DUMPED):
         d = load_file(src / f"hs_{i}.safetensors")
-        if i < 80:
-            _save_specforge(dump / "rows_0-2000" / f"data_{79 - i}.ckpt", d["token_ids"], d["hidden_states"])
-        elif i < 110:
+        if i < 200:
+            _save_specforge(dump / "rows_0-2000" / f"data_{199 - i}.ckpt", d["token_ids"], d["hidden_states"])
+        elif i < 280:
             _save_specforge(
                 dump / "rows_2000-4000" / f"data_{3000 + i}.pt", d["token_ids"], d["hidden_states"]
             )
@@ -88,20 +89,20 @@ def made(tmp_path_factory):
             shutil.copy(src / f"hs_{i}.safetensors", dump / "rows_4000-6000" / f"hs_{5000 + i}.safetensors")
     (dump / "eagle3ops-dump.json").write_text(json.dumps(SIDE))
     bad = {
-        "truncated": dump / "rows_0-2000" / "data_74.ckpt",  # row 5
-        "flipped": dump / "rows_0-2000" / "data_73.ckpt",  # row 6
+        "truncated": dump / "rows_0-2000" / "data_194.ckpt",  # row 5
+        "flipped": dump / "rows_0-2000" / "data_193.ckpt",  # row 6
         "duplicate": dump / "rows_0-2000" / "zz_copy_of_row_7.ckpt",
-        "wrong_shape": dump
-        / "rows_0-2000"
-        / "data_71.ckpt",  # row 8: two aux states where three are declared
+        "wrong_shape": dump / "rows_0-2000" / "data_191.ckpt",  # row 8: a last state one token short
         "unmatched": dump / "rows_0-2000" / "data_9999.ckpt",
     }
     size = bad["truncated"].stat().st_size
     os.truncate(bad["truncated"], size // 2)
     _flip_inside_tensor(bad["flipped"])
-    shutil.copy(dump / "rows_0-2000" / "data_72.ckpt", bad["duplicate"])
+    shutil.copy(dump / "rows_0-2000" / "data_192.ckpt", bad["duplicate"])
     d8 = load_file(src / "hs_8.safetensors")
-    _save_specforge(bad["wrong_shape"], d8["token_ids"], d8["hidden_states"], aux_states=2)
+    t8 = d8["hidden_states"].shape[0]
+    torch.save({"input_ids": d8["token_ids"], "aux_hidden_state": d8["hidden_states"][:, :3].reshape(1, t8, -1),
+                "hidden_state": d8["hidden_states"][:-1, 3][None].clone()}, bad["wrong_shape"])  # fmt: skip
     d9 = load_file(src / "hs_9.safetensors")
     _save_specforge(bad["unmatched"], torch.randint(3, 500, (12,)), d9["hidden_states"][:12])
     return verifier, data, src, dump, bad
@@ -137,32 +138,32 @@ def test_adopted_dump_and_extracted_rest_hold_every_row_once(made, tmp_path, cap
     common = ["--data", str(data), "--model", str(verifier), "--layer-ids", "2", "4", "5"]
     rc, plan = _cli(capsys, "store", "adopt", *common, "--adopt-from", str(dump), "--check")
     # check mode reads metadata only (a plan of terabytes must not read them): the bit flip is found by the run
-    assert rc == 0 and plan["adopted"] == 118 and plan["changed"] is True and plan["bytes_read"] == 0
+    assert rc == 0 and plan["adopted"] == DUMPED - 2 and plan["changed"] is True and plan["bytes_read"] == 0
     assert not (data / "hidden_states").exists()  # check mode wrote nothing
     rc, res = _cli(capsys, "store", "adopt", *common, "--adopt-from", str(dump))
     assert rc == 0, res
-    assert res["files"] == 122 and res["adopted"] == 117
+    assert res["files"] == DUMPED + 2 and res["adopted"] == DUMPED - 3
     assert set(res["damaged"]) == {str(bad["truncated"]), str(bad["flipped"])}
     assert "crc32" in res["damaged"][str(bad["flipped"])]
     assert set(res["wrong_shape"]) == {str(bad["wrong_shape"])}
     assert list(res["duplicates"]) == [str(bad["duplicate"])]
     assert res["unmatched"] == [str(bad["unmatched"])]
     rows = adopted_record.read_rows(data / "hidden_states")
-    assert set(rows) == set(range(120)) - {5, 6, 8}
+    assert set(rows) == set(range(DUMPED)) - {5, 6, 8}
     # matched by content, not by name: row 0 is the last-named .ckpt; nothing was copied into the store
-    assert rows[0]["p"].endswith("rows_0-2000/data_79.ckpt")
+    assert rows[0]["p"].endswith("rows_0-2000/data_199.ckpt")
     assert not list((data / "hidden_states").glob("hs_*"))
     assert _cli(capsys, "store", "adopt", *common, "--adopt-from", str(dump))[1]["changed"] is False
 
     rc, ext = _cli(capsys, "extract", *common, "--device", "cpu")
     assert rc == 0, ext
-    assert ext["done_before"] == 117 and ext["written"] == ROWS - 117
+    assert ext["done_before"] == DUMPED - 3 and ext["written"] == ROWS - (DUMPED - 3)
     scan = HiddenStateStore(data).scan_manifest()
     native = scan.indices()
     assert scan.lines == len(native) and native.isdisjoint(rows)  # each row once, in one place
     assert native | set(rows) == set(range(ROWS))
     rc, st = _cli(capsys, "extract-status", "--data", str(data))
-    assert rc == 0 and st["done"] == ROWS and st["adopted_from_dump"] == 117 and st["remaining"] == 0
+    assert rc == 0 and st["done"] == ROWS and st["adopted_from_dump"] == DUMPED - 3 and st["remaining"] == 0
     meta = json.loads((data / "hidden_states" / "extract_meta.json").read_text())
     assert train_inputs.check_samples(str(data), meta, "raise")["samples_with_states"] == ROWS
 
@@ -206,6 +207,20 @@ def test_bad_dumps_are_refused_before_any_work(made, tmp_path, capsys):
     d = load_file(src / "hs_0.safetensors")
     _save_specforge(mixed / "rows_0-2000" / "a.ckpt", d["token_ids"], d["hidden_states"])
     _save_specforge(mixed / "rows_0-2000" / "b.ckpt", d["token_ids"], d["hidden_states"][..., :32])
+    layers = (
+        tmp_path / "layers"
+    )  # whole samples of two aux layers beside three: another extraction's layer ids
+    shutil.copytree(mixed, layers)
+    _save_specforge(layers / "rows_0-2000" / "b.ckpt", d["token_ids"], d["hidden_states"], aux_states=2)
+    other = tmp_path / "other"  # every sample of two aux layers where three are declared
+    shutil.copytree(layers, other)
+    (other / "rows_0-2000" / "a.ckpt").unlink()
+    keyed = tmp_path / "keyed"  # another tool's key names, not declared
+    (keyed / "rows_0-2000").mkdir(parents=True)
+    (keyed / "eagle3ops-dump.json").write_text(json.dumps(SIDE))
+    t = d["hidden_states"].shape[0]
+    torch.save({"ids": d["token_ids"], "aux": d["hidden_states"][:, :3].reshape(1, t, -1).clone(),
+                "last": d["hidden_states"][:, 3][None].clone(), "step": 7}, keyed / "rows_0-2000" / "a.pt")  # fmt: skip
     undeclared = tmp_path / "undeclared"
     shutil.copytree(mixed, undeclared)
     (undeclared / "eagle3ops-dump.json").unlink()
@@ -247,12 +262,46 @@ def test_bad_dumps_are_refused_before_any_work(made, tmp_path, capsys):
             "holds aux layers [1, 3, 4] (input convention",
         ),
         (["--adopt-from", str(mixed)], "mixes layouts"),
+        (
+            ["--adopt-from", str(keyed)],
+            f"{keyed / 'rows_0-2000/a.pt'} holds {{aux: tensor, ids: tensor, last: tensor, step: int}}, not a "
+            "tensor under each of the dump's key names input_ids='input_ids', aux='aux_hidden_state'",
+        ),
+        (
+            ["--adopt-from", str(layers)],
+            "holds 4 states of 64 bfloat16, " + str(layers / "rows_0-2000/b.ckpt"),
+        ),
+        (
+            ["--adopt-from", str(other)],
+            f"{other / 'rows_0-2000/b.ckpt'} holds 3 states of hidden size 64; this",
+        ),
     ]
     for extra, words in cases:
         rc = cli_main([*common, *extra])
         err = capsys.readouterr().err
         assert rc == 2 and words in err, (extra, err)
         assert os.listdir(data / "hidden_states") == [], extra  # nothing written
+    # the extract phase's adoption (either way it runs) refuses the same way, before the store is touched
+    for argv in (["extract", "--device", "cpu"], ["extract", "--check"]):
+        rc = cli_main([*argv, *common[2:], "--adopt-from", str(tmp_path / "nowhere")])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"the dump {tmp_path / 'nowhere'} does not exist" in err, (argv, err)
+        assert os.listdir(data / "hidden_states") == [], argv
+    # the keys declared, the same file is adopted
+    rc = cli_main(
+        [
+            *common,
+            "--adopt-from",
+            str(keyed),
+            "--adopt-keys",
+            "input_ids=ids",
+            "--adopt-keys",
+            "aux=aux",
+            "--adopt-keys",
+            "last=last",
+        ]
+    )
+    assert rc == 0 and set(adopted_record.read_rows(data / "hidden_states")) == {0}, capsys.readouterr().err
 
 
 def test_legacy_torch_save_files_are_refused_by_name_and_adopted_once_converted(made, tmp_path, capsys):
@@ -333,21 +382,21 @@ def test_status_lengths_and_checks_count_adopted_rows_adopted_without_the_conten
     data = _copy_data(made, tmp_path)
     commit(survey(data, dump, run_layer_ids=[2, 4, 5], hidden_size=H))
     rows = adopted_record.read_rows(data / "hidden_states")
-    assert set(rows) == set(range(120)) - {5, 8}  # the flipped row 6 passes the metadata check
+    assert set(rows) == set(range(DUMPED)) - {5, 8}  # the flipped row 6 passes the metadata check
     assert not any("z" in r or "h" in r for r in rows.values() if r["p"].endswith((".ckpt", ".pt")))
 
     rc, lens = _cli(capsys, "extract-lengths", "--data", str(data))
     want = {i: len(load_file(src / f"hs_{i}.safetensors")["token_ids"]) for i in rows}
-    assert rc == 0 and lens["count"] == len(rows) == 118
+    assert rc == 0 and lens["count"] == len(rows) == DUMPED - 2
     assert lens["lengths"] == {str(i): n for i, n in sorted(want.items())}
 
     empty = tmp_path / "empty"
     shutil.copytree(made[1], empty)  # the same prepared rows, nothing extracted or adopted
     many = status_many([data, empty])
-    assert [s["done"] for s in many["stores"]] == [118, 0]
+    assert [s["done"] for s in many["stores"]] == [DUMPED - 2, 0]
     assert (
-        many["done"] == 118
-        and many["missing"] == ROWS - 118
+        many["done"] == DUMPED - 2
+        and many["missing"] == ROWS - (DUMPED - 2)
         and 6 in set(range(ROWS)) - set(many["missing_rows"])
     )
 
@@ -360,10 +409,21 @@ def test_status_lengths_and_checks_count_adopted_rows_adopted_without_the_conten
     r.flush()
     assert list(adopted_record.read_queue(hs)) == [6]
     res = verify_content(hs, rows.values(), check=True)
-    # row 0 was checked on its read; the other 107 zips check themselves (the flipped one among them); the 10
+    # row 0 was checked on its read; the other 277 zips check themselves (the flipped one among them); the 20
     # safetensors samples adopted without the content pass have no checksum to compare with
-    assert res["already_verified"] == 1 and res["to_verify"] == 107 and res["unchecked"] == 10
+    assert res["already_verified"] == 1 and res["to_verify"] == 277 and res["unchecked"] == 20
     assert str(bad["flipped"]) == rows[6]["p"]
+
+    # the next extraction's plan drops the queued adopted row from the record (its file stays: the dump is the
+    # user's), logs it under damaged/ and extracts it; the other adopted rows stay done
+    from eagle3ops.extract.session import load_seq_lens
+
+    plan = HiddenStateStore(data).plan(load_seq_lens(data), num_states=4, hidden_size=H, dtype="bfloat16")
+    assert 6 in plan.remaining and 6 in plan.damaged and plan.done == DUMPED - 3
+    assert set(adopted_record.read_rows(hs)) == set(rows) - {6} and bad["flipped"].exists()
+    logged = [json.loads(x) for x in (hs / "damaged" / "damaged.jsonl").read_text().splitlines()]
+    assert [(r["index"], r["file"], r["adopted"]) for r in logged] == [(6, str(bad["flipped"]), True)]
+    assert adopted_record.read_queue(hs) == {}
 
 
 @pytest.mark.slow
@@ -376,7 +436,7 @@ def test_speculators_trains_on_an_adopted_and_extracted_store(made, tmp_path, ca
     common = ["--data", str(data), "--model", str(verifier), "--layer-ids", "2", "4", "5"]
     assert (
         _cli(capsys, "extract", *common, "--device", "cpu", "--adopt-from", str(dump))[1]["dump"]["adopted"]
-        == 117
+        == DUMPED - 3
     )
     run_dir = tmp_path / "run"
     argv = [
