@@ -35,7 +35,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -138,7 +137,7 @@ def main() -> int:
 
     import train_gpu  # bench/train_gpu.py: train_stage, the same CLI call as the GPU proof
     from eagle3ops.train.fixtures import make_tiny_verifier
-    from first_step import first_train_record_time
+    from first_step import first_train_record_time, median_ratios
 
     sizes = [int(x) for x in args.sizes.split(",")]
     date = time.strftime("%Y-%m-%d")
@@ -180,18 +179,8 @@ def main() -> int:
                 shutil.rmtree(work / f"run-{name}", ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for key in ("time_to_first_step_s", "cli_start_to_first_step_s"):
-        med = {}
-        for n in sizes:
-            vals = [r[key] for r in result["runs"] if r["rows"] == n and r[key]]
-            med[str(n)] = round(statistics.median(vals), 2) if vals else None
-        result[f"median_{key}"] = med
-        a, b = med.get(str(sizes[0])), med.get(str(sizes[-1]))
-        result[f"ratio_{key}"] = round(b / a, 3) if a and b else None
-    result["goal_le_1_2"] = all(
-        result[f"ratio_{k}"] is not None and result[f"ratio_{k}"] <= 1.2
-        for k in ("time_to_first_step_s", "cli_start_to_first_step_s")
-    )
+    ratios = median_ratios(result, sizes, ("time_to_first_step_s", "cli_start_to_first_step_s"))
+    result["goal_le_1_2"] = all(r is not None and r <= 1.2 for r in ratios)
     result["loadavg_end"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

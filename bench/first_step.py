@@ -37,16 +37,25 @@ sys.path.insert(0, str(REPO / "bench"))
 
 def first_train_record_time(path: Path) -> float | None:
     """Wall-clock time of the first training-step record the shim wrote (metrics.jsonl, kind "train")."""
-    if not path.exists():
-        return None
-    for raw in path.read_text().splitlines():
-        try:
-            rec = json.loads(raw)
-        except ValueError:
-            continue
-        if rec.get("kind") == "train":
-            return float(rec["time"])
-    return None
+    from eagle3ops.train.metrics import first_record
+
+    rec = first_record(path, lambda r: r.get("kind") == "train")
+    return float(rec["time"]) if rec else None
+
+
+def median_ratios(result: dict, sizes: list[int], keys: tuple[str, ...]) -> list:
+    """Per key, the median over reps of each size (``median_<key>``) and largest/smallest (``ratio_<key>``).
+
+    Written into ``result``; returns the ratios in ``keys`` order (None where a size has no value)."""
+    for key in keys:
+        med = {}
+        for n in sizes:
+            vals = [r[key] for r in result["runs"] if r["rows"] == n and r[key]]
+            med[str(n)] = round(statistics.median(vals), 2) if vals else None
+        result[f"median_{key}"] = med
+        a, b = med.get(str(sizes[0])), med.get(str(sizes[-1]))
+        result[f"ratio_{key}"] = round(b / a, 3) if a and b else None
+    return [result[f"ratio_{key}"] for key in keys]
 
 
 def main() -> int:
@@ -123,15 +132,7 @@ def main() -> int:
                 shutil.rmtree(work / f"run-{name}", ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for key in ("time_to_first_step_s", "cli_launch_to_first_step_s"):
-        med = {}
-        for n in sizes:
-            vals = [r[key] for r in result["runs"] if r["rows"] == n and r[key]]
-            med[str(n)] = round(statistics.median(vals), 2) if vals else None
-        result[f"median_{key}"] = med
-        a, b = med.get(str(sizes[0])), med.get(str(sizes[-1]))
-        result[f"ratio_{key}"] = round(b / a, 3) if a and b else None
-    ratios = [result["ratio_time_to_first_step_s"], result["ratio_cli_launch_to_first_step_s"]]
+    ratios = median_ratios(result, sizes, ("time_to_first_step_s", "cli_launch_to_first_step_s"))
     result["goal_le_1_2"] = all(r is not None and r <= 1.2 for r in ratios)
     result["loadavg_end"] = os.getloadavg()
     out = Path(args.out)
