@@ -137,7 +137,7 @@ def main() -> int:
 
     import train_gpu  # bench/train_gpu.py: train_stage, the same CLI call as the GPU proof
     from eagle3ops.train.fixtures import make_tiny_verifier
-    from first_step import first_train_record_time, median_ratios
+    from first_step import launch_to_first_step, record_run, write_result
 
     sizes = [int(x) for x in args.sizes.split(",")]
     date = time.strftime("%Y-%m-%d")
@@ -161,32 +161,18 @@ def main() -> int:
         for rep in range(args.reps):
             for n in sizes:
                 name = f"{n}-rep{rep}"
-                shutil.rmtree(work / f"run-{name}", ignore_errors=True)
-                (work / f"data-{n}" / "hidden_states" / "verified.jsonl").unlink(missing_ok=True)
-                t_cli = time.time()
-                r = train_gpu.train_stage(name, work / f"data-{n}", verifier, work, targs, extra)
-                first = first_train_record_time(work / f"run-{name}" / "metrics.jsonl")
                 verified = work / f"data-{n}" / "hidden_states" / "verified.jsonl"
-                row = {"rows": n, "rep": rep, "time_to_first_step_s": r.get("time_to_first_step_s"),
-                       "cli_start_to_first_step_s": round(first - t_cli, 3) if first else None,
-                       "cli_wall_s": r.get("wall_s"), "status": r.get("status"), "rc": r.get("rc"),
-                       "files_checked_on_read": len(verified.read_text().splitlines()) if verified.exists() else 0,
-                       "loadavg": os.getloadavg()[0]}  # fmt: skip
-                if r.get("rc") != 0:
-                    row["msg"] = r.get("msg")
-                result["runs"].append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                shutil.rmtree(work / f"run-{name}", ignore_errors=True)
+                verified.unlink(missing_ok=True)
+                row, _ = launch_to_first_step(
+                    train_gpu, name, work / f"data-{n}", verifier, work, targs, extra
+                )
+                row = {"rows": n, "rep": rep, "cli_start_to_first_step_s": row.pop("cli_to_first_step_s"), **row,
+                       "files_checked_on_read": len(verified.read_text().splitlines()) if verified.exists() else 0}  # fmt: skip
+                record_run(result, row, work / f"run-{name}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    ratios = median_ratios(result, sizes, ("time_to_first_step_s", "cli_start_to_first_step_s"))
-    result["goal_le_1_2"] = all(r is not None and r <= 1.2 for r in ratios)
-    result["loadavg_end"] = os.getloadavg()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"adopt_first_step_{date}_cpu.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k.startswith(("median_", "ratio_", "goal_"))}))
-    return 0 if result["goal_le_1_2"] else 1
+    keys = ("time_to_first_step_s", "cli_start_to_first_step_s")
+    return write_result(result, sizes, keys, Path(args.out) / f"adopt_first_step_{date}_cpu.json")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,50 @@ def first_train_record_time(path: Path) -> float | None:
     return float(rec["time"]) if rec else None
 
 
+def launch_to_first_step(
+    train_gpu, name: str, store: Path, verifier: Path, work: Path, targs, extra
+) -> tuple:
+    """One launch of the trainer CLI on ``store`` (``train_gpu.train_stage``, run directory ``work/run-<name>``).
+
+    Returns its row of timings (``cli_to_first_step_s``: from the CLI call to the first step record) and
+    train_stage's result."""
+    shutil.rmtree(work / f"run-{name}", ignore_errors=True)
+    t_cli = time.time()
+    r = train_gpu.train_stage(name, store, verifier, work, targs, extra)
+    first = first_train_record_time(work / f"run-{name}" / "metrics.jsonl")
+    row = {
+        "time_to_first_step_s": r.get("time_to_first_step_s"),
+        "cli_to_first_step_s": round(first - t_cli, 3) if first else None,
+        "cli_wall_s": r.get("wall_s"),
+        "status": r.get("status"),
+        "rc": r.get("rc"),
+        "loadavg": os.getloadavg()[0],
+    }
+    if r.get("rc") != 0:
+        row["msg"] = r.get("msg")
+    return row, r
+
+
+def record_run(result: dict, row: dict, run_dir: Path) -> None:
+    """Keep ``row`` in the result, show it on stderr, and remove the run's directory."""
+    result["runs"].append(row)
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def write_result(result: dict, sizes: list[int], keys: tuple[str, ...], path: Path) -> int:
+    """Sum the runs up (:func:`median_ratios`, goal: every ratio at most 1.2), write ``path`` and print the sums.
+
+    Returns the exit code: 0 when the goal is met."""
+    ratios = median_ratios(result, sizes, keys)
+    result["goal_le_1_2"] = all(r is not None and r <= 1.2 for r in ratios)
+    result["loadavg_end"] = os.getloadavg()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k.startswith(("median_", "ratio_", "goal_"))}))
+    return 0 if result["goal_le_1_2"] else 1
+
+
 def median_ratios(result: dict, sizes: list[int], keys: tuple[str, ...]) -> list:
     """Per key, the median over reps of each size (``median_<key>``) and largest/smallest (``ratio_<key>``).
 
@@ -103,43 +147,23 @@ def main() -> int:
         for rep in range(args.reps):
             for n in sizes:
                 name = f"{n}-rep{rep}"
-                shutil.rmtree(work / f"run-{name}", ignore_errors=True)
-                t_cli = time.time()
-                r = train_gpu.train_stage(
-                    name,
-                    work / f"synth-{n}",
-                    verifier,
-                    work,
-                    targs,
-                    ("--max-steps", str(args.max_steps), "--log-freq", "1", "--train-data-ratio", "0.98"),
+                extra = ("--max-steps", str(args.max_steps), "--log-freq", "1", "--train-data-ratio", "0.98")
+                row, r = launch_to_first_step(
+                    train_gpu, name, work / f"synth-{n}", verifier, work, targs, extra
                 )
-                first = first_train_record_time(work / f"run-{name}" / "metrics.jsonl")
                 row = {
                     "rows": n,
                     "rep": rep,
-                    "time_to_first_step_s": r.get("time_to_first_step_s"),
-                    "cli_launch_to_first_step_s": round(first - t_cli, 3) if first else None,
-                    "cli_wall_s": r.get("wall_s"),
-                    "status": r.get("status"),
-                    "rc": r.get("rc"),
-                    "loadavg": os.getloadavg()[0],
+                    "cli_launch_to_first_step_s": row.pop("cli_to_first_step_s"),
+                    **row,
                 }
                 if r.get("rc") != 0:
-                    row["msg"] = r.get("msg")
                     row["log_tail"] = r.get("log_tail", "")[-1500:]
-                result["runs"].append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                shutil.rmtree(work / f"run-{name}", ignore_errors=True)
+                record_run(result, row, work / f"run-{name}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ratios = median_ratios(result, sizes, ("time_to_first_step_s", "cli_launch_to_first_step_s"))
-    result["goal_le_1_2"] = all(r is not None and r <= 1.2 for r in ratios)
-    result["loadavg_end"] = os.getloadavg()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / result_name("first_step")).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k.startswith(("median_", "ratio_", "goal_"))}))
-    return 0 if result["goal_le_1_2"] else 1
+    keys = ("time_to_first_step_s", "cli_launch_to_first_step_s")
+    return write_result(result, sizes, keys, Path(args.out) / result_name("first_step"))
 
 
 if __name__ == "__main__":

@@ -75,6 +75,9 @@ FRAGMENTS = {
     "STORAGE_STATE": ("eagle3ops.host.options", "STATE_FILE"),
     "STORAGE_PATHS": ("eagle3ops.host.options", "PATHS"),
     "EXTRACT": ("eagle3ops.extract.options", "STORE"),
+    "PVE_CONTAINER": ("eagle3ops.host.options", "PVE_CONTAINER"),
+    "PVESM": ("eagle3ops.host.options", "PVESM"),
+    "RSYNC": ("eagle3ops.host.options", "RSYNC_OPTS"),
 }
 # what a module's extends_documentation_fragment brings: fragment name -> FRAGMENTS attributes
 _FRAGMENT_PARTS = {
@@ -84,6 +87,9 @@ _FRAGMENT_PARTS = {
     "eagle3ops.storage_state": ["STORAGE_STATE"],
     "eagle3ops.storage_paths": ["STORAGE_PATHS"],
     "eagle3ops.extract": ["EXTRACT"],
+    "eagle3ops.pve_container": ["PVE_CONTAINER"],
+    "eagle3ops.pve_storage": ["PVE_CONTAINER", "PVESM"],
+    "eagle3ops.rsync": ["RSYNC"],
 }
 WIDTH = 110
 
