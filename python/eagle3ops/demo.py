@@ -434,13 +434,47 @@ def _params(num_conversations: int, seed: int, train_steps: int = TRAIN_STEPS) -
     return params
 
 
-def _result(root: Path, meta: dict, changed: bool) -> dict:
+def target_paths(root: Path) -> dict:
+    """Where a built target directory keeps its parts, as its builder reports them: the demo's layout, which
+    the Kimi fixture (eagle3ops.kimi_fixture) shares."""
     return {
-        "changed": changed,
         "out": str(root),
         "model_path": str(root / MODEL_DIR),
         "conversations_path": str(root / CONVERSATIONS),
         "heldout_path": str(root / HELDOUT),
+    }
+
+
+@contextlib.contextmanager
+def building(root: Path, tag: str):
+    """An empty directory beside ``root`` to build a target in (``.<name>.<tag>-<pid>``, sealed and swapped in
+    by :func:`put_in_place`); what this process left there before is removed, and so is the directory when the
+    build fails."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = root.parent / f".{root.name}.{tag}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def put_in_place(tmp: Path, root: Path, meta_name: str, meta: dict, old: str) -> None:
+    """Seal a target built in ``tmp`` (the demo's, the Kimi fixture's) and swap it in as ``root``: ``meta``
+    gets the fingerprint of its files' sha256s (``meta["files"]``) and is written as ``meta_name``, the tree is
+    fsynced, the directory swapped into place (the old one aside as ``old`` until the swap is done)."""
+    meta["fingerprint"] = hashlib.sha256(json.dumps(meta["files"], sort_keys=True).encode()).hexdigest()
+    (tmp / meta_name).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    fsync_tree(tmp)
+    swap_dir_into_place(tmp, root, old)
+
+
+def _result(root: Path, meta: dict, changed: bool) -> dict:
+    return {
+        "changed": changed,
+        **target_paths(root),
         "demo_json": str(root / DEMO_JSON),
         **{k: meta[k] for k in ("num_layers", "hidden_size", "vocab_size", "num_conversations", "seed")},
         **{
@@ -526,13 +560,9 @@ def build_demo(
         )
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
-    root.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale_builds(root)
-    tmp = root.parent / f".{root.name}.demo-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     t0 = time.monotonic()
-    try:
+    with building(root, "demo") as tmp:
         log(f"demo: generating {num_conversations} conversations (seed {seed})")
         convs, heldout = generate_conversations(num_conversations, seed)
         _write_jsonl(tmp / CONVERSATIONS, convs)
@@ -563,14 +593,8 @@ def build_demo(
             **stats,
             "files": tree_sha256(tmp, DEMO_JSON),
         }
-        meta["fingerprint"] = hashlib.sha256(json.dumps(meta["files"], sort_keys=True).encode()).hexdigest()
         meta["build_seconds"] = round(time.monotonic() - t0, 1)
-        (tmp / DEMO_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        fsync_tree(tmp)
-        swap_dir_into_place(tmp, root, "demo-old")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        put_in_place(tmp, root, DEMO_JSON, meta, "demo-old")
     log(f"demo: built {root} in {meta['build_seconds']} s (final LM loss {meta['final_lm_loss']})")
     return _result(root, meta, changed=True)
 
