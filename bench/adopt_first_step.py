@@ -126,18 +126,14 @@ def build_store(data: Path, dump: Path, verifier: Path, n: int, tpls: list[dict]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1000,37000")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--distinct", type=int, default=50)
-    ap.add_argument("--max-steps", type=int, default=2)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    from first_step import bench_arguments, launch_to_first_step, record_run, write_result
+
+    ap = bench_arguments(__doc__, "1000,37000")
     ap.add_argument("--work", default=os.environ.get("BENCH_TMP"))
     args = ap.parse_args()
 
     import train_gpu  # bench/train_gpu.py: train_stage, the same CLI call as the GPU proof
     from eagle3ops.train.fixtures import make_tiny_verifier
-    from first_step import launch_to_first_step, record_run, write_result
 
     sizes = [int(x) for x in args.sizes.split(",")]
     date = time.strftime("%Y-%m-%d")

@@ -43,6 +43,18 @@ def first_train_record_time(path: Path) -> float | None:
     return float(rec["time"]) if rec else None
 
 
+def bench_arguments(doc: str, sizes: str) -> argparse.ArgumentParser:
+    """The arguments the first-step benches share: store sizes (rows, comma-separated; ``sizes`` by default),
+    repetitions, distinct samples, trainer steps and the results folder."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--sizes", default=sizes)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--distinct", type=int, default=50)
+    ap.add_argument("--max-steps", type=int, default=2)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    return ap
+
+
 def launch_to_first_step(
     train_gpu, name: str, store: Path, verifier: Path, work: Path, targs, extra
 ) -> tuple:
@@ -103,14 +115,9 @@ def median_ratios(result: dict, sizes: list[int], keys: tuple[str, ...]) -> list
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1000,20000")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--distinct", type=int, default=50)
+    ap = bench_arguments(__doc__, "1000,20000")
     ap.add_argument("--min-len", type=int, default=64)
     ap.add_argument("--max-len", type=int, default=256)
-    ap.add_argument("--max-steps", type=int, default=2)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir, removed after)")
     args = ap.parse_args()
 
