@@ -150,6 +150,7 @@ def main() -> int:
             stage_timeout=900,
             draft_attn_impl="sdpa",
             loss_implementation="eager",
+            env=None,
         )
         for rep in range(args.reps):
             for n in sizes:
