@@ -24,7 +24,6 @@ fingerprints and returns ``changed: False``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -34,13 +33,11 @@ import time
 from pathlib import Path
 
 from eagle3ops import jsonl, tinymodel
-from eagle3ops.durable import fsync_tree, swap_dir_into_place, tree_sha256
+from eagle3ops.durable import tree_sha256
+from eagle3ops.target_dir import CONVERSATIONS, HELDOUT, MODEL_DIR, building, put_in_place, target_paths
 
 DEMO_VERSION = 2  # 2: SGLang-servable target (checkpoint config fields, bf16, DeepSeek-V3's MLA dims)
 DEMO_JSON = "demo.json"
-MODEL_DIR = "model"
-CONVERSATIONS = "conversations.jsonl"
-HELDOUT = "heldout.jsonl"
 _ENTRIES = {DEMO_JSON, MODEL_DIR, CONVERSATIONS, HELDOUT}
 
 # tokenizer
@@ -432,43 +429,6 @@ def _params(num_conversations: int, seed: int, train_steps: int = TRAIN_STEPS) -
     if train_steps != TRAIN_STEPS:  # recorded only when not the default: demos built before it stay current
         params["train_steps"] = train_steps
     return params
-
-
-def target_paths(root: Path) -> dict:
-    """Where a built target directory keeps its parts, as its builder reports them: the demo's layout, which
-    the Kimi fixture (eagle3ops.kimi_fixture) shares."""
-    return {
-        "out": str(root),
-        "model_path": str(root / MODEL_DIR),
-        "conversations_path": str(root / CONVERSATIONS),
-        "heldout_path": str(root / HELDOUT),
-    }
-
-
-@contextlib.contextmanager
-def building(root: Path, tag: str):
-    """An empty directory beside ``root`` to build a target in (``.<name>.<tag>-<pid>``, sealed and swapped in
-    by :func:`put_in_place`); what this process left there before is removed, and so is the directory when the
-    build fails."""
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = root.parent / f".{root.name}.{tag}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def put_in_place(tmp: Path, root: Path, meta_name: str, meta: dict, old: str) -> None:
-    """Seal a target built in ``tmp`` (the demo's, the Kimi fixture's) and swap it in as ``root``: ``meta``
-    gets the fingerprint of its files' sha256s (``meta["files"]``) and is written as ``meta_name``, the tree is
-    fsynced, the directory swapped into place (the old one aside as ``old`` until the swap is done)."""
-    meta["fingerprint"] = hashlib.sha256(json.dumps(meta["files"], sort_keys=True).encode()).hexdigest()
-    (tmp / meta_name).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    fsync_tree(tmp)
-    swap_dir_into_place(tmp, root, old)
 
 
 def _result(root: Path, meta: dict, changed: bool) -> dict:

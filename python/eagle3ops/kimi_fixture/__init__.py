@@ -29,7 +29,8 @@ import os
 import time
 from pathlib import Path
 
-from eagle3ops.demo import (  # the demo's layout and build steps
+from eagle3ops.durable import tree_sha256
+from eagle3ops.target_dir import (  # the demo's layout and build steps
     CONVERSATIONS,
     HELDOUT,
     MODEL_DIR,
@@ -37,7 +38,6 @@ from eagle3ops.demo import (  # the demo's layout and build steps
     put_in_place,
     target_paths,
 )
-from eagle3ops.durable import tree_sha256
 
 FIXTURE_VERSION = 1
 META = "kimi-fixture.json"
