@@ -72,12 +72,18 @@ GLOBS = ("library/*.py", "doc_fragments/*.py", "roles/*/defaults/main.yml", "rol
 # doc fragment attribute (doc_fragments/eagle3ops.py) -> (definition module, attribute holding its options)
 FRAGMENTS = {
     "_EXECUTABLE": ("eagle3ops.options", "EXECUTABLE"),
-    "STORAGE_STATE": ("eagle3ops.host.options", "STATE_FILE"),
-    "STORAGE_PATHS": ("eagle3ops.host.options", "PATHS"),
     "EXTRACT": ("eagle3ops.extract.options", "STORE"),
-    "PVE_CONTAINER": ("eagle3ops.host.options", "PVE_CONTAINER"),
-    "PVESM": ("eagle3ops.host.options", "PVESM"),
-    "RSYNC": ("eagle3ops.host.options", "RSYNC_OPTS"),
+    # the host wing's modules' (eagle3ops.host.options)
+    **{
+        fragment: ("eagle3ops.host.options", attribute)
+        for fragment, attribute in (
+            ("STORAGE_STATE", "STATE_FILE"),
+            ("STORAGE_PATHS", "PATHS"),
+            ("PVE_CONTAINER", "PVE_CONTAINER"),
+            ("PVESM", "PVESM"),
+            ("RSYNC", "RSYNC_OPTS"),
+        )
+    },
 }
 # what a module's extends_documentation_fragment brings: fragment name -> FRAGMENTS attributes
 _FRAGMENT_PARTS = {
