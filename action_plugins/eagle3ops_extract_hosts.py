@@ -23,7 +23,7 @@ from ansible.plugins.action import ActionBase
 sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))
 
 from eagle3ops.extract import hosts as shares
-from eagle3ops.plain_values import plain
+from eagle3ops.plain_values import host_var, plain, run_step
 
 
 class ActionModule(ActionBase):
@@ -37,25 +37,12 @@ class ActionModule(ActionBase):
         args = plain(dict(self._task.args))
         self._hosts = list(args.get("hosts") or [])
         self._lost_hosts = list(args.get("reassign_from") or [])
-        step = {"share": self._share, "conflicts": self._conflicts, "summary": self._summary}.get(
-            args.get("step")
+        return run_step(
+            result, {"share": self._share, "conflicts": self._conflicts, "summary": self._summary}, args
         )
-        if step is None:
-            return {
-                **result,
-                "failed": True,
-                "msg": f"step must be share, conflicts or summary, not {args.get('step')!r}",
-            }
-        result.update(changed=False, **step(args))
-        return result
 
     def host_var(self, host, name, default=None):
-        """A variable of another host of the play, rendered there (``default`` when it has none)."""
-        try:
-            hv = self._vars["hostvars"][host]
-            return plain(hv[name]) if name in hv else default
-        except Exception:  # a host that failed before the variable was set
-            return default
+        return host_var(self._vars, host, name, default)
 
     def _share(self, args):
         counts = [

@@ -22,7 +22,7 @@ from ansible.plugins.action import ActionBase
 # alone (Ansible puts nothing of this repository on the controller's sys.path)
 sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))
 
-from eagle3ops.plain_values import plain
+from eagle3ops.plain_values import host_var, plain, run_step
 from eagle3ops.train import nodes
 
 
@@ -45,21 +45,10 @@ class ActionModule(ActionBase):
             "kept_out": self._kept_out,
             "sync_report": self._sync_report,
         }
-        if a.get("step") not in steps:
-            return {
-                **result,
-                "failed": True,
-                "msg": f"step must be one of {', '.join(steps)}, not {a.get('step')!r}",
-            }
-        result.update(changed=False, **steps[a["step"]](a))
-        return result
+        return run_step(result, steps, a)
 
     def host_var(self, host, name, default=None):
-        try:
-            hv = self._vars["hostvars"][host]
-            return plain(hv[name]) if name in hv else default
-        except Exception:  # a host that failed before the variable was set
-            return default
+        return host_var(self._vars, host, name, default)
 
     def _newest(self, a):
         found = {h: (self.host_var(h, "train_node") or {}).get("resume_from") for h in a["hosts"]}

@@ -35,7 +35,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -127,18 +126,14 @@ def build_store(data: Path, dump: Path, verifier: Path, n: int, tpls: list[dict]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1000,37000")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--distinct", type=int, default=50)
-    ap.add_argument("--max-steps", type=int, default=2)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    from first_step import bench_arguments, launch_to_first_step, record_run, write_result
+
+    ap = bench_arguments(__doc__, "1000,37000")
     ap.add_argument("--work", default=os.environ.get("BENCH_TMP"))
     args = ap.parse_args()
 
     import train_gpu  # bench/train_gpu.py: train_stage, the same CLI call as the GPU proof
     from eagle3ops.train.fixtures import make_tiny_verifier
-    from first_step import first_train_record_time
 
     sizes = [int(x) for x in args.sizes.split(",")]
     date = time.strftime("%Y-%m-%d")
@@ -162,42 +157,18 @@ def main() -> int:
         for rep in range(args.reps):
             for n in sizes:
                 name = f"{n}-rep{rep}"
-                shutil.rmtree(work / f"run-{name}", ignore_errors=True)
-                (work / f"data-{n}" / "hidden_states" / "verified.jsonl").unlink(missing_ok=True)
-                t_cli = time.time()
-                r = train_gpu.train_stage(name, work / f"data-{n}", verifier, work, targs, extra)
-                first = first_train_record_time(work / f"run-{name}" / "metrics.jsonl")
                 verified = work / f"data-{n}" / "hidden_states" / "verified.jsonl"
-                row = {"rows": n, "rep": rep, "time_to_first_step_s": r.get("time_to_first_step_s"),
-                       "cli_start_to_first_step_s": round(first - t_cli, 3) if first else None,
-                       "cli_wall_s": r.get("wall_s"), "status": r.get("status"), "rc": r.get("rc"),
-                       "files_checked_on_read": len(verified.read_text().splitlines()) if verified.exists() else 0,
-                       "loadavg": os.getloadavg()[0]}  # fmt: skip
-                if r.get("rc") != 0:
-                    row["msg"] = r.get("msg")
-                result["runs"].append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                shutil.rmtree(work / f"run-{name}", ignore_errors=True)
+                verified.unlink(missing_ok=True)
+                row, _ = launch_to_first_step(
+                    train_gpu, name, work / f"data-{n}", verifier, work, targs, extra
+                )
+                row = {"rows": n, "rep": rep, "cli_start_to_first_step_s": row.pop("cli_to_first_step_s"), **row,
+                       "files_checked_on_read": len(verified.read_text().splitlines()) if verified.exists() else 0}  # fmt: skip
+                record_run(result, row, work / f"run-{name}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for key in ("time_to_first_step_s", "cli_start_to_first_step_s"):
-        med = {}
-        for n in sizes:
-            vals = [r[key] for r in result["runs"] if r["rows"] == n and r[key]]
-            med[str(n)] = round(statistics.median(vals), 2) if vals else None
-        result[f"median_{key}"] = med
-        a, b = med.get(str(sizes[0])), med.get(str(sizes[-1]))
-        result[f"ratio_{key}"] = round(b / a, 3) if a and b else None
-    result["goal_le_1_2"] = all(
-        result[f"ratio_{k}"] is not None and result[f"ratio_{k}"] <= 1.2
-        for k in ("time_to_first_step_s", "cli_start_to_first_step_s")
-    )
-    result["loadavg_end"] = os.getloadavg()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"adopt_first_step_{date}_cpu.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k.startswith(("median_", "ratio_", "goal_"))}))
-    return 0 if result["goal_le_1_2"] else 1
+    keys = ("time_to_first_step_s", "cli_start_to_first_step_s")
+    return write_result(result, sizes, keys, Path(args.out) / f"adopt_first_step_{date}_cpu.json")
 
 
 if __name__ == "__main__":

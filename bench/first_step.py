@@ -37,27 +37,87 @@ sys.path.insert(0, str(REPO / "bench"))
 
 def first_train_record_time(path: Path) -> float | None:
     """Wall-clock time of the first training-step record the shim wrote (metrics.jsonl, kind "train")."""
-    if not path.exists():
-        return None
-    for raw in path.read_text().splitlines():
-        try:
-            rec = json.loads(raw)
-        except ValueError:
-            continue
-        if rec.get("kind") == "train":
-            return float(rec["time"])
-    return None
+    from eagle3ops.train.metrics import first_record
+
+    rec = first_record(path, lambda r: r.get("kind") == "train")
+    return float(rec["time"]) if rec else None
+
+
+def bench_arguments(doc: str, sizes: str) -> argparse.ArgumentParser:
+    """The arguments the first-step benches share: store sizes (rows, comma-separated; ``sizes`` by default),
+    repetitions, distinct samples, trainer steps and the results folder."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--sizes", default=sizes)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--distinct", type=int, default=50)
+    ap.add_argument("--max-steps", type=int, default=2)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    return ap
+
+
+def launch_to_first_step(
+    train_gpu, name: str, store: Path, verifier: Path, work: Path, targs, extra
+) -> tuple:
+    """One launch of the trainer CLI on ``store`` (``train_gpu.train_stage``, run directory ``work/run-<name>``).
+
+    Returns its row of timings (``cli_to_first_step_s``: from the CLI call to the first step record) and
+    train_stage's result."""
+    shutil.rmtree(work / f"run-{name}", ignore_errors=True)
+    t_cli = time.time()
+    r = train_gpu.train_stage(name, store, verifier, work, targs, extra)
+    first = first_train_record_time(work / f"run-{name}" / "metrics.jsonl")
+    row = {
+        "time_to_first_step_s": r.get("time_to_first_step_s"),
+        "cli_to_first_step_s": round(first - t_cli, 3) if first else None,
+        "cli_wall_s": r.get("wall_s"),
+        "status": r.get("status"),
+        "rc": r.get("rc"),
+        "loadavg": os.getloadavg()[0],
+    }
+    if r.get("rc") != 0:
+        row["msg"] = r.get("msg")
+    return row, r
+
+
+def record_run(result: dict, row: dict, run_dir: Path) -> None:
+    """Keep ``row`` in the result, show it on stderr, and remove the run's directory."""
+    result["runs"].append(row)
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def write_result(result: dict, sizes: list[int], keys: tuple[str, ...], path: Path) -> int:
+    """Sum the runs up (:func:`median_ratios`, goal: every ratio at most 1.2), write ``path`` and print the sums.
+
+    Returns the exit code: 0 when the goal is met."""
+    ratios = median_ratios(result, sizes, keys)
+    result["goal_le_1_2"] = all(r is not None and r <= 1.2 for r in ratios)
+    result["loadavg_end"] = os.getloadavg()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k.startswith(("median_", "ratio_", "goal_"))}))
+    return 0 if result["goal_le_1_2"] else 1
+
+
+def median_ratios(result: dict, sizes: list[int], keys: tuple[str, ...]) -> list:
+    """Per key, the median over reps of each size (``median_<key>``) and largest/smallest (``ratio_<key>``).
+
+    Written into ``result``; returns the ratios in ``keys`` order (None where a size has no value)."""
+    for key in keys:
+        med = {}
+        for n in sizes:
+            vals = [r[key] for r in result["runs"] if r["rows"] == n and r[key]]
+            med[str(n)] = round(statistics.median(vals), 2) if vals else None
+        result[f"median_{key}"] = med
+        a, b = med.get(str(sizes[0])), med.get(str(sizes[-1]))
+        result[f"ratio_{key}"] = round(b / a, 3) if a and b else None
+    return [result[f"ratio_{key}"] for key in keys]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1000,20000")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--distinct", type=int, default=50)
+    ap = bench_arguments(__doc__, "1000,20000")
     ap.add_argument("--min-len", type=int, default=64)
     ap.add_argument("--max-len", type=int, default=256)
-    ap.add_argument("--max-steps", type=int, default=2)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir, removed after)")
     args = ap.parse_args()
 
@@ -90,55 +150,28 @@ def main() -> int:
             stage_timeout=900,
             draft_attn_impl="sdpa",
             loss_implementation="eager",
+            env=None,
         )
         for rep in range(args.reps):
             for n in sizes:
                 name = f"{n}-rep{rep}"
-                shutil.rmtree(work / f"run-{name}", ignore_errors=True)
-                t_cli = time.time()
-                r = train_gpu.train_stage(
-                    name,
-                    work / f"synth-{n}",
-                    verifier,
-                    work,
-                    targs,
-                    ("--max-steps", str(args.max_steps), "--log-freq", "1", "--train-data-ratio", "0.98"),
+                extra = ("--max-steps", str(args.max_steps), "--log-freq", "1", "--train-data-ratio", "0.98")
+                row, r = launch_to_first_step(
+                    train_gpu, name, work / f"synth-{n}", verifier, work, targs, extra
                 )
-                first = first_train_record_time(work / f"run-{name}" / "metrics.jsonl")
                 row = {
                     "rows": n,
                     "rep": rep,
-                    "time_to_first_step_s": r.get("time_to_first_step_s"),
-                    "cli_launch_to_first_step_s": round(first - t_cli, 3) if first else None,
-                    "cli_wall_s": r.get("wall_s"),
-                    "status": r.get("status"),
-                    "rc": r.get("rc"),
-                    "loadavg": os.getloadavg()[0],
+                    "cli_launch_to_first_step_s": row.pop("cli_to_first_step_s"),
+                    **row,
                 }
                 if r.get("rc") != 0:
-                    row["msg"] = r.get("msg")
                     row["log_tail"] = r.get("log_tail", "")[-1500:]
-                result["runs"].append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                shutil.rmtree(work / f"run-{name}", ignore_errors=True)
+                record_run(result, row, work / f"run-{name}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for key in ("time_to_first_step_s", "cli_launch_to_first_step_s"):
-        med = {}
-        for n in sizes:
-            vals = [r[key] for r in result["runs"] if r["rows"] == n and r[key]]
-            med[str(n)] = round(statistics.median(vals), 2) if vals else None
-        result[f"median_{key}"] = med
-        a, b = med.get(str(sizes[0])), med.get(str(sizes[-1]))
-        result[f"ratio_{key}"] = round(b / a, 3) if a and b else None
-    ratios = [result["ratio_time_to_first_step_s"], result["ratio_cli_launch_to_first_step_s"]]
-    result["goal_le_1_2"] = all(r is not None and r <= 1.2 for r in ratios)
-    result["loadavg_end"] = os.getloadavg()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / result_name("first_step")).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k.startswith(("median_", "ratio_", "goal_"))}))
-    return 0 if result["goal_le_1_2"] else 1
+    keys = ("time_to_first_step_s", "cli_launch_to_first_step_s")
+    return write_result(result, sizes, keys, Path(args.out) / result_name("first_step"))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ fingerprints and returns ``changed: False``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -34,13 +33,11 @@ import time
 from pathlib import Path
 
 from eagle3ops import jsonl, tinymodel
-from eagle3ops.durable import fsync_tree, swap_dir_into_place, tree_sha256
+from eagle3ops.durable import tree_sha256
+from eagle3ops.target_dir import CONVERSATIONS, HELDOUT, MODEL_DIR, building, put_in_place, target_paths
 
 DEMO_VERSION = 2  # 2: SGLang-servable target (checkpoint config fields, bf16, DeepSeek-V3's MLA dims)
 DEMO_JSON = "demo.json"
-MODEL_DIR = "model"
-CONVERSATIONS = "conversations.jsonl"
-HELDOUT = "heldout.jsonl"
 _ENTRIES = {DEMO_JSON, MODEL_DIR, CONVERSATIONS, HELDOUT}
 
 # tokenizer
@@ -437,10 +434,7 @@ def _params(num_conversations: int, seed: int, train_steps: int = TRAIN_STEPS) -
 def _result(root: Path, meta: dict, changed: bool) -> dict:
     return {
         "changed": changed,
-        "out": str(root),
-        "model_path": str(root / MODEL_DIR),
-        "conversations_path": str(root / CONVERSATIONS),
-        "heldout_path": str(root / HELDOUT),
+        **target_paths(root),
         "demo_json": str(root / DEMO_JSON),
         **{k: meta[k] for k in ("num_layers", "hidden_size", "vocab_size", "num_conversations", "seed")},
         **{
@@ -526,13 +520,9 @@ def build_demo(
         )
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
-    root.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale_builds(root)
-    tmp = root.parent / f".{root.name}.demo-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     t0 = time.monotonic()
-    try:
+    with building(root, "demo") as tmp:
         log(f"demo: generating {num_conversations} conversations (seed {seed})")
         convs, heldout = generate_conversations(num_conversations, seed)
         _write_jsonl(tmp / CONVERSATIONS, convs)
@@ -563,14 +553,8 @@ def build_demo(
             **stats,
             "files": tree_sha256(tmp, DEMO_JSON),
         }
-        meta["fingerprint"] = hashlib.sha256(json.dumps(meta["files"], sort_keys=True).encode()).hexdigest()
         meta["build_seconds"] = round(time.monotonic() - t0, 1)
-        (tmp / DEMO_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        fsync_tree(tmp)
-        swap_dir_into_place(tmp, root, "demo-old")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        put_in_place(tmp, root, DEMO_JSON, meta, "demo-old")
     log(f"demo: built {root} in {meta['build_seconds']} s (final LM loss {meta['final_lm_loss']})")
     return _result(root, meta, changed=True)
 

@@ -74,9 +74,18 @@ GLOBS = ("library/*.py", "doc_fragments/*.py", "roles/*/defaults/main.yml", "rol
 # doc fragment attribute (doc_fragments/eagle3ops.py) -> (definition module, attribute holding its options)
 FRAGMENTS = {
     "_EXECUTABLE": ("eagle3ops.options", "EXECUTABLE"),
-    "STORAGE_STATE": ("eagle3ops.host.options", "STATE_FILE"),
-    "STORAGE_PATHS": ("eagle3ops.host.options", "PATHS"),
     "EXTRACT": ("eagle3ops.extract.options", "STORE"),
+    # the host wing's modules' (eagle3ops.host.options)
+    **{
+        fragment: ("eagle3ops.host.options", attribute)
+        for fragment, attribute in (
+            ("STORAGE_STATE", "STATE_FILE"),
+            ("STORAGE_PATHS", "PATHS"),
+            ("PVE_CONTAINER", "PVE_CONTAINER"),
+            ("PVESM", "PVESM"),
+            ("RSYNC", "RSYNC_OPTS"),
+        )
+    },
 }
 # what a module's extends_documentation_fragment brings: fragment name -> FRAGMENTS attributes
 _FRAGMENT_PARTS = {
@@ -86,6 +95,9 @@ _FRAGMENT_PARTS = {
     "eagle3ops.storage_state": ["STORAGE_STATE"],
     "eagle3ops.storage_paths": ["STORAGE_PATHS"],
     "eagle3ops.extract": ["EXTRACT"],
+    "eagle3ops.pve_container": ["PVE_CONTAINER"],
+    "eagle3ops.pve_storage": ["PVE_CONTAINER", "PVESM"],
+    "eagle3ops.rsync": ["RSYNC"],
 }
 WIDTH = 110
 

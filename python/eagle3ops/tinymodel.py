@@ -50,6 +50,15 @@ COMPACT_MLA = {"kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 1
 # smaller still: the unit tests' targets and the train fixtures' verifier, where only the shapes matter
 TINY_MLA = {"kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16}
 
+# the experts of every tiny MoE target here (this one, the Kimi fixture's): 4 routed, top-2, 1 shared, one group
+TINY_MOE = {
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "n_group": 1,
+    "topk_group": 1,
+}
+
 # the rest of the tiny shape: 8 layers (speculators' default ids [2, N//2, N-3] = [2, 4, 5] are distinct),
 # hidden 64, 4 heads, 2 dense first layers then MoE (4 routed experts, top-2, 1 shared)
 BASE = {
@@ -59,11 +68,7 @@ BASE = {
     "num_hidden_layers": 8,
     "num_attention_heads": 4,
     "num_key_value_heads": 4,
-    "n_routed_experts": 4,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 2,
-    "n_group": 1,
-    "topk_group": 1,
+    **TINY_MOE,
     "first_k_dense_replace": 2,
     "q_lora_rank": 48,
     "max_position_embeddings": 2048,

@@ -60,14 +60,20 @@ def fill_until_full(root: Path) -> int:
         n += 1
 
 
-@pytest.mark.slow
-def test_a_full_volume_moves_to_a_bigger_disk_and_stays_the_rollback(env, run_playbook):
+def data_volume(env: Env) -> tuple[str, Path]:
+    """The container's data volume: a 64 MiB ext4 loop device, mounted at ``env.tmp/vol`` with four files on it."""
     vol = env.loop("64M")
     sh("mkfs.ext4", "-q", "-F", vol)
     mnt = env.tmp / "vol"
     mnt.mkdir()
     sh("mount", vol, mnt)
     fill(mnt, n_files=4)
+    return vol, mnt
+
+
+@pytest.mark.slow
+def test_a_full_volume_moves_to_a_bigger_disk_and_stays_the_rollback(env, run_playbook):
+    vol, mnt = data_volume(env)
     whole = fill_until_full(mnt)
     assert whole > 10 and os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize < MiB
     before = snapshot(mnt)
@@ -148,12 +154,7 @@ def test_the_data_mount_moves_onto_a_new_pve_volume_and_the_old_one_stays(env, r
     """``storage_target_volume: local-lvm:<GiB>``: the volume is allocated (stand-in ``pvesm alloc``: a sparse file
     standing in for the LV), formatted, the data copied and verified by checksum, ``mp0`` switched; the old volume
     is never written and PVE keeps it as ``unused0``. Too small a target, a running container: refused first."""
-    vol = env.loop("64M")
-    sh("mkfs.ext4", "-q", "-F", vol)
-    mnt = env.tmp / "vol"
-    mnt.mkdir()
-    sh("mount", vol, mnt)
-    fill(mnt, n_files=4)
+    vol, mnt = data_volume(env)
     (mnt / "rows_0.pt").write_bytes(os.urandom(30 * MiB))
     before = snapshot(mnt)
     sh("umount", mnt)

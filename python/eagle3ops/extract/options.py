@@ -22,6 +22,38 @@ def _report(name: str, help: str, options: list) -> Command:
 
 
 # ---- shared by both backends -------------------------------------------------------------------------
+# several hosts share the rows (docs/scale.md); the extract role computes both from extract_shard_hosts, and
+# extract-sglang takes the same two with its servers in place of the workers
+WORLD_SIZE = count(
+    "world_size",
+    role=False,
+    doc=[
+        (
+            "Several hosts share the rows (docs/scale.md) - the number of shards over all of "
+            "them, the sum of every host's workers. Needs O(first_rank). Omitted - this host "
+            "extracts every row (its O(workers) share them)."
+        ),
+        "The extract role computes it from the inventory (C(extract_shard_hosts)).",
+    ],
+)
+FIRST_RANK = Option(
+    "first_rank",
+    "int",
+    minimum=0,
+    role=False,
+    doc=[
+        (
+            "With O(world_size) - this host's workers take the global ranks O(first_rank) .. "
+            "O(first_rank) + workers - 1 (rows C(r), C(r + world_size), ... of each rank "
+            "C(r))."
+        ),
+        (
+            "The store records them in C(hidden_states/shard.json); a later run with other "
+            "ranks or another world size fails naming both (the shards would move and rows "
+            "be extracted twice)."
+        ),
+    ],
+)
 REASSIGN_RANKS = Option(
     "reassign_ranks",
     "list",
@@ -278,37 +310,9 @@ EXTRACT = Command(
                 "C(auto) for one worker per visible GPU (1 on the CPU), or a number of workers (disjoint shards)."
             ),
         ),
-        count(
-            "world_size",
-            role=False,  # the role computes it from extract_shard_hosts
-            doc=[
-                (
-                    "Several hosts share the rows (docs/scale.md) - the number of shards over all of "
-                    "them, the sum of every host's workers. Needs O(first_rank). Omitted - this host "
-                    "extracts every row (its O(workers) share them)."
-                ),
-                "The extract role computes it from the inventory (C(extract_shard_hosts)).",
-            ],
-        ),
+        WORLD_SIZE,
         Option("rank", "int", param=False, minimum=0, doc="(internal/advanced) this worker's one shard"),
-        Option(
-            "first_rank",
-            "int",
-            minimum=0,
-            role=False,
-            doc=[
-                (
-                    "With O(world_size) - this host's workers take the global ranks O(first_rank) .. "
-                    "O(first_rank) + workers - 1 (rows C(r), C(r + world_size), ... of each rank "
-                    "C(r))."
-                ),
-                (
-                    "The store records them in C(hidden_states/shard.json); a later run with other "
-                    "ranks or another world size fails naming both (the shards would move and rows "
-                    "be extracted twice)."
-                ),
-            ],
-        ),
+        FIRST_RANK,
         REASSIGN_RANKS,
         REASSIGN_FROM_DATA,
         Option(

@@ -313,6 +313,18 @@ def run_result(cfg, indices, plan, layer_ids: list[int], facts: dict) -> dict:
     }
 
 
+def disk_preflight(store_dir: Path, bytes_needed: int, cfg) -> dict:
+    """The run's disk preflight (both backends', ``cfg`` either's config): ``bytes_needed`` with the margins
+    against the filesystem of ``store_dir`` and the PVE storage beneath it; raises DiskSpaceError, read-only."""
+    return preflight_disk(
+        store_dir,
+        bytes_needed,
+        margin_frac=cfg.margin_frac,
+        margin_bytes=cfg.margin_bytes,
+        pool=cfg.pve_storage,
+    )
+
+
 def damaged_report(store: HiddenStateStore, damaged: dict[int, str]) -> dict:
     return {str(i): {"file": str(store.path(i)), "reason": r} for i, r in sorted(damaged.items())}
 
@@ -366,8 +378,7 @@ def plan_extraction(cfg: ExtractConfig) -> dict:
     )
     bytes_needed = plan.bytes_needed - from_dump_bytes
     try:  # the run's own preflight (both backends'), read-only: the filesystem and the PVE storage beneath it
-        preflight_disk(store.dir, len(plan.remaining) and bytes_needed, margin_frac=cfg.margin_frac,
-                       margin_bytes=cfg.margin_bytes, pool=cfg.pve_storage)  # fmt: skip
+        disk_preflight(store.dir, len(plan.remaining) and bytes_needed, cfg)
         does_not_fit = ""
     except DiskSpaceError as e:
         does_not_fit = str(e)

@@ -29,6 +29,7 @@ from eagle3ops.extract.session import (
     build_meta,
     config_indices,
     damaged_report,
+    disk_preflight,
     load_seq_lens,
     model_facts,
     progress_reporter,
@@ -42,7 +43,6 @@ from eagle3ops.store import (
     DiskSpaceError,
     HiddenStateStore,
     human_bytes,
-    preflight_disk,
     quantize_fp8,
 )
 
@@ -191,13 +191,7 @@ def run_extraction(cfg: ExtractConfig) -> dict:
         return result
     import torch  # only now: a converged re-run never pays its import (docs/performance.md, "Idempotent re-run")
 
-    result["preflight"] = preflight_disk(
-        store.dir,
-        plan.bytes_needed,
-        margin_frac=cfg.margin_frac,
-        margin_bytes=cfg.margin_bytes,
-        pool=cfg.pve_storage,
-    )
+    result["preflight"] = disk_preflight(store.dir, plan.bytes_needed, cfg)
 
     from datasets import load_from_disk
 

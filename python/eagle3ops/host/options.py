@@ -273,6 +273,7 @@ PVESM = Option("pvesm", "path", default="/usr/sbin/pvesm", command=True, doc="Pa
 PVE_CONFIG_DIR = Option(
     "config_dir", "path", default="/etc/pve/lxc", doc="Where the container configs live (a test hook)."
 )
+PVE_CONTAINER = (PCT, PVE_CONFIG_DIR)  # the modules that read or change a container's config
 CONTAINER_GPU = Command(
     "container-gpu",
     help="GPUs, data mount, sizes and state of one PVE LXC container",

@@ -24,20 +24,23 @@ DIR and swapped into place; a second run with the same seed changes nothing.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
-from eagle3ops.durable import fsync_tree, swap_dir_into_place, tree_sha256
+from eagle3ops.durable import tree_sha256
+from eagle3ops.target_dir import (  # the demo's layout and build steps
+    CONVERSATIONS,
+    HELDOUT,
+    MODEL_DIR,
+    building,
+    put_in_place,
+    target_paths,
+)
 
 FIXTURE_VERSION = 1
 META = "kimi-fixture.json"
-MODEL_DIR = "model"
-CONVERSATIONS = "conversations.jsonl"
-HELDOUT = "heldout.jsonl"
 _ENTRIES = {META, MODEL_DIR, CONVERSATIONS, HELDOUT}
 NUM_CONVERSATIONS = 30
 NUM_HELDOUT = 8
@@ -58,10 +61,7 @@ def _current(root: Path, params: dict) -> dict | None:
 def _result(root: Path, meta: dict, changed: bool) -> dict:
     return {
         "changed": changed,
-        "out": str(root),
-        "model_path": str(root / MODEL_DIR),
-        "conversations_path": str(root / CONVERSATIONS),
-        "heldout_path": str(root / HELDOUT),
+        **target_paths(root),  # the demo's layout
         **{k: meta.get(k) for k in ("seed", "num_layers", "hidden_size", "vocab_size", "fingerprint")},
     }
 
@@ -104,23 +104,13 @@ def build(out: str | os.PathLike, seed: int = 0, *, check: bool = False, log=Non
     if check:
         return _result(root, shape, changed=True)
     log = log or (lambda msg: None)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = root.parent / f".{root.name}.kimi-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     t0 = time.monotonic()
-    try:
+    with building(root, "kimi") as tmp:
         log(f"kimi fixture: building {root} (seed {seed})")
         stats = _write_model(tmp / MODEL_DIR, seed)
         jsonl.write(tmp / CONVERSATIONS, chats.conversations(NUM_CONVERSATIONS, seed))
         jsonl.write(tmp / HELDOUT, chats.heldout(NUM_HELDOUT, seed))
         meta = {"params": params, **shape, **stats, "files": tree_sha256(tmp, META)}
-        meta["fingerprint"] = hashlib.sha256(json.dumps(meta["files"], sort_keys=True).encode()).hexdigest()
-        (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        fsync_tree(tmp)
-        swap_dir_into_place(tmp, root, "kimi-old")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        put_in_place(tmp, root, META, meta, "kimi-old")
     log(f"kimi fixture: built {root} in {time.monotonic() - t0:.1f} s")
     return _result(root, meta, changed=True)

@@ -43,7 +43,7 @@ from eagle3ops.sglang.server import (
     wait_health,
 )
 from eagle3ops.sglang.versions import DEFAULT_VERSION
-from eagle3ops.store import HiddenStateStore, preflight_disk, read_safetensors_header
+from eagle3ops.store import HiddenStateStore, read_safetensors_header
 
 
 @dataclass
@@ -343,6 +343,7 @@ def run_sglang_extraction(
     from eagle3ops.extract.adoption import commit_dump, survey_dump
     from eagle3ops.extract.session import (
         build_meta,
+        disk_preflight,
         load_seq_lens,
         model_facts,
         resolve_layer_ids,
@@ -395,13 +396,7 @@ def run_sglang_extraction(
     started: list[str] = []
     try:
         if plan.remaining:
-            result["preflight"] = preflight_disk(
-                store.dir,
-                plan.bytes_needed,
-                margin_frac=cfg.margin_frac,
-                margin_bytes=cfg.margin_bytes,
-                pool=cfg.pve_storage,
-            )
+            result["preflight"] = disk_preflight(store.dir, plan.bytes_needed, cfg)
             if cfg.units:
                 store.clean_temp_files()  # no server of ours is running yet: temp files are leftovers
                 # one call: systemd starts the units in parallel (each loads the model: minutes for a large one)

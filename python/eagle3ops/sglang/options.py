@@ -61,9 +61,7 @@ SGLANG_EXTRACT = Command(
             ),
             role_value="{{ eagle3ops_sglang_urls }}",
         ),
-        count(
-            "world_size",
-            role=False,  # the role computes it from extract_shard_hosts (each host brings one rank a server)
+        _x.WORLD_SIZE.but(  # the role computes it from extract_shard_hosts (each host brings one rank a server)
             doc=[
                 (
                     "Several hosts share the rows (docs/scale.md) - the number of capture servers "
@@ -76,11 +74,7 @@ SGLANG_EXTRACT = Command(
                 ),
             ],
         ),
-        Option(
-            "first_rank",
-            "int",
-            minimum=0,
-            role=False,
+        _x.FIRST_RANK.but(
             doc=[
                 (
                     "With O(world_size) - this host's servers take the global ranks O(first_rank) .. "

@@ -117,8 +117,10 @@ def progress(run_dir: Path, status: str, config_text: str | None) -> dict:
     )
 
 
-def _steps_per_epoch(path: Path) -> int | None:
-    """The global step of the first record of epoch 1: the optimizer steps one epoch takes (None before)."""
+def first_record(path: Path, match) -> dict | None:
+    """The first record of a metrics.jsonl that ``match`` accepts (None: no such record, or no file yet).
+
+    Lines that are not JSON (one cut short by a kill) are passed over."""
     if not path.exists():
         return None
     for raw in path.read_text().splitlines():
@@ -126,7 +128,17 @@ def _steps_per_epoch(path: Path) -> int | None:
             rec = json.loads(raw)
         except ValueError:
             continue
-        d = rec.get("data") or {}
-        if rec.get("kind") == "train" and d.get("epoch") == 1 and d.get("global_step"):
-            return int(d["global_step"])
+        if match(rec):
+            return rec
     return None
+
+
+def _steps_per_epoch(path: Path) -> int | None:
+    """The global step of the first record of epoch 1: the optimizer steps one epoch takes (None before)."""
+
+    def first_of_epoch_1(rec: dict) -> bool:
+        d = rec.get("data") or {}
+        return rec.get("kind") == "train" and d.get("epoch") == 1 and bool(d.get("global_step"))
+
+    rec = first_record(path, first_of_epoch_1)
+    return int(rec["data"]["global_step"]) if rec else None

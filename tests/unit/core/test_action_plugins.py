@@ -45,3 +45,33 @@ def test_no_plugin_carries_its_own_copy_of_the_shared_parts():
         defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
         assert "plain" not in defined, p.name
         assert not any(isinstance(n, ast.Try) for n in tree.body), f"{p.name}: an import fallback of its own"
+
+
+def test_a_hosts_variable_is_plain_and_falls_back_to_the_default():
+    """host_var reads another host's variable as plain values; a host without it, or one whose variables raise
+    when read (a stand-in: Ansible's hostvars of a host that failed before the variable was set), gives the
+    default."""
+    from eagle3ops.plain_values import host_var
+
+    class Failing(dict):
+        def __contains__(self, name):
+            raise RuntimeError("host failed")
+
+    task_vars = {"hostvars": {"a": {"x": ("tuple", 1)}, "b": {}, "c": Failing()}}
+    assert host_var(task_vars, "a", "x") == ["tuple", 1]
+    assert host_var(task_vars, "b", "x", 7) == 7
+    assert host_var(task_vars, "c", "x", 8) == 8
+    assert host_var(task_vars, "gone", "x") is None
+
+
+def test_a_step_is_run_by_name_and_an_unknown_one_fails_naming_the_steps():
+    from eagle3ops.plain_values import run_step
+
+    steps = {"share": lambda a: {"msg": f"ranks of {a['n']}"}, "summary": lambda a: {}}
+    assert run_step({"x": 1}, steps, {"step": "share", "n": 2}) == {
+        "x": 1,
+        "changed": False,
+        "msg": "ranks of 2",
+    }
+    bad = run_step({"x": 1}, steps, {"step": "shares"})
+    assert bad["failed"] and bad["msg"] == "step must be one of share, summary, not 'shares'"
