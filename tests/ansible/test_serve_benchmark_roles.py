@@ -41,7 +41,9 @@ def _vars(root, verifier, prompts, checkpoint):
     return {
         "eagle3ops_workdir": str(root / "work"),
         "eagle3ops_checkpoint": str(checkpoint),  # what serve converts and benchmark measures
-        "eagle3ops_model_path": str(verifier),  # the target serve-convert takes token ids and architecture from
+        "eagle3ops_model_path": str(
+            verifier
+        ),  # the target serve-convert takes token ids and architecture from
         "benchmark_target_path": str(verifier),
         "benchmark_prompts": str(prompts),
         "benchmark_k": 2,
