@@ -23,10 +23,11 @@ pack() {
   ls -la "$OUT"
 }
 
-poll() {
-  local until=$(($(date +%s) + ${LIVE_POLL_S:-540}))
+poll() {  # packs every 60 s too: a call cut short (the session's device time spent) still brings results back
+  local until=$(($(date +%s) + ${LIVE_POLL_S:-540})) packed=$(date +%s)
   while [ "$(date +%s)" -lt "$until" ]; do
     if [ -f "$W/done" ]; then echo "== finished"; tail -n 40 "$W/live.log"; pack; return 0; fi
+    if [ $(($(date +%s) - packed)) -ge 60 ]; then pack > /dev/null; packed=$(date +%s); fi
     sleep 10
   done
   echo "== still running ($(date +%T)); last lines:"; tail -n 30 "$W/live.log"; pack
