@@ -96,25 +96,23 @@ def kimi_flags(a) -> list[str]:
     return [*KIMI_FLAGS, *(["--moe-runner-backend", a.moe_runner] if a.moe_runner else [])]
 
 
-def prompt_ids(tok, messages: list[dict]) -> list[int]:
-    """Our ids of a generation prompt: the template's text, encoded as prepare encodes (no special tokens added).
-    Not ``apply_chat_template(tokenize=True)``: transformers 5 returns a BatchEncoding there, whose len() is its
-    number of keys (the H100 run of 2026-12-07 17:36 compared 2 with the server's 30-49)."""
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tok.encode(text, add_special_tokens=False))
-
-
 def server_tokenize(url: str, **body) -> list[int]:
-    """SGLang's own ids for a text (``prompt``) or for messages through its chat template (``messages``):
-    its ``/v1/tokenize`` (0.5.17: ``{"tokens": [...], "count": n, "max_model_len": m}``)."""
-    r = L.http(url + "/v1/tokenize", {"model": "default", **body}, timeout=60)
-    return [int(x) for x in r["tokens"]]
+    """SGLang's own ids for a text (``prompt``) or for messages through its chat template (``messages``), through
+    the serve-time check's call of its ``/v1/tokenize``."""
+    from eagle3ops.serve.tokcheck import server_tokens
+
+    got = server_tokens(url, {"model": "default", **body})
+    if got is None:
+        raise RuntimeError(f"{url} has no /v1/tokenize (404)")
+    return [int(x) for x in got]
 
 
 def tokenize_agreement(url: str, remote, convs: list[dict]) -> dict:
     """The server's ids against the remote-code tokenizer's for the same texts: each rendered conversation as
     text (add_special_tokens off, as prepare tokenises it) and its first user turn as messages with the
     generation prompt (the server's template against ours)."""
+    from eagle3ops.prepare.tokcheck import first_difference, generation_prompt_ids
+
     text_eq = msgs_eq = 0
     first = None
     for c in convs[:8]:
@@ -124,14 +122,13 @@ def tokenize_agreement(url: str, remote, convs: list[dict]) -> dict:
         theirs = server_tokenize(url, prompt=text, add_special_tokens=False)
         text_eq += ours == theirs
         user = [t for t in m if t["role"] != "assistant"][:1]
-        ours_m = prompt_ids(remote, user)
+        ours_m = generation_prompt_ids(remote, user)
         theirs_m = server_tokenize(url, messages=user)
         msgs_eq += ours_m == theirs_m
         for kind, x, y in (("text", ours, theirs), ("messages", ours_m, theirs_m)):
             if x != y and first is None:
-                k = next(
-                    (i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y))
-                )
+                k = first_difference(x, y)
+                k = min(len(x), len(y)) if k is None else k
                 first = {"kind": kind, "position": k, "ours": x[k : k + 3], "server": y[k : k + 3]}
     n = min(8, len(convs))
     return {"conversations": n, "text_equal": text_eq, "messages_equal": msgs_eq, "first_difference": first}
@@ -190,6 +187,7 @@ def _chat(url: str, messages: list[dict], **extra) -> dict:
 
 @L.stage("serve", need_s=120)
 def serve(a, model: Path, conv_path: Path, convs: list[dict]) -> dict:
+    from eagle3ops.prepare.tokcheck import generation_prompt_ids
     from transformers import AutoTokenizer
 
     remote = AutoTokenizer.from_pretrained(str(model), trust_remote_code=True)
@@ -206,7 +204,7 @@ def serve(a, model: Path, conv_path: Path, convs: list[dict]) -> dict:
         counts = []
         for c in convs[:8]:
             m = [t for t in _messages(c) if t["role"] != "assistant"][:1]
-            ours = len(prompt_ids(remote, m))
+            ours = len(generation_prompt_ids(remote, m))
             theirs = _chat(srv.url, m, max_tokens=1)["usage"]["prompt_tokens"]
             counts.append([ours, theirs])
         out["prompt_tokens_ours_vs_server"] = counts

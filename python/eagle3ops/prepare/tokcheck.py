@@ -74,6 +74,14 @@ def renders(tok, messages: list[dict], tools) -> list[tuple[str, list[int]]]:
     return out
 
 
+def generation_prompt_ids(tok, messages: list[dict], tools=None) -> list[int]:
+    """The ids of ``messages`` rendered with the generation prompt, encoded as prepare encodes (the template as
+    text, then ``encode`` without special tokens): what a server's render of the same messages must equal. Not
+    ``apply_chat_template(tokenize=True)``: transformers 5 returns a BatchEncoding there."""
+    text = tok.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+    return list(tok.encode(text, add_special_tokens=False))
+
+
 def check_conversation(tok, loc: str, conv: list[dict], tools, rows: list) -> str | None:
     """None when every row equals (a prefix of) the serving render of the conversation up to one of its assistant
     turns; else what differs, at the first differing token of the closest such render."""

@@ -38,7 +38,7 @@ class TokcheckError(WithDetails, Exception):
     """The server tokenises otherwise than the prepared rows, or cannot be asked; the message names where."""
 
 
-def _tokenize(url: str, body: dict, timeout: float):
+def server_tokens(url: str, body: dict, timeout: float = 60.0):
     """The server's ``/v1/tokenize`` answer's ``tokens``; None when the server has no such endpoint (404)."""
     req = urllib.request.Request(
         url.rstrip("/") + "/v1/tokenize",
@@ -134,7 +134,7 @@ def check(
             f"{model}'s tokenizer (inputs changed since prepare, or the rows were made with another tokenizer)",
         }
     texts = [(c, r) for c in sample for r in c["rows"]]
-    got = _tokenize(url, {"prompt": [r[1] for _, r in texts], "add_special_tokens": False}, timeout)
+    got = server_tokens(url, {"prompt": [r[1] for _, r in texts], "add_special_tokens": False}, timeout)
     if got is None:
         return {
             "checked": False,
@@ -150,9 +150,10 @@ def check(
         if first_user is None:
             continue
         msgs = c["messages"][: first_user + 1]
-        text = tok.apply_chat_template(msgs, tools=c["tools"], add_generation_prompt=True, tokenize=False)
-        ours = tok.encode(text, add_special_tokens=False)
-        theirs = _tokenize(url, {"messages": msgs, **({"tools": c["tools"]} if c["tools"] else {})}, timeout)
+        ours = prepared.generation_prompt_ids(tok, msgs, c["tools"])
+        theirs = server_tokens(
+            url, {"messages": msgs, **({"tools": c["tools"]} if c["tools"] else {})}, timeout
+        )
         why = _difference(
             tok, f"{c['loc']} (its first user turn)", ours, theirs or [], "the chat template's render"
         )
