@@ -73,6 +73,26 @@ def test_the_equal_footing_plan_times_each_job_from_the_measured_rates():
         pov_equal.plan([3], [0], 1)
 
 
+def test_a_smaller_store_shortens_every_epoch_and_the_extraction_in_proportion():
+    """A session that fits both trainers' full schedules: the first 4,000 conversations, epochs and data
+    time scaled from the measured figures; the job names stay, the plan records its store."""
+    full, small = pov_equal.plan([3], [0], 2), pov_equal.plan([3], [0], 2, n_conv=4000)
+    assert small["steps_per_epoch"] == {
+        "ours": round(1266 * 4000 / 15600),
+        "specforge": round(1755 * 4000 / 15600),
+    }
+    jobs = {j["name"]: j for j in small["jobs"]}
+    assert jobs["ours_ttt3_s0_e2"]["seconds"] == round(69 + 2 * 325 / 7.48, 1)
+    assert jobs["specforge_ttt3_s0_e2"]["seconds"] == round(86 + 2 * 450 / 5.67, 1)
+    # equal wall-clock: ours fits 4 whole epochs of 325 steps in SpecForge's 244.7 s
+    assert jobs["ours_ttt3_s0_e4"]["budget_of"] == "specforge_ttt3_s0_e2"
+    assert small["fits_one_session"] is True and full["fits_one_session"] is False
+    assert small["n_conv"] == 4000 and small["device_s"] < full["device_s"]
+    for bad in (0, 15601):
+        with pytest.raises(ValueError, match="--n-conv"):
+            pov_equal.plan([3], [0], 2, n_conv=bad)
+
+
 def test_the_comparison_gives_ours_over_specforge_at_equal_epochs_and_equal_wall_clock_per_seed():
     p = pov_equal.plan([3], [0, 1], 2)
     res = {
