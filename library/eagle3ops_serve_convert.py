@@ -35,8 +35,8 @@ options:
       draft and must equal its window.
     type: int
   target_arch:
-    description: The target's architecture (default the checkpoint's verifier's); picks SGLang's layer-id
-      convention.
+    description: The target's architecture (default that of the target SGLang serves, else the checkpoint's
+      verifier's); picks SGLang's layer-id convention.
     type: str
   sglang_layer_ids:
     description: Ids to write as is into C(eagle_config) (targets outside eagle3ops' convention table).

@@ -29,7 +29,9 @@ def cmd_convert(args) -> int:
             res = cv.convert_specforge(
                 args.checkpoint,
                 args.out,
-                **pick(args, "target_arch", "check", "sglang_version", sglang_ids="sglang_layer_ids"),
+                **pick(
+                    args, "target_arch", "check", "sglang_version", "target", sglang_ids="sglang_layer_ids"
+                ),
             )
         else:
             res = cv.convert(

@@ -101,6 +101,12 @@ def sglang_layer_ids(
     sv = ver.version
     rules = ver.layer_id_rules
     ids = [int(i) for i in layer_ids]
+    if not target_arch:
+        raise ConvertError(
+            "the target's architecture is unknown (no --target-arch, no readable --target config, and the "
+            "checkpoint's verifier record names none): give --target, the model directory SGLang serves "
+            "(serve_model_path), or --target-arch (serve_target_arch)"
+        )
     if target_arch not in rules:
         raise ConvertError(
             f"the target architecture {target_arch!r} is not in eagle3ops' table of SGLang {sv} "
@@ -213,6 +219,19 @@ def target_facts(target: str | os.PathLike) -> dict:
         "text_model_type": text.get("model_type"),
     }
     return {"token_ids": layers.special_token_ids(cfg), "verifier": verifier}
+
+
+def served_arch(target_arch: str | None, tfacts: dict | None, verifier: dict) -> tuple[str | None, str]:
+    """The architecture whose SGLang model file reads the draft's aux layer ids, and where it came from: the one
+    given, else the target SGLang serves (``tfacts``: it is that model's file that captures), else the verifier
+    the checkpoint was trained on."""
+    if target_arch:
+        return target_arch, "given"
+    served = ((tfacts or {}).get("verifier") or {}).get("architectures") or []
+    if served:
+        return served[0], f"the target {tfacts['verifier']['name_or_path']}"
+    trained = verifier.get("architectures") or []
+    return (trained[0] if trained else None), "the checkpoint's verifier"
 
 
 def _target_of(cfg: dict, target: str | os.PathLike | None) -> dict | None:
@@ -329,7 +348,8 @@ def plan(
     cfg = _read_config(ckpt)
     facts = check_servable(cfg, serve_window, version)
     verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
-    arch = target_arch or (verifier.get("architectures") or [None])[0]
+    tfacts = _target_of(cfg, target)
+    arch, arch_from = served_arch(target_arch, tfacts, verifier)
     ids = cfg.get("eagle_aux_hidden_state_layer_ids")
     if not ids:
         raise ConvertError(
@@ -343,7 +363,6 @@ def plan(
             )
     else:
         out_ids, rule = sglang_layer_ids(ids, arch, sglang_version=version)
-    tfacts = _target_of(cfg, target)
     scfg = sglang_config(cfg, out_ids, version, tfacts)
     src = {
         "config.json": sha256_file(ckpt / "config.json"),
@@ -360,6 +379,7 @@ def plan(
     return {
         "checkpoint": str(ckpt),
         "target_arch": arch,
+        "target_arch_from": arch_from,
         "layer_ids": list(ids),
         "sglang_layer_ids": out_ids,
         "layer_id_rule": rule,
@@ -494,10 +514,12 @@ def convert_specforge(
     sglang_ids: list[int] | None = None,
     check: bool = False,
     sglang_version: str | None = None,
+    target: str | os.PathLike | None = None,
 ) -> dict:
     """A SpecForge run's newest checkpoint, exported by SpecForge's own exporter (``specforge export --to sglang``:
     its weights are already named as SGLang's ``LlamaForCausalLMEagle3`` loads them), with the aux layer ids
-    translated for SGLang as for a speculators draft, and the same stamp (idempotent, atomic)."""
+    translated for SGLang as for a speculators draft, the target's token ids and ``verifier`` record (``target``,
+    default the one the run trained against), and the same stamp (idempotent, atomic)."""
     from eagle3ops.train import specforge
 
     version = _version(sglang_version).version
@@ -513,7 +535,9 @@ def convert_specforge(
     dcfg = json.loads((inputs / specforge.DRAFT_CONFIG).read_text())
     ids = list(dcfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     tcfg = json.loads((inputs / "target" / "config.json").read_text())
-    arch = target_arch or (tcfg.get("architectures") or [None])[0]
+    # the run's target view links the target's own files: its config.json resolves to the target directory
+    tfacts = target_facts(target or (inputs / "target" / "config.json").resolve().parent)
+    arch, arch_from = served_arch(target_arch, tfacts, {})
     if sglang_ids:
         out_ids, rule = [int(i) for i in sglang_ids], "given"
     else:
@@ -528,6 +552,7 @@ def convert_specforge(
         "source": src,
         "sglang_layer_ids": out_ids,
         "draft_window_size": None,
+        "target": tfacts,
     }
     out = Path(out_dir)
     try:
@@ -539,6 +564,7 @@ def convert_specforge(
         "out": str(out),
         "trainer": "specforge",
         "target_arch": arch,
+        "target_arch_from": arch_from,
         "layer_ids": ids,
         "sglang_layer_ids": out_ids,
         "layer_id_rule": rule,
@@ -556,6 +582,8 @@ def convert_specforge(
         cfg = json.loads((tmp / "config.json").read_text())
         cfg["eagle_config"] = {**(cfg.get("eagle_config") or {}), "eagle_aux_hidden_state_layer_ids": out_ids}
         cfg["torch_dtype"] = cfg["dtype"] = DRAFT_DTYPE
+        cfg.update(tfacts["token_ids"])
+        cfg["verifier"] = tfacts["verifier"]
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         (tmp / STAMP).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
 

@@ -51,10 +51,10 @@ CONVERT = Command(
         ),
         Option(
             "target_arch",
-            role_default="",  # empty: the checkpoint's verifier's
+            role_default="",  # empty: the served target's, else the checkpoint's verifier's
             doc=(
-                "The target's architecture (default the checkpoint's verifier's); picks SGLang's "
-                "layer-id convention."
+                "The target's architecture (default that of the target SGLang serves, else the checkpoint's "
+                "verifier's); picks SGLang's layer-id convention."
             ),
         ),
         Option(

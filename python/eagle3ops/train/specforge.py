@@ -225,9 +225,12 @@ def draft_config(
     """The EAGLE-3 draft config SpecForge derives from a target (its fields, one Llama layer), with the run's
     draft vocabulary and, for SGLang's loader, the aux layer ids (SGLang's convention: the input of layer i).
     ``fc_norm``: SpecForge's RMSNorm on each aux state before ``fc`` (its draft and SGLang's read the flag)."""
-    cfg = json.loads((target / "config.json").read_text())
-    cfg = cfg.get("text_config") or cfg
+    from eagle3ops import layers
+
+    full = json.loads((target / "config.json").read_text())
+    cfg = full.get("text_config") or full
     out = {k: cfg[k] for k in TARGET_FIELDS if cfg.get(k) is not None}
+    out.update(layers.special_token_ids(full))  # a wrapper may state them at its top level only
     rope = cfg.get("rope_parameters")
     if isinstance(rope, dict) and rope.get("rope_theta") is not None:
         # a transformers 5 config states the rope only here; SpecForge copies the top-level ``rope_theta`` alone, so

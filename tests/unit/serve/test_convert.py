@@ -289,3 +289,34 @@ def test_kimi_draft_takes_token_ids_and_verifier_from_the_target(kimi, tmp_path,
     assert main([*argv, "--target", str(tmp_path / "nowhere")]) == 2
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert str(tmp_path / "nowhere" / "config.json") in res["msg"] and not (tmp_path / "o").exists()
+
+
+def test_the_layer_id_rule_is_the_served_targets(base, tmp_path):
+    """SGLang applies the layer-id rule of the model file it serves: with ``--target`` the converter reads the
+    rule from that target's architecture, not from the verifier the checkpoint recorded; ``--target-arch`` still
+    wins; a checkpoint whose verifier record names no architecture converts once a target says what is served."""
+    ck = base["ckpt1"]  # trained on the tiny DeepSeek-V3 verifier, aux ids 2, 4, 5
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                    "eos_token_id": 1}))  # fmt: skip
+    alone = cv_convert.plan(ck)  # the verifier the checkpoint names is here: its own config
+    assert (alone["target_arch"], alone["layer_id_rule"]) == (
+        "DeepseekV3ForCausalLM",
+        "as_is_unless_first_is_1",
+    )
+    assert alone["sglang_layer_ids"] == [2, 4, 5]
+    assert alone["target_arch_from"] == f"the target {base['verifier']}"
+    p = cv_convert.plan(ck, target=served)  # Llama's llama.py adds 1 to each id it reads
+    assert (p["target_arch"], p["layer_id_rule"]) == ("LlamaForCausalLM", "plus_one")
+    assert p["sglang_layer_ids"] == [1, 3, 4] and p["target_arch_from"] == f"the target {served}"
+    assert p["config"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    given = cv_convert.plan(ck, target=served, target_arch="DeepseekV3ForCausalLM")
+    assert (given["sglang_layer_ids"], given["target_arch_from"]) == ([2, 4, 5], "given")
+    sc = json.loads((ck / "config.json").read_text())["speculators_config"]
+    sc["verifier"] = {**sc["verifier"], "architectures": [], "name_or_path": str(tmp_path / "gone")}
+    bare = edit_config(ck, tmp_path / "bare", speculators_config=sc)
+    with pytest.raises(cv_convert.ConvertError, match="architecture is unknown.*give --target"):
+        cv_convert.plan(bare)
+    res = cv_convert.plan(bare, target=served)
+    assert res["sglang_layer_ids"] == [1, 3, 4] and res["target_arch_from"] == f"the target {served}"

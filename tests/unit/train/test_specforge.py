@@ -325,6 +325,24 @@ def test_convert_exports_a_specforge_run_that_sglangs_loader_takes(run, tmp_path
     assert ("model.fc_norm.2.weight" in params) == fc_norm
     again = cv.convert_specforge(rundir, tmp_path / "draft", sglang_version="0.5.17")
     assert not again["changed"]
+    # the target the run trained against, through its linked view: its token ids and the verifier record
+    target = json.loads((run.target / "config.json").read_text())
+    assert cfg["verifier"]["name_or_path"] == str(run.target.resolve())
+    assert cfg["verifier"]["architectures"] == target["architectures"]
+    assert res["target_arch_from"] == f"the target {run.target.resolve()}"
+    assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (target["bos_token_id"], target["eos_token_id"])
+
+
+def test_the_draft_config_takes_a_wrappers_token_ids_from_its_top_level_too(tmp_path):
+    """A multimodal wrapper's ``text_config`` may leave the special token ids to the top level: the draft gets
+    them from there (``text_config`` first), not the Llama defaults."""
+    text = {"vocab_size": 64, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
+            "eos_token_id": 9}  # fmt: skip
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["W"], "text_config": text, "bos_token_id": 7, "eos_token_id": 8})
+    )
+    out = sf.draft_config(tmp_path, 16, [0, 1, 2])
+    assert (out["bos_token_id"], out["eos_token_id"], out["hidden_size"]) == (7, 9, 32)
 
 
 def test_convert_without_a_checkpoint_says_train_first(run, tmp_path):
