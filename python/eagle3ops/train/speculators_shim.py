@@ -23,10 +23,14 @@ It is what the ``train`` phase launches (directly, or under ``torchrun -m``), in
 4. **An honest exit record**: speculators turns SIGINT/SIGTERM into an "interrupted" checkpoint and a
    normal return; the shim notices that and writes ``$EAGLE3OPS_EXIT`` (JSON) with ``status``
    ``finished`` only for a run that really completed, ``interrupted``/``failed`` otherwise (each node's
-   first process writes its node's record).5. **The target's token ids**: speculators builds the draft's decoder config as a ``LlamaConfig`` from the
+   first process writes its node's record).
+5. **The target's token ids**: speculators builds the draft's decoder config as a ``LlamaConfig`` from the
    verifier's shapes, which leaves Llama's ``bos_token_id``/``eos_token_id`` (1, 2) in the saved draft;
    :func:`install_target_token_ids` sets the verifier's own (``text_config`` first). Its ``pad_token_id`` is
    left alone: in a Llama config it is also the embedding's padding row.
+6. **A checked resume**: after the trainer restored its optimizers from a checkpoint, every rank compares
+   them with the saved file (:mod:`eagle3ops.train.resume_check`) and stops with exit 2 on a difference
+   (:func:`install_resume_check`); the exit record says what was checked.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ ENV_FORCE_CPU = "EAGLE3OPS_FORCE_CPU"
 ENV_CHECK_ON_READ = "EAGLE3OPS_CHECK_ON_READ"
 
 _interrupted: dict[str, str] = {}
+_resumed: dict = {}
 
 
 class UnsupportedSpeculatorsVersion(RuntimeError):
@@ -238,6 +243,52 @@ def install_target_token_ids() -> None:
     speculators_cli.create_transformer_layer_config = create_transformer_layer_config
 
 
+class ResumeMismatch(RuntimeError):
+    """The optimizer state a rank restored is not the one the checkpoint saved."""
+
+
+def install_resume_check() -> None:
+    """6.: right after speculators' single-process/DDP checkpointer restored the optimizers (every rank loads
+    the whole file), compare them with the file; FSDP's sharded restore is recorded as not checked."""
+    from speculators.train import checkpointer as ck
+
+    load = ck.SingleGPUCheckpointer.load_optimizer_state_dict
+
+    def checked(self, model, optimizer, float_dtype=None):
+        out = load(self, model, optimizer, float_dtype)
+        import torch
+
+        from eagle3ops.train import resume_check
+
+        path = self.optimizer_path(self.previous_epoch)
+        saved = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+        msg, counts = resume_check.problem(saved, optimizer)
+        _resumed.update(file=str(path), epoch=self.previous_epoch, rank=_rank(), equal=msg is None, **counts)
+        if msg:
+            raise ResumeMismatch(
+                f"{path}: the optimizer state restored on rank {_rank()} is not the saved one: {msg}"
+            )
+        print(
+            f"eagle3ops.train.speculators_shim: resumed from epoch {self.previous_epoch}; rank {_rank()}'s "
+            f"optimizer state equals {path} ({counts['parameters']} parameters, {counts['tensors']} tensors)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return out
+
+    ck.SingleGPUCheckpointer.load_optimizer_state_dict = checked
+    load_sharded = ck.DistributedCheckpointer.load_optimizer_state_dict
+
+    def sharded(self, model, optimizer, float_dtype=None):
+        out = load_sharded(self, model, optimizer, float_dtype)
+        _resumed.update(
+            epoch=self.previous_epoch, equal=None, note="FSDP-sharded optimizer state: not compared"
+        )
+        return out
+
+    ck.DistributedCheckpointer.load_optimizer_state_dict = sharded
+
+
 def write_exit(status: str, **extra) -> None:
     """The exit record of this node's run directory, by its first process (LOCAL_RANK 0): on several hosts
     every node has its own run directory, and each must know how its trainer ended (rank 0 alone would leave
@@ -268,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
 
     install_store_reader()
     install_target_token_ids()
+    install_resume_check()
 
     _install_interrupt_probe()
     metrics_path = os.environ.get(ENV_METRICS)
@@ -287,13 +339,20 @@ def main(argv: list[str] | None = None) -> int:
         if code:
             write_exit("failed", rc=code, error=f"exited {code} (configuration error? see the log)")
         raise
+    except ResumeMismatch as e:
+        print(f"eagle3ops.train.speculators_shim: {e}", file=sys.stderr, flush=True)
+        write_exit("failed", rc=2, error=str(e), resume_check=dict(_resumed))
+        return 2
     except BaseException as e:
         write_exit("failed", rc=1, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         raise
+    resumed = {"resume_check": dict(_resumed)} if _resumed else {}
     if _interrupted:
-        write_exit("interrupted", rc=143, signal=_interrupted["signal"], seconds=time.time() - started)
+        write_exit(
+            "interrupted", rc=143, signal=_interrupted["signal"], seconds=time.time() - started, **resumed
+        )
         return 143
-    write_exit("finished", rc=0, seconds=round(time.time() - started, 3))
+    write_exit("finished", rc=0, seconds=round(time.time() - started, 3), **resumed)
     return 0
 
 

@@ -316,7 +316,7 @@ def test_the_layer_id_rule_is_the_served_targets(base, tmp_path):
     sc = json.loads((ck / "config.json").read_text())["speculators_config"]
     sc["verifier"] = {**sc["verifier"], "architectures": [], "name_or_path": str(tmp_path / "gone")}
     bare = edit_config(ck, tmp_path / "bare", speculators_config=sc)
-    with pytest.raises(cv_convert.ConvertError, match="architecture is unknown.*give --target"):
+    with pytest.raises(cv_convert.ConvertError, match=r"architecture is unknown.*give --target"):
         cv_convert.plan(bare)
     res = cv_convert.plan(bare, target=served)
     assert res["sglang_layer_ids"] == [1, 3, 4] and res["target_arch_from"] == f"the target {served}"

@@ -261,8 +261,12 @@ def test_incomplete_newest_checkpoint_is_moved_aside(tmp_path):
     _write_ckpt(save / "0")
     _write_ckpt(save / "1", truncate_model=True)
     _write_ckpt(save / "2", training_state=False)
+    _write_ckpt(save / "3")
+    (save / "3" / "optimizer_state_dict.pt").unlink()  # a save cut between the weights and the optimizer
     moved = train_run.quarantine_incomplete(save)
-    assert [m["epoch"] for m in moved] == [2, 1]
+    assert [m["epoch"] for m in moved] == [3, 2, 1]
+    assert moved[0]["reason"] == f"{save / '3' / 'optimizer_state_dict.pt'}: missing or truncated"
+    moved = moved[1:]
     assert "training_state.json" in moved[0]["reason"] and "truncated" in moved[1]["reason"]
     assert train_checkpoints.epoch_dirs(save) == [0]
     assert all(Path(m["moved_to"]).is_dir() for m in moved)
