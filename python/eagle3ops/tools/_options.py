@@ -160,6 +160,11 @@ MEMORY_FIT = Command(
             choices=["bfloat16", "float16", "float32", "float8_e4m3fn"],
             doc="the dtype the capture stores the states in",
         ),
-        Option("draft", "path", doc="the served draft's directory (its safetensors count on every GPU)"),
+        Option(
+            "draft",
+            "path",
+            doc="the served draft: its converted directory, or before conversion the speculators checkpoint, "
+            "save or run directory, or the SpecForge run it comes from (its bytes count on every GPU)",
+        ),
     ],
 )

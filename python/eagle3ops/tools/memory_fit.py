@@ -5,7 +5,6 @@ flags each server gets. Reads config.json and the shards' headers only."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from eagle3ops.command import CommandError, emit
 
@@ -16,14 +15,9 @@ def register(sub) -> None:
     MEMORY_FIT.add_parser(sub).set_defaults(func=cmd_memory_fit)
 
 
-def _draft_bytes(draft) -> int:
-    if not draft:
-        return 0
-    return sum(f.stat().st_size for f in Path(draft).glob("*.safetensors"))
-
-
 def cmd_memory_fit(args) -> int:
     from eagle3ops import checkpoint_files, memory_fit
+    from eagle3ops.serve.draft_bytes import DraftBytesError, served_bytes
 
     try:
         flags = memory_fit.server_flags(args.server_args)
@@ -33,6 +27,7 @@ def cmd_memory_fit(args) -> int:
             emit(args, res, "memory-fit: no GPU here (nvidia-smi answered none): nothing to check")
             return 0
         model = memory_fit.model_memory(args.model, memory_fit.VARIABLES[args.phase]["model"])
+        draft_bytes, draft_from = served_bytes(args.draft)
         tp = args.tp_size or flags.get("tp_size", 1)
         profile = memory_fit.Profile(
             phase=args.phase,
@@ -47,17 +42,20 @@ def cmd_memory_fit(args) -> int:
             aux_layers=args.aux_layers,
             store_dtype=args.dtype,
             kv_cache_dtype=flags.get("kv_cache_dtype", "auto"),
-            draft_bytes=_draft_bytes(args.draft),
+            draft_bytes=draft_bytes,
         )
         res = memory_fit.check(model, profile)
-    except (memory_fit.MemoryFitError, checkpoint_files.CheckpointError) as e:
+    except (memory_fit.MemoryFitError, checkpoint_files.CheckpointError, DraftBytesError) as e:
         raise CommandError(str(e), model=str(args.model), phase=args.phase, **e.details) from None
     g = memory_fit.GIB
-    res.update(changed=False, checked=True, model=str(args.model))
+    dnote = f" (the draft {draft_bytes / g:.2f} GiB, from {draft_from})" if draft_bytes else ""
+    res.update(
+        changed=False, checked=True, model=str(args.model), draft={"bytes": draft_bytes, "from": draft_from}
+    )
     emit(
         args,
         res,
-        f"memory-fit ({args.phase}): fits {tp} GPUs of {gpu:,} MiB: weights {res['weights'] / g:.1f} GiB + KV "
+        f"memory-fit ({args.phase}): fits {tp} GPUs of {gpu:,} MiB: weights {res['weights'] / g:.1f} GiB{dnote} + KV "
         f"{res['kv'] / g:.1f} GiB ({profile.context_length:,} tokens) in {res['static'] / g:.1f} GiB "
         f"(mem_fraction_static {res['mem_fraction_static']}); reserve {res['reserve'] / g:.1f} GiB + capture "
         f"{res['capture'] / g:.1f} GiB in {res['headroom'] / g:.1f} GiB; up to "

@@ -34,6 +34,16 @@ DECLARED = {
     ): "serve converts a SpecForge run's checkpoint, whose layout (its inputs, checkpoint link, exporter) the train "
     "phase's SpecForge backend owns",
     (
+        "eagle3ops.serve.draft_bytes",
+        "eagle3ops.train.specforge",
+    ): "the serve phase's memory preflight weighs a SpecForge run's newest checkpoint, whose layout the train "
+    "phase's SpecForge backend owns (as for its conversion)",
+    (
+        "eagle3ops.tools.memory_fit",
+        "eagle3ops.serve.draft_bytes",
+    ): "memory-fit --draft weighs the serve phase's draft the way the serve phase will write it, before it is "
+    "converted",
+    (
         "eagle3ops.tools.layer_ids",
         "eagle3ops.sglang.versions",
     ): "layer-ids --sglang-version answers the version's capture flags for the ids (the sglang role's unit takes "

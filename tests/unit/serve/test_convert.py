@@ -320,3 +320,37 @@ def test_the_layer_id_rule_is_the_served_targets(base, tmp_path):
         cv_convert.plan(bare)
     res = cv_convert.plan(bare, target=served)
     assert res["sglang_layer_ids"] == [1, 3, 4] and res["target_arch_from"] == f"the target {served}"
+
+
+def test_the_served_drafts_bytes_are_known_before_it_is_converted(base, tmp_path, capsys):
+    """``eagle3ops memory-fit --draft`` weighs the draft before ``serve-convert`` writes it: from a speculators
+    checkpoint (its header: the tensors the conversion keeps, floats in bf16) the figure equals the converted
+    draft's tensor bytes; the converted draft counts its files; a run with no checkpoint yet counts 0, said so;
+    a truncated checkpoint is refused by the CLI with exit 2 naming it."""
+    from eagle3ops.cli import main
+    from eagle3ops.serve.draft_bytes import served_bytes
+    from eagle3ops.store.sample import read_safetensors_header
+
+    ck = base["ckpt2"]
+    before, source = served_bytes(ck)
+    out = tmp_path / "draft"
+    cv_convert.convert(ck, out)
+    header = read_safetensors_header(out / "model.safetensors")
+    written = sum(
+        v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"
+    )
+    assert before == written and source == f"the speculators checkpoint {ck} (the converted tensors, bf16)"
+    assert served_bytes(out) == ((out / "model.safetensors").stat().st_size, f"the converted draft {out}")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    assert served_bytes(tmp_path / "run")[0] == 0 and "no checkpoint yet" in served_bytes(tmp_path / "run")[1]
+    broken = edit_config(ck, tmp_path / "broken")
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
+    argv = ["memory-fit", "--model", str(base["verifier"]), "--phase", "serve", "--gpu-memory-mib", "81920",
+            "--server-args=--mem-fraction-static 0.5", "--draft", str(broken)]  # fmt: skip
+    assert main([*argv, "--json"]) == 2
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["failed"] and f"--draft {broken}: cannot read the draft's size" in res["msg"]
+    assert main([*argv[:-1], str(ck), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["draft"] == {"bytes": before, "from": source}

@@ -301,6 +301,10 @@ def test_convert_exports_a_specforge_run_that_sglangs_loader_takes(run, tmp_path
         config.write_text(json.dumps(sf.draft_config(run.target, 64, list(LAYERS), fc_norm=True)))
     _specforge_checkpoint(run, rundir / sf.INPUTS / sf.OUTPUT, config=config)
     assert cv.is_specforge_run(rundir)
+    from eagle3ops.serve.draft_bytes import served_bytes
+
+    weighed, source = served_bytes(rundir)  # memory-fit's figure, before the export
+    assert source.startswith("the SpecForge checkpoint")
     res = cv.convert_specforge(rundir, tmp_path / "draft", sglang_version="0.5.17")
     assert (
         res["changed"]
@@ -313,6 +317,8 @@ def test_convert_exports_a_specforge_run_that_sglangs_loader_takes(run, tmp_path
     weights = {}
     for f in (tmp_path / "draft").glob("*.safetensors"):
         weights.update(load_file(str(f)))
+    exported = sum(t.numel() * t.element_size() for t in weights.values())
+    assert weighed == exported
     params = sglang_params(cfg)
     model = SimpleNamespace(named_parameters=lambda: list(params.items()), hot_token_id=None)
     _load_weights_fn(_sglang_source("sglang/srt/models/llama_eagle3.py", "0.5.17"))(
