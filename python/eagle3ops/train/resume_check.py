@@ -31,7 +31,8 @@ def _compare_slot(where: str, saved: dict, restored: dict) -> tuple[str | None, 
         if isinstance(s, torch.Tensor) and isinstance(r, torch.Tensor):
             if tuple(s.shape) != tuple(r.shape):
                 return f"{where}: {key!r} has shape {tuple(r.shape)}, saved {tuple(s.shape)}", tensors
-            back = r.detach().to(device=s.device, dtype=s.dtype)
+            # compared where the restored tensor lives (the GPU in a real run: no host copy of each moment)
+            back, s = r.detach().to(dtype=s.dtype), s.to(device=r.device)
             if not torch.equal(back, s):
                 if s.numel() == 1:
                     return f"{where}: {key!r} is {back.item()}, saved {s.item()}", tensors
