@@ -17,6 +17,20 @@ def line(result: dict, check_mode: bool, multinode: bool = False, rdzv_endpoint:
         f"run {r.get('run_dir')}: {r.get('status')} (attempt {r.get('attempt')}, PID {r.get('pid')}, "
         f"{r.get('device')} x{r.get('nproc')}{node}); layers {r.get('layer_ids')}, draft vocab "
         f"{r.get('draft_vocab_size')}; step {metrics.get('global_step', '-')}, val loss "
-        f"{metrics.get('val_loss', '-')}, val accuracy per position {metrics.get('val_cond_acc', '-')}; "
-        f"log {r.get('log_path')}"
+        f"{metrics.get('val_loss', '-')}, val accuracy per position {metrics.get('val_cond_acc', '-')}"
+        f"{resumed(r)}; log {r.get('log_path')}"
+    )
+
+
+def resumed(result: dict) -> str:
+    """What the last attempt's resume check compared (its exit record's ``resume_check``), or nothing when it did
+    not resume."""
+    c = (result.get("exit") or {}).get("resume_check") or {}
+    if not c:
+        return ""
+    if c.get("equal") is None:
+        return f"; resumed from epoch {c.get('epoch')}: {c.get('note', 'optimizer state not compared')}"
+    return (
+        f"; resumed from epoch {c.get('epoch')}, the optimizer state restored equal to {c.get('file')} "
+        f"({c.get('parameters')} parameters, {c.get('tensors')} tensors)"
     )

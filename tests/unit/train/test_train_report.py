@@ -21,3 +21,18 @@ def test_train_line_for_one_node_and_several():
 def test_train_check_mode_says_what_the_module_would_do():
     assert line({"would": "launch", "run_dir": "/r"}, True) == "would launch run /r"
     assert line({"status": "finished", "run_dir": "/r"}, True) == "would leave it: finished run /r"
+
+
+def test_a_resumed_run_says_its_optimizer_state_was_checked():
+    check = {"file": "/r/checkpoints/0/optimizer_state_dict.pt", "epoch": 0, "rank": 0, "equal": True,
+             "optimizers": 1, "parameters": 9, "tensors": 27}  # fmt: skip
+    done = line({**RUN, "status": "finished", "exit": {"status": "finished", "resume_check": check}}, False)
+    assert done.endswith(
+        "val accuracy per position -; resumed from epoch 0, the optimizer state restored equal to "
+        "/r/checkpoints/0/optimizer_state_dict.pt (9 parameters, 27 tensors); log /r/log"
+    )
+    sharded = {"epoch": 2, "equal": None, "note": "FSDP-sharded optimizer state: not compared"}
+    assert "; resumed from epoch 2: FSDP-sharded optimizer state: not compared;" in line(
+        {**RUN, "exit": {"resume_check": sharded}}, False
+    )
+    assert "resumed" not in line({**RUN, "exit": {"status": "finished"}}, False)

@@ -171,6 +171,8 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
     )
     assert check["file"] == str(save / str(resumed["epoch"]) / "optimizer_state_dict.pt")
     assert f"optimizer state equals {check['file']}" in (run_dir / train_run.LOG).read_text()
+    said = f"resumed from epoch {resumed['epoch']}, the optimizer state restored equal to {check['file']}"
+    assert said in " ".join(out.split())  # the role's report line (folded by the YAML callback)
     assert train_checkpoints.epoch_dirs(save)[-1] == 3  # all 4 epochs done
     assert json.loads((save / "3" / "training_state.json").read_text())["epoch"] == 3
     assert m["val_loss"] is not None and len(m["val_cond_acc"]) == 3  # one accuracy per TTT step
