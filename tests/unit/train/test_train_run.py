@@ -93,6 +93,19 @@ def assert_watch_polls(out: str, run_dir) -> None:
         ), line
 
 
+def assert_resume_checked(run_dir: Path, resumed: dict, out: str) -> None:
+    """The run finished, and its resume compared the restored optimizer state with the checkpoint's file, tensor
+    by tensor (users' pain 15): the exit record, the trainer's log and the role's report line say so."""
+    ended = json.loads((run_dir / train_spec.EXIT).read_text())
+    check = ended["resume_check"]
+    assert ended["status"] == "finished" and check["equal"] is True and check["epoch"] == resumed["epoch"]
+    assert check["tensors"] > check["parameters"] > 0
+    assert check["file"] == str(run_dir / "checkpoints" / str(resumed["epoch"]) / "optimizer_state_dict.pt")
+    assert f"optimizer state equals {check['file']}" in (run_dir / train_run.LOG).read_text()
+    said = f"resumed from epoch {resumed['epoch']}, the optimizer state restored equal to {check['file']}"
+    assert said in " ".join(out.split())  # the report line, folded by the YAML callback
+
+
 def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_changes(tmp_path_factory):
     base = tmp_path_factory.mktemp("train_run")
     verifier = make_tiny_verifier(base / "verifier")
@@ -160,19 +173,7 @@ def test_module_trains_is_idempotent_resumes_after_sigkill_and_refuses_config_ch
     assert second["first_global_step"] == resumed["global_step"]
     assert 0 < second["first_global_step"] <= steps_before_kill + 1
     assert second["last_global_step"] > second["first_global_step"]
-    ended = json.loads((run_dir / train_spec.EXIT).read_text())
-    assert ended["status"] == "finished"
-    # the restored optimizer state was compared with the checkpoint's file, tensor by tensor (users' pain 15)
-    check = ended["resume_check"]
-    assert (
-        check["equal"] is True
-        and check["epoch"] == resumed["epoch"]
-        and check["tensors"] > check["parameters"] > 0
-    )
-    assert check["file"] == str(save / str(resumed["epoch"]) / "optimizer_state_dict.pt")
-    assert f"optimizer state equals {check['file']}" in (run_dir / train_run.LOG).read_text()
-    said = f"resumed from epoch {resumed['epoch']}, the optimizer state restored equal to {check['file']}"
-    assert said in " ".join(out.split())  # the role's report line (folded by the YAML callback)
+    assert_resume_checked(run_dir, resumed, out)
     assert train_checkpoints.epoch_dirs(save)[-1] == 3  # all 4 epochs done
     assert json.loads((save / "3" / "training_state.json").read_text())["epoch"] == 3
     assert m["val_loss"] is not None and len(m["val_cond_acc"]) == 3  # one accuracy per TTT step
