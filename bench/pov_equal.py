@@ -227,7 +227,9 @@ def run(a, p: dict) -> None:
         for name, *_ in group:
             if name in r.servers:
                 r.servers.pop(name).stop()
-        done += [j["name"] for j in wave if j not in stood_in]
+        done += [
+            j["name"] for j in wave if j not in stood_in and j["name"] in r.drafts
+        ]  # trained, not skipped
         L.save("equal", {"plan": p, **out, "compare": compare(out["acceptance"], p["jobs"], p["wall_clock"]),
                          "jobs_run": done, "smoke": {"stood_in": L.SUMMARY.get("smoke_note") or {}} if a.smoke else None,
                          "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})  # fmt: skip
@@ -376,6 +378,9 @@ def main() -> int:
     ap.add_argument(
         "--n-conv", type=int, default=N_CONV, help="the first N regenerated conversations (one store)"
     )
+    ap.add_argument(
+        "--sf-lr", type=float, default=0.0, help="SpecForge's learning rate (0: its recipe's, 1e-4)"
+    )
     ap.add_argument("--mt-concurrency", type=int, default=1, help="MT-bench's acceptance at this concurrency")
     ap.add_argument("--lossless-sample", type=int, default=16,
                     help="MT-bench prompts answered greedily by each draft's server and the plain one (0: off)")  # fmt: skip
@@ -401,7 +406,7 @@ def main() -> int:
         print(json.dumps(p, indent=1))
         return 0
     for k, v in FIXED.items():
-        if k != "n_conv":
+        if k not in ("n_conv", "sf_lr"):
             setattr(a, k, v)
     a.smol_dir = a.smol_dir or (str(Path(a.work) / "smol") if a.smoke else "/dev/shm/pov")
     if a.smoke:
