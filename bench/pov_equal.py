@@ -57,8 +57,8 @@ MARGIN = 1.3  # a job's budget: the plan's time x this (a guard; a full schedule
 
 # what proof_of_value.Run and train read: the same data, store, vocabulary and servers as its runs 1-5
 FIXED = {"wide_dir": "/tmp/pov-wide", "conversations": "smollm2-regenerated-sharegpt-15600.jsonl.xz",
-         "n_conv": 15600, "max_length": 2048, "prepare_workers": 8, "draft_vocab": 32768, "total_seq_len": 8192,
-         "sf_batch": 8, "sf_save_interval": 250, "sf_max_checkpoints": 2, "sf_fc_norm": False, "sf_lr": 0.0,
+         "max_length": 2048, "prepare_workers": 8, "draft_vocab": 32768, "total_seq_len": 8192,
+         "sf_batch": 8, "sf_save_interval": 250, "sf_max_checkpoints": 2, "sf_fc_norm": False,
          "wide_late": True, "wide_intermediate": 153600, "mt_prompts": 80, "heldout_prompts": 64,
          "tokens": 256, "kv_tokens": 65536, "port0": 30100, "stagger_s": 8.0, "wide_prefill": 1024,
          "no_radix_cache": True, "mem_smol": 0.12, "device": "cuda"}  # fmt: skip
@@ -227,9 +227,8 @@ def run(a, p: dict) -> None:
         for name, *_ in group:
             if name in r.servers:
                 r.servers.pop(name).stop()
-        done += [
-            j["name"] for j in wave if j not in stood_in and j["name"] in r.drafts
-        ]  # trained, not skipped
+        # the jobs trained here (not stood in, not skipped by the budget guard)
+        done += [j["name"] for j in wave if j not in stood_in and j["name"] in r.drafts]
         L.save("equal", {"plan": p, **out, "compare": compare(out["acceptance"], p["jobs"], p["wall_clock"]),
                          "jobs_run": done, "smoke": {"stood_in": L.SUMMARY.get("smoke_note") or {}} if a.smoke else None,
                          "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})  # fmt: skip
@@ -406,8 +405,7 @@ def main() -> int:
         print(json.dumps(p, indent=1))
         return 0
     for k, v in FIXED.items():
-        if k not in ("n_conv", "sf_lr"):
-            setattr(a, k, v)
+        setattr(a, k, v)
     a.smol_dir = a.smol_dir or (str(Path(a.work) / "smol") if a.smoke else "/dev/shm/pov")
     if a.smoke:
         smoke(a, wide_dir=str(Path(a.smol_dir) / "wide"))

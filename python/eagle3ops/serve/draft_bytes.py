@@ -11,6 +11,7 @@ checkpoint yet (a first check-mode run of the pipeline) the draft counts 0 bytes
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -21,17 +22,8 @@ class DraftBytesError(WithDetails, Exception):
     """The draft's files are there but cannot be read (a truncated header, an unreadable checkpoint)."""
 
 
-_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
 _FLOATS = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _WRITTEN_AS = {"bfloat16": 2, "float16": 2, "float32": 4}  # the converter's DRAFT_DTYPE, per float
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def _speculators(ckpt: Path) -> int:
@@ -46,8 +38,13 @@ def _speculators(ckpt: Path) -> int:
     total = 0
     for name in map_weights(names, layers):
         h = header[name]
-        per = 8 if name == "d2t" else fl if h["dtype"] in _FLOATS else _DTYPE_BYTES.get(h["dtype"], 8)
-        total += _numel(h["shape"]) * per
+        if (
+            name == "d2t" or h["dtype"] in _FLOATS
+        ):  # cast by the converter: d2t to int64, floats to DRAFT_DTYPE
+            total += math.prod(int(d) for d in h["shape"]) * (8 if name == "d2t" else fl)
+        else:  # written as stored
+            start, end = h["data_offsets"]
+            total += int(end) - int(start)
     return total
 
 

@@ -183,7 +183,9 @@ def test_every_equal_footing_job_s_train_flags_are_accepted_by_the_train_command
     p = pov_equal.plan([3, 7], [0, 1], 2)
     assert len(p["jobs"]) == 10
     parser = build_parser(json_errors=True)
-    for settings in (pov_equal.FIXED, {**pov_equal.FIXED, **SMOKE_SIZES, "sf_fc_norm": True, "sf_lr": 1e-4}):
+    # sf_lr: --sf-lr's default (0: SpecForge's own recipe), then a departure from it
+    base = {**pov_equal.FIXED, "sf_lr": 0.0}
+    for settings in (base, {**base, **SMOKE_SIZES, "sf_fc_norm": True, "sf_lr": 1e-4}):
         a = Namespace(**settings)
         for j in p["jobs"]:
             flags = pov_equal._train_flags(a, j)
